@@ -1,0 +1,64 @@
+"""The one vocabulary table (design.md): text ids, then vision codes, then four special tokens.
+
+    [0, text_size)                       text ids (sentencepiece)
+    [vision_offset, vision_offset+8192)  vision codes
+    eof, eov, vision_start, vision_end   <eof> <eov> <vision> </vision>
+    ... up to `size`                     padding rows (a multiple of 64)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SPECIAL_TOKENS = ("<eof>", "<eov>", "<vision>", "</vision>")
+
+
+@dataclass(frozen=True)
+class Vocab:
+    text_size: int
+    n_vision_codes: int = 8192
+    pad_multiple: int = 64
+
+    def __post_init__(self) -> None:
+        if self.text_size <= 0 or self.n_vision_codes <= 0 or self.pad_multiple <= 0:
+            raise ValueError(
+                f"Vocab sizes must be positive: text_size {self.text_size}, "
+                f"n_vision_codes {self.n_vision_codes}, pad_multiple {self.pad_multiple}"
+            )
+
+    @property
+    def vision_offset(self) -> int:
+        return self.text_size
+
+    @property
+    def eof(self) -> int:
+        return self.text_size + self.n_vision_codes
+
+    @property
+    def eov(self) -> int:
+        return self.eof + 1
+
+    @property
+    def vision_start(self) -> int:
+        return self.eof + 2
+
+    @property
+    def vision_end(self) -> int:
+        return self.eof + 3
+
+    @property
+    def used_size(self) -> int:
+        """Ids that mean something (text + vision + specials), before padding."""
+        return self.eof + len(SPECIAL_TOKENS)
+
+    @property
+    def size(self) -> int:
+        return -(-self.used_size // self.pad_multiple) * self.pad_multiple
+
+    def added_tokens(self) -> list[str]:
+        """Token strings for ids [text_size, used_size), in id order (for a Hugging Face tokenizer)."""
+        return [vision_token_name(i) for i in range(self.n_vision_codes)] + list(SPECIAL_TOKENS)
+
+
+def vision_token_name(code: int) -> str:
+    return f"<vision_{code}>"

@@ -1,0 +1,1 @@
+"""Conversions to and from Hugging Face (LLaMA) and diffusers (VQ models)."""

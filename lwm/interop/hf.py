@@ -1,0 +1,245 @@
+"""Hugging Face LLaMA <-> lwm Transformer.
+
+Our RoPE uses the same "rotate half" layout as transformers' LLaMA, so weights map one to one
+through the key map below; no q/k permutation is needed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from lwm.data.vocab import SPECIAL_TOKENS, Vocab
+from lwm.model import ModelConfig, Transformer
+
+# ours -> transformers' LlamaForCausalLM; "{i}" is the layer index.
+KEY_MAP = {
+    "embed.weight": "model.embed_tokens.weight",
+    "layers.{i}.attn_norm.weight": "model.layers.{i}.input_layernorm.weight",
+    "layers.{i}.attn.wq.weight": "model.layers.{i}.self_attn.q_proj.weight",
+    "layers.{i}.attn.wk.weight": "model.layers.{i}.self_attn.k_proj.weight",
+    "layers.{i}.attn.wv.weight": "model.layers.{i}.self_attn.v_proj.weight",
+    "layers.{i}.attn.wo.weight": "model.layers.{i}.self_attn.o_proj.weight",
+    "layers.{i}.mlp_norm.weight": "model.layers.{i}.post_attention_layernorm.weight",
+    "layers.{i}.mlp.w1.weight": "model.layers.{i}.mlp.gate_proj.weight",
+    "layers.{i}.mlp.w3.weight": "model.layers.{i}.mlp.up_proj.weight",
+    "layers.{i}.mlp.w2.weight": "model.layers.{i}.mlp.down_proj.weight",
+    "norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+
+
+def _compile(direction: dict[str, str]) -> list[tuple[re.Pattern, str]]:
+    return [(re.compile("^" + re.escape(src).replace(r"\{i\}", r"(\d+)") + "$"), dst) for src, dst in direction.items()]
+
+
+_TO_HF = _compile(KEY_MAP)
+_FROM_HF = _compile({v: k for k, v in KEY_MAP.items()})
+
+
+def _map_key(key: str, rules: list[tuple[re.Pattern, str]], what: str) -> str:
+    for pattern, template in rules:
+        m = pattern.match(key)
+        if m:
+            return template.replace("{i}", m.group(1)) if m.groups() else template
+    raise KeyError(f"no mapping for {what} key {key!r}")
+
+
+def to_hf_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {_map_key(k, _TO_HF, "lwm"): v for k, v in state_dict.items()}
+
+
+def from_hf_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    # Older checkpoints carry non-persistent RoPE buffers; they are derived, not weights.
+    return {_map_key(k, _FROM_HF, "Hugging Face"): v for k, v in state_dict.items() if not k.endswith("rotary_emb.inv_freq")}
+
+
+# ---------------------------------------------------------------------------------------- config
+
+
+def _rope_theta(hf_config) -> float:
+    params = getattr(hf_config, "rope_parameters", None) or {}
+    rope_type = params.get("rope_type", "default")
+    if rope_type != "default":
+        raise ValueError(f"RoPE type {rope_type!r} is not supported; expected 'default' (plain theta) RoPE")
+    theta = params.get("rope_theta", getattr(hf_config, "rope_theta", None))
+    if theta is None:
+        raise ValueError("the Hugging Face config has no rope_theta (in rope_parameters or at the top level)")
+    return float(theta)
+
+
+def config_from_hf(hf_config, **overrides) -> ModelConfig:
+    if getattr(hf_config, "model_type", None) != "llama":
+        raise ValueError(f"expected a LLaMA config (model_type 'llama'), got {getattr(hf_config, 'model_type', None)!r}")
+    unsupported = {
+        "attention_bias": getattr(hf_config, "attention_bias", False),
+        "mlp_bias": getattr(hf_config, "mlp_bias", False),
+        "tie_word_embeddings": getattr(hf_config, "tie_word_embeddings", False),
+    }
+    bad = {k: v for k, v in unsupported.items() if v}
+    if bad:
+        raise ValueError(f"unsupported LLaMA options {bad}; lwm's Transformer has no biases and untied embeddings")
+    if getattr(hf_config, "hidden_act", "silu") != "silu":
+        raise ValueError(f"hidden_act must be 'silu', got {hf_config.hidden_act!r}")
+    head_dim = getattr(hf_config, "head_dim", None)
+    if head_dim is not None and head_dim * hf_config.num_attention_heads != hf_config.hidden_size:
+        raise ValueError(
+            f"head_dim {head_dim} x num_attention_heads {hf_config.num_attention_heads} != hidden_size {hf_config.hidden_size}"
+        )
+    fields = dict(
+        dim=hf_config.hidden_size,
+        n_layers=hf_config.num_hidden_layers,
+        n_heads=hf_config.num_attention_heads,
+        n_kv_heads=hf_config.num_key_value_heads or hf_config.num_attention_heads,
+        ffn_dim=hf_config.intermediate_size,
+        vocab_size=hf_config.vocab_size,
+        norm_eps=hf_config.rms_norm_eps,
+        rope_theta=_rope_theta(hf_config),
+        max_seq_len=hf_config.max_position_embeddings,
+    )
+    fields.update(overrides)
+    return ModelConfig(**fields)
+
+
+def config_to_hf(config: ModelConfig, dtype: torch.dtype = torch.float32):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=config.vocab_size,
+        hidden_size=config.dim,
+        intermediate_size=config.ffn_dim,
+        num_hidden_layers=config.n_layers,
+        num_attention_heads=config.n_heads,
+        num_key_value_heads=config.n_kv_heads,
+        head_dim=config.head_dim,
+        hidden_act="silu",
+        rms_norm_eps=config.norm_eps,
+        max_position_embeddings=config.max_seq_len,
+        rope_parameters={"rope_type": "default", "rope_theta": float(config.rope_theta)},
+        tie_word_embeddings=False,
+        attention_bias=False,
+        mlp_bias=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        dtype=dtype,
+        architectures=["LlamaForCausalLM"],
+    )
+
+
+# ---------------------------------------------------------------------------------------- import
+
+
+def _read_hf_weights(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        state = {}
+        for name in files:
+            state.update(load_file(folder / name))
+        return state
+    if (folder / "model.safetensors").exists():
+        return load_file(folder / "model.safetensors")
+    bins = sorted(folder.glob("pytorch_model*.bin"))
+    if bins:
+        state = {}
+        for b in bins:
+            state.update(torch.load(b, map_location="cpu", weights_only=True))
+        return state
+    raise FileNotFoundError(f"no model.safetensors(.index.json) or pytorch_model*.bin in {folder}")
+
+
+def extend_vocab_rows(weight: torch.Tensor, new_rows: int, noise: float = 0.01, generator=None) -> torch.Tensor:
+    """(V, D) -> (V + new_rows, D): new rows are the mean of the old ones plus small noise
+    (noise x the per-dimension std of the old rows)."""
+    w = weight.float()
+    mean, std = w.mean(0), w.std(0)
+    fresh = mean + noise * std * torch.randn(new_rows, w.shape[1], generator=generator, dtype=torch.float32)
+    return torch.cat([w, fresh]).to(weight.dtype)
+
+
+def from_hf(path_or_model, *, extend_vocab: bool = False, dtype: torch.dtype | None = None, seed: int = 0, **overrides) -> Transformer:
+    """A Transformer from a Hugging Face LLaMA folder or a LlamaForCausalLM object.
+
+    extend_vocab: the checkpoint's vocabulary is text only (LLaMA-2, 32000 ids); grow the embedding
+    and output to lwm.data.Vocab(text_size).size, keeping the text rows and starting the vision and
+    special rows at the mean of the text rows plus small noise. overrides change config fields
+    (e.g. rope_theta for the next context stage).
+    """
+    if isinstance(path_or_model, (str, Path)):
+        from transformers import AutoConfig
+
+        folder = Path(path_or_model)
+        if not (folder / "config.json").exists():
+            raise FileNotFoundError(f"{folder} is not a Hugging Face model folder (no config.json)")
+        hf_config = AutoConfig.from_pretrained(folder)
+        state = _read_hf_weights(folder)
+    else:
+        hf_config, state = path_or_model.config, path_or_model.state_dict()
+    state = from_hf_state_dict(state)
+    text_size = hf_config.vocab_size
+    if extend_vocab:
+        vocab = Vocab(text_size)
+        overrides.setdefault("vocab_size", vocab.size)
+        g = torch.Generator().manual_seed(seed)
+        for key in ("embed.weight", "output.weight"):
+            state[key] = extend_vocab_rows(state[key], vocab.size - text_size, generator=g)
+    config = config_from_hf(hf_config, **overrides)
+    if dtype is not None:
+        state = {k: v.to(dtype) for k, v in state.items()}
+    with torch.device("meta"):
+        model = Transformer(config)
+    model.load_state_dict(state, strict=True, assign=True)
+    return model
+
+
+# ---------------------------------------------------------------------------------------- export
+
+
+def _write_tokenizer(tokenizer_model: Path, vocab_size: int, out_dir: Path) -> None:
+    import sentencepiece as spm
+    from transformers import LlamaTokenizer
+
+    text_size = spm.SentencePieceProcessor(model_file=str(tokenizer_model)).get_piece_size()
+    vocab = Vocab(text_size)
+    if vocab.size != vocab_size:
+        raise ValueError(
+            f"tokenizer {tokenizer_model} has {text_size} text ids, which makes a vocabulary of {vocab.size} "
+            f"rows, but the model has vocab_size {vocab_size}"
+        )
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copy(tokenizer_model, Path(tmp) / "tokenizer.model")  # the converter reads this name
+        tok = LlamaTokenizer.from_pretrained(tmp, add_bos_token=True, add_eos_token=False)
+    n_vision = tok.add_tokens(vocab.added_tokens()[: vocab.n_vision_codes], special_tokens=False)
+    n_special = tok.add_tokens(list(SPECIAL_TOKENS), special_tokens=True)
+    ids = tok.convert_tokens_to_ids([vocab.added_tokens()[0], SPECIAL_TOKENS[-1]])
+    if n_vision + n_special != vocab.used_size - text_size or ids != [vocab.vision_offset, vocab.vision_end]:
+        raise RuntimeError(f"added tokens landed at {ids}, expected {[vocab.vision_offset, vocab.vision_end]}")
+    tok.save_pretrained(out_dir)
+    shutil.copy(tokenizer_model, out_dir / "tokenizer.model")  # for sentencepiece users of the folder
+
+
+def to_hf(model: Transformer, out_dir, tokenizer_model=None, dtype: torch.dtype | None = None, max_shard_size: str = "5GB") -> Path:
+    """Write `model` as a Hugging Face LlamaForCausalLM folder (config, safetensors shards,
+    generation config; with a sentencepiece `tokenizer_model`, a tokenizer whose added tokens
+    are the vision codes and special tokens at the ids of lwm.data.Vocab)."""
+    from huggingface_hub import save_torch_state_dict
+    from transformers import GenerationConfig
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to(dtype) if dtype is not None else v.detach() for k, v in model.state_dict().items()}
+    dtype = dtype or next(iter(state.values())).dtype
+    hf_config = config_to_hf(model.config, dtype=dtype)
+    if tokenizer_model is not None:
+        _write_tokenizer(Path(tokenizer_model), model.config.vocab_size, out_dir)
+    hf_config.save_pretrained(out_dir)
+    GenerationConfig(bos_token_id=1, eos_token_id=2).save_pretrained(out_dir)
+    save_torch_state_dict(to_hf_state_dict(state), out_dir, max_shard_size=max_shard_size)
+    return out_dir

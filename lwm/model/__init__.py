@@ -1,0 +1,19 @@
+"""The plain LLaMA-architecture model. Single-process: nothing here imports torch.distributed."""
+
+from lwm.model.attention import AttentionFn, sdpa_attention
+from lwm.model.config import PRESETS, ModelConfig
+from lwm.model.loss import IGNORE_INDEX, LossOutput, chunked_cross_entropy, group_counts, token_coefficients
+from lwm.model.transformer import Transformer
+
+__all__ = [
+    "AttentionFn",
+    "IGNORE_INDEX",
+    "LossOutput",
+    "ModelConfig",
+    "PRESETS",
+    "Transformer",
+    "chunked_cross_entropy",
+    "group_counts",
+    "sdpa_attention",
+    "token_coefficients",
+]

@@ -1,0 +1,77 @@
+"""Model configuration: one dataclass, named presets, validated on construction."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+
+@dataclass
+class ModelConfig:
+    dim: int = 4096
+    n_layers: int = 32
+    n_heads: int = 32
+    n_kv_heads: int = 32
+    ffn_dim: int = 11008
+    vocab_size: int = 40256
+    norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    max_seq_len: int = 4096
+    # Blockwise MLP: run the MLP over sequence chunks of this size, recomputed in backward (0: off).
+    mlp_chunk_size: int = 0
+    # Tokens per chunk in the chunked cross entropy; the (B, S, V) logits never exist at once.
+    loss_chunk_size: int = 1024
+
+    def __post_init__(self) -> None:
+        positive = ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size", "max_seq_len", "loss_chunk_size")
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"ModelConfig.{name} must be a positive integer, got {value!r}")
+        if self.mlp_chunk_size < 0:
+            raise ValueError(f"ModelConfig.mlp_chunk_size must be >= 0 (0 = off), got {self.mlp_chunk_size}")
+        if self.norm_eps <= 0:
+            raise ValueError(f"ModelConfig.norm_eps must be > 0, got {self.norm_eps}")
+        if self.rope_theta <= 0:
+            raise ValueError(f"ModelConfig.rope_theta must be > 0, got {self.rope_theta}")
+        if self.dim % self.n_heads:
+            raise ValueError(f"dim {self.dim} is not divisible by n_heads {self.n_heads}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim {self.head_dim} (dim {self.dim} / n_heads {self.n_heads}) must be even for RoPE")
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides) -> "ModelConfig":
+        if name not in PRESETS:
+            raise ValueError(f"unknown model preset {name!r}; expected one of {sorted(PRESETS)}")
+        return dataclasses.replace(PRESETS[name], **overrides)
+
+    def replace(self, **changes) -> "ModelConfig":
+        return dataclasses.replace(self, **changes)
+
+    def num_params(self) -> int:
+        """Parameter count, computed from the shapes (no model needed)."""
+        attn = self.dim * self.head_dim * (2 * self.n_heads + 2 * self.n_kv_heads)
+        mlp = 3 * self.dim * self.ffn_dim
+        block = attn + mlp + 2 * self.dim
+        return self.n_layers * block + 2 * self.vocab_size * self.dim + self.dim
+
+
+# Vocabulary sizes are lwm.data.Vocab(text_size).size: text ids + 8192 vision codes + 4 specials,
+# padded to a multiple of 64 (tests check the two agree).
+PRESETS: dict[str, ModelConfig] = {
+    # Tests: two layers, GQA (4 query heads share 2 kv heads), a 256-id text vocabulary.
+    "debug": ModelConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=176,
+                         vocab_size=8512, max_seq_len=2048, loss_chunk_size=256),
+    # The CPU demo model (about 9M parameters, 4K-id text vocabulary).
+    "tiny": ModelConfig(dim=256, n_layers=4, n_heads=8, n_kv_heads=4, ffn_dim=704,
+                        vocab_size=12352, max_seq_len=8192, loss_chunk_size=1024),
+    # LLaMA-2 7B shapes with LWM's extended vocabulary (32000 text ids + vision + specials).
+    "7b": ModelConfig(dim=4096, n_layers=32, n_heads=32, n_kv_heads=32, ffn_dim=11008,
+                      vocab_size=40256, norm_eps=1e-6, max_seq_len=4096),
+}

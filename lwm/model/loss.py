@@ -1,0 +1,139 @@
+"""Cross entropy for long sequences without the full (B, S, V) logits.
+
+The loss is sum_t coeff[t] * CE(hidden[t] @ W^T, target[t]). The coefficients carry the averaging:
+`token_coefficients` turns a loss mask and a vision mask into per-token weights so that text and
+vision positions are averaged separately and combined with their weights (design.md). Because
+the coefficients are computed before the loss, a context-parallel rank can use global counts and
+the global loss is the sum of the ranks' losses.
+
+`chunked_cross_entropy` computes logits a chunk of tokens at a time and, in the same pass, the
+gradients of the hidden states and the output weight, so neither forward nor backward ever holds
+more than one (chunk, V) block of logits.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+IGNORE_INDEX = -100
+
+
+class GroupCounts(NamedTuple):
+    text: torch.Tensor  # sum of loss-mask weight over text positions (0-dim)
+    vision: torch.Tensor  # same over vision positions
+
+
+def group_counts(loss_mask: torch.Tensor, vision_mask: torch.Tensor) -> GroupCounts:
+    """Loss-mask weight per group; all-reduce these across context-parallel ranks before use."""
+    w = loss_mask.float()
+    vis = vision_mask.bool()
+    return GroupCounts(text=(w * ~vis).sum(), vision=(w * vis).sum())
+
+
+def token_coefficients(
+    loss_mask: torch.Tensor,
+    vision_mask: torch.Tensor,
+    text_weight: float = 0.5,
+    vision_weight: float = 0.5,
+    counts: GroupCounts | None = None,
+) -> torch.Tensor:
+    """Per-token loss coefficients, shape of loss_mask, fp32.
+
+    loss = (text_weight * mean_text + vision_weight * mean_vision) / (sum of weights of the groups
+    present): a batch with no vision targets gets its plain text mean, and vice versa. loss_mask may
+    hold per-token weights (packing) instead of 0/1.
+    """
+    if loss_mask.shape != vision_mask.shape:
+        raise ValueError(f"loss_mask {tuple(loss_mask.shape)} and vision_mask {tuple(vision_mask.shape)} differ in shape")
+    if text_weight < 0 or vision_weight < 0:
+        raise ValueError(f"text_weight {text_weight} and vision_weight {vision_weight} must be >= 0")
+    counts = group_counts(loss_mask, vision_mask) if counts is None else counts
+    present_t = (counts.text > 0).float()
+    present_v = (counts.vision > 0).float()
+    total = (text_weight * present_t + vision_weight * present_v).clamp_min(1e-12)
+    per_text = text_weight * present_t / (counts.text.clamp_min(1e-12) * total)
+    per_vision = vision_weight * present_v / (counts.vision.clamp_min(1e-12) * total)
+    return loss_mask.float() * torch.where(vision_mask.bool(), per_vision, per_text)
+
+
+class LossOutput(NamedTuple):
+    loss: torch.Tensor  # scalar, differentiable
+    token_loss: torch.Tensor  # (B, S) per-token cross entropy, fp32, detached (for logging)
+
+
+class _ChunkedLinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, coeff, chunk_size):
+        # hidden (N, D), weight (V, D), targets (N,), coeff (N,) fp32
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        n = hidden.shape[0]
+        loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        token_loss = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        for s in range(0, n, chunk_size):
+            h, t = hidden[s : s + chunk_size], targets[s : s + chunk_size]
+            valid = t != IGNORE_INDEX
+            t = t.clamp_min(0).unsqueeze(1)
+            c = coeff[s : s + chunk_size] * valid
+            logits = (h @ weight.t()).float()  # (c, D) @ (D, V) -> (c, V)
+            lse = torch.logsumexp(logits, dim=-1)
+            ce = (lse - logits.gather(1, t).squeeze(1)) * valid
+            token_loss[s : s + chunk_size] = ce
+            loss += (c * ce).sum()
+            if need_h or need_w:
+                # d loss / d logits = c * (softmax - onehot), built in place in the logits buffer
+                g = logits.sub_(lse.unsqueeze(1)).exp_()
+                g.scatter_add_(1, t, -valid.float().unsqueeze(1))
+                g.mul_(c.unsqueeze(1))
+                g = g.to(weight.dtype)
+                if need_h:
+                    grad_h[s : s + chunk_size] = g @ weight  # (c, V) @ (V, D) -> (c, D)
+                if need_w:
+                    if grad_w.dtype == g.dtype:
+                        grad_w.addmm_(g.t(), h)
+                    else:
+                        grad_w += (g.t() @ h).float()  # low-precision product, fp32 accumulation
+        ctx.save_for_backward(grad_h, grad_w)
+        ctx.weight_dtype = weight.dtype
+        ctx.mark_non_differentiable(token_loss)
+        return loss, token_loss
+
+    @staticmethod
+    def backward(ctx, grad_loss, _grad_token_loss):
+        grad_h, grad_w = ctx.saved_tensors
+        if grad_h is not None:
+            grad_h = grad_h * grad_loss.to(grad_h.dtype)
+        if grad_w is not None:
+            grad_w = (grad_w * grad_loss).to(ctx.weight_dtype)
+        return grad_h, grad_w, None, None, None
+
+
+def chunked_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    coeff: torch.Tensor | None = None,
+    chunk_size: int = 1024,
+) -> LossOutput:
+    """sum_t coeff[t] * CE(hidden[t] @ weight^T, targets[t]) without materializing all logits.
+
+    hidden (B, S, D), weight (V, D), targets (B, S) long (IGNORE_INDEX = -100 carries no loss),
+    coeff (B, S) float; by default the plain mean over the targets that are not ignored.
+    """
+    if hidden.shape[:-1] != targets.shape:
+        raise ValueError(f"targets {tuple(targets.shape)} must match hidden {tuple(hidden.shape)} without its last dim")
+    if coeff is None:
+        valid = (targets != IGNORE_INDEX).float()
+        coeff = valid / valid.sum().clamp_min(1.0)
+    elif coeff.shape != targets.shape:
+        raise ValueError(f"coeff {tuple(coeff.shape)} must have the shape of targets {tuple(targets.shape)}")
+    if chunk_size <= 0:
+        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+    B, S, D = hidden.shape
+    loss, token_loss = _ChunkedLinearCrossEntropy.apply(
+        hidden.reshape(B * S, D), weight, targets.reshape(-1), coeff.reshape(-1).float(), chunk_size
+    )
+    return LossOutput(loss, token_loss.view(B, S))

@@ -1,0 +1,73 @@
+"""The LLaMA-architecture transformer. One process; it never knows about context parallelism."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from lwm.model.attention import AttentionFn
+from lwm.model.block import Block
+from lwm.model.config import ModelConfig
+from lwm.model.loss import LossOutput, chunked_cross_entropy
+from lwm.model.norm import RMSNorm
+from lwm.model.rope import rope_angles
+
+
+class Transformer(nn.Module):
+    """Build on the meta device (`with torch.device("meta")`), then `to_empty` and `init_weights()`
+    to create a large model without allocating it twice; elsewhere the weights are initialized here."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.dim)
+        self.layers = nn.ModuleList(Block(config) for _ in range(config.n_layers))
+        self.norm = RMSNorm(config.dim, config.norm_eps)
+        self.output = nn.Linear(config.dim, config.vocab_size, bias=False)
+        if not self.output.weight.is_meta:
+            self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self, std: float = 0.02) -> None:
+        out_std = std / math.sqrt(2 * self.config.n_layers)  # residual projections, GPT-2 style
+        nn.init.normal_(self.embed.weight, std=std)
+        for layer in self.layers:
+            layer.init_weights(std, out_std)
+        self.norm.reset_parameters()
+        nn.init.normal_(self.output.weight, std=std)
+
+    def set_attention(self, attn_fn: AttentionFn) -> None:
+        """Replace the attention function of every block (lwm.parallel uses this)."""
+        for layer in self.layers:
+            layer.attn.attn_fn = attn_fn
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        *,
+        targets: torch.Tensor | None = None,
+        loss_coeff: torch.Tensor | None = None,
+    ) -> torch.Tensor | LossOutput:
+        """tokens (B, S) long; positions (S,) or (B, S) long, default arange(S).
+
+        Returns logits (B, S, V); with `targets` (B, S), returns the chunked loss instead
+        (see lwm.model.loss), which never materializes the full logits.
+        """
+        if tokens.dim() != 2:
+            raise ValueError(f"tokens must be (batch, seq), got shape {tuple(tokens.shape)}")
+        B, S = tokens.shape
+        if positions is None:
+            positions = torch.arange(S, device=tokens.device)
+        elif positions.shape not in ((S,), (B, S)):
+            raise ValueError(f"positions must be ({S},) or ({B}, {S}) for tokens {tuple(tokens.shape)}, got {tuple(positions.shape)}")
+        cos, sin = rope_angles(positions, self.config.head_dim, self.config.rope_theta)  # (S, D) or (B, S, D)
+        h = self.embed(tokens)  # (B, S) -> (B, S, dim)
+        for layer in self.layers:
+            h = layer(h, cos, sin)
+        h = self.norm(h)
+        if targets is None:
+            return self.output(h)  # (B, S, dim) -> (B, S, V)
+        return chunked_cross_entropy(h, self.output.weight, targets, loss_coeff, self.config.loss_chunk_size)

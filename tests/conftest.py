@@ -1,0 +1,26 @@
+import pytest
+import torch
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def spm_model(tmp_path_factory):
+    """A small sentencepiece model trained here on generated text (no downloads)."""
+    import random
+
+    import sentencepiece as spm
+
+    rng = random.Random(0)
+    words = "the a red green blue circle square moves left right up down frame video second appears".split()
+    folder = tmp_path_factory.mktemp("spm")
+    corpus = folder / "corpus.txt"
+    corpus.write_text("\n".join(" ".join(rng.choice(words) for _ in range(12)) for _ in range(1000)))
+    spm.SentencePieceTrainer.train(
+        input=str(corpus), model_prefix=str(folder / "sp"), vocab_size=256, model_type="bpe",
+        unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2,
+    )
+    return folder / "sp.model"

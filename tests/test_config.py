@@ -1,0 +1,71 @@
+import pytest
+import torch
+
+from lwm.data import Vocab
+from lwm.model import PRESETS, ModelConfig, Transformer
+
+
+def test_presets_match_the_issue():
+    debug = ModelConfig.from_preset("debug")
+    assert (debug.n_layers, debug.dim) == (2, 64) and debug.n_kv_heads < debug.n_heads
+    b7 = ModelConfig.from_preset("7b")
+    assert (b7.dim, b7.n_layers, b7.n_heads, b7.n_kv_heads, b7.ffn_dim, b7.norm_eps) == (4096, 32, 32, 32, 11008, 1e-6)
+    tiny = ModelConfig.from_preset("tiny")
+    assert 1e6 < tiny.num_params() < 2e7
+
+
+@pytest.mark.parametrize("name,text_size", [("debug", 256), ("tiny", 4096), ("7b", 32000)])
+def test_preset_vocab_is_the_vocab_layout(name, text_size):
+    assert PRESETS[name].vocab_size == Vocab(text_size).size
+
+
+def test_7b_on_meta_device_without_allocating():
+    with torch.device("meta"):
+        model = Transformer(ModelConfig.from_preset("7b"))
+    n = sum(p.numel() for p in model.parameters())
+    assert all(p.is_meta for p in model.parameters())
+    assert n == model.config.num_params()
+    # LLaMA-2 7B has 6.74B parameters with 32000 rows; ours adds 8256 rows to embed and output.
+    assert n == 6_738_415_616 + 2 * 8256 * 4096
+
+
+def test_preset_overrides_and_unknown_name():
+    assert ModelConfig.from_preset("debug", rope_theta=1e6).rope_theta == 1e6
+    with pytest.raises(ValueError, match="unknown model preset 'huge'"):
+        ModelConfig.from_preset("huge")
+
+
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        (dict(dim=65), "dim 65 is not divisible by n_heads 4"),
+        (dict(n_kv_heads=3), "n_heads 4 is not a multiple of n_kv_heads 3"),
+        (dict(dim=12, n_heads=4, n_kv_heads=2), "head_dim 3 .* must be even"),
+        (dict(vocab_size=0), "vocab_size must be a positive integer, got 0"),
+        (dict(rope_theta=-1.0), "rope_theta must be > 0, got -1.0"),
+        (dict(mlp_chunk_size=-2), "mlp_chunk_size must be >= 0"),
+    ],
+)
+def test_validation_names_the_values(changes, message):
+    with pytest.raises(ValueError, match=message):
+        ModelConfig.from_preset("debug", **changes)
+
+
+def test_vocab_layout():
+    v = Vocab(32000)
+    assert v.vision_offset == 32000
+    assert (v.eof, v.eov, v.vision_start, v.vision_end) == (40192, 40193, 40194, 40195)
+    assert v.size == 40256 and v.size % 64 == 0 and v.size >= v.used_size
+    assert len(v.added_tokens()) == v.used_size - v.text_size
+    with pytest.raises(ValueError, match="text_size 0"):
+        Vocab(0)
+
+
+def test_model_package_has_no_distributed_code():
+    import pathlib
+
+    import lwm.model
+
+    root = pathlib.Path(lwm.model.__file__).parent
+    offenders = [p.name for p in root.rglob("*.py") if "torch.distributed" in p.read_text()]
+    assert offenders == []
