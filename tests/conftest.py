@@ -16,6 +16,7 @@ def spm_model(tmp_path_factory):
 
     rng = random.Random(0)
     words = "the a red green blue circle square moves left right up down frame video second appears".split()
+    words += ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 8))) for _ in range(300)]
     folder = tmp_path_factory.mktemp("spm")
     corpus = folder / "corpus.txt"
     corpus.write_text("\n".join(" ".join(rng.choice(words) for _ in range(12)) for _ in range(1000)))

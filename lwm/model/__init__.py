@@ -1,4 +1,4 @@
-"""The plain LLaMA-architecture model. Single-process: nothing here imports torch.distributed."""
+"""The plain LLaMA-architecture model. Single-process: it knows nothing of other processes."""
 
 from lwm.model.attention import AttentionFn, sdpa_attention
 from lwm.model.config import PRESETS, ModelConfig
