@@ -68,34 +68,47 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     def forward(ctx, hidden, weight, targets, coeff, chunk_size):
         # hidden (N, D), weight (V, D), targets (N,), coeff (N,) fp32
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        n = hidden.shape[0]
-        loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
-        token_loss = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        n, dev = hidden.shape[0], hidden.device
+        loss = torch.zeros((), dtype=torch.float32, device=dev)
+        token_loss = torch.empty(n, dtype=torch.float32, device=dev)
         grad_h = torch.empty_like(hidden) if need_h else None
-        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=dev) if need_w else None
+        # One (chunk, V) fp32 buffer reused by every chunk: fresh allocations of this size cost
+        # more than the arithmetic on CPU (page faults), and the peak stays one chunk.
+        rows = min(chunk_size, n)
+        buf = torch.empty(rows, weight.shape[0], dtype=torch.float32, device=dev)
+        low = None if weight.dtype == torch.float32 else torch.empty(rows, weight.shape[0], dtype=weight.dtype, device=dev)
         for s in range(0, n, chunk_size):
             h, t = hidden[s : s + chunk_size], targets[s : s + chunk_size]
+            r = h.shape[0]
             valid = t != IGNORE_INDEX
             t = t.clamp_min(0).unsqueeze(1)
             c = coeff[s : s + chunk_size] * valid
-            logits = (h @ weight.t()).float()  # (c, D) @ (D, V) -> (c, V)
-            lse = torch.logsumexp(logits, dim=-1)
-            ce = (lse - logits.gather(1, t).squeeze(1)) * valid
+            logits = buf[:r]
+            if low is None:
+                torch.mm(h, weight.t(), out=logits)  # (r, D) @ (D, V) -> (r, V)
+            else:
+                logits.copy_(torch.mm(h, weight.t(), out=low[:r]))
+            logits.sub_(logits.amax(dim=1, keepdim=True))  # stable softmax, in place
+            target_logit = logits.gather(1, t).squeeze(1)
+            sum_exp = logits.exp_().sum(dim=1)
+            ce = (sum_exp.log() - target_logit) * valid
             token_loss[s : s + chunk_size] = ce
             loss += (c * ce).sum()
             if need_h or need_w:
-                # d loss / d logits = c * (softmax - onehot), built in place in the logits buffer
-                g = logits.sub_(lse.unsqueeze(1)).exp_()
+                # d loss / d logits = c * (softmax - onehot), built in place
+                g = logits.div_(sum_exp.unsqueeze(1))
                 g.scatter_add_(1, t, -valid.float().unsqueeze(1))
                 g.mul_(c.unsqueeze(1))
-                g = g.to(weight.dtype)
+                if low is not None:
+                    g = low[:r].copy_(g)
                 if need_h:
-                    grad_h[s : s + chunk_size] = g @ weight  # (c, V) @ (V, D) -> (c, D)
+                    torch.mm(g, weight, out=grad_h[s : s + chunk_size])  # (r, V) @ (V, D) -> (r, D)
                 if need_w:
-                    if grad_w.dtype == g.dtype:
-                        grad_w.addmm_(g.t(), h)
+                    if low is None:
+                        grad_w.addmm_(g.t(), h)  # (V, r) @ (r, D)
                     else:
-                        grad_w += (g.t() @ h).float()  # low-precision product, fp32 accumulation
+                        grad_w += torch.mm(g.t(), h).float()  # low-precision product, fp32 accumulation
         ctx.save_for_backward(grad_h, grad_w)
         ctx.weight_dtype = weight.dtype
         ctx.mark_non_differentiable(token_loss)
