@@ -1,0 +1,65 @@
+"""The one place where ring attention talks to other processes.
+
+A RingComm sends to the next rank of a group and receives from the previous one, asynchronously
+(`batch_isend_irecv`), so the caller computes while the message is in flight.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def group_size_and_rank(group=None) -> tuple[int, int]:
+    """(world size, rank) of a group; a single process without torch.distributed is (1, 0)."""
+    if not dist.is_available() or not dist.is_initialized():
+        if group is not None:
+            raise RuntimeError("a process group was given but torch.distributed is not initialized")
+        return 1, 0
+    return dist.get_world_size(group), dist.get_rank(group)
+
+
+class RingComm:
+    def __init__(self, group=None, tag: int = 0):
+        self.world_size, self.rank = group_size_and_rank(group)
+        self.group, self.tag = group, tag
+        if self.world_size > 1:
+            g = group if group is not None else dist.group.WORLD
+            self.send_to = dist.get_global_rank(g, (self.rank + 1) % self.world_size)
+            self.recv_from = dist.get_global_rank(g, (self.rank - 1) % self.world_size)
+        self._pending: list = []
+
+    def send_recv(self, tensor: torch.Tensor, recv_buffer: torch.Tensor | None = None) -> torch.Tensor:
+        """Start sending `tensor` to the next rank and receiving the previous rank's into a buffer."""
+        buf = torch.empty_like(tensor) if recv_buffer is None else recv_buffer
+        ops = [
+            dist.P2POp(dist.isend, tensor, self.send_to, self.group, self.tag),
+            dist.P2POp(dist.irecv, buf, self.recv_from, self.group, self.tag),
+        ]
+        self._pending.extend(dist.batch_isend_irecv(ops))
+        return buf
+
+    def wait(self) -> None:
+        for work in self._pending:
+            work.wait()
+        self._pending = []
+
+
+class _AllToAll(torch.autograd.Function):
+    """Chunk i of dim 0 goes to rank i; chunk i of the result came from rank i. Its own inverse."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        out = torch.empty_like(x)
+        dist.all_to_all_single(out, x.contiguous(), group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _AllToAll.apply(grad.contiguous(), ctx.group), None
+
+
+def all_to_all(x: torch.Tensor, group=None) -> torch.Tensor:
+    """Differentiable all-to-all over dim 0 (split into world-size equal chunks)."""
+    return _AllToAll.apply(x, group)

@@ -1,0 +1,109 @@
+"""Block attention kernels: (out, logsumexp) of one block, and its backward.
+
+q (B, Hq, Lq, D); k, v (B, Hkv, Lk, D) with Hq a multiple of Hkv. `causal` means the plain lower
+triangle, top-left aligned (the plans only ask for it with Lq == Lk). The backward recomputes the
+block from the final (merged) output and logsumexp, as flash attention does, so the per-block
+gradients of a ring add up to the gradients of the whole.
+
+Backends:
+    cpu_flash   aten's flash kernel for CPU (any float dtype, GQA native)
+    cuda_flash  aten's flash kernel for CUDA (fp16/bf16, head dim <= 256 and a multiple of 8)
+    math        plain PyTorch, any device and dtype (fp64 references, and where flash cannot serve)
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+BACKENDS = ("auto", "cpu_flash", "cuda_flash", "math")
+
+
+def select_backend(q: torch.Tensor, backend: str = "auto") -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown attention backend {backend!r}; expected one of {BACKENDS}")
+    if backend != "auto":
+        return backend
+    if q.device.type == "cpu":
+        return "cpu_flash"
+    if q.device.type == "cuda" and q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] <= 256 and q.shape[-1] % 8 == 0:
+        return "cuda_flash"
+    return "math"
+
+
+def _scale(q: torch.Tensor, scale: float | None) -> float:
+    return 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+
+
+def _expand_kv(x: torch.Tensor, n_heads: int) -> torch.Tensor:
+    rep = n_heads // x.shape[1]
+    return x if rep == 1 else x.repeat_interleave(rep, dim=1)  # (B, Hkv, L, D) -> (B, Hq, L, D)
+
+
+def _reduce_kv(grad: torch.Tensor, n_kv: int) -> torch.Tensor:
+    B, H, L, D = grad.shape
+    return grad if H == n_kv else grad.view(B, n_kv, H // n_kv, L, D).sum(2)  # (B, Hq, L, D) -> (B, Hkv, L, D)
+
+
+# ----------------------------------------------------------------------------------------- math
+
+
+def _math_scores(q, k, causal, scale):
+    s = (q @ _expand_kv(k, q.shape[1]).transpose(-1, -2)) * scale  # (B, Hq, Lq, Lk)
+    if causal:
+        lq, lk = q.shape[2], k.shape[2]
+        mask = torch.ones(lq, lk, dtype=torch.bool, device=q.device).triu(1)
+        s = s.masked_fill(mask, float("-inf"))
+    return s
+
+
+def _math_forward(q, k, v, causal, scale):
+    s = _math_scores(q, k, causal, scale)
+    lse = torch.logsumexp(s, dim=-1)  # (B, Hq, Lq)
+    out = torch.exp(s - lse.unsqueeze(-1)) @ _expand_kv(v, q.shape[1])
+    return out, lse
+
+
+def _math_backward(dout, q, k, v, out, lse, causal, scale):
+    p = torch.exp(_math_scores(q, k, causal, scale) - lse.unsqueeze(-1).to(q.dtype))  # (B, Hq, Lq, Lk)
+    dv = p.transpose(-1, -2) @ dout
+    dp = dout @ _expand_kv(v, q.shape[1]).transpose(-1, -2)
+    delta = (dout * out).sum(-1, keepdim=True)
+    ds = p * (dp - delta) * scale
+    dq = ds @ _expand_kv(k, q.shape[1])
+    dk = ds.transpose(-1, -2) @ q
+    return dq, _reduce_kv(dk, k.shape[1]), _reduce_kv(dv, k.shape[1])
+
+
+# ----------------------------------------------------------------------------------------- entry points
+
+
+def block_forward(q, k, v, causal: bool, scale: float | None = None, backend: str = "auto"):
+    """-> out (B, Hq, Lq, D) in q's dtype, lse (B, Hq, Lq) in fp32 (fp64 for fp64 inputs)."""
+    backend, scale = select_backend(q, backend), _scale(q, scale)
+    if backend == "cpu_flash":
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, attn_mask=None, scale=scale)
+    elif backend == "cuda_flash":
+        kx, vx = _expand_kv(k, q.shape[1]), _expand_kv(v, q.shape[1])
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, kx, vx, 0.0, causal, False, scale=scale)[:2]
+    else:
+        out, lse = _math_forward(q, k, v, causal, scale)
+    return out, lse.to(torch.promote_types(q.dtype, torch.float32))
+
+
+def block_backward(dout, q, k, v, out, lse, causal: bool, scale: float | None = None, backend: str = "auto"):
+    """-> dq (like q), dk, dv (like k, v): gradients of this block's share of the attention."""
+    backend, scale = select_backend(q, backend), _scale(q, scale)
+    if backend == "cpu_flash":
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            dout, q, k, v, out, lse.float() if q.dtype != torch.float64 else lse, 0.0, causal, attn_mask=None, scale=scale
+        )
+    if backend == "cuda_flash":
+        kx, vx = _expand_kv(k, q.shape[1]), _expand_kv(v, q.shape[1])
+        empty = torch.empty(0, device=q.device, dtype=torch.int64)
+        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_backward(
+            dout, q, kx, vx, out, lse.float(), empty, empty, q.shape[2], k.shape[2], 0.0, causal, empty, empty, scale=scale
+        )
+        return dq, _reduce_kv(dk, k.shape[1]), _reduce_kv(dv, k.shape[1])
+    return _math_backward(dout, q, k, v, out, lse, causal, scale)

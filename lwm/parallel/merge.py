@@ -1,0 +1,23 @@
+"""Merging partial attention results from (out, logsumexp) pairs, in fp32 (fp64 for fp64).
+
+If a query's keys are split into two sets with partial results (o1, l1) and (o2, l2), the
+attention over the union is  l = logaddexp(l1, l2),  o = o1 exp(l1 - l) + o2 exp(l2 - l).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.promote_types(dtype, torch.float32)
+
+
+def merge_(out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor, block_lse: torch.Tensor) -> None:
+    """Fold (block_out, block_lse) into the accumulators (out (B, H, L, D), lse (B, H, L)) in place.
+
+    `out` and `lse` may be views (a row slice of larger accumulators)."""
+    new_lse = torch.logaddexp(lse, block_lse)
+    out.mul_(torch.exp(lse - new_lse).unsqueeze(-1))
+    out.add_(block_out.to(out.dtype) * torch.exp(block_lse - new_lse).unsqueeze(-1))
+    lse.copy_(new_lse)
