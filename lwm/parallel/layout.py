@@ -58,7 +58,7 @@ def positions(seq_len: int, rank: int, world_size: int, layout: str = "striped",
     return pos[u * n : (u + 1) * n]
 
 
-def _permutation(seq_len: int, world_size: int, layout: str, ulysses_size: int) -> torch.Tensor:
+def gathered_positions(seq_len: int, world_size: int, layout: str, ulysses_size: int) -> torch.Tensor:
     """Global positions of all ranks' tokens, concatenated in rank order."""
     return torch.cat([positions(seq_len, r, world_size, layout, ulysses_size) for r in range(world_size)])
 
@@ -76,5 +76,5 @@ def unshard(pieces: list[torch.Tensor] | tuple[torch.Tensor, ...], dim: int, lay
     if len(sizes) != 1:
         raise ValueError(f"pieces must have equal length along dim {dim}, got {[p.shape[dim] for p in pieces]}")
     joined = torch.cat(list(pieces), dim=dim)  # (..., N * L, ...) in rank order
-    perm = _permutation(joined.shape[dim], world_size, layout, ulysses_size)
+    perm = gathered_positions(joined.shape[dim], world_size, layout, ulysses_size)
     return joined.index_select(dim, torch.argsort(perm).to(joined.device))

@@ -1,0 +1,31 @@
+"""Everything that talks across processes: layouts, comm, block kernels, ring / Ulysses / hybrid
+attention, and `parallelize` which applies them to a model from outside."""
+
+from lwm.parallel.comm import RingComm
+from lwm.parallel.hybrid import hybrid_attention, hybrid_groups
+from lwm.parallel.kernels import block_backward, block_forward
+from lwm.parallel.layout import LAYOUTS, check_divisible, positions, shard, unshard
+from lwm.parallel.parallelize import global_group_counts, parallelize
+from lwm.parallel.ring import ring_attention, simulate_ring
+from lwm.parallel.schedule import block_plan, block_work
+from lwm.parallel.ulysses import ulysses_attention
+
+__all__ = [
+    "LAYOUTS",
+    "RingComm",
+    "block_backward",
+    "block_forward",
+    "block_plan",
+    "block_work",
+    "check_divisible",
+    "global_group_counts",
+    "hybrid_attention",
+    "hybrid_groups",
+    "parallelize",
+    "positions",
+    "ring_attention",
+    "shard",
+    "simulate_ring",
+    "ulysses_attention",
+    "unshard",
+]

@@ -1,0 +1,65 @@
+"""Ulysses attention: an all-to-all trades the sequence split for a head split, each rank runs
+local attention over the whole sequence for its share of the heads, and a second all-to-all
+trades back. K/V heads are replicated only when there are fewer of them than ranks.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from lwm.parallel.comm import all_to_all, group_size_and_rank
+from lwm.parallel.layout import gathered_positions, check_layout
+from lwm.parallel.ring import check_qkv
+
+
+def check_heads(n_heads: int, n_kv_heads: int, size: int) -> None:
+    if n_heads % size:
+        raise ValueError(f"q heads {n_heads} are not divisible by the Ulysses group size {size}")
+    if n_kv_heads % size and size % n_kv_heads:
+        raise ValueError(f"k/v heads {n_kv_heads} must divide or be a multiple of the Ulysses group size {size}")
+
+
+def replicate_kv(x: torch.Tensor, size: int) -> torch.Tensor:
+    """(B, Hkv, L, D) -> (B, max(Hkv, size), L, D): each rank's query heads find their K/V head."""
+    return x if x.shape[1] >= size else x.repeat_interleave(size // x.shape[1], dim=1)
+
+
+def seq_to_heads(x: torch.Tensor, group, order: torch.Tensor | None = None) -> torch.Tensor:
+    """(B, H, L, D) sequence-sharded -> (B, H/P, P*L, D) head-sharded; with `order`, the gathered
+    rank pieces are re-indexed into that order along the sequence."""
+    P = group_size_and_rank(group)[0]
+    B, H, L, D = x.shape
+    x = x.view(B, P, H // P, L, D).transpose(0, 1)  # (B, H, L, D) -> (P, B, H/P, L, D): chunk j for rank j
+    x = all_to_all(x.contiguous(), group)  # (P, B, H/P, L, D): chunk j is rank j's sequence piece
+    x = x.permute(1, 2, 0, 3, 4).reshape(B, H // P, P * L, D)  # -> (B, H/P, P*L, D) in rank order
+    return x if order is None else x.index_select(2, order)
+
+
+def heads_to_seq(x: torch.Tensor, group, order: torch.Tensor | None = None) -> torch.Tensor:
+    """Inverse of seq_to_heads: (B, H/P, S, D) -> (B, H, S/P, D)."""
+    P = group_size_and_rank(group)[0]
+    B, Hp, S, D = x.shape
+    if order is not None:
+        x = x.index_select(2, order)
+    x = x.view(B, Hp, P, S // P, D).permute(2, 0, 1, 3, 4)  # (B, H/P, S, D) -> (P, B, H/P, L, D)
+    x = all_to_all(x.contiguous(), group)  # chunk j: my sequence piece of rank j's heads
+    return x.transpose(0, 1).reshape(B, P * Hp, S // P, D)  # (P, B, H/P, L, D) -> (B, H, L, D)
+
+
+def ulysses_attention(q, k, v, group=None, causal: bool = True, layout: str = "striped", scale: float | None = None):
+    """Exact attention for this rank's slice (same contract as ring_attention)."""
+    check_qkv(q, k, v)
+    check_layout(layout)
+    P = group_size_and_rank(group)[0]
+    check_heads(q.shape[1], k.shape[1], P)
+    if P == 1:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+    S = P * q.shape[2]
+    perm = gathered_positions(S, P, layout, 1).to(q.device)  # global position of each gathered token
+    to_natural, to_layout = torch.argsort(perm), perm
+    qh = seq_to_heads(q, group, to_natural)
+    kh = seq_to_heads(replicate_kv(k, P), group, to_natural)
+    vh = seq_to_heads(replicate_kv(v, P), group, to_natural)
+    out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=causal, scale=scale, enable_gqa=qh.shape[1] != kh.shape[1])
+    return heads_to_seq(out, group, to_layout)  # natural order -> rank pieces -> back to the owners
