@@ -1,0 +1,50 @@
+"""Run a function on N gloo processes on CPU and collect what each rank returns."""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank, world_size, port, out_dir, fn, args):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        result = {"ok": fn(rank, world_size, *args)}
+    except Exception:  # reported to the parent, which raises it
+        result = {"error": traceback.format_exc()}
+    torch.save(result, Path(out_dir) / f"rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+def run_distributed(fn, world_size: int, *args, timeout: float = 300.0) -> list:
+    """fn(rank, world_size, *args) on each rank; returns the per-rank results (rank order)."""
+    with tempfile.TemporaryDirectory() as out_dir:
+        ctx = mp.start_processes(_worker, args=(world_size, _free_port(), out_dir, fn, args), nprocs=world_size,
+                                 join=False, start_method="spawn")
+        deadline = time.monotonic() + timeout
+        while not ctx.join(timeout=1.0):
+            if time.monotonic() > deadline:
+                for proc in ctx.processes:
+                    proc.kill()
+                raise TimeoutError(f"{world_size} processes running {fn.__name__} did not finish in {timeout}s")
+        results = [torch.load(Path(out_dir) / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
+    errors = [f"rank {r}:\n{res['error']}" for r, res in enumerate(results) if "error" in res]
+    if errors:
+        raise AssertionError("\n".join(errors))
+    return [res["ok"] for res in results]
