@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from distributed import run_distributed
+from lwm.parallel.launch import run_distributed
 from lwm.parallel import hybrid_attention, hybrid_groups, positions, ring_attention, shard, ulysses_attention
 
 LAYOUTS = ("contiguous", "striped", "zigzag")

@@ -29,15 +29,14 @@ class RingComm:
             self.recv_from = dist.get_global_rank(g, (self.rank - 1) % self.world_size)
         self._pending: list = []
 
-    def send_recv(self, tensor: torch.Tensor, recv_buffer: torch.Tensor | None = None) -> torch.Tensor:
-        """Start sending `tensor` to the next rank and receiving the previous rank's into a buffer."""
-        buf = torch.empty_like(tensor) if recv_buffer is None else recv_buffer
-        ops = [
-            dist.P2POp(dist.isend, tensor, self.send_to, self.group, self.tag),
-            dist.P2POp(dist.irecv, buf, self.recv_from, self.group, self.tag),
-        ]
+    def send_recv(self, tensors: list[torch.Tensor], recv_buffers: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+        """Start sending `tensors` to the next rank and receiving the previous rank's into buffers
+        (new ones unless given); the buffers hold the data after `wait()`."""
+        bufs = [torch.empty_like(t) for t in tensors] if recv_buffers is None else recv_buffers
+        ops = [dist.P2POp(dist.isend, t, self.send_to, self.group, self.tag) for t in tensors]
+        ops += [dist.P2POp(dist.irecv, b, self.recv_from, self.group, self.tag) for b in bufs]
         self._pending.extend(dist.batch_isend_irecv(ops))
-        return buf
+        return bufs
 
     def wait(self) -> None:
         for work in self._pending:

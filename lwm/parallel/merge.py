@@ -19,5 +19,5 @@ def merge_(out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor, block_
     `out` and `lse` may be views (a row slice of larger accumulators)."""
     new_lse = torch.logaddexp(lse, block_lse)
     out.mul_(torch.exp(lse - new_lse).unsqueeze(-1))
-    out.add_(block_out.to(out.dtype) * torch.exp(block_lse - new_lse).unsqueeze(-1))
+    out.addcmul_(block_out.to(out.dtype), torch.exp(block_lse - new_lse).unsqueeze(-1))
     lse.copy_(new_lse)

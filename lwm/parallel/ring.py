@@ -1,7 +1,6 @@
 """Ring attention: exact attention over a sequence split across the ranks of a group.
 
-Each rank keeps its queries; K/V blocks (Hkv heads, packed as one (2, B, Hkv, L, D) message)
-travel around the ring, the next one in flight while the current one is computed. Partial
+Each rank keeps its queries; K/V blocks (Hkv heads, never expanded) travel around the ring, the next one in flight while the current one is computed. Partial
 results merge in fp32 from (out, logsumexp). Backward recomputes each block from the final
 output and logsumexp; dQ stays home, dK/dV (fp32) travel the ring with the K/V they belong to
 and arrive back at their owner after the last step.
@@ -39,15 +38,15 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
 # ----------------------------------------------------------------------------------------- step loops
 
 
-def ring_forward(q, kv_blocks: Iterable[torch.Tensor], rank, world_size, layout, causal, scale, backend):
-    """-> out (q's dtype), lse (fp32). kv_blocks yields the packed K/V of step 0, 1, ..., N-1."""
+def ring_forward(q, kv_blocks: Iterable[tuple], rank, world_size, layout, causal, scale, backend):
+    """-> out (q's dtype), lse (fp32). kv_blocks yields the (k, v) of step 0, 1, ..., N-1."""
     L = q.shape[2]
     out = lse = None
-    for step, kv in enumerate(kv_blocks):
+    for step, (k, v) in enumerate(kv_blocks):
         plan = block_plan(layout, rank, (rank - step) % world_size, L, causal)
         if plan is None:
             continue
-        o, l = block_forward(q[:, :, plan.q], kv[0][:, :, plan.k], kv[1][:, :, plan.k], plan.causal, scale, backend)
+        o, l = block_forward(q[:, :, plan.q], k[:, :, plan.k], v[:, :, plan.k], plan.causal, scale, backend)
         if out is None:  # step 0 is the rank's own block: every row attends at least itself
             out, lse = o.to(acc_dtype(q.dtype)), l.clone()
         else:
@@ -56,37 +55,46 @@ def ring_forward(q, kv_blocks: Iterable[torch.Tensor], rank, world_size, layout,
 
 
 def ring_backward(dout, q, out, lse, kv_blocks, rank, world_size, layout, causal, scale, backend) -> Iterator:
-    """Yields, per step, the fp32 (2, B, Hkv, L, D) dK/dV contribution for that step's K/V block;
-    when exhausted, the returned dq (fp32) is in `StopIteration.value` (use `yield from`)."""
+    """Yields, per step, (plan, dk, dv): the gradient of that step's K/V block (rows plan.k), or
+    (None, None, None) for a skipped block. When exhausted, the returned dq (fp32) is in
+    StopIteration.value."""
     L = q.shape[2]
     dq = torch.zeros(q.shape, dtype=acc_dtype(q.dtype), device=q.device)
-    for step, kv in enumerate(kv_blocks):
-        dkv = torch.zeros(kv.shape, dtype=acc_dtype(kv.dtype), device=kv.device)
+    for step, (k, v) in enumerate(kv_blocks):
         plan = block_plan(layout, rank, (rank - step) % world_size, L, causal)
-        if plan is not None:
-            dq_b, dk_b, dv_b = block_backward(
-                dout[:, :, plan.q], q[:, :, plan.q], kv[0][:, :, plan.k], kv[1][:, :, plan.k],
-                out[:, :, plan.q], lse[:, :, plan.q], plan.causal, scale, backend,
-            )
-            dq[:, :, plan.q] += dq_b
-            dkv[0][:, :, plan.k] += dk_b
-            dkv[1][:, :, plan.k] += dv_b
-        yield dkv
+        if plan is None:
+            yield None, None, None
+            continue
+        dq_b, dk_b, dv_b = block_backward(
+            dout[:, :, plan.q], q[:, :, plan.q], k[:, :, plan.k], v[:, :, plan.k],
+            out[:, :, plan.q], lse[:, :, plan.q], plan.causal, scale, backend,
+        )
+        dq[:, :, plan.q] += dq_b
+        del dq_b
+        yield plan, dk_b, dv_b
     return dq
 
 
-def ring_kv_blocks(comm: RingComm, kv: torch.Tensor) -> Iterator[torch.Tensor]:
-    """Yields the K/V block of each step; the next one is sent/received while the caller computes.
-    Two receive buffers alternate (a buffer is reused only after its send has completed)."""
-    buffers = [torch.empty_like(kv), torch.empty_like(kv)] if comm.world_size > 1 else []
+def add_block_grads(dk, dv, plan, dk_b, dv_b) -> None:
+    if plan is not None:
+        dk[:, :, plan.k] += dk_b
+        dv[:, :, plan.k] += dv_b
+
+
+def ring_kv_blocks(comm: RingComm, k: torch.Tensor, v: torch.Tensor) -> Iterator[tuple]:
+    """Yields the (k, v) of each step; the next pair is sent/received while the caller computes.
+    Two sets of receive buffers alternate (a set is reused only after its send has completed)."""
+    if comm.world_size > 1:
+        k, v = k.contiguous(), v.contiguous()  # what travels must be dense
+    buffers = [[torch.empty_like(k), torch.empty_like(v)] for _ in range(2)] if comm.world_size > 1 else []
     for step in range(comm.world_size):
         last = step == comm.world_size - 1
         if not last:
-            nxt = comm.send_recv(kv, buffers[step % 2])
-        yield kv
+            nxt = comm.send_recv([k, v], buffers[step % 2])
+        yield k, v
         if not last:
             comm.wait()
-            kv = nxt
+            k, v = nxt
 
 
 # ----------------------------------------------------------------------------------------- real ring
@@ -96,8 +104,7 @@ class _RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, group, causal, layout, scale, backend):
         comm = RingComm(group)
-        kv = torch.stack([k, v])  # 2 x (B, Hkv, L, D) -> (2, B, Hkv, L, D): one message per step
-        out, lse = ring_forward(q, ring_kv_blocks(comm, kv), comm.rank, comm.world_size, layout, causal, scale, backend)
+        out, lse = ring_forward(q, ring_kv_blocks(comm, k, v), comm.rank, comm.world_size, layout, causal, scale, backend)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.args = (group, causal, layout, scale, backend)
         return out
@@ -108,22 +115,27 @@ class _RingAttention(torch.autograd.Function):
         group, causal, layout, scale, backend = ctx.args
         kv_comm, dkv_comm = RingComm(group, tag=0), RingComm(group, tag=1)
         n, rank = kv_comm.world_size, kv_comm.rank
-        steps = ring_backward(
-            dout.contiguous(), q, out, lse, ring_kv_blocks(kv_comm, torch.stack([k, v])), rank, n, layout, causal, scale, backend
-        )
-        travelling = None  # dK/dV of the block this rank computed on, on its way back to the owner
+        steps = ring_backward(dout.contiguous(), q, out, lse, ring_kv_blocks(kv_comm, k, v), rank, n, layout, causal, scale, backend)
+        # dK/dV (fp32) of the block this rank is computing on; it arrives from the previous rank
+        # carrying the contributions made so far and leaves for the next, back to the owner.
+        travelling = None
         while True:
             try:
-                dkv = next(steps)
+                plan, dk_b, dv_b = next(steps)
             except StopIteration as stop:
                 dq = stop.value
                 break
-            if travelling is not None:
+            if travelling is None:
+                travelling = [torch.zeros(k.shape, dtype=acc_dtype(k.dtype), device=k.device) for _ in range(2)]
+            else:
                 dkv_comm.wait()
-                dkv += travelling
-            travelling = dkv_comm.send_recv(dkv) if n > 1 else dkv
+            add_block_grads(*travelling, plan, dk_b, dv_b)
+            del dk_b, dv_b
+            if n > 1:
+                travelling = dkv_comm.send_recv(travelling)
         dkv_comm.wait()
-        return dq.to(q.dtype), travelling[0].to(k.dtype), travelling[1].to(v.dtype), None, None, None, None, None
+        dk, dv = travelling
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None
 
 
 def ring_attention(q, k, v, group=None, causal: bool = True, layout: str = "striped", scale: float | None = None, backend: str = "auto"):
@@ -146,39 +158,39 @@ class _SimulatedRing(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, world_size, causal, layout, scale, backend):
         n = world_size
-        qs = [shard(q, 2, r, n, layout) for r in range(n)]
-        kvs = [torch.stack([shard(k, 2, r, n, layout), shard(v, 2, r, n, layout)]) for r in range(n)]
+        qs, ks, vs = ([shard(t, 2, r, n, layout) for r in range(n)] for t in (q, k, v))
         results = [
-            ring_forward(qs[r], (kvs[(r - s) % n] for s in range(n)), r, n, layout, causal, scale, backend) for r in range(n)
+            ring_forward(qs[r], ((ks[(r - s) % n], vs[(r - s) % n]) for s in range(n)), r, n, layout, causal, scale, backend)
+            for r in range(n)
         ]
         outs, lses = [o for o, _ in results], [l for _, l in results]
-        ctx.save_for_backward(*qs, *kvs, *outs, *lses)
+        ctx.save_for_backward(*qs, *ks, *vs, *outs, *lses)
         ctx.args = (n, causal, layout, scale, backend)
         return unshard(outs, 2, layout)
 
     @staticmethod
     def backward(ctx, dout):
         n, causal, layout, scale, backend = ctx.args
-        saved = ctx.saved_tensors
-        qs, kvs, outs, lses = saved[:n], saved[n : 2 * n], saved[2 * n : 3 * n], saved[3 * n :]
-        dkvs = [torch.zeros(kv.shape, dtype=acc_dtype(kv.dtype)) for kv in kvs]
+        qs, ks, vs, outs, lses = (ctx.saved_tensors[i * n : (i + 1) * n] for i in range(5))
+        dks = [torch.zeros(k.shape, dtype=acc_dtype(k.dtype)) for k in ks]
+        dvs = [torch.zeros(v.shape, dtype=acc_dtype(v.dtype)) for v in vs]
         dqs = []
         for r in range(n):
-            steps = ring_backward(
-                shard(dout, 2, r, n, layout).contiguous(), qs[r], outs[r], lses[r],
-                (kvs[(r - s) % n] for s in range(n)), r, n, layout, causal, scale, backend,
-            )
+            kv_blocks = ((ks[(r - s) % n], vs[(r - s) % n]) for s in range(n))
+            steps = ring_backward(shard(dout, 2, r, n, layout).contiguous(), qs[r], outs[r], lses[r], kv_blocks,
+                                  r, n, layout, causal, scale, backend)
             step = 0
             while True:
                 try:
-                    dkvs[(r - step) % n] += next(steps)
-                    step += 1
+                    plan, dk_b, dv_b = next(steps)
                 except StopIteration as stop:
                     dqs.append(stop.value)
                     break
-        dq = unshard(dqs, 2, layout)
-        dk, dv = unshard([d[0] for d in dkvs], 2, layout), unshard([d[1] for d in dkvs], 2, layout)
-        return dq.to(qs[0].dtype), dk.to(kvs[0].dtype), dv.to(kvs[0].dtype), None, None, None, None, None
+                src = (r - step) % n
+                add_block_grads(dks[src], dvs[src], plan, dk_b, dv_b)
+                step += 1
+        dq, dk, dv = (unshard(parts, 2, layout) for parts in (dqs, dks, dvs))
+        return dq.to(qs[0].dtype), dk.to(ks[0].dtype), dv.to(vs[0].dtype), None, None, None, None, None
 
 
 def simulate_ring(q, k, v, world_size: int, causal: bool = True, layout: str = "striped", scale: float | None = None, backend: str = "auto"):

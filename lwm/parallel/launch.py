@@ -1,4 +1,7 @@
-"""Run a function on N gloo processes on CPU and collect what each rank returns."""
+"""Run a function on N local processes (gloo, CPU) and collect what each rank returns.
+
+Used by the multi-process tests and benchmarks; handy for trying context parallelism on a laptop.
+"""
 
 from __future__ import annotations
 
@@ -20,9 +23,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank, world_size, port, out_dir, fn, args):
+def _worker(rank, world_size, port, out_dir, fn, args, threads):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
         result = {"ok": fn(rank, world_size, *args)}
@@ -32,10 +35,12 @@ def _worker(rank, world_size, port, out_dir, fn, args):
     dist.destroy_process_group()
 
 
-def run_distributed(fn, world_size: int, *args, timeout: float = 300.0) -> list:
-    """fn(rank, world_size, *args) on each rank; returns the per-rank results (rank order)."""
+def run_distributed(fn, world_size: int, *args, timeout: float = 300.0, threads: int = 1) -> list:
+    """fn(rank, world_size, *args) on each rank (a picklable, importable function); returns the
+    per-rank results in rank order. An exception on any rank is raised here with its traceback;
+    processes still running after `timeout` seconds are killed."""
     with tempfile.TemporaryDirectory() as out_dir:
-        ctx = mp.start_processes(_worker, args=(world_size, _free_port(), out_dir, fn, args), nprocs=world_size,
+        ctx = mp.start_processes(_worker, args=(world_size, _free_port(), out_dir, fn, args, threads), nprocs=world_size,
                                  join=False, start_method="spawn")
         deadline = time.monotonic() + timeout
         while not ctx.join(timeout=1.0):
@@ -46,5 +51,5 @@ def run_distributed(fn, world_size: int, *args, timeout: float = 300.0) -> list:
         results = [torch.load(Path(out_dir) / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
     errors = [f"rank {r}:\n{res['error']}" for r, res in enumerate(results) if "error" in res]
     if errors:
-        raise AssertionError("\n".join(errors))
+        raise RuntimeError("\n".join(errors))
     return [res["ok"] for res in results]

@@ -1,0 +1,200 @@
+"""Context-parallel attention: balance, decomposition overhead, and scaling over gloo processes.
+
+    python bench/attention.py                       # all three parts, writes docs/benchmarks.md
+    python bench/attention.py --parts balance --no-write
+
+1. balance: per-rank work per ring step under a causal mask, for contiguous / striped / zigzag at
+   N = 2, 4, 8: unmasked score entries (exact counts from the block plans) and the measured time of
+   each rank's block kernels (forward+backward) at that step; max/mean over ranks, worst step.
+2. decomposition: the N-step ring schedule over N virtual ranks in one process (same kernels and
+   merges, no communication; lwm.parallel.simulate_ring) vs one fused SDPA call on the whole
+   sequence, forward+backward; throughput ratio = fused time / ring time.
+3. scaling: real ring attention over N = 1, 2 gloo processes for the same total sequence: time
+   per forward+backward and the rise of each rank's peak RSS during it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from report import command_line, host_line, write_section  # noqa: E402
+
+from lwm.parallel import block_backward, block_forward, block_plan, block_work, simulate_ring  # noqa: E402
+from lwm.parallel.launch import run_distributed  # noqa: E402
+
+LAYOUTS = ("contiguous", "striped", "zigzag")
+
+
+def timed(fn, repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        gc.collect()
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+# ----------------------------------------------------------------------------------------- 1. balance
+
+
+def block_step_time(plan, L, heads, dim, repeats):
+    if plan is None:
+        return 0.0
+    q, k, v = (torch.randn(1, heads, L, dim) for _ in range(3))
+    qs, ks, vs = q[:, :, plan.q], k[:, :, plan.k], v[:, :, plan.k]
+
+    def run():
+        out, lse = block_forward(qs, ks, vs, plan.causal)
+        block_backward(torch.ones_like(out), qs, ks, vs, out, lse, plan.causal)
+
+    return timed(run, repeats)
+
+
+def balance(seq_len, heads, dim, repeats):
+    rows = []
+    for layout in LAYOUTS:
+        for n in (2, 4, 8):
+            L = seq_len // n
+            cache: dict = {}  # plans repeat across (rank, step): time each distinct one once
+            worst_work, worst_time = 1.0, 1.0
+            for step in range(n):
+                plans = [block_plan(layout, r, (r - step) % n, L, True) for r in range(n)]
+                work = [block_work(p, L) for p in plans]
+                secs = []
+                for p in plans:
+                    key = repr(p)  # slices are unhashable before Python 3.12
+                    if key not in cache:
+                        cache[key] = block_step_time(p, L, heads, dim, repeats)
+                    secs.append(cache[key])
+                worst_work = max(worst_work, max(work) / (sum(work) / n))
+                worst_time = max(worst_time, max(secs) / (sum(secs) / n))
+            rows.append((layout, n, worst_work, worst_time))
+            print(f"balance {layout:10s} N={n}  work max/mean {worst_work:.4f}  time max/mean {worst_time:.4f}", flush=True)
+    lines = [
+        f"Causal, S = {seq_len}, {heads} heads, head dim {dim}, fp32; the worst ring step's max/mean over ranks "
+        "(1.0 = every rank does the same at every step). Target: striped and zigzag <= 1.02.",
+        "",
+        "| layout | N | work max/mean | time max/mean |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    lines += [f"| {l} | {n} | {w:.4f} | {t:.3f} |" for l, n, w, t in rows]
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------- 2. decomposition
+
+
+def decomposition(lengths, heads, dim, worlds, repeats):
+    rows = []
+    for S in lengths:
+        q, k, v = (torch.randn(1, heads, S, dim, requires_grad=True) for _ in range(3))
+        dout = torch.randn(1, heads, S, dim)
+
+        def fused():
+            F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(dout)
+
+        t_fused = timed(fused, repeats)
+        for n in worlds:
+            t_ring = timed(lambda: simulate_ring(q, k, v, n, True, "striped").backward(dout), repeats)
+            flops = 4 * heads * dim * S * S / 2 * 3.5  # causal: fwd 2 matmuls, bwd ~2.5x
+            rows.append((S, n, t_fused, t_ring, t_fused / t_ring, flops / t_ring / 1e9))
+            print(f"decomposition S={S} N={n}: fused {t_fused:.2f}s ring {t_ring:.2f}s throughput ratio {t_fused / t_ring:.3f}", flush=True)
+    lines = [
+        f"Causal, striped, {heads} heads, head dim {dim}, fp32, batch 1, forward+backward; median of {repeats}. "
+        "Target: ring throughput >= 0.9 of the fused call.",
+        "",
+        "| S | N (virtual) | fused SDPA (s) | ring schedule (s) | throughput ratio | ring GFLOP/s |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    lines += [f"| {S} | {n} | {tf:.2f} | {tr:.2f} | {r:.3f} | {g:.1f} |" for S, n, tf, tr, r, g in rows]
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------- 3. scaling
+
+
+def _status_kib(field):
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(field)
+
+
+def _scaling_worker(rank, world, seq_len, heads, dim, repeats):
+    from lwm.parallel import ring_attention
+
+    def make(L):
+        q, k, v = (torch.randn(1, heads, L, dim, requires_grad=True) for _ in range(3))
+        dout = torch.randn(1, heads, L, dim)
+        return lambda: ring_attention(q, k, v, layout="striped").backward(dout)
+
+    make(64)()  # one tiny step first: thread pools, gloo and autograd start-up are not attention memory
+    step = make(seq_len // world)
+    gc.collect()
+    Path("/proc/self/clear_refs").write_text("5")  # reset the peak RSS to the current RSS
+    base = _status_kib("VmRSS")
+    step()
+    peak_mib = (_status_kib("VmHWM") - base) / 1024
+    torch.distributed.barrier()
+    t = timed(step, repeats)
+    return {"time": t, "peak_mib": peak_mib}
+
+
+def scaling(seq_len, heads, dim, repeats):
+    rows = []
+    for n in (1, 2):
+        res = run_distributed(_scaling_worker, n, seq_len, heads, dim, repeats, threads=max(1, 2 // n), timeout=3600)
+        t, mem = max(r["time"] for r in res), max(r["peak_mib"] for r in res)
+        rows.append((n, t, mem))
+        print(f"scaling N={n}: {t:.2f}s per fwd+bwd, peak attention memory per rank {mem:.0f} MiB", flush=True)
+    lines = [
+        f"Causal ring attention, striped, S = {seq_len} in total, {heads} heads, head dim {dim}, fp32; each rank "
+        f"{2 // 1} threads at N=1 and 1 thread at N=2 (2 cores). Peak = rise of the rank's peak RSS during one "
+        "forward+backward. Target: per-rank peak falls >= 1.8x from N=1 to N=2.",
+        "",
+        "| N | time per fwd+bwd (s) | peak per rank (MiB) | peak reduction vs N=1 |",
+        "| ---: | ---: | ---: | ---: |",
+    ]
+    lines += [f"| {n} | {t:.2f} | {m:.0f} | {rows[0][2] / m:.2f}x |" for n, t, m in rows]
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--parts", nargs="+", default=["balance", "decomposition", "scaling"])
+    parser.add_argument("--balance-seq", type=int, default=8192)
+    parser.add_argument("--lengths", type=int, nargs="+", default=[8192, 32768])
+    parser.add_argument("--scaling-seq", type=int, default=16384)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args()
+
+    sections = []
+    if "balance" in args.parts:
+        sections.append("### Balance\n\n" + balance(args.balance_seq, args.heads, args.dim, args.repeats))
+    if "decomposition" in args.parts:
+        sections.append("### Decomposition overhead\n\n" + decomposition(args.lengths, args.heads, args.dim, (2, 4, 8), args.repeats))
+    if "scaling" in args.parts:
+        sections.append("### Scaling over gloo processes\n\n" + scaling(args.scaling_seq, args.heads, args.dim, args.repeats))
+    markdown = f"Command: `{command_line()}`  \nHost: {host_line()}\n\n" + "\n\n".join(sections)
+    print()
+    print(markdown)
+    if not args.no_write:
+        write_section("attention", markdown)
+
+
+if __name__ == "__main__":
+    main()
