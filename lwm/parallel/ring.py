@@ -116,25 +116,31 @@ class _RingAttention(torch.autograd.Function):
         kv_comm, dkv_comm = RingComm(group, tag=0), RingComm(group, tag=1)
         n, rank = kv_comm.world_size, kv_comm.rank
         steps = ring_backward(dout.contiguous(), q, out, lse, ring_kv_blocks(kv_comm, k, v), rank, n, layout, causal, scale, backend)
-        # dK/dV (fp32) of the block this rank is computing on; it arrives from the previous rank
-        # carrying the contributions made so far and leaves for the next, back to the owner.
+        # Step 0's block is this rank's own: its dK/dV stay home. The dK/dV of the block of step
+        # s >= 1 travel: started here at step 1 (fp32), passed on with each rank's contribution,
+        # and after the last step received by the owner (N-1 hops).
         travelling = None
-        while True:
-            try:
-                plan, dk_b, dv_b = next(steps)
-            except StopIteration as stop:
-                dq = stop.value
-                break
+        for step in range(n):
+            plan, dk_b, dv_b = next(steps)
+            if step == 0:  # the plan of the own block covers every row
+                own = [dk_b.to(acc_dtype(k.dtype)), dv_b.to(acc_dtype(v.dtype))]
+                continue
             if travelling is None:
-                travelling = [torch.zeros(k.shape, dtype=acc_dtype(k.dtype), device=k.device) for _ in range(2)]
+                travelling = [torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in own]
             else:
                 dkv_comm.wait()
             add_block_grads(*travelling, plan, dk_b, dv_b)
             del dk_b, dv_b
-            if n > 1:
-                travelling = dkv_comm.send_recv(travelling)
-        dkv_comm.wait()
-        dk, dv = travelling
+            travelling = dkv_comm.send_recv(travelling)
+        try:
+            next(steps)
+        except StopIteration as stop:
+            dq = stop.value
+        if travelling is not None:
+            dkv_comm.wait()  # the dK/dV of our own block, from the other ranks
+            own[0] += travelling[0]
+            own[1] += travelling[1]
+        dk, dv = own
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None
 
 
