@@ -101,9 +101,11 @@ def block_backward(dout, q, k, v, out, lse, causal: bool, scale: float | None = 
         )
     if backend == "cuda_flash":
         kx, vx = _expand_kv(k, q.shape[1]), _expand_kv(v, q.shape[1])
-        empty = torch.empty(0, device=q.device, dtype=torch.int64)
+        # No dropout: the RNG state is never read; cum_seq_* = None selects the dense (not varlen) path.
+        seed = torch.zeros(2, dtype=torch.uint64, device=q.device)
+        offset = torch.zeros((), dtype=torch.uint64, device=q.device)
         dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_backward(
-            dout, q, kx, vx, out, lse.float(), empty, empty, q.shape[2], k.shape[2], 0.0, causal, empty, empty, scale=scale
+            dout, q, kx, vx, out, lse.float(), None, None, q.shape[2], k.shape[2], 0.0, causal, seed, offset, scale=scale
         )
         return dq, _reduce_kv(dk, k.shape[1]), _reduce_kv(dv, k.shape[1])
     return _math_backward(dout, q, k, v, out, lse, causal, scale)
