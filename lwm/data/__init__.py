@@ -1,5 +1,31 @@
-"""Vocabulary layout, text tokenizer, interleaving, packing, datasets."""
+"""Vocabulary layout, text tokenizer, examples, packing, the packed stream and the datamodule."""
 
+from lwm.data.codes import CodeStore
+from lwm.data.datamodule import DataConfig, LWMDataModule, Sharding, shard_batch
+from lwm.data.dataset import PackedStream, Source, StreamState, to_tensors
+from lwm.data.example import Encoded, ExampleError, encode_example, parse_fields
+from lwm.data.packing import Packed, Packer
+from lwm.data.text_tokenizer import TextTokenizer
 from lwm.data.vocab import SPECIAL_TOKENS, Vocab, vision_token_name
 
-__all__ = ["SPECIAL_TOKENS", "Vocab", "vision_token_name"]
+__all__ = [
+    "CodeStore",
+    "DataConfig",
+    "Encoded",
+    "ExampleError",
+    "LWMDataModule",
+    "Packed",
+    "PackedStream",
+    "Packer",
+    "SPECIAL_TOKENS",
+    "Sharding",
+    "Source",
+    "StreamState",
+    "TextTokenizer",
+    "Vocab",
+    "encode_example",
+    "parse_fields",
+    "shard_batch",
+    "to_tensors",
+    "vision_token_name",
+]

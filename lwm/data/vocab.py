@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 SPECIAL_TOKENS = ("<eof>", "<eov>", "<vision>", "</vision>")
 
 
@@ -52,8 +54,36 @@ class Vocab:
         return self.eof + len(SPECIAL_TOKENS)
 
     @property
+    def pad_id(self) -> int:
+        """Filler for the tail of a packed sequence: the first padding row (never a target)."""
+        return self.used_size if self.used_size < self.size else 0
+
+    @property
     def size(self) -> int:
         return -(-self.used_size // self.pad_multiple) * self.pad_multiple
+
+    def video_tokens(self, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(T, 256) codes -> ids [<vision> f1 <eof> ... fT <eov> </vision>] and a vision mask that
+        is True on the codes and the <eof>/<eov> that close each frame (the markers count as text)."""
+        codes = np.asarray(codes)
+        if codes.ndim != 2 or codes.shape[0] == 0:
+            raise ValueError(f"codes must be (frames, tokens per frame) with at least one frame, got shape {codes.shape}")
+        if codes.min() < 0 or codes.max() >= self.n_vision_codes:
+            raise ValueError(f"codes must lie in [0, {self.n_vision_codes}), got [{codes.min()}, {codes.max()}]")
+        T, n = codes.shape
+        frames = np.empty((T, n + 1), dtype=np.int64)
+        frames[:, :n] = codes.astype(np.int64) + self.vision_offset
+        frames[:, n] = self.eof
+        frames[-1, n] = self.eov
+        ids = np.concatenate([[self.vision_start], frames.reshape(-1), [self.vision_end]])  # (T*(n+1) + 2,)
+        mask = np.ones_like(ids, dtype=bool)
+        mask[0] = mask[-1] = False
+        return ids, mask
+
+    def is_vision(self, ids: np.ndarray) -> np.ndarray:
+        """True where ids are vision codes or <eof>/<eov>."""
+        ids = np.asarray(ids)
+        return (ids >= self.vision_offset) & (ids <= self.eov)
 
     def added_tokens(self) -> list[str]:
         """Token strings for ids [text_size, used_size), in id order (for a Hugging Face tokenizer)."""

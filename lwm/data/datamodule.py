@@ -1,0 +1,109 @@
+"""The Lightning datamodule: packed sequences, next-token targets, this rank's context-parallel slice.
+
+Targets are made on the full packed sequence; then every tensor is sharded along the sequence for
+this rank of its context-parallel group (layout from the parallel config), with the global
+positions of its tokens. The datamodule's state (epoch, global batches consumed) goes into
+checkpoints: it is updated when the training loop takes a batch (on_before_batch_transfer), not
+when the loader prefetches one, so a resumed run continues with the very next batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from lwm.data.codes import CodeStore
+from lwm.data.dataset import PackedStream, Source, StreamState, to_tensors
+from lwm.data.text_tokenizer import TextTokenizer
+from lwm.data.vocab import Vocab
+from lwm.parallel.layout import check_divisible, positions, shard
+
+
+@dataclass
+class DataConfig:
+    sources: list[Source] = field(default_factory=list)
+    tokenizer: str = "data/sample/tokenizer.model"
+    codes: str | None = None  # output folder of lwm-tokenize
+    batch_size: int = 1  # sequences per data-parallel rank
+    seed: int = 0
+    max_frames: int | None = None  # frames per video (uniform over the clip)
+    fps: float | None = None  # or frames per second
+    weighting: str = "example"  # loss weight per example ("example") or per token ("token")
+    strict: bool = False  # raise on a bad example instead of skipping it
+
+
+@dataclass
+class Sharding:
+    """Where this process sits: data-parallel rank/size, context-parallel rank/size and layout."""
+
+    dp_rank: int = 0
+    dp_size: int = 1
+    cp_rank: int = 0
+    cp_size: int = 1
+    layout: str = "striped"
+    ulysses_size: int = 1
+
+
+def shard_batch(batch: dict[str, torch.Tensor], sharding: Sharding) -> dict[str, torch.Tensor]:
+    """Every (B, S) tensor -> this rank's (B, S / cp) slice, plus `positions` (S / cp,)."""
+    S = batch["tokens"].shape[1]
+    sh = sharding
+    out = {k: shard(v, 1, sh.cp_rank, sh.cp_size, sh.layout, sh.ulysses_size) for k, v in batch.items()}
+    out["positions"] = positions(S, sh.cp_rank, sh.cp_size, sh.layout, sh.ulysses_size)
+    return out
+
+
+class _Batches(IterableDataset):
+    def __init__(self, stream: PackedStream, state: StreamState, sharding: Sharding):
+        self.stream, self.state, self.sharding = stream, state, sharding
+
+    def __iter__(self) -> Iterator[dict]:
+        for seqs, after in self.stream.batches(self.state):
+            batch = shard_batch(to_tensors(seqs), self.sharding)
+            batch["data_state"] = torch.tensor([after.epoch, after.batches])
+            yield batch
+
+
+class LWMDataModule(L.LightningDataModule):
+    def __init__(self, config: DataConfig, seq_len: int, vocab: Vocab | None = None, sharding: Sharding | None = None):
+        super().__init__()
+        self.config, self.seq_len = config, seq_len
+        self.sharding = sharding or Sharding()
+        sh = self.sharding
+        check_divisible(seq_len, sh.cp_size, sh.layout, sh.ulysses_size)
+        self.text_tokenizer = TextTokenizer(config.tokenizer)
+        self.vocab = vocab or Vocab(self.text_tokenizer.vocab_size)
+        self.state = StreamState()
+        self.stream: PackedStream | None = None
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.stream is not None:
+            return
+        c, sh = self.config, self.sharding
+        if not c.sources:
+            raise ValueError("DataConfig.sources is empty: give at least one JSON-lines file")
+        self.stream = PackedStream(
+            c.sources, self.vocab, self.text_tokenizer, self.seq_len, c.batch_size,
+            codes=CodeStore(c.codes) if c.codes else None, seed=c.seed, dp_rank=sh.dp_rank, dp_size=sh.dp_size,
+            max_frames=c.max_frames, fps=c.fps, weighting=c.weighting, strict=c.strict,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        self.setup()
+        # batch_size=None: the stream already yields whole batches; one process keeps the state exact
+        return DataLoader(_Batches(self.stream, StreamState(self.state.epoch, self.state.batches), self.sharding), batch_size=None)
+
+    def on_before_batch_transfer(self, batch, dataloader_idx: int = 0):
+        epoch, done = batch.pop("data_state").tolist()
+        self.state = StreamState(epoch, done)  # the loop has taken this batch
+        return batch
+
+    def state_dict(self) -> dict:
+        return self.state.as_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.state = StreamState(int(state["epoch"]), int(state["batches"]))

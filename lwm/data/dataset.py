@@ -1,0 +1,165 @@
+"""A deterministic, resumable stream of packed sequences from JSON-lines sources.
+
+Each epoch shuffles all examples of all sources with a seed derived from (seed, epoch), encodes
+them, and packs them. Global batch g is made of sequences [g*B*D, (g+1)*B*D) of that stream
+(B sequences per data-parallel rank, D ranks); data-parallel rank r takes its B of them, so ranks
+read different samples, and every rank of a context-parallel group (same r) reads the same ones.
+The state is (epoch, global batches done): resuming re-packs the epoch and skips what was done.
+Bad examples are skipped with a warning naming file and line, and counted; `strict` raises.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import torch
+
+from lwm.data.codes import CodeStore
+from lwm.data.example import ExampleError, encode_example
+from lwm.data.packing import Packed, Packer
+from lwm.data.text_tokenizer import TextTokenizer
+from lwm.data.vocab import Vocab
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Source:
+    path: str
+    fields: str | list | None = None  # default spec for examples without their own "fields"
+    overflow: str = "truncate"  # examples longer than the sequence: truncate | drop | window
+    repeat: int = 1  # times each example appears per epoch (mixing weights)
+
+
+@dataclass
+class StreamState:
+    epoch: int = 0
+    batches: int = 0  # global batches done in this epoch
+
+    def as_dict(self) -> dict:
+        return {"epoch": self.epoch, "batches": self.batches}
+
+
+class PackedStream:
+    def __init__(
+        self,
+        sources: list[Source],
+        vocab: Vocab,
+        text_tokenizer: TextTokenizer,
+        seq_len: int,
+        batch_size: int,
+        codes: CodeStore | None = None,
+        seed: int = 0,
+        dp_rank: int = 0,
+        dp_size: int = 1,
+        max_frames: int | None = None,
+        fps: float | None = None,
+        weighting: str = "example",
+        strict: bool = False,
+    ):
+        if text_tokenizer.vocab_size != vocab.text_size:
+            raise ValueError(f"text tokenizer has {text_tokenizer.vocab_size} ids but the vocabulary expects {vocab.text_size}")
+        if not 0 <= dp_rank < dp_size:
+            raise ValueError(f"dp_rank {dp_rank} is outside [0, dp_size {dp_size})")
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        self.sources, self.vocab, self.text_tokenizer, self.codes = sources, vocab, text_tokenizer, codes
+        self.seq_len, self.batch_size, self.seed = seq_len, batch_size, seed
+        self.dp_rank, self.dp_size = dp_rank, dp_size
+        self.max_frames, self.fps, self.weighting, self.strict = max_frames, fps, weighting, strict
+        self.lines = [self._read(s) for s in sources]
+        self.stats: Counter = Counter()
+        self.errors: list[str] = []
+
+    @staticmethod
+    def _read(source: Source) -> list[str]:
+        path = Path(source.path)
+        if not path.is_file():
+            raise FileNotFoundError(f"data source {path} does not exist")
+        return path.read_text().splitlines()
+
+    def _order(self, epoch: int) -> list[tuple[int, int]]:
+        """(source, line) pairs of one epoch, shuffled by (seed, epoch)."""
+        items = [(s, i) for s, lines in enumerate(self.lines) for i, line in enumerate(lines) if line.strip()]
+        items = [it for it in items for _ in range(self.sources[it[0]].repeat)]
+        rng = np.random.default_rng([self.seed, epoch])
+        return [items[j] for j in rng.permutation(len(items))]
+
+    def _encoded(self, epoch: int) -> Iterator[tuple]:
+        for s, i in self._order(epoch):
+            where = f"{self.sources[s].path}:{i + 1}"
+            try:
+                example = json.loads(self.lines[s][i])
+                enc = encode_example(
+                    example, self.vocab, self.text_tokenizer, self.codes, self.sources[s].fields,
+                    self.max_frames, self.fps, self.seed, key=where,
+                )
+            except (ExampleError, json.JSONDecodeError) as e:
+                if self.strict:
+                    raise ExampleError(f"{where}: {e}") from e
+                self.stats["skipped"] += 1
+                if len(self.errors) < 100:
+                    self.errors.append(f"{where}: {e}")
+                log.warning("skipping example %s: %s", where, e)
+                continue
+            yield s, enc
+
+    def sequences(self, epoch: int) -> Iterator[Packed]:
+        """All packed sequences of an epoch (every rank computes the same stream)."""
+        packers = {}  # one per overflow policy, so documents are windowed and examples not
+
+        def pack_all():
+            for s, enc in self._encoded(epoch):
+                policy = self.sources[s].overflow
+                packer = packers.setdefault(policy, Packer(self.seq_len, policy, self.weighting, pad_id=self.vocab.pad_id))
+                yield from packer.add(enc)
+            for packer in packers.values():
+                yield from packer.flush()
+
+        yield from pack_all()
+        for packer in packers.values():
+            self.stats.update(packer.stats)
+
+    def batches(self, state: StreamState) -> Iterator[tuple[list[Packed], StreamState]]:
+        """This rank's batches from `state` on, forever (epoch after epoch), each with the state
+        after it."""
+        epoch, done = state.epoch, state.batches
+        per_global = self.batch_size * self.dp_size
+        while True:
+            produced = 0
+            buf: list[Packed] = []
+            for n, seq in enumerate(self.sequences(epoch)):
+                g, k = divmod(n, per_global)
+                if g < done:
+                    continue
+                if self.dp_rank * self.batch_size <= k < (self.dp_rank + 1) * self.batch_size:
+                    buf.append(seq)
+                if k == per_global - 1:  # global batch g complete
+                    yield buf, StreamState(epoch, g + 1)
+                    buf, produced = [], produced + 1
+            if produced == 0 and done == 0:
+                raise ValueError(
+                    f"an epoch yields fewer than one global batch ({per_global} sequences of {self.seq_len + 1} tokens)"
+                )
+            epoch, done = epoch + 1, 0  # an incomplete last global batch is dropped on every rank
+
+
+def to_tensors(batch: list[Packed]) -> dict[str, torch.Tensor]:
+    """Stack packed sequences and make next-token targets on the full sequence: (B, S+1) -> (B, S)."""
+    tokens = torch.from_numpy(np.stack([p.tokens for p in batch]))
+    weight = torch.from_numpy(np.stack([p.loss_weight for p in batch]))
+    vision = torch.from_numpy(np.stack([p.vision_mask for p in batch]))
+    segments = torch.from_numpy(np.stack([p.segment_ids for p in batch]))
+    return {
+        "tokens": tokens[:, :-1],
+        "targets": tokens[:, 1:],
+        "loss_weight": weight[:, 1:],  # the weight of predicting each target
+        "vision_mask": vision[:, 1:],  # whether each target is a vision token
+        "segment_ids": segments[:, :-1],
+    }

@@ -1,0 +1,221 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from lwm.data import (
+    CodeStore, DataConfig, Encoded, ExampleError, LWMDataModule, Packer, Sharding, Source, TextTokenizer, Vocab,
+    encode_example, parse_fields,
+)
+from lwm.data.codes import rate_indices, uniform_indices
+from lwm.parallel import unshard
+
+T_FRAMES = {"clip_a": 4, "clip_b": 6, "clip_c": 3}
+
+
+@pytest.fixture(scope="module")
+def codes_dir(tmp_path_factory):
+    """Cached codes in lwm-tokenize's format: tokens/<id>.npy (uint16, (T, 256)) + manifest.jsonl."""
+    root = tmp_path_factory.mktemp("codes")
+    (root / "tokens").mkdir()
+    rng = np.random.default_rng(0)
+    with open(root / "manifest.jsonl", "w") as f:
+        for vid, t in T_FRAMES.items():
+            np.save(root / "tokens" / f"{vid}.npy", rng.integers(0, 8192, (t, 256)).astype(np.uint16))
+            f.write(json.dumps({"id": vid, "timestamps": [i * 0.5 for i in range(t)]}) + "\n")
+    return root
+
+
+@pytest.fixture(scope="module")
+def tok(spm_model):
+    return TextTokenizer(spm_model)
+
+
+@pytest.fixture(scope="module")
+def vocab(tok):
+    return Vocab(tok.vocab_size)
+
+
+def test_video_field_layout(tok, vocab, codes_dir):
+    store = CodeStore(codes_dir)
+    enc = encode_example({"vision": "clip_a", "caption": "a red circle"}, vocab, tok, store, "[vision],caption")
+    codes = np.load(codes_dir / "tokens" / "clip_a.npy").astype(np.int64)
+    text = tok.encode("a red circle")
+    video = enc.tokens[1 : 1 + 2 + 4 * 257]
+    assert enc.tokens[0] == tok.bos_id and enc.tokens[-1] == tok.eos_id
+    assert video[0] == vocab.vision_start and video[-1] == vocab.vision_end
+    frames = video[1:-1].reshape(4, 257)  # 256 codes + <eof>/<eov> per frame
+    assert (frames[:, :256] == codes + vocab.vision_offset).all()
+    assert frames[:-1, 256].tolist() == [vocab.eof] * 3 and frames[-1, 256] == vocab.eov
+    assert enc.tokens[1 + 2 + 4 * 257 : -1].tolist() == text
+    assert enc.tokens.max() < vocab.size and enc.tokens.min() >= 0
+    # vision mask: the codes and <eof>/<eov>, not the <vision> markers
+    assert enc.vision_mask[2 : 2 + 4 * 257].all() and not enc.vision_mask[1] and not enc.vision_mask[2 + 4 * 257]
+    assert enc.vision_mask.sum() == 4 * 257 == vocab.is_vision(enc.tokens).sum()
+
+
+def test_loss_masks_follow_brackets(tok, vocab, codes_dir):
+    ex = {"vision": "clip_c", "question": "what color", "answer": "red"}
+    enc = encode_example(ex, vocab, tok, CodeStore(codes_dir), "[vision+question],answer")
+    n_q, n_a = len(tok.encode("what color")), len(tok.encode("red"))
+    n_prompt = 1 + 2 + 3 * 257 + n_q  # BOS, video, question: no loss
+    assert not enc.loss_mask[:n_prompt].any()
+    assert enc.loss_mask[n_prompt:].all() and len(enc) == n_prompt + n_a + 1  # answer and EOS carry loss
+    t2v = encode_example({"vision": "clip_c", "caption": "red"}, vocab, tok, CodeStore(codes_dir), "[caption],vision")
+    assert t2v.loss_mask[t2v.vision_mask].all()  # text-to-video: the codes are trained
+
+
+def test_list_spec_is_a_seeded_choice_per_example(tok, vocab, codes_dir):
+    ex = {"vision": "clip_c", "caption": "red", "fields": ["[vision],caption", "[caption],vision"]}
+    store = CodeStore(codes_dir)
+    firsts = {encode_example(ex, vocab, tok, store, key=f"f:{i}").tokens[1] for i in range(20)}
+    assert firsts == {vocab.vision_start, tok.encode("red")[0]}  # both directions occur
+    again = [encode_example(ex, vocab, tok, store, key=f"f:{i}").tokens[1] for i in range(20)]
+    assert again == [encode_example(ex, vocab, tok, store, key=f"f:{i}").tokens[1] for i in range(20)]
+
+
+def test_frame_subsampling(codes_dir):
+    store = CodeStore(codes_dir)
+    assert uniform_indices(10, 4).tolist() == [0, 3, 6, 9]
+    assert store.load("clip_b", max_frames=3).shape == (3, 256)
+    assert rate_indices(np.arange(6) * 0.5, fps=1.0).tolist() == [0, 2, 4]
+    full = store.load("clip_b")
+    assert (store.load("clip_b", fps=1.0) == full[[0, 2, 4]]).all()
+
+
+@pytest.mark.parametrize(
+    "example,spec,message",
+    [
+        ({"caption": "x"}, "[vision],caption", "unknown field 'vision'"),
+        ({"caption": "  "}, "caption", "field 'caption' is empty"),
+        ({"vision": "nope", "caption": "x"}, "[vision],caption", "no cached codes for video 'nope'"),
+        ({"caption": "x"}, "[caption", "malformed fields spec"),
+        ({"caption": "x"}, None, "no 'fields' spec"),
+    ],
+)
+def test_bad_examples_say_what_is_wrong(tok, vocab, codes_dir, example, spec, message):
+    with pytest.raises(ExampleError, match=message):
+        encode_example(example, vocab, tok, CodeStore(codes_dir), spec)
+
+
+def enc_of(n, loss=True, vision=False):
+    return Encoded(np.arange(n, dtype=np.int64) + 10, np.full(n, loss), np.full(n, vision))
+
+
+def test_packing_segments_weights_and_overflow():
+    packer = Packer(seq_len=9, overflow="truncate")  # 10 tokens per packed sequence
+    a, b, c = enc_of(4), enc_of(3, vision=True), enc_of(5)
+    seqs = list(packer.pack([a, b, c]))
+    assert len(seqs) == 2
+    assert seqs[0].segment_ids.tolist() == [1] * 4 + [2] * 3 + [0] * 3  # c does not fit: padding
+    assert seqs[1].segment_ids.tolist() == [1] * 5 + [0] * 5
+    # each example's loss tokens of a kind sum to 1: packing weighs examples, not lengths
+    assert seqs[0].loss_weight[:4].tolist() == [0.25] * 4 and np.allclose(seqs[0].loss_weight[4:7], 1 / 3)
+    assert seqs[0].loss_weight[7:].sum() == 0 and seqs[0].vision_mask[4:7].all()
+    long = enc_of(25)
+    assert len(list(Packer(9, "drop").pack([long]))) == 0
+    t = Packer(9, "truncate")
+    assert [s.tokens.tolist() for s in t.pack([long])] == [list(range(10, 20))] and t.stats["truncated"] == 1
+    w = Packer(9, "window")
+    windows = list(w.pack([long]))
+    assert len(windows) == 3 and np.concatenate([s.tokens[s.segment_ids > 0] for s in windows]).tolist() == list(range(10, 35))
+    assert w.stats["windowed"] == 1
+    tokenwise = next(Packer(9, weighting="token").pack([a]))
+    assert tokenwise.loss_weight[:4].tolist() == [1.0] * 4
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    root = tmp_path_factory.mktemp("src")
+    rng = np.random.default_rng(1)
+    words = "the red green blue circle square moves left right frame".split()
+    qa = root / "qa.jsonl"
+    lines = []
+    for i in range(40):
+        vid = list(T_FRAMES)[i % 3]
+        lines.append(json.dumps({"vision": vid, "question": " ".join(rng.choice(words, 4)), "answer": " ".join(rng.choice(words, 3)),
+                                 "fields": "[vision+question],answer"}))
+    lines.insert(5, '{"vision": "missing_clip", "question": "q", "answer": "a", "fields": "[vision+question],answer"}')
+    qa.write_text("\n".join(lines) + "\n")
+    docs = root / "text.jsonl"
+    docs.write_text("\n".join(json.dumps({"text": " ".join(rng.choice(words, 3000))}) for _ in range(3)) + "\n")
+    return [Source(str(qa)), Source(str(docs), fields="text", overflow="window")]
+
+
+def make_dm(spm_model, codes_dir, sources, seq_len=2048, **sharding):
+    cfg = DataConfig(sources=sources, tokenizer=str(spm_model), codes=str(codes_dir), batch_size=2, seed=3)
+    dm = LWMDataModule(cfg, seq_len=seq_len, sharding=Sharding(**sharding))
+    dm.setup()
+    return dm
+
+
+def take(dm, n):
+    it = iter(dm.train_dataloader())
+    out = []
+    for _ in range(n):
+        out.append(dm.on_before_batch_transfer(next(it)))
+    return out
+
+
+def test_bad_example_is_skipped_and_counted_with_file_and_line(spm_model, codes_dir, sources, caplog):
+    dm = make_dm(spm_model, codes_dir, sources)
+    list(dm.stream.sequences(0))
+    assert dm.stream.stats["skipped"] == 1
+    assert dm.stream.errors[0].startswith(f"{sources[0].path}:6: no cached codes for video 'missing_clip'")
+    assert "missing_clip" in caplog.text
+
+
+def test_targets_are_made_before_sharding(spm_model, codes_dir, sources):
+    full = take(make_dm(spm_model, codes_dir, sources), 1)[0]
+    assert torch.equal(full["targets"][:, :-1], full["tokens"][:, 1:])
+    for layout in ("striped", "zigzag", "contiguous"):
+        parts = [take(make_dm(spm_model, codes_dir, sources, cp_rank=r, cp_size=4, layout=layout), 1)[0] for r in range(4)]
+        for key in ("tokens", "targets", "loss_weight", "vision_mask", "segment_ids"):
+            assert torch.equal(unshard([p[key] for p in parts], 1, layout), full[key]), (layout, key)
+        assert torch.equal(unshard([p["positions"] for p in parts], 0, layout), torch.arange(2048))
+
+
+def test_cp_ranks_share_a_sample_and_dp_ranks_do_not(spm_model, codes_dir, sources):
+    def first_tokens(dp_rank, cp_rank):
+        dm = make_dm(spm_model, codes_dir, sources, dp_rank=dp_rank, dp_size=2, cp_rank=cp_rank, cp_size=2)
+        return [b["tokens"] for b in take(dm, 3)]
+
+    a0, a1, b0 = first_tokens(0, 0), first_tokens(0, 1), first_tokens(1, 0)
+    full = [b["tokens"] for b in take(make_dm(spm_model, codes_dir, sources, dp_rank=0, dp_size=2), 3)]
+    for x, y, f in zip(a0, a1, full):
+        assert torch.equal(unshard([x, y], 1, "striped"), f)  # one sample, split over the cp group
+    assert all(not torch.equal(x, y) for x, y in zip(a0, b0))  # dp ranks read different samples
+
+
+def test_loss_weights_and_vision_mask_are_the_targets(spm_model, codes_dir, sources, vocab):
+    batch = take(make_dm(spm_model, codes_dir, sources), 1)[0]
+    assert torch.equal(batch["vision_mask"], torch.from_numpy(vocab.is_vision(batch["targets"].numpy())))
+    assert (batch["loss_weight"][batch["targets"] == vocab.pad_id] == 0).all()
+
+
+def test_exact_resume_of_the_data_order(spm_model, codes_dir, sources):
+    dm = make_dm(spm_model, codes_dir, sources)
+    per_epoch = sum(1 for _ in dm.stream.sequences(0)) // 2
+    assert 20 < per_epoch < 28  # the 28 batches below cross an epoch boundary
+    straight = take(make_dm(spm_model, codes_dir, sources), 28)
+    dm = make_dm(spm_model, codes_dir, sources)
+    take(dm, 20)
+    state = dm.state_dict()
+    resumed = make_dm(spm_model, codes_dir, sources)
+    resumed.load_state_dict(state)
+    for a, b in zip(straight[20:], take(resumed, 8)):
+        for key in a:
+            assert torch.equal(a[key], b[key]), key
+    assert state == {"epoch": 0, "batches": 20}
+    assert [b["tokens"].shape for b in straight] == [(2, 2048)] * 28
+
+
+def test_config_errors(spm_model, codes_dir, sources):
+    with pytest.raises(ValueError, match=r"seq_len 2047 is not divisible by 2 \* ring size = 8 \(zigzag\)"):
+        make_dm(spm_model, codes_dir, sources, seq_len=2047, cp_size=4, layout="zigzag")
+    with pytest.raises(FileNotFoundError, match="data source /nope.jsonl does not exist"):
+        make_dm(spm_model, codes_dir, [Source("/nope.jsonl")])
+    with pytest.raises(ValueError, match="text tokenizer has 256 ids but the vocabulary expects 32000"):
+        LWMDataModule(DataConfig(sources=sources, tokenizer=str(spm_model)), 64, vocab=Vocab(32000)).setup()
+    assert parse_fields("[a+b],c")[0].loss is False
