@@ -1,0 +1,392 @@
+"""lwm-tokenize: videos -> VQGAN codes on disk, once per video, resumable, split over workers.
+
+    lwm-tokenize videos/ extra.mp4 list.txt --out data/tokens --fps 1 --tokenizer lwm --checkpoint vqgan.pt
+    lwm-tokenize list.txt --out data/tokens --max-frames 64 --tokenizer path/to/diffusers_vqmodel
+    lwm-tokenize videos/ --out data/tokens --shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT
+    (or python -m lwm.vision.tokenize ...)
+
+Inputs are video files, folders (searched recursively for video extensions; hidden names are
+skipped) and list files (.txt/.lst/.list: one path per line, relative to the list's folder; blank
+lines and lines starting with # are skipped). In --out it writes:
+
+    tokens/<id>.npy      uint16 (T, 256) codes of one video; <id> is its file stem + a hash of its path
+    manifest.jsonl       one JSON object per finished video: id, source, sampling, frames, timestamps,
+                         tokenizer (preset/checkpoint or diffusers folder, and a hash of the weights)
+    failures.jsonl       one JSON object per video that failed in the latest run: source, error
+
+A rerun skips the videos the manifest holds, and retries the failed ones. The .npy is written to a
+temporary file and renamed, and the manifest line is appended after that, so a killed run loses at
+most the video in flight. With --shard i/n each worker takes every n-th video of the one sorted list
+and writes manifest.<i>-of-<n>.jsonl and failures.<i>-of-<n>.jsonl; every worker reads all manifests.
+Exit status: 0 if no video failed, 1 if some did, 2 for a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from lwm.vision.video import Sampling, Video, VideoError
+
+VIDEO_EXTENSIONS = frozenset(
+    ".mp4 .m4v .mkv .webm .avi .mov .mpg .mpeg .ts .flv .wmv .3gp .ogv".split()
+)
+LIST_EXTENSIONS = frozenset({".txt", ".lst", ".list"})
+# Codes are stored as uint16.
+_MAX_CODES = 1 << 16
+
+
+# ------------------------------------------------------------------------------------ arguments
+
+
+def _shard(text: str) -> tuple[int, int]:
+    m = re.fullmatch(r"\s*(-?\d+)\s*/\s*(-?\d+)\s*", text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"expected i/n with integers 0 <= i < n (e.g. 0/4), got {text!r}")
+    i, n = int(m.group(1)), int(m.group(2))
+    if n < 1 or not 0 <= i < n:
+        raise argparse.ArgumentTypeError(f"expected i/n with 0 <= i < n and n >= 1, got i={i}, n={n}")
+    return i, n
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a time in seconds >= 0, got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="lwm-tokenize",
+        description="Tokenize videos with a VQGAN into uint16 (T, 256) codes, resumably.",
+        epilog="Exit status: 0 if no video failed, 1 if some did (see failures.jsonl), 2 for a usage error.",
+    )
+    p.add_argument("inputs", nargs="+", help="video files, folders (recursive) and list files (.txt/.lst/.list)")
+    p.add_argument("--out", required=True, type=Path, help="output folder (tokens/, manifest, failures)")
+    rate = p.add_mutually_exclusive_group()
+    rate.add_argument("--fps", type=_positive_float, help="frames per second to sample (default 1.0)")
+    rate.add_argument("--max-frames", type=_positive_int, help="sample this many frames uniformly over the clip instead")
+    p.add_argument("--start", type=_seconds, help="clip start in seconds (default: the first frame)")
+    p.add_argument("--end", type=_seconds, help="clip end in seconds (default: the end of the video)")
+    p.add_argument("--tokenizer", default="lwm", help="a VQGAN preset name (lwm, tiny) or a folder saved by diffusers (VQModel)")
+    p.add_argument("--checkpoint", type=Path, help="state dict for the preset (.pt/.pth/.bin or .safetensors)")
+    p.add_argument("--batch-size", type=_positive_int, default=16, help="frames per VQGAN batch; also frames decoded at once")
+    p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    p.add_argument("--shard", type=_shard, default=(0, 1), metavar="I/N", help="take every N-th video, starting at the I-th")
+    return p
+
+
+# ------------------------------------------------------------------------------------ inputs
+
+
+def _walk(folder: Path) -> list[Path]:
+    found = []
+    for root, dirs, files in os.walk(folder):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        found += [Path(root, f) for f in files if not f.startswith(".") and Path(f).suffix.lower() in VIDEO_EXTENSIONS]
+    return found
+
+
+def _expand(path: Path, allow_list: bool) -> list[Path]:
+    if path.is_dir():
+        return _walk(path)
+    if allow_list and path.is_file() and path.suffix.lower() in LIST_EXTENSIONS:
+        lines = path.read_text(errors="replace").splitlines()
+        entries = [line.strip() for line in lines if line.strip() and not line.strip().startswith("#")]
+        return [p for entry in entries for p in _expand(path.parent / Path(entry).expanduser(), allow_list=False)]
+    return [path]  # a video, or a path that does not exist (it becomes a failure)
+
+
+def collect_videos(inputs: list[str]) -> list[str]:
+    """Absolute paths of all videos named by the inputs, without duplicates, sorted (the order shards split)."""
+    paths = {os.path.abspath(p) for arg in inputs for p in _expand(Path(arg).expanduser(), allow_list=True)}
+    return sorted(paths)
+
+
+def video_id(path: str) -> str:
+    """Stable and collision-free: the file stem (for people) + a hash of the absolute path (for uniqueness)."""
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(path).stem)[:80] or "video"
+    return f"{stem}-{hashlib.sha1(os.path.abspath(path).encode()).hexdigest()[:10]}"
+
+
+# ------------------------------------------------------------------------------------ tokenizer
+
+
+def weights_hash(model: torch.nn.Module) -> str:
+    """Short sha256 over the state dict (names, dtypes, shapes, bytes): identifies the weights that made the codes."""
+    h = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        t = tensor.detach().cpu().contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(path))
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
+        state = state["state_dict"]  # a training checkpoint
+    if not isinstance(state, dict):
+        raise ValueError(f"checkpoint {path} holds a {type(state).__name__}, expected a state dict")
+    return state
+
+
+def load_tokenizer(name: str, checkpoint: Path | None):
+    """The VQGAN and its identity for the manifest. Raises ValueError / FileNotFoundError for bad arguments."""
+    from lwm.vision.vqgan import VQGAN, VQGANConfig
+
+    if Path(name).is_dir():
+        if checkpoint is not None:
+            raise ValueError(f"--checkpoint is for a preset; {name} is a diffusers folder and holds its own weights")
+        from lwm.interop.diffusers import from_diffusers
+
+        model = from_diffusers(name)
+        identity = {"diffusers": os.path.abspath(name)}
+    else:
+        try:
+            config = VQGANConfig.from_preset(name)
+        except ValueError as e:
+            raise ValueError(f"--tokenizer {name!r} is neither a folder nor a preset: {e}") from e
+        torch.manual_seed(0)  # without a checkpoint the (random) weights are at least reproducible
+        model = VQGAN(config)
+        if checkpoint is not None:
+            if not checkpoint.is_file():
+                raise FileNotFoundError(f"checkpoint {checkpoint} not found")
+            result = model.load_state_dict(_read_state_dict(checkpoint), strict=False)
+            if result.missing_keys or result.unexpected_keys:
+                raise ValueError(
+                    f"checkpoint {checkpoint} does not fit preset {name!r}: missing keys {result.missing_keys[:5]}, "
+                    f"unexpected keys {result.unexpected_keys[:5]}"
+                )
+        identity = {"preset": name, "checkpoint": None if checkpoint is None else os.path.abspath(checkpoint)}
+    if model.config.n_codes > _MAX_CODES:
+        raise ValueError(f"the tokenizer has {model.config.n_codes} codes; uint16 token files hold at most {_MAX_CODES}")
+    identity["weights"] = weights_hash(model)
+    return model.eval(), identity
+
+
+# ------------------------------------------------------------------------------------ output
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    records = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut short by a killed run: that video is simply done again
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
+def _append_line(path: Path, record: dict) -> None:
+    with open(path, "a+b") as f:
+        f.seek(0, os.SEEK_END)
+        if f.tell():
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":  # the end of a line cut short by a kill: start a fresh line
+                f.write(b"\n")
+        f.write((json.dumps(record) + "\n").encode())
+        f.flush()
+        os.fsync(f.fileno())
+
+
+class OutputDir:
+    """tokens/, the manifest(s) and the failures file of one output folder, as seen by one worker."""
+
+    def __init__(self, root: Path, shard: tuple[int, int]):
+        self.root = root
+        self.tokens = root / "tokens"
+        self.tokens.mkdir(parents=True, exist_ok=True)
+        i, n = shard
+        suffix = "" if n == 1 else f".{i}-of-{n}"
+        self.manifest = root / f"manifest{suffix}.jsonl"
+        self.failures = root / f"failures{suffix}.jsonl"
+
+    def finished(self) -> dict[str, dict]:
+        """Records of finished videos by id, from every worker's manifest; a record whose .npy is gone does not count."""
+        records = {}
+        for path in sorted(self.root.glob("manifest*.jsonl")):
+            for record in _read_jsonl(path):
+                if "id" in record:
+                    records[record["id"]] = record
+        return {k: r for k, r in records.items() if (self.tokens / f"{k}.npy").is_file()}
+
+    def write(self, record: dict, codes: np.ndarray) -> None:
+        final = self.tokens / f"{record['id']}.npy"
+        tmp = final.with_name(final.name + ".tmp")  # one worker owns an id, so a fixed name is safe
+        with open(tmp, "wb") as f:
+            np.save(f, codes)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+        _append_line(self.manifest, record)  # only now is the video done
+
+    def fail(self, record: dict) -> None:
+        _append_line(self.failures, record)
+
+
+# ------------------------------------------------------------------------------------ the run
+
+
+def tokenize_video(path: str, model, sampling: Sampling, batch_size: int, progress=None) -> tuple[np.ndarray, Video, np.ndarray]:
+    """Codes (T, 256) uint16 of one video, encoded chunk by chunk; also the Video and the timestamps (T,)."""
+    video = Video(path, model.config.resolution)
+    plan = video.plan(sampling)
+    if progress is not None:
+        progress.total += len(plan)
+        progress.refresh()
+    codes = np.empty((len(plan), model.config.tokens_per_frame), np.uint16)
+    done = 0
+    try:
+        for frames, _ in video.chunks(plan, chunk_size=batch_size):
+            # (t, r, r, 3) uint8 -> (t, 256) long
+            codes[done : done + len(frames)] = model.encode(torch.from_numpy(frames), batch_size=batch_size).cpu().numpy()
+            done += len(frames)
+            if progress is not None:
+                progress.update(len(frames))
+    finally:
+        if progress is not None and done < len(plan):
+            progress.total -= len(plan) - done
+    return codes, video, plan.timestamps
+
+
+def _check_compatible(finished: dict[str, dict], sampling: dict, tokenizer: dict) -> str | None:
+    for record in finished.values():
+        if record.get("sampling") != sampling or record.get("tokenizer", {}).get("weights") != tokenizer["weights"]:
+            return (
+                f"the output folder already holds tokens made with other settings (video {record.get('id')}: sampling "
+                f"{record.get('sampling')}, tokenizer {record.get('tokenizer')}); this run has sampling {sampling}, "
+                f"tokenizer {tokenizer}. Use another --out, or the same settings to resume"
+            )
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        sampling = Sampling(fps=args.fps, max_frames=args.max_frames, start=args.start, end=args.end)
+    except ValueError as e:
+        parser.error(str(e))
+    try:
+        device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    except RuntimeError as e:
+        parser.error(f"--device {args.device!r}: {e}")
+    try:
+        model, tokenizer = load_tokenizer(args.tokenizer, args.checkpoint)
+        model.to(device)
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        parser.error(str(e))
+    if args.checkpoint is None and "preset" in tokenizer:
+        print(f"warning: no --checkpoint; preset {args.tokenizer!r} has random weights (seed 0)", file=sys.stderr)
+
+    try:
+        out = OutputDir(args.out, args.shard)
+        finished = out.finished()
+    except OSError as e:
+        parser.error(f"--out {args.out}: {e}")
+    problem = _check_compatible(finished, sampling.to_dict(), tokenizer)
+    if problem:
+        parser.error(problem)
+    shard_i, shard_n = args.shard
+    videos = collect_videos(args.inputs)[shard_i::shard_n]
+    out.failures.write_text("")  # failures of this run only: a rerun retries them
+
+    try:  # ffmpeg's own messages repeat what failures.jsonl says
+        import decord
+
+        decord.logging.set_level(decord.logging.QUIET)
+    except ImportError:
+        pass
+    from tqdm import tqdm
+
+    done = skipped = failed = frames = 0
+    started = time.perf_counter()
+    progress = tqdm(total=0, unit="frame", desc="tokenize", dynamic_ncols=True, mininterval=1.0)
+    try:
+        with torch.inference_mode():
+            for path in videos:
+                vid = video_id(path)
+                progress.set_postfix_str(f"videos {done + skipped + failed}/{len(videos)}, failed {failed}")
+                if vid in finished:
+                    skipped += 1
+                    continue
+                try:
+                    codes, video, timestamps = tokenize_video(path, model, sampling, args.batch_size, progress)
+                    record = {
+                        "id": vid,
+                        "source": path,
+                        "tokens": f"tokens/{vid}.npy",
+                        "frames": len(codes),
+                        "shape": list(codes.shape),
+                        "timestamps": [round(float(t), 6) for t in timestamps],
+                        "sampling": sampling.to_dict(),
+                        "resolution": model.config.resolution,
+                        "video": {"width": int(video.width), "height": int(video.height),
+                                  "num_frames": int(video.num_frames), "duration": round(video.duration, 6)},
+                        "tokenizer": tokenizer,
+                    }
+                    out.write(record, codes)
+                    done += 1
+                    frames += len(codes)
+                except Exception as e:  # one bad video must not stop the run
+                    failed += 1
+                    error = str(e) if isinstance(e, VideoError) else f"{path}: {type(e).__name__}: {e}"
+                    out.fail({"id": vid, "source": path, "error": error, "type": type(e).__name__})
+                    progress.write(f"failed: {error}")
+    except KeyboardInterrupt:
+        progress.close()
+        print(f"interrupted: {done} done, {skipped} skipped, {failed} failed; rerun to resume", file=sys.stderr)
+        return 130
+    progress.close()
+    elapsed = time.perf_counter() - started
+    shard = "" if shard_n == 1 else f" (shard {shard_i}/{shard_n})"
+    print(
+        f"{len(videos)} videos{shard}: {done} done ({frames} frames, {frames / max(elapsed, 1e-9):.1f} frames/s), "
+        f"{skipped} skipped (already in the manifest), {failed} failed"
+        + (f" (see {out.failures})" if failed else "")
+    )
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

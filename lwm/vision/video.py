@@ -1,0 +1,273 @@
+"""Reading videos with decord: sample frames by rate or count, resize and center-crop, stream in chunks.
+
+    frames, timestamps = read_video("clip.mp4", fps=1.0, resolution=256)      # (T, 256, 256, 3) uint8, (T,) s
+    for frames, timestamps in stream_video("hour.mp4", fps=1.0, chunk_size=32):
+        ...                                                                    # at most 32 frames decoded at once
+
+Times are the frames' own presentation timestamps (decord's `get_frame_timestamp`), so variable
+frame rate videos are sampled at the right moments. Sampling by rate takes, at each time
+start + k / fps, the frame on screen at that time: T = floor((end - start) * fps), and a frame held
+longer than 1 / fps is taken once per sample time. Sampling by count takes `max_frames` frames
+spread uniformly over the clip (all of them if it has fewer), as LWM does.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import asdict, dataclass
+from typing import Iterator
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+class VideoError(Exception):
+    """A video that cannot be read or sampled as asked; the message names the file and says why."""
+
+
+# Slack for comparing times computed in float32 (decord's timestamps) with times given by a user.
+_TIME_EPS = 1e-4
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Which frames to take: by rate (`fps`) or by count (`max_frames`), optionally within [start, end) seconds."""
+
+    fps: float | None = None
+    max_frames: int | None = None
+    start: float | None = None
+    end: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.fps is not None and self.max_frames is not None:
+            raise ValueError(f"sample by fps or by max_frames, not both (got fps={self.fps}, max_frames={self.max_frames})")
+        if self.fps is None and self.max_frames is None:
+            object.__setattr__(self, "fps", 1.0)  # the default: one frame per second
+        if self.fps is not None and not (isinstance(self.fps, (int, float)) and math.isfinite(self.fps) and self.fps > 0):
+            raise ValueError(f"fps must be a positive number, got {self.fps!r}")
+        if self.max_frames is not None and (isinstance(self.max_frames, bool) or not isinstance(self.max_frames, int) or self.max_frames <= 0):
+            raise ValueError(f"max_frames must be a positive integer, got {self.max_frames!r}")
+        for name in ("start", "end"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a time in seconds >= 0, got {value!r}")
+        if self.start is not None and self.end is not None and self.end <= self.start:
+            raise ValueError(f"end {self.end} s must be after start {self.start} s")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The frames a sampling picks from one video: decord frame indices and their timestamps in seconds."""
+
+    indices: np.ndarray  # (T,) int64, non-decreasing (a held frame may repeat when sampling by rate)
+    timestamps: np.ndarray  # (T,) float64
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+def _decord():
+    try:
+        import decord
+    except ImportError as e:  # no aarch64 wheel (design.md)
+        raise ImportError("reading videos needs decord (pip install decord; x86-64 only)") from e
+    return decord
+
+
+def _short(error: BaseException) -> str:
+    """decord's messages start with '[time] /path/file.cc:123: ' and may carry a stack trace; keep the gist."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", text)
+
+
+def _safe_width(width: int) -> bool:
+    # decord 0.6 returns wrongly shaped frames (and get_batch fails) when ffmpeg pads a row and the padded
+    # row length is a multiple of the width (e.g. widths 8, 16, 24, 48, 72). Rows are padded to a multiple
+    # of at most 64 pixels, so widths that are multiples of 64, or at least 3 * 64, are never affected.
+    return width % 64 == 0 or width >= 192
+
+
+def _decode_size(height: int, width: int, resolution: int) -> tuple[int, int]:
+    """(height, width) for decord to scale frames to: short side `resolution` (or a bit more, to keep the width safe)."""
+    scale = resolution / min(height, width)
+    out_w = max(resolution, round(width * scale))
+    if not _safe_width(out_w):
+        out_w = 64 * math.ceil(out_w / 64)
+        scale = out_w / width
+    out_h = max(resolution, round(height * scale))
+    return out_h, out_w
+
+
+class Video:
+    """One video file opened with decord: its frame count, size, timestamps; sampling plans; decoded frames.
+
+    Frames come back resized so the short side is `resolution` and center-cropped to a square; decord
+    scales them while decoding, so a chunk of frames never exists at the source resolution.
+    """
+
+    def __init__(self, path: str | os.PathLike, resolution: int = 256):
+        if not isinstance(resolution, int) or resolution <= 0:
+            raise ValueError(f"resolution must be a positive integer, got {resolution!r}")
+        self.path = str(path)
+        self.resolution = resolution
+        if not os.path.exists(self.path):
+            raise VideoError(f"{self.path}: no such file")
+        if not os.path.isfile(self.path):
+            raise VideoError(f"{self.path}: not a file")
+        if os.path.getsize(self.path) == 0:
+            raise VideoError(f"{self.path}: empty file (0 bytes)")
+        decord = _decord()
+
+        probe = self._open(decord)
+        self.num_frames = len(probe)
+        try:
+            # Decoding one frame tells the size after rotation; in decord 0.6 the (height, width) of the
+            # returned array are right even where its channel count is not (see _safe_width).
+            self.height, self.width = probe[0].shape[:2]
+            times = probe.get_frame_timestamp(np.arange(self.num_frames))  # (N, 2) start, end; a slice would decode all
+            avg_fps = float(probe.get_avg_fps())
+        except Exception as e:
+            raise VideoError(f"{self.path}: cannot decode (corrupt or truncated file?): {_short(e)}") from e
+        self.starts, self.duration = self._frame_times(np.asarray(times, dtype=np.float64), avg_fps)
+
+        self.decode_size = _decode_size(self.height, self.width, resolution)
+        if self.decode_size == (self.height, self.width):
+            self._reader = probe
+        else:
+            del probe
+            self._reader = self._open(decord, *self.decode_size)
+
+    def _open(self, decord, height: int = -1, width: int = -1):
+        try:
+            reader = decord.VideoReader(self.path, ctx=decord.cpu(0), width=width, height=height)
+        except AssertionError as e:  # decord asserts a positive frame count
+            raise VideoError(f"{self.path}: the video has no frames") from e
+        except Exception as e:
+            detail = _short(e)
+            reason = "no video stream, or no frames in it" if "video stream" in detail else (
+                "not a video file, or corrupt or truncated (or no video frames)")
+            raise VideoError(f"{self.path}: cannot open as a video: {reason} (decord: {detail})") from e
+        if len(reader) == 0:
+            raise VideoError(f"{self.path}: the video has no frames")
+        return reader
+
+    def _frame_times(self, times: np.ndarray, avg_fps: float) -> tuple[np.ndarray, float]:
+        """Per-frame start times and the clip's end; from the index and the average rate if the timestamps are unusable."""
+        starts, ends = times[:, 0], times[:, 1]
+        if np.isfinite(times).all() and (np.diff(starts) >= 0).all() and (len(starts) == 1 or starts[-1] > starts[0]):
+            # The last frame lasts until its end time, or one typical frame interval if the container has none.
+            step = np.median(np.diff(starts)) if len(starts) > 1 else (1 / avg_fps if avg_fps > 0 else 0.0)
+            end = ends[-1] if ends[-1] > starts[-1] else starts[-1] + step
+            return starts, float(end)
+        if not (math.isfinite(avg_fps) and avg_fps > 0):
+            raise VideoError(f"{self.path}: the video has neither usable frame timestamps nor a frame rate")
+        starts = np.arange(self.num_frames, dtype=np.float64) / avg_fps
+        return starts, self.num_frames / avg_fps
+
+    # ------------------------------------------------------------------------------------ sampling
+
+    def plan(self, sampling: Sampling) -> Plan:
+        first = float(self.starts[0])
+        start = first if sampling.start is None else float(sampling.start)
+        end = self.duration if sampling.end is None else float(sampling.end)
+        if start >= self.duration - _TIME_EPS:
+            raise VideoError(f"{self.path}: start {start:g} s is not inside the clip (0 to {self.duration:.3f} s)")
+        if end > self.duration + _TIME_EPS:
+            raise VideoError(f"{self.path}: end {end:g} s is past the end of the clip ({self.duration:.3f} s)")
+
+        if sampling.fps is not None:
+            interval = 1.0 / sampling.fps
+            count = math.floor((end - start) * sampling.fps + _TIME_EPS)
+            if count < 1:
+                raise VideoError(
+                    f"{self.path}: the clip from {start:.3f} s to {end:.3f} s ({end - start:.3f} s) is shorter than one "
+                    f"sampling interval ({interval:g} s at fps {sampling.fps:g})"
+                )
+            times = start + np.arange(count) * interval
+            # The frame on screen at each time: the last one that started at or before it.
+            indices = np.searchsorted(self.starts, times + _TIME_EPS, side="right") - 1
+            indices = np.clip(indices, 0, self.num_frames - 1)
+        else:
+            # Frames shown at some moment of [start, end).
+            inside = np.flatnonzero((self.starts < end - _TIME_EPS) & (np.append(self.starts[1:], self.duration) > start + _TIME_EPS))
+            if len(inside) == 0:
+                raise VideoError(f"{self.path}: no frame is shown between {start:.3f} s and {end:.3f} s")
+            if len(inside) > sampling.max_frames:
+                inside = inside[np.round(np.linspace(0, len(inside) - 1, sampling.max_frames)).astype(np.int64)]
+            indices = inside
+        indices = indices.astype(np.int64)
+        return Plan(indices=indices, timestamps=self.starts[indices].astype(np.float64))
+
+    # ------------------------------------------------------------------------------------ decoding
+
+    def read(self, indices: np.ndarray) -> np.ndarray:
+        """Decode the frames at `indices`: (len(indices), resolution, resolution, 3) uint8."""
+        indices = np.asarray(indices, dtype=np.int64)
+        if len(indices) == 0:
+            return np.empty((0, self.resolution, self.resolution, 3), np.uint8)
+        try:
+            frames = self._reader.get_batch(indices).asnumpy()  # (t, Hd, Wd, 3)
+        except Exception as e:
+            raise VideoError(
+                f"{self.path}: decoding frames {indices[0]}..{indices[-1]} failed (corrupt or truncated file?): {_short(e)}"
+            ) from e
+        if frames.shape[1:] != (*self.decode_size, 3):
+            raise VideoError(f"{self.path}: decord returned frames of shape {frames.shape[1:]}, expected {(*self.decode_size, 3)}")
+        return self._crop_resize(frames)
+
+    def chunks(self, plan: Plan, chunk_size: int = 32) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Yield (frames, timestamps) of at most `chunk_size` frames; only one chunk is decoded at a time."""
+        if not isinstance(chunk_size, int) or chunk_size <= 0:
+            raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+        for i in range(0, len(plan), chunk_size):
+            yield self.read(plan.indices[i : i + chunk_size]), plan.timestamps[i : i + chunk_size]
+
+    def _crop_resize(self, frames: np.ndarray) -> np.ndarray:
+        t, h, w, _ = frames.shape
+        side = min(h, w)
+        top, left = (h - side) // 2, (w - side) // 2
+        frames = frames[:, top : top + side, left : left + side]  # (t, side, side, 3), side >= resolution
+        if side == self.resolution:
+            return np.ascontiguousarray(frames)
+        # Only when the decode width was widened for decord (small frames): a mild downscale.
+        x = torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2).float()  # (t, 3, side, side)
+        x = F.interpolate(x, size=(self.resolution, self.resolution), mode="bilinear", antialias=True, align_corners=False)
+        return x.round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1).contiguous().numpy()  # (t, r, r, 3)
+
+
+def read_video(
+    path: str | os.PathLike,
+    *,
+    fps: float | None = None,
+    max_frames: int | None = None,
+    start: float | None = None,
+    end: float | None = None,
+    resolution: int = 256,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Frames (T, resolution, resolution, 3) uint8 and their timestamps (T,) in seconds; fps 1.0 unless told."""
+    video = Video(path, resolution)
+    plan = video.plan(Sampling(fps=fps, max_frames=max_frames, start=start, end=end))
+    return video.read(plan.indices), plan.timestamps
+
+
+def stream_video(
+    path: str | os.PathLike,
+    *,
+    fps: float | None = None,
+    max_frames: int | None = None,
+    start: float | None = None,
+    end: float | None = None,
+    resolution: int = 256,
+    chunk_size: int = 32,
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """read_video in chunks of at most `chunk_size` frames; memory stays bounded however long the video is.
+    A generator: a bad file or sampling raises VideoError at the first next()."""
+    video = Video(path, resolution)
+    plan = video.plan(Sampling(fps=fps, max_frames=max_frames, start=start, end=end))
+    yield from video.chunks(plan, chunk_size)

@@ -1,0 +1,223 @@
+"""lwm-tokenize end to end on small videos with the tiny VQGAN (random weights, 64x64 frames)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("decord")
+from video_samples import make_bad, make_good  # noqa: E402
+
+from lwm.vision.tokenize import collect_videos, main, video_id, weights_hash  # noqa: E402
+from lwm.vision.video import read_video  # noqa: E402
+from lwm.vision.vqgan import VQGAN, VQGANConfig  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tokenize")
+    good = make_good(root / "videos")
+    bad = make_bad(root / "bad", good["landscape_mp4"])
+    missing = root / "missing.mp4"
+    # A list file: relative paths, a comment, a duplicate of a video the folder also gives, a missing path.
+    listing = root / "bad" / "list.txt"
+    listing.write_text("# bad inputs\n" + "".join(f"{p.name}\n" for p in bad.values()) + "\n../videos/portrait.mp4\n../missing.mp4\n")
+    torch.manual_seed(123)
+    model = VQGAN(VQGANConfig.from_preset("tiny")).eval()
+    checkpoint = root / "tiny.pt"
+    torch.save(model.state_dict(), checkpoint)
+    return dict(root=root, good=good, bad=bad, missing=missing, listing=listing, model=model, checkpoint=checkpoint)
+
+
+def run(data, out, *extra, inputs=None):
+    inputs = [str(data["root"] / "videos"), str(data["listing"])] if inputs is None else inputs
+    argv = [*inputs, "--out", str(out), "--tokenizer", "tiny", "--checkpoint", str(data["checkpoint"]), "--batch-size", "3", "--device", "cpu", *extra]
+    return main(argv)
+
+
+def records(out, pattern):
+    return [json.loads(line) for path in sorted(Path(out).glob(pattern)) for line in path.read_text().splitlines() if line.strip()]
+
+
+def expected_codes(data, source, **sampling):
+    frames, timestamps = read_video(source, resolution=64, **sampling)
+    return data["model"].encode(frames).numpy(), timestamps
+
+
+def test_tokenize_folder_and_list(data, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert run(data, out) == 1  # some inputs are bad
+    summary = capsys.readouterr().out
+    manifest = records(out, "manifest.jsonl")
+    failures = records(out, "failures.jsonl")
+    assert sorted(r["source"] for r in manifest) == sorted(str(p) for p in data["good"].values())
+    assert sorted(r["source"] for r in failures) == sorted([*map(str, data["bad"].values()), str(data["missing"])])
+    assert f"{len(manifest)} done" in summary and f"{len(failures)} failed" in summary and "0 skipped" in summary
+
+    # Every bad input has its own clear line; the run went on and finished the good videos.
+    errors = {Path(r["source"]).name: r["error"] for r in failures}
+    assert "no such file" in errors["missing.mp4"]
+    assert "cannot open as a video" in errors["text.mp4"]
+    assert "cannot open as a video" in errors["truncated.mp4"]
+    assert "no video stream, or no frames" in errors["zero.mp4"]
+    assert "shorter than one sampling interval" in errors["short.mp4"]
+    assert all(r["source"] in r["error"] for r in failures)
+
+    assert len({r["id"] for r in manifest}) == len(manifest)  # landscape.mp4 and landscape.mkv: one stem, two ids
+    for record in manifest:
+        assert record["id"] == video_id(record["source"])
+        tokens = np.load(out / record["tokens"])
+        assert tokens.dtype == np.uint16 and tokens.shape == (record["frames"], 256) == tuple(record["shape"])
+        codes, timestamps = expected_codes(data, record["source"], fps=1.0)
+        np.testing.assert_array_equal(tokens, codes)
+        np.testing.assert_allclose(record["timestamps"], timestamps, atol=1e-6)
+        assert record["sampling"] == {"fps": 1.0, "max_frames": None, "start": None, "end": None}
+        assert record["tokenizer"] == {"preset": "tiny", "checkpoint": str(data["checkpoint"]), "weights": weights_hash(data["model"])}
+    vfr = next(r for r in manifest if r["source"].endswith("vfr.mp4"))
+    np.testing.assert_allclose(vfr["timestamps"], [0.0, 1.0, 1.2], atol=1e-3)
+    assert not list((out / "tokens").glob("*.tmp"))
+
+
+def test_max_frames_start_end(data, tmp_path):
+    out = tmp_path / "out"
+    source = data["good"]["landscape_mkv"]
+    assert run(data, out, "--max-frames", "4", "--start", "1", "--end", "3", inputs=[str(source)]) == 0
+    [record] = records(out, "manifest.jsonl")
+    assert record["sampling"] == {"fps": None, "max_frames": 4, "start": 1.0, "end": 3.0}
+    codes, timestamps = expected_codes(data, source, max_frames=4, start=1.0, end=3.0)
+    np.testing.assert_array_equal(np.load(out / record["tokens"]), codes)
+    np.testing.assert_allclose(record["timestamps"], [1.0, 1.6, 2.3, 2.9], atol=1e-3)
+
+
+def test_resume_skips_finished_and_survives_a_kill(data, tmp_path, capsys):
+    out = tmp_path / "out"
+    inputs = [str(data["root"] / "videos")]
+    assert run(data, out, inputs=inputs) == 0
+    n = len(data["good"])
+    mtimes = {p.name: p.stat().st_mtime_ns for p in (out / "tokens").iterdir()}
+    capsys.readouterr()
+
+    assert run(data, out, inputs=inputs) == 0
+    assert f"{n} videos: 0 done (0 frames" in capsys.readouterr().out
+    assert {p.name: p.stat().st_mtime_ns for p in (out / "tokens").iterdir()} == mtimes
+
+    # A kill while writing one video: its manifest line never came, a partial .npy and a temp file are
+    # left, and the manifest ends in half a line.
+    victim = data["good"]["portrait"]
+    vid = video_id(str(victim))
+    manifest = out / "manifest.jsonl"
+    lines = [line for line in manifest.read_text().splitlines() if json.loads(line)["id"] != vid]
+    manifest.write_text("\n".join(lines) + '\n{"id": "half a li')
+    (out / "tokens" / f"{vid}.npy").write_bytes(b"\x93NUMPY partial")
+    (out / "tokens" / f"{vid}.npy.tmp").write_bytes(b"garbage")
+
+    assert run(data, out, inputs=inputs) == 0
+    summary = capsys.readouterr().out
+    assert f"{n} videos: 1 done" in summary and f"{n - 1} skipped" in summary
+    codes, _ = expected_codes(data, victim, fps=1.0)
+    np.testing.assert_array_equal(np.load(out / "tokens" / f"{vid}.npy"), codes)
+    assert not (out / "tokens" / f"{vid}.npy.tmp").exists()
+    text = manifest.read_text().splitlines()
+    assert text[-2] == '{"id": "half a li'  # the broken line stays broken; the new record starts a fresh line
+    assert json.loads(text[-1])["id"] == vid
+    # A rerun after that: all finished.
+    capsys.readouterr()
+    assert run(data, out, inputs=inputs) == 0
+    assert f"0 done (0 frames" in capsys.readouterr().out
+
+
+def test_resume_output_counts(data, tmp_path, capsys):
+    out = tmp_path / "out"
+    inputs = [str(data["good"]["landscape_mp4"]), str(data["good"]["portrait"])]
+    assert run(data, out, inputs=inputs[:1]) == 0
+    capsys.readouterr()
+    assert run(data, out, inputs=inputs) == 0
+    summary = capsys.readouterr().out
+    assert "2 videos: 1 done" in summary and "1 skipped" in summary and "0 failed" in summary
+
+
+def test_shards_split_without_overlap(data, tmp_path, capsys):
+    out = tmp_path / "out"
+    n = 3
+    codes = [run(data, out, "--shard", f"{i}/{n}") for i in range(n)]
+    everything = collect_videos([str(data["root"] / "videos"), str(data["listing"])])
+    seen = []
+    for i in range(n):
+        mine = {r["source"] for r in records(out, f"manifest.{i}-of-{n}.jsonl")} | {
+            r["source"] for r in records(out, f"failures.{i}-of-{n}.jsonl")}
+        assert mine == set(everything[i::n])
+        assert codes[i] == (1 if records(out, f"failures.{i}-of-{n}.jsonl") else 0)
+        seen += sorted(mine)
+    assert sorted(seen) == everything  # no overlap, nothing left out
+    assert not (out / "manifest.jsonl").exists()
+    # A later unsharded run reads every worker's manifest: only the failures are tried again.
+    capsys.readouterr()
+    assert run(data, out) == 1
+    summary = capsys.readouterr().out
+    assert f"0 done (0 frames" in summary and f"{len(data['good'])} skipped" in summary
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--fps", "1", "--max-frames", "4"], "not allowed with argument"),
+        (["--shard", "3/3"], "i=3, n=3"),
+        (["--shard", "1/0"], "i=1, n=0"),
+        (["--shard", "a/b"], "'a/b'"),
+        (["--batch-size", "0"], "expected a positive integer, got '0'"),
+        (["--fps", "-1"], "expected a positive number, got '-1'"),
+        (["--start", "2", "--end", "1"], "end 1.0 s must be after start 2.0 s"),
+        (["--tokenizer", "nope"], "'nope' is neither a folder nor a preset"),
+    ],
+)
+def test_usage_errors_exit_2(data, tmp_path, capsys, extra, message):
+    with pytest.raises(SystemExit) as info:
+        main([str(data["good"]["portrait"]), "--out", str(tmp_path / "out"), "--tokenizer", "tiny", *extra])
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_missing_checkpoint_and_other_settings_exit_2(data, tmp_path, capsys):
+    out = tmp_path / "out"
+    source = [str(data["good"]["portrait"])]
+    with pytest.raises(SystemExit) as info:
+        main([*source, "--out", str(out), "--tokenizer", "tiny", "--checkpoint", str(tmp_path / "none.pt")])
+    assert info.value.code == 2 and "none.pt not found" in capsys.readouterr().err
+    assert run(data, out, inputs=source) == 0
+    with pytest.raises(SystemExit) as info:  # resuming with another rate would mix two samplings in one folder
+        run(data, out, "--fps", "2", inputs=source)
+    assert info.value.code == 2 and "other settings" in capsys.readouterr().err
+
+
+def test_diffusers_folder(data, tmp_path):
+    pytest.importorskip("diffusers")
+    from lwm.interop.diffusers import to_diffusers
+
+    folder = tmp_path / "vqmodel"
+    to_diffusers(data["model"]).save_pretrained(folder)
+    out = tmp_path / "out"
+    source = data["good"]["portrait"]
+    assert main([str(source), "--out", str(out), "--tokenizer", str(folder), "--device", "cpu"]) == 0
+    [record] = records(out, "manifest.jsonl")
+    assert record["tokenizer"] == {"diffusers": str(folder), "weights": record["tokenizer"]["weights"]}
+    codes, _ = expected_codes(data, source, fps=1.0)
+    np.testing.assert_array_equal(np.load(out / record["tokens"]), codes)
+
+
+def test_module_entry_point(data, tmp_path):
+    out = tmp_path / "out"
+    inputs = [str(data["good"]["tiny"]), str(data["bad"]["text"])]
+    cmd = [sys.executable, "-m", "lwm.vision.tokenize", *inputs, "--out", str(out), "--tokenizer", "tiny", "--device", "cpu"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert result.returncode == 1, result.stderr
+    assert "1 done" in result.stdout and "1 failed" in result.stdout
+    assert "random weights" in result.stderr
+    assert [r["source"] for r in records(out, "failures.jsonl")] == [inputs[1]]

@@ -1,0 +1,174 @@
+"""lwm.vision.video on small videos written with PyAV: sampling, resizing, streaming, bad input."""
+
+import numpy as np
+import pytest
+
+pytest.importorskip("decord")
+from video_samples import VFR_PTS_MS, make_bad, make_good, write_video  # noqa: E402
+
+from lwm.vision.video import Sampling, Video, VideoError, read_video, stream_video  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("videos")
+    videos = make_good(folder)
+    videos["large"] = write_video(folder / "large.mp4", width=1920, height=1080, frames=4, fps=2)
+    return videos
+
+
+@pytest.fixture(scope="module")
+def bad(tmp_path_factory, good):
+    return make_bad(tmp_path_factory.mktemp("bad"), good["landscape_mp4"])
+
+
+def all_frames(path, resolution=64):
+    frames, timestamps = read_video(path, max_frames=10_000, resolution=resolution)
+    return frames, timestamps
+
+
+@pytest.mark.parametrize("name", ["landscape_mp4", "landscape_mkv"])
+def test_all_frames_in_order(good, name):
+    frames, timestamps = all_frames(good[name])
+    assert frames.shape == (40, 64, 64, 3) and frames.dtype == np.uint8
+    np.testing.assert_allclose(timestamps, np.arange(40) / 10, atol=1e-3)
+    red = frames[:, 32, 32, 0].astype(int)
+    assert (np.diff(red) > 0).all(), red  # frame i is redder than frame i - 1: the frames come in order
+
+
+@pytest.mark.parametrize("name", ["landscape_mp4", "landscape_mkv"])
+@pytest.mark.parametrize("fps, expected", [(1.0, [0, 10, 20, 30]), (2.5, [0, 4, 8, 12, 16, 20, 24, 28, 32, 36]), (0.5, [0, 20])])
+def test_sample_by_fps(good, name, fps, expected):
+    every, _ = all_frames(good[name])
+    frames, timestamps = read_video(good[name], fps=fps, resolution=64)
+    assert len(frames) == len(expected) == int(4.0 * fps)
+    np.testing.assert_allclose(timestamps, np.array(expected) / 10, atol=1e-3)
+    np.testing.assert_array_equal(frames, every[expected])
+
+
+def test_sample_by_count(good):
+    every, _ = all_frames(good["landscape_mp4"])
+    frames, timestamps = read_video(good["landscape_mp4"], max_frames=5, resolution=64)
+    expected = [0, 10, 20, 29, 39]  # round(linspace(0, 39, 5)): uniform over the whole clip, both ends included
+    np.testing.assert_allclose(timestamps, np.array(expected) / 10, atol=1e-3)
+    np.testing.assert_array_equal(frames, every[expected])
+    # More frames asked than the clip has: all of them, once.
+    frames, timestamps = read_video(good["portrait"], max_frames=100, resolution=64)
+    assert len(frames) == 20
+    np.testing.assert_allclose(timestamps, np.arange(20) / 10, atol=1e-3)
+
+
+def test_start_end(good):
+    path = good["landscape_mp4"]
+    _, timestamps = read_video(path, fps=1.0, start=1.5, end=3.5, resolution=64)
+    np.testing.assert_allclose(timestamps, [1.5, 2.5], atol=1e-3)
+    _, timestamps = read_video(path, fps=1.0, start=2.0, resolution=64)
+    np.testing.assert_allclose(timestamps, [2.0, 3.0], atol=1e-3)
+    _, timestamps = read_video(path, max_frames=3, start=1.0, end=2.0, resolution=64)  # frames 10..19
+    assert len(timestamps) == 3 and timestamps[0] == pytest.approx(1.0, abs=1e-3) and timestamps[-1] == pytest.approx(1.9, abs=1e-3)
+    _, timestamps = read_video(path, max_frames=100, end=0.35, resolution=64)
+    np.testing.assert_allclose(timestamps, [0.0, 0.1, 0.2, 0.3], atol=1e-3)
+
+
+@pytest.mark.parametrize("name", ["landscape_mp4", "landscape_mkv", "portrait", "tiny", "large"])
+@pytest.mark.parametrize("resolution", [64, 40])
+def test_resize_and_center_crop(good, name, resolution):
+    frames, timestamps = read_video(good[name], fps=2.0, resolution=resolution)
+    assert frames.shape == (len(timestamps), resolution, resolution, 3) and frames.dtype == np.uint8
+    assert len(frames) >= 3
+    if name != "tiny":  # in 8x6 the bands are one pixel, blurred by chroma subsampling
+        assert frames[..., 1].max() < 80, "the green bands at the ends of the long side must be cropped away"
+    assert frames[:, resolution // 2, resolution // 2, 0].min() >= 10  # the red middle survives
+
+
+def test_variable_frame_rate_uses_frame_timestamps(good):
+    path = good["vfr"]
+    _, timestamps = read_video(path, max_frames=100, resolution=64)
+    np.testing.assert_allclose(timestamps, np.array(VFR_PTS_MS) / 1000, atol=1e-3)
+    # At each whole second, the frame on screen then (index / average fps would pick other frames).
+    frames, timestamps = read_video(path, fps=1.0, resolution=64)
+    np.testing.assert_allclose(timestamps, [0.0, 1.0, 1.2], atol=1e-3)
+    _, timestamps = read_video(path, fps=2.0, resolution=64)
+    np.testing.assert_allclose(timestamps, [0.0, 0.3, 1.0, 1.2, 1.2, 2.5], atol=1e-3)  # a held frame repeats
+    every, _ = read_video(path, max_frames=100, resolution=64)
+    np.testing.assert_array_equal(frames, every[[0, 4, 6]])
+
+
+def test_streaming_is_chunked_and_matches(good, monkeypatch):
+    import decord
+
+    requested = []
+    get_batch = decord.VideoReader.get_batch
+
+    def spy(self, indices):
+        requested.append(len(indices))
+        return get_batch(self, indices)
+
+    monkeypatch.setattr(decord.VideoReader, "get_batch", spy)
+    path = good["landscape_mkv"]
+    whole, whole_ts = read_video(path, fps=2.5, resolution=64)
+    assert requested == [10]
+    requested.clear()
+
+    stream = stream_video(path, fps=2.5, resolution=64, chunk_size=3)
+    first, _ = next(stream)
+    assert requested == [3], "only the first chunk is decoded before it is yielded"
+    chunks = [(first, _)] + list(stream)
+    assert [len(f) for f, _ in chunks] == [3, 3, 3, 1] and requested == [3, 3, 3, 1]
+    np.testing.assert_array_equal(np.concatenate([f for f, _ in chunks]), whole)
+    np.testing.assert_array_equal(np.concatenate([t for _, t in chunks]), whole_ts)
+
+
+def test_video_object(good):
+    video = Video(good["portrait"], resolution=64)
+    assert (video.height, video.width, video.num_frames) == (64, 48, 20)
+    assert video.duration == pytest.approx(2.0, abs=1e-3)
+    plan = video.plan(Sampling(max_frames=4))
+    assert len(plan) == 4 and plan.indices.tolist() == [0, 6, 13, 19]
+    chunks = list(video.chunks(plan, chunk_size=4))
+    assert len(chunks) == 1 and chunks[0][0].shape == (4, 64, 64, 3)
+
+
+@pytest.mark.parametrize(
+    "case, kwargs, message",
+    [
+        ("missing", {}, "no such file"),
+        ("folder", {}, "not a file"),
+        ("text", {}, "cannot open as a video"),
+        ("truncated", {}, "cannot open as a video"),
+        ("zero", {}, "no video stream, or no frames"),
+        ("short", {}, "shorter than one sampling interval"),
+        ("landscape", {"fps": 0.2}, "shorter than one sampling interval (5 s at fps 0.2)"),
+        ("landscape", {"start": 4.5}, "start 4.5 s is not inside the clip"),
+        ("landscape", {"end": 5.0}, "end 5 s is past the end of the clip (4.000 s)"),
+        ("landscape", {"fps": 1.0, "start": 3.5}, "shorter than one sampling interval"),
+    ],
+)
+def test_bad_input(good, bad, tmp_path, case, kwargs, message):
+    path = {"missing": tmp_path / "nope.mp4", "folder": tmp_path, "landscape": good["landscape_mp4"]}.get(case) or bad[case]
+    with pytest.raises(VideoError, match=message.replace("(", r"\(").replace(")", r"\)")) as info:
+        read_video(path, resolution=64, **kwargs)
+    assert str(path) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"fps": 1.0, "max_frames": 4}, "not both"),
+        ({"fps": 0.0}, "fps must be a positive number"),
+        ({"fps": float("nan")}, "fps must be a positive number"),
+        ({"max_frames": 0}, "max_frames must be a positive integer"),
+        ({"start": -1.0}, "start must be a time"),
+        ({"start": 2.0, "end": 1.0}, "end 1.0 s must be after start 2.0 s"),
+    ],
+)
+def test_sampling_validation(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Sampling(**kwargs)
+
+
+def test_bad_arguments(good):
+    with pytest.raises(ValueError, match="resolution must be a positive integer"):
+        Video(good["portrait"], resolution=0)
+    with pytest.raises(ValueError, match="chunk_size must be a positive integer"):
+        next(stream_video(good["portrait"], resolution=64, chunk_size=0))
