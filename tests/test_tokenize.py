@@ -221,3 +221,14 @@ def test_module_entry_point(data, tmp_path):
     assert "1 done" in result.stdout and "1 failed" in result.stdout
     assert "random weights" in result.stderr
     assert [r["source"] for r in records(out, "failures.jsonl")] == [inputs[1]]
+
+
+def test_stem_ids_and_clashes(tmp_path):
+    from lwm.vision.tokenize import check_unique_ids
+
+    a, b = tmp_path / "x" / "clip_0001.mp4", tmp_path / "y" / "clip_0001.mp4"
+    assert video_id(str(a), "stem") == "clip_0001"
+    assert video_id(str(a), "hashed") != video_id(str(b), "hashed")
+    clash = check_unique_ids([str(a), str(b)], "stem")
+    assert "both get the id 'clip_0001'" in clash and "--ids hashed" in clash
+    assert check_unique_ids([str(a), str(b)], "hashed") is None

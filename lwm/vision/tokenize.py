@@ -10,6 +10,7 @@ skipped) and list files (.txt/.lst/.list: one path per line, relative to the lis
 lines and lines starting with # are skipped). In --out it writes:
 
     tokens/<id>.npy      uint16 (T, 256) codes of one video; <id> is its file stem + a hash of its path
+                         (--ids hashed, the default) or the file stem alone (--ids stem)
     manifest.jsonl       one JSON object per finished video: id, source, sampling, frames, timestamps,
                          tokenizer (preset/checkpoint or diffusers folder, and a hash of the weights)
     failures.jsonl       one JSON object per video that failed in the latest run: source, error
@@ -105,6 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", type=Path, help="state dict for the preset (.pt/.pth/.bin or .safetensors)")
     p.add_argument("--batch-size", type=_positive_int, default=16, help="frames per VQGAN batch; also frames decoded at once")
     p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    p.add_argument("--ids", choices=["hashed", "stem"], default="hashed",
+                   help="video ids: file stem + path hash (default), or the file stem alone (must be unique)")
     p.add_argument("--shard", type=_shard, default=(0, 1), metavar="I/N", help="take every N-th video, starting at the I-th")
     return p
 
@@ -136,10 +139,24 @@ def collect_videos(inputs: list[str]) -> list[str]:
     return sorted(paths)
 
 
-def video_id(path: str) -> str:
-    """Stable and collision-free: the file stem (for people) + a hash of the absolute path (for uniqueness)."""
+def video_id(path: str, scheme: str = "hashed") -> str:
+    """hashed: the file stem (for people) + a hash of the absolute path (collision-free, but tied to
+    where the data lies); stem: the file stem alone, what example files usually refer to."""
     stem = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(path).stem)[:80] or "video"
+    if scheme == "stem":
+        return stem
     return f"{stem}-{hashlib.sha1(os.path.abspath(path).encode()).hexdigest()[:10]}"
+
+
+def check_unique_ids(paths: list[str], scheme: str) -> str | None:
+    """A usage error naming the clash when two videos would get the same id."""
+    seen: dict[str, str] = {}
+    for p in paths:
+        vid = video_id(p, scheme)
+        if vid in seen:
+            return f"--ids {scheme}: {seen[vid]} and {p} both get the id {vid!r}; use --ids hashed"
+        seen[vid] = p
+    return None
 
 
 # ------------------------------------------------------------------------------------ tokenizer
@@ -328,7 +345,11 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         parser.error(problem)
     shard_i, shard_n = args.shard
-    videos = collect_videos(args.inputs)[shard_i::shard_n]
+    all_videos = collect_videos(args.inputs)
+    clash = check_unique_ids(all_videos, args.ids)
+    if clash:
+        parser.error(clash)
+    videos = all_videos[shard_i::shard_n]
     out.failures.write_text("")  # failures of this run only: a rerun retries them
 
     try:  # ffmpeg's own messages repeat what failures.jsonl says
@@ -345,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with torch.inference_mode():
             for path in videos:
-                vid = video_id(path)
+                vid = video_id(path, args.ids)
                 progress.set_postfix_str(f"videos {done + skipped + failed}/{len(videos)}, failed {failed}")
                 if vid in finished:
                     skipped += 1
