@@ -1,0 +1,6 @@
+"""Vision: the VQGAN video tokenizer (encoder, quantizer, decoder) and video reading."""
+
+from lwm.vision.vqgan import VQGAN, VQGANOutput
+from lwm.vision.vqgan_config import PRESETS, TOKENS_PER_FRAME, VQGANConfig
+
+__all__ = ["PRESETS", "TOKENS_PER_FRAME", "VQGAN", "VQGANConfig", "VQGANOutput"]
