@@ -69,10 +69,15 @@ class _Batches(IterableDataset):
 
 
 class LWMDataModule(L.LightningDataModule):
-    def __init__(self, config: DataConfig, seq_len: int, vocab: Vocab | None = None, sharding: Sharding | None = None):
+    """`sharding` places this process explicitly; without it, a datamodule attached to a Trainer
+    places itself from the trainer's rank: dp = world / cp_size, global rank = dp_rank * cp + cp_rank."""
+
+    def __init__(self, config: DataConfig, seq_len: int, vocab: Vocab | None = None, sharding: Sharding | None = None,
+                 cp_size: int = 1, layout: str = "striped"):
         super().__init__()
         self.config, self.seq_len = config, seq_len
-        self.sharding = sharding or Sharding()
+        self.explicit = sharding is not None
+        self.sharding = sharding or Sharding(cp_size=cp_size, layout=layout)
         sh = self.sharding
         check_divisible(seq_len, sh.cp_size, sh.layout, sh.ulysses_size)
         self.text_tokenizer = TextTokenizer(config.tokenizer)
@@ -80,9 +85,19 @@ class LWMDataModule(L.LightningDataModule):
         self.state = StreamState()
         self.stream: PackedStream | None = None
 
+    def _place_from_trainer(self) -> None:
+        trainer = getattr(self, "trainer", None)
+        if self.explicit or trainer is None or trainer.world_size == 1:
+            return
+        cp, world, rank = self.sharding.cp_size, trainer.world_size, trainer.global_rank
+        if world % cp:
+            raise ValueError(f"world size {world} is not divisible by the context-parallel degree {cp}")
+        self.sharding = Sharding(rank // cp, world // cp, rank % cp, cp, self.sharding.layout)
+
     def setup(self, stage: str | None = None) -> None:
         if self.stream is not None:
             return
+        self._place_from_trainer()
         c, sh = self.config, self.sharding
         if not c.sources:
             raise ValueError("DataConfig.sources is empty: give at least one JSON-lines file")

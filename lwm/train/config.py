@@ -1,0 +1,110 @@
+"""Typed configs of a training run. Hydra composes the YAML in conf/; train.py turns each group
+into its dataclass here and hands each component only its own part."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from lwm.parallel.layout import LAYOUTS
+
+SCHEDULES = ("constant", "cosine")
+
+
+@dataclass
+class StageConfig:
+    name: str
+    seq_len: int
+    rope_theta: float
+    steps: int
+    lr: float
+    cp: int = 1  # context-parallel degree of this stage
+    batch_size: int = 1  # sequences per data-parallel rank per step (ignored when global_batch is set)
+    global_batch: int | None = None  # sequences per step over all data-parallel ranks
+    warmup_steps: int = 0
+    schedule: str = "constant"  # constant | cosine (to min_lr_ratio * lr)
+    min_lr_ratio: float = 0.1
+    sources: list[str] | None = None  # names of data sources for this stage (None: all)
+
+    def __post_init__(self) -> None:
+        for name in ("seq_len", "steps", "cp", "batch_size"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"stage {self.name!r}: {name} must be positive, got {getattr(self, name)}")
+        if self.lr <= 0 or self.rope_theta <= 0:
+            raise ValueError(f"stage {self.name!r}: lr {self.lr} and rope_theta {self.rope_theta} must be positive")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"stage {self.name!r}: schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if self.global_batch is not None and self.global_batch <= 0:
+            raise ValueError(f"stage {self.name!r}: global_batch must be positive, got {self.global_batch}")
+        if not 0 <= self.warmup_steps <= self.steps:
+            raise ValueError(f"stage {self.name!r}: warmup_steps {self.warmup_steps} must lie in [0, steps {self.steps}]")
+
+    def per_rank_batch(self, dp: int) -> int:
+        if self.global_batch is None:
+            return self.batch_size
+        if self.global_batch % dp:
+            raise ValueError(f"stage {self.name!r}: global_batch {self.global_batch} is not divisible by dp {dp}")
+        return self.global_batch // dp
+
+    def check_world(self, world_size: int, ulysses: int = 1) -> int:
+        """dp for this stage; raises with the values when the world cannot be split."""
+        if world_size % self.cp:
+            raise ValueError(f"stage {self.name!r}: world size {world_size} is not divisible by cp {self.cp}")
+        return world_size // self.cp
+
+
+@dataclass
+class ScheduleConfig:
+    name: str
+    stages: list[StageConfig] = field(default_factory=list)
+    init_hf: str | None = None  # a Hugging Face LLaMA folder for the first stage (vocabulary extended)
+
+    def __post_init__(self) -> None:
+        self.stages = [s if isinstance(s, StageConfig) else StageConfig(**s) for s in self.stages]
+        if not self.stages:
+            raise ValueError(f"schedule {self.name!r} has no stages")
+        names = [s.name for s in self.stages]
+        if len(set(names)) != len(names):
+            raise ValueError(f"schedule {self.name!r} has repeated stage names {names}")
+
+
+@dataclass
+class ParallelConfig:
+    dp: int = 1
+    layout: str = "striped"
+    mode: str = "ring"  # ring | ulysses
+    activation_checkpointing: bool = False
+
+    def __post_init__(self) -> None:
+        if self.dp <= 0:
+            raise ValueError(f"parallel.dp must be positive, got {self.dp}")
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"parallel.layout must be one of {LAYOUTS}, got {self.layout!r}")
+        if self.mode not in ("ring", "ulysses"):
+            raise ValueError(f"parallel.mode must be 'ring' or 'ulysses', got {self.mode!r}")
+
+
+@dataclass
+class OptimConfig:
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.95)
+    grad_clip: float = 1.0
+    text_weight: float = 0.5  # loss = weighted means of text and vision targets (design.md)
+    vision_weight: float = 0.5
+
+
+@dataclass
+class TrainerConfig:
+    accelerator: str = "cpu"
+    devices: int = 1
+    num_nodes: int = 1
+    precision: str = "32-true"
+    out_dir: str = "runs/latest"
+    log_every: int = 5
+    checkpoint_every: int = 0  # steps; 0 = only at the end of each stage
+    seed: int = 0
+    timeout_s: int = 600  # a rank that dies makes the others fail within this many seconds
+    peak_tflops: float = 0.0  # for MFU in the throughput log; 0 = not logged
+
+    @property
+    def world_size(self) -> int:
+        return self.devices * self.num_nodes

@@ -1,0 +1,84 @@
+"""The LightningModule: a thin wrapper around the plain Transformer.
+
+It builds the model (on the meta device when a device mesh exists, then sharded and filled from
+`init_state` or initialized), computes the weighted text/vision loss with the chunked loss path,
+and builds AdamW with the stage's learning-rate schedule. Under context parallelism every rank
+of a group holds a slice of the same sequence: counts are summed over the group so that the
+ranks' losses add up to the loss of the whole sequence.
+"""
+
+from __future__ import annotations
+
+import math
+
+import lightning as L
+import torch
+import torch.distributed as dist
+
+from lwm.model import ModelConfig, Transformer, token_coefficients
+from lwm.parallel import global_group_counts
+from lwm.train.config import OptimConfig, ParallelConfig, StageConfig
+
+
+def lr_lambda(stage: StageConfig):
+    def factor(step: int) -> float:
+        if step < stage.warmup_steps:
+            return (step + 1) / stage.warmup_steps
+        if stage.schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - stage.warmup_steps) / max(1, stage.steps - stage.warmup_steps))
+        return stage.min_lr_ratio + (1 - stage.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return factor
+
+
+class LWMModule(L.LightningModule):
+    def __init__(self, model_config: ModelConfig, stage: StageConfig, optim: OptimConfig, parallel: ParallelConfig,
+                 init_state: dict[str, torch.Tensor] | None = None):
+        super().__init__()
+        self.model_config = model_config  # with the stage's RoPE theta (lwm.train.run.stage_model_config)
+        self.stage, self.optim, self.parallel = stage, optim, parallel
+        self.init_state = init_state
+        self.model: Transformer | None = None
+        self.cp_group = None
+
+    def configure_model(self) -> None:
+        if self.model is not None:
+            return
+        mesh = getattr(self, "_device_mesh", None)
+        if mesh is None:  # one process: a plain model
+            torch.manual_seed(0)
+            self.model = Transformer(self.model_config)
+            if self.init_state is not None:
+                self.model.load_state_dict(self.init_state)
+            return
+        from lwm.train.sharding import shard_model
+
+        self.model, self.cp_group = shard_model(self.model_config, mesh, self.parallel, self.init_state, self.device)
+
+    @property
+    def cp_size(self) -> int:
+        return dist.get_world_size(self.cp_group) if self.cp_group is not None else 1
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        counts = global_group_counts(batch["loss_weight"], batch["vision_mask"], group=self.cp_group) if self.cp_size > 1 \
+            else None
+        coeff = token_coefficients(batch["loss_weight"], batch["vision_mask"], self.optim.text_weight,
+                                   self.optim.vision_weight, counts=counts)
+        out = self.model(batch["tokens"], batch["positions"], targets=batch["targets"], loss_coeff=coeff)
+        loss = out.loss.detach().clone()
+        if self.cp_size > 1:
+            dist.all_reduce(loss, group=self.cp_group)  # the whole sequence's loss
+        self.log("train/loss", loss, prog_bar=True, sync_dist=self.trainer.world_size > 1)
+        self.log("train/lr", self.lr_schedulers().get_last_lr()[0])
+        # FSDP averages gradients over all dp x cp ranks; the cp ranks' losses are parts of one
+        # sum, so scale by cp: the result is the mean over data-parallel ranks of whole losses.
+        return out.loss * self.cp_size
+
+    def configure_optimizers(self):
+        decay = [p for p in self.model.parameters() if p.dim() >= 2]
+        no_decay = [p for p in self.model.parameters() if p.dim() < 2]
+        groups = [{"params": decay, "weight_decay": self.optim.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        optimizer = torch.optim.AdamW(groups, lr=self.stage.lr, betas=tuple(self.optim.betas))
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(self.stage))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -1,0 +1,197 @@
+"""Running a schedule: stage after stage, each from the previous stage's final weights.
+
+    out_dir/
+      <stage>/checkpoints/   Lightning checkpoints (sharded when distributed): model, optimizer,
+                             LR schedule, loop and data position; last.ckpt resumes the stage
+      <stage>/logs/          CSV metrics;  <stage>/tb/  TensorBoard
+      <stage>/final.safetensors   the stage's final weights (the next stage starts from them)
+      hf/                    the last stage exported as a Hugging Face LLaMA folder
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+import lightning as L
+import torch
+import torch.distributed as dist
+
+from lwm.data import DataConfig, LWMDataModule, Source
+from lwm.model import ModelConfig
+from lwm.train.callbacks import PeakMemory, Throughput
+from lwm.train.config import OptimConfig, ParallelConfig, ScheduleConfig, StageConfig, TrainerConfig
+from lwm.train.module import LWMModule
+
+
+@dataclass
+class DataSpec:
+    """conf/data: where examples, tokenizer and codes are, and which sources exist."""
+
+    tokenizer: str
+    sources: dict[str, dict] = field(default_factory=dict)
+    codes: str | None = None
+    sample: bool = False  # make data/sample and tokenize its videos on first use
+    vqgan_checkpoint: str | None = None
+    max_frames: int | None = None
+    fps: float | None = None
+    seed: int = 0
+    weighting: str = "example"
+
+    def for_stage(self, stage: StageConfig, batch_size: int) -> DataConfig:
+        names = stage.sources or list(self.sources)
+        unknown = [n for n in names if n not in self.sources]
+        if unknown:
+            raise ValueError(f"stage {stage.name!r} names data sources {unknown}; conf/data has {sorted(self.sources)}")
+        sources = [Source(**self.sources[n]) for n in names]
+        return DataConfig(sources=sources, tokenizer=self.tokenizer, codes=self.codes, batch_size=batch_size,
+                          seed=self.seed, max_frames=self.max_frames, fps=self.fps, weighting=self.weighting)
+
+
+@dataclass
+class RunConfig:
+    model: ModelConfig
+    data: DataSpec
+    parallel: ParallelConfig
+    schedule: ScheduleConfig
+    trainer: TrainerConfig
+    optim: OptimConfig
+    stage_only: str | None = None
+    resume: bool = False
+    export: bool = True
+    stop_at_step: int | None = None  # stop a stage early (a job's time limit; tests of resume)
+
+
+def global_rank() -> int:
+    if dist.is_initialized():
+        return dist.get_rank()
+    return int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0)) if "WORLD_SIZE" in os.environ else 0)
+
+
+def validate(cfg: RunConfig) -> None:
+    """Everything that can be checked before any process starts, with the values in the message."""
+    world = cfg.trainer.world_size
+    names = [s.name for s in cfg.schedule.stages]
+    if cfg.stage_only is not None and cfg.stage_only not in names:
+        raise ValueError(f"stage_only {cfg.stage_only!r} is not a stage of schedule {cfg.schedule.name!r}: {names}")
+    from lwm.parallel.layout import check_divisible
+
+    for stage in cfg.schedule.stages:
+        dp = stage.check_world(world)
+        stage.per_rank_batch(dp)
+        check_divisible(stage.seq_len, stage.cp, cfg.parallel.layout)
+        cfg.data.for_stage(stage, 1)
+    if cfg.schedule.init_hf is not None and not (Path(cfg.schedule.init_hf) / "config.json").exists():
+        raise FileNotFoundError(f"schedule.init_hf {cfg.schedule.init_hf} is not a Hugging Face model folder (no config.json)")
+    if not cfg.data.sample:
+        if not Path(cfg.data.tokenizer).is_file():
+            raise FileNotFoundError(f"data.tokenizer {cfg.data.tokenizer} does not exist")
+        if cfg.data.codes is not None and not list(Path(cfg.data.codes).glob("manifest*.jsonl")):
+            raise FileNotFoundError(f"data.codes {cfg.data.codes} has no manifest*.jsonl; run lwm-tokenize into it first")
+
+
+def _strategy(stage: StageConfig, trainer_cfg: TrainerConfig):
+    if trainer_cfg.world_size == 1:
+        return "auto"
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    return ModelParallelStrategy(
+        data_parallel_size=trainer_cfg.world_size // stage.cp, tensor_parallel_size=stage.cp,
+        timeout=timedelta(seconds=trainer_cfg.timeout_s),
+    )
+
+
+def full_state(module: LWMModule) -> dict[str, torch.Tensor]:
+    """The whole model's weights on rank 0 (every rank must call this under FSDP)."""
+    if getattr(module, "_device_mesh", None) is None:
+        return {k: v.detach().cpu() for k, v in module.model.state_dict().items()}
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(module.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def stage_model_config(model_config: ModelConfig, stage: StageConfig) -> ModelConfig:
+    """The model of a stage: its RoPE theta, and a max_seq_len that covers its sequences."""
+    return model_config.replace(rope_theta=stage.rope_theta, max_seq_len=max(model_config.max_seq_len, stage.seq_len))
+
+
+def run_stage(cfg: RunConfig, stage: StageConfig, model_config: ModelConfig, init: dict | None) -> Path | None:
+    out = Path(cfg.trainer.out_dir) / stage.name
+    final = out / "final.safetensors"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "model_config.json").write_text(json.dumps(asdict(stage_model_config(model_config, stage)), indent=2))
+    L.seed_everything(cfg.trainer.seed, workers=True)
+    dp = stage.check_world(cfg.trainer.world_size)
+    module = LWMModule(stage_model_config(model_config, stage), stage, cfg.optim, cfg.parallel, init_state=init)
+    datamodule = LWMDataModule(cfg.data.for_stage(stage, stage.per_rank_batch(dp)), seq_len=stage.seq_len,
+                               cp_size=stage.cp, layout=cfg.parallel.layout)
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+
+    every = cfg.trainer.checkpoint_every or stage.steps
+    checkpoint = ModelCheckpoint(dirpath=out / "checkpoints", filename="step{step}", every_n_train_steps=every,
+                                 save_last=True, save_top_k=1, monitor=None)
+    global_batch = stage.per_rank_batch(dp) * dp
+    trainer = L.Trainer(
+        accelerator=cfg.trainer.accelerator, devices=cfg.trainer.devices, num_nodes=cfg.trainer.num_nodes,
+        strategy=_strategy(stage, cfg.trainer), precision=cfg.trainer.precision,
+        max_steps=min(stage.steps, cfg.stop_at_step or stage.steps), log_every_n_steps=cfg.trainer.log_every,
+        logger=[CSVLogger(out.parent, name=stage.name, version="logs"), TensorBoardLogger(out.parent, name=stage.name, version="tb")],
+        callbacks=[checkpoint, Throughput(module.model_config, stage.seq_len, global_batch, cfg.trainer.peak_tflops), PeakMemory()],
+        num_sanity_val_steps=0, use_distributed_sampler=False, enable_model_summary=False, default_root_dir=out,
+    )
+    last = out / "checkpoints" / "last.ckpt"
+    trainer.fit(module, datamodule=datamodule, ckpt_path=str(last) if cfg.resume and last.exists() else None)
+    if trainer.global_step < stage.steps:  # stopped early: resume later with resume=true
+        return None
+    state = full_state(module)
+    if trainer.global_rank == 0:
+        from safetensors.torch import save_file
+
+        save_file({k: v.contiguous() for k, v in state.items()}, final)
+    if dist.is_initialized():
+        dist.barrier()
+    return final
+
+
+def load_weights(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(path)
+
+
+def run_schedule(cfg: RunConfig) -> dict[str, Path]:
+    """Run (or resume) the schedule; returns where things went."""
+    validate(cfg)
+    out = Path(cfg.trainer.out_dir)
+    model_config = cfg.model
+    init: Path | dict | None = None
+    if cfg.schedule.init_hf is not None:
+        from lwm.interop.hf import from_hf
+
+        hf_model = from_hf(cfg.schedule.init_hf, extend_vocab=True)
+        model_config, init = hf_model.config, hf_model.state_dict()
+    finished: Path | None = None
+    last: StageConfig | None = None
+    for stage in cfg.schedule.stages:
+        final = out / stage.name / "final.safetensors"
+        if cfg.stage_only is not None and stage.name != cfg.stage_only:
+            if final.exists():
+                init = load_weights(final)
+            continue
+        if cfg.resume and final.exists():
+            init, finished, last = load_weights(final), final, stage
+            continue
+        finished, last = run_stage(cfg, stage, model_config, init), stage
+        if finished is None:
+            return {"stopped": out / stage.name / "checkpoints" / "last.ckpt"}
+        init = load_weights(finished)
+    where = {"run": out, "last_weights": finished}
+    if cfg.export and finished is not None and global_rank() == 0:
+        from lwm.train.export import export_weights
+
+        where["hf"] = export_weights(finished, stage_model_config(model_config, last), out / "hf", cfg.data.tokenizer)
+    return where

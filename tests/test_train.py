@@ -1,0 +1,141 @@
+"""train.py end to end: configs, exactness under context parallelism, resume, stage hand-over,
+torchrun, and bad input. Runs are subprocesses (Lightning re-launches its command per rank)."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from lwm.train.entry import to_run_config
+from lwm.train.run import validate
+
+ROOT = Path(__file__).resolve().parent.parent
+CONF = ROOT / "conf"
+DEBUG = ["model=debug", "schedule=debug", "trainer.log_every=1", "export=false"]
+
+
+def train(out: Path, *overrides: str, launcher: list[str] | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    cmd = (launcher or [sys.executable]) + ["train.py", f"trainer.out_dir={out}", *DEBUG, *overrides]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    return proc
+
+
+def losses(out: Path, stage: str = "a") -> dict[int, float]:
+    rows = csv.DictReader(open(out / stage / "logs" / "metrics.csv"))
+    return {int(r["step"]): float(r["train/loss"]) for r in rows if r.get("train/loss")}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cp1")
+    train(out, "stage_only=a")
+    return losses(out)
+
+
+def test_every_config_composes():
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        for group in ("model", "data", "parallel", "schedule", "trainer", "optim"):
+            for option in sorted(p.stem for p in (CONF / group).glob("*.yaml")):
+                overrides = [f"{group}={option}", "schedule.init_hf=null"]
+                if group == "data" and option == "custom":
+                    overrides += ["data.tokenizer=data/sample/tokenizer.model", "data.sources={qa: {path: data/sample/qa.jsonl}}"]
+                cfg = compose("train", overrides=overrides)
+                run = to_run_config(cfg)
+                assert run.schedule.stages and run.model.dim > 0, (group, option)
+        for experiment in sorted(p.stem for p in (CONF / "experiment").glob("*.yaml")):
+            cfg = compose("train", overrides=[f"+experiment={experiment}", "schedule.init_hf=null",
+                                              "data.tokenizer=data/sample/tokenizer.model",
+                                              "data.sources={qa: {path: data/sample/qa.jsonl}}"])
+            assert to_run_config(cfg).schedule.stages
+
+
+def test_default_run_config_is_valid():
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        run = to_run_config(compose("train"))
+    validate(run)
+    assert [s.seq_len for s in run.schedule.stages] == [512, 2048, 8192]
+    assert len({s.rope_theta for s in run.schedule.stages}) == 3 and run.model.vocab_size == 12352
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["trainer.devices=2", "+schedule.stages.0.cp=4"], "world size 2 is not divisible by cp 4"),
+        (["+schedule.stages.0.cp=2", "trainer.devices=2", "parallel=zigzag", "schedule.stages.0.seq_len=66"],
+         r"seq_len 66 is not divisible by 2 \* ring size = 4 \(zigzag\)"),
+        (["schedule.init_hf=/no/such/model"], "schedule.init_hf /no/such/model is not a Hugging Face model folder"),
+        (["data=custom", "data.tokenizer=data/sample/tokenizer.model", "data.codes=/tmp",
+          "data.sources={text: {path: data/sample/text.jsonl}}"], "data.codes /tmp has no manifest"),
+        (["stage_only=zz"], "stage_only 'zz' is not a stage"),
+    ],
+)
+def test_bad_input_is_refused_before_the_run(tmp_path, overrides, message):
+    import re
+
+    proc = train(tmp_path, *overrides, check=False)
+    assert proc.returncode == 2 and re.search(message, proc.stderr), proc.stderr[-2000:]
+    assert not (tmp_path / "a" / "checkpoints").exists()
+
+
+def test_unknown_config_name(tmp_path):
+    proc = train(tmp_path, "model=huge", check=False)
+    assert proc.returncode != 0 and "Could not find 'model/huge'" in proc.stderr and "tiny" in proc.stderr
+
+
+@pytest.mark.parametrize("cp,layout", [(2, "striped"), (2, "zigzag"), (4, "striped")])
+def test_context_parallel_losses_equal_one_process(tmp_path, reference, cp, layout):
+    train(tmp_path, "stage_only=a", f"trainer.devices={cp}", f"+schedule.stages.0.cp={cp}", f"parallel.layout={layout}")
+    got = losses(tmp_path)
+    assert sorted(got) == sorted(reference) and len(got) == 10
+    for step, loss in reference.items():
+        assert got[step] == pytest.approx(loss, rel=1e-5), (step, got[step], loss)
+
+
+def test_torchrun_two_processes(tmp_path, reference):
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    train(tmp_path, "stage_only=a", "trainer.devices=2", "+schedule.stages.0.cp=2", launcher=launcher)
+    got = losses(tmp_path)
+    for step, loss in reference.items():
+        assert got[step] == pytest.approx(loss, rel=1e-5)
+
+
+def test_resume_gives_the_same_losses(tmp_path, reference):
+    train(tmp_path, "stage_only=a", "+stop_at_step=5")
+    assert (tmp_path / "a" / "checkpoints" / "last.ckpt").exists() and not (tmp_path / "a" / "final.safetensors").exists()
+    train(tmp_path, "stage_only=a", "resume=true")
+    got = losses(tmp_path)
+    for step in range(5, 10):
+        assert got[step] == pytest.approx(reference[step], rel=1e-6), step
+
+
+def test_stage_hand_over(tmp_path):
+    """Stage b starts from stage a's final weights: its first loss is their loss under b's theta."""
+    train(tmp_path)
+    from safetensors.torch import load_file
+
+    from lwm.data import DataConfig, LWMDataModule, Source
+    from lwm.model import ModelConfig, Transformer, token_coefficients
+
+    cfg = ModelConfig(**__import__("json").loads((tmp_path / "b" / "model_config.json").read_text()))
+    model = Transformer(cfg)
+    model.load_state_dict(load_file(tmp_path / "a" / "final.safetensors"))
+    data = DataConfig(sources=[Source("data/sample/text.jsonl", fields="text", overflow="window")],
+                      tokenizer=str(ROOT / "data/sample/tokenizer.model"), batch_size=1)
+    data.sources[0].path = str(ROOT / data.sources[0].path)
+    dm = LWMDataModule(data, seq_len=128)
+    batch = dm.on_before_batch_transfer(next(iter(dm.train_dataloader())))
+    with torch.no_grad():
+        coeff = token_coefficients(batch["loss_weight"], batch["vision_mask"])
+        loss = model(batch["tokens"], batch["positions"], targets=batch["targets"], loss_coeff=coeff).loss
+    assert losses(tmp_path, "b")[0] == pytest.approx(loss.item(), rel=1e-5)
+    assert (tmp_path / "hf").exists() is False  # export=false in these runs
