@@ -8,11 +8,11 @@ and decoder. diffusers is a dev dependency: it is imported inside the functions.
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
 
 import torch
 
+from lwm.interop.keymap import KeyMap
 from lwm.vision.vqgan import VQGAN
 from lwm.vision.vqgan_config import TOKENS_PER_FRAME, VQGANConfig
 
@@ -42,34 +42,15 @@ KEY_MAP = {
 }
 
 
-def _compile(direction: dict[str, str]) -> list[tuple[re.Pattern, str]]:
-    rules = []
-    for src, dst in direction.items():
-        pattern = re.escape(src).replace(r"\{i\}", r"(?P<i>\d+)").replace(r"\{j\}", r"(?P<j>\d+)")
-        rules.append((re.compile("^" + pattern + r"\.(?P<param>weight|bias)$"), dst))
-    return rules
-
-
-_TO_DIFFUSERS = _compile(KEY_MAP)
-_FROM_DIFFUSERS = _compile({v: k for k, v in KEY_MAP.items()})
-
-
-def _map_key(key: str, rules: list[tuple[re.Pattern, str]], what: str) -> str:
-    for pattern, template in rules:
-        m = pattern.match(key)
-        if m:
-            groups = m.groupdict()
-            out = template.replace("{i}", groups.get("i") or "").replace("{j}", groups.get("j") or "")
-            return f"{out}.{groups['param']}"
-    raise KeyError(f"no mapping for {what} key {key!r}")
+_KEYS = KeyMap(KEY_MAP, theirs="diffusers", suffix="weight|bias")
 
 
 def to_diffusers_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {_map_key(k, _TO_DIFFUSERS, "lwm"): v for k, v in state_dict.items()}
+    return _KEYS.to_theirs(state_dict)
 
 
 def from_diffusers_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {_map_key(k, _FROM_DIFFUSERS, "diffusers"): v for k, v in state_dict.items()}
+    return _KEYS.to_ours(state_dict)
 
 
 # ---------------------------------------------------------------------------------------- config

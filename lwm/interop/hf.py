@@ -7,7 +7,6 @@ through the key map below; no q/k permutation is needed.
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import torch
 
 from lwm.data.vocab import SPECIAL_TOKENS, Vocab
+from lwm.interop.keymap import KeyMap
 from lwm.model import ModelConfig, Transformer
 
 # ours -> transformers' LlamaForCausalLM; "{i}" is the layer index.
@@ -34,29 +34,16 @@ KEY_MAP = {
 }
 
 
-def _compile(direction: dict[str, str]) -> list[tuple[re.Pattern, str]]:
-    return [(re.compile("^" + re.escape(src).replace(r"\{i\}", r"(\d+)") + "$"), dst) for src, dst in direction.items()]
-
-
-_TO_HF = _compile(KEY_MAP)
-_FROM_HF = _compile({v: k for k, v in KEY_MAP.items()})
-
-
-def _map_key(key: str, rules: list[tuple[re.Pattern, str]], what: str) -> str:
-    for pattern, template in rules:
-        m = pattern.match(key)
-        if m:
-            return template.replace("{i}", m.group(1)) if m.groups() else template
-    raise KeyError(f"no mapping for {what} key {key!r}")
+_KEYS = KeyMap(KEY_MAP, theirs="Hugging Face")
 
 
 def to_hf_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {_map_key(k, _TO_HF, "lwm"): v for k, v in state_dict.items()}
+    return _KEYS.to_theirs(state_dict)
 
 
 def from_hf_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     # Older checkpoints carry non-persistent RoPE buffers; they are derived, not weights.
-    return {_map_key(k, _FROM_HF, "Hugging Face"): v for k, v in state_dict.items() if not k.endswith("rotary_emb.inv_freq")}
+    return _KEYS.to_ours({k: v for k, v in state_dict.items() if not k.endswith("rotary_emb.inv_freq")})
 
 
 # ---------------------------------------------------------------------------------------- config
