@@ -139,3 +139,24 @@ def test_stage_hand_over(tmp_path):
         loss = model(batch["tokens"], batch["positions"], targets=batch["targets"], loss_coeff=coeff).loss
     assert losses(tmp_path, "b")[0] == pytest.approx(loss.item(), rel=1e-5)
     assert (tmp_path / "hf").exists() is False  # export=false in these runs
+
+
+def test_first_stage_from_hugging_face(tmp_path):
+    """schedule.init_hf: a LLaMA folder with the text vocabulary only; the model takes its shapes and
+    grows the vocabulary for vision (text rows kept)."""
+    import json
+
+    from safetensors.torch import load_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    hf_dir = tmp_path / "llama"
+    config = LlamaConfig(vocab_size=4096, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, max_position_embeddings=256)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(hf_dir)
+    out = tmp_path / "run"
+    train(out, "stage_only=a", f"schedule.init_hf={hf_dir}", "schedule.stages.0.steps=2", "parallel.activation_checkpointing=true")
+    cfg = json.loads((out / "a" / "model_config.json").read_text())
+    assert (cfg["dim"], cfg["n_kv_heads"], cfg["vocab_size"], cfg["rope_theta"]) == (48, 2, 12352, 10000)
+    weights = load_file(out / "a" / "final.safetensors")
+    assert weights["embed.weight"].shape == (12352, 48)

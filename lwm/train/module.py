@@ -51,6 +51,10 @@ class LWMModule(L.LightningModule):
             self.model = Transformer(self.model_config)
             if self.init_state is not None:
                 self.model.load_state_dict(self.init_state)
+            if self.parallel.activation_checkpointing:
+                from lwm.train.sharding import apply_activation_checkpointing
+
+                apply_activation_checkpointing(self.model)
             return
         from lwm.train.sharding import shard_model
 
