@@ -66,9 +66,7 @@ class RunConfig:
 
 
 def global_rank() -> int:
-    if dist.is_initialized():
-        return dist.get_rank()
-    return int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0)) if "WORLD_SIZE" in os.environ else 0)
+    return dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", 0))
 
 
 def validate(cfg: RunConfig) -> None:
