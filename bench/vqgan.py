@@ -3,7 +3,7 @@
 Part 1 (encode): the `lwm` preset (random weights) encodes 256x256 frames at a few batch sizes; the
 throughput is compared with batch 1, measured in alternating rounds in this process (median per
 batch size). Then a short generated 256x256 video is tokenized end to end the way lwm-tokenize does
-it (stream_video chunks -> VQGAN.encode), timing decord and the encoder separately. On CPU the
+it (stream_video chunks -> VQGAN.encode), timing decoding and the encoder separately. On CPU the
 model runs in fp32; `--device cuda` runs it in bf16 with channels_last weights (frames are moved to
 the GPU inside the timed encode of the end-to-end run, and are already there in the throughput run).
 
@@ -165,7 +165,7 @@ def tokenize_video(model, device: str, path: Path, fps: float, batch_size: int) 
     n = 0
     while True:
         start = time.perf_counter()
-        chunk = next(chunks, None)  # opening the file and decoding (decord), resizing and cropping
+        chunk = next(chunks, None)  # opening the file (decord's index) and decoding (PyAV), resizing and cropping
         t_decode += time.perf_counter() - start
         if chunk is None:
             break
@@ -199,6 +199,9 @@ def _bytes_read() -> int:
 
 def stream_here(path: str, fps: float, resolution: int, chunk_size: int) -> dict:
     """Stream all sampled frames of one video (run in a fresh process): wall time and memory, in MiB."""
+    import av  # noqa: F401  the decoders' libraries count as imports, not as memory the streaming holds
+    import decord  # noqa: F401
+
     gc.collect()
     Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
     base = _status_kib("VmRSS")
@@ -291,7 +294,7 @@ def part_encode(args) -> list[str]:
         f"Reference: {ref}",
         "",
         f"End to end: a generated {cfg.resolution}x{cfg.resolution} {args.e2e_fps} fps H.264 video of "
-        f"{args.e2e_seconds:g} s, sampled at {args.sample_fps:g} fps with `stream_video` (decord) in chunks of {e2e_bs} "
+        f"{args.e2e_seconds:g} s, sampled at {args.sample_fps:g} fps with `stream_video` (decord's index, PyAV decoding) in chunks of {e2e_bs} "
         f"and encoded with batch size {e2e_bs}, as lwm-tokenize does. Decoding includes opening the file; encoding "
         f"includes moving the frames to the device.",
         "",
@@ -354,11 +357,11 @@ def part_stream(args) -> list[str]:
         f"Each is streamed with `stream_video(fps={args.sample_fps:g}, resolution={args.resolution}, "
         f"chunk_size={args.chunk_size})`, no encoding, in a fresh subprocess with MALLOC_MMAP_THRESHOLD_=65536 "
         f"(freed buffers go back to the OS, so RSS follows live memory). Peak RSS rise: VmHWM minus the RSS after "
-        f"imports (torch, numpy, decord, lwm.vision.video; about {b['base']:.0f} MiB). "
+        f"imports (torch, numpy, decord, av, lwm.vision.video; about {b['base']:.0f} MiB). "
         f"{args.repeats} runs per video, alternating; the table shows the fastest time and the highest peak. "
-        f"Bytes read (/proc/self/io rchar, opening included) over the file size: `Video` opens the file twice (a probe, "
-        f"then a scaling reader) and decord reads it whole to index it each time, so reading it once more to decode "
-        f"makes about 3.4; more means parts of it are read again.",
+        f"Bytes read (/proc/self/io rchar, opening included) over the file size: decord reads the file whole to index "
+        f"it when `Video` opens it, and `stream_video` decodes it forward once with PyAV, so about 2 (a little more for "
+        f"the smaller file: headers and buffers); more would mean parts of it are read again.",
         "",
         *rows,
         "",

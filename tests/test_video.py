@@ -100,23 +100,121 @@ def test_streaming_is_chunked_and_matches(good, monkeypatch):
     requested = []
     get_batch = decord.VideoReader.get_batch
 
-    def spy(self, indices):
+    def spy_batch(self, indices):
         requested.append(len(indices))
         return get_batch(self, indices)
 
-    monkeypatch.setattr(decord.VideoReader, "get_batch", spy)
+    decoded = []
+    decode_forward = Video._decode_forward
+
+    def spy_forward(self, indices):
+        for frame in decode_forward(self, indices):
+            decoded.append(frame)
+            yield frame
+
+    monkeypatch.setattr(decord.VideoReader, "get_batch", spy_batch)
+    monkeypatch.setattr(Video, "_decode_forward", spy_forward)
     path = good["landscape_mkv"]
     whole, whole_ts = read_video(path, fps=2.5, resolution=64)
-    assert requested == [10]
-    requested.clear()
+    assert requested == [10] and decoded == []  # read: decord, random access
 
     stream = stream_video(path, fps=2.5, resolution=64, chunk_size=3)
     first, _ = next(stream)
-    assert requested == [3], "only the first chunk is decoded before it is yielded"
+    assert len(decoded) == 3, "only the first chunk is decoded before it is yielded"
     chunks = [(first, _)] + list(stream)
-    assert [len(f) for f, _ in chunks] == [3, 3, 3, 1] and requested == [3, 3, 3, 1]
+    assert [len(f) for f, _ in chunks] == [3, 3, 3, 1] and len(decoded) == 10 and requested == [10]  # streaming: PyAV
     np.testing.assert_array_equal(np.concatenate([f for f, _ in chunks]), whole)
     np.testing.assert_array_equal(np.concatenate([t for _, t in chunks]), whole_ts)
+
+
+SAMPLINGS = [
+    {"fps": 1.0}, {"fps": 2.5}, {"fps": 0.5}, {"fps": 3.0, "start": 2.9}, {"fps": 2.0, "start": 0.4, "end": 2.1},
+    {"max_frames": 1}, {"max_frames": 3}, {"max_frames": 5}, {"max_frames": 100}, {"max_frames": 2, "start": 3.1},
+]
+
+
+@pytest.mark.parametrize("name", ["landscape_mp4", "landscape_mkv", "vfr", "tiny", "large"])
+def test_streaming_equals_random_access(good, name):
+    """Streaming (PyAV, forward) gives read's frames (decord, random access), bit for bit, with the same timestamps.
+    The mkv (MPEG-4, a keyframe every 12 frames) makes sparse plans and late starts seek forward."""
+    video = Video(good[name], resolution=40 if name == "tiny" else 64)
+    for sampling in SAMPLINGS:
+        try:
+            plan = video.plan(Sampling(**sampling))
+        except VideoError:  # start past the end of the shorter clips
+            continue
+        chunks = list(video.chunks(plan, chunk_size=4))
+        np.testing.assert_array_equal(np.concatenate([f for f, _ in chunks]), video.read(plan.indices), err_msg=str(sampling))
+        np.testing.assert_array_equal(np.concatenate([t for _, t in chunks]), plan.timestamps)
+
+
+@pytest.mark.parametrize("degrees", [90, -90, 180])
+def test_streaming_rotated_video(tmp_path, degrees):
+    """A display rotation turns the frames the same way in both paths (decord: transpose filters; PyAV: the same)."""
+    av = pytest.importorskip("av")
+    if not hasattr(av.video.stream.VideoStream, "set_display_rotation"):
+        pytest.skip("this PyAV cannot write a display rotation")
+    from video_samples import frame_image
+
+    path = tmp_path / f"rotated{degrees}.mp4"
+    with av.open(str(path), "w") as out:
+        stream = out.add_stream("libx264", rate=10)
+        stream.width, stream.height, stream.pix_fmt = 64, 48, "yuv420p"
+        stream.set_display_rotation(degrees)
+        for i in range(10):
+            image = frame_image(i, 48, 64)
+            image[:12, :16, 2] = 255  # a blue corner: a turn the wrong way would not match
+            out.mux(stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")))
+        out.mux(stream.encode())
+    video = Video(path, resolution=40)
+    assert (video.height, video.width) == ((48, 64) if degrees == 180 else (64, 48))
+    plan = video.plan(Sampling(max_frames=4))
+    np.testing.assert_array_equal(np.concatenate([f for f, _ in video.chunks(plan)]), video.read(plan.indices))
+
+
+@pytest.fixture(scope="module")
+def long_video(tmp_path_factory):
+    # 150 s at 5 fps, 32x24, MPEG-4 with a keyframe every 12 frames (63 keyframe intervals).
+    return write_video(tmp_path_factory.mktemp("long") / "long.mkv", width=32, height=24, frames=750, fps=5, codec="mpeg4")
+
+
+def test_streaming_decodes_forward(long_video, monkeypatch):
+    """Streaming a long video decodes forward only: 1 fps touches every keyframe interval, so it never seeks; a sparse
+    plan or a late start seeks, but only forward, over whole intervals. Frames are converted in increasing order."""
+    seeks, converted = [], []
+    seek_time, scaler = Video._seek_time, Video._scaler
+
+    def spy_seek_time(self, pos, target):
+        t = seek_time(self, pos, target)
+        if t is not None:
+            seeks.append(t)
+        return t
+
+    class SpyGraph:
+        def __init__(self, graph):
+            self.graph = graph
+
+        def push(self, frame):
+            converted.append(frame.pts)
+            self.graph.push(frame)
+
+        def pull(self):
+            return self.graph.pull()
+
+    monkeypatch.setattr(Video, "_seek_time", spy_seek_time)
+    monkeypatch.setattr(Video, "_scaler", lambda self, *args: SpyGraph(scaler(self, *args)))
+    video = Video(long_video, resolution=24)
+    assert video.num_frames == 750 and len(video.key_indices) == 63
+
+    for sampling, expect_seeks in [({"fps": 1.0}, False), ({"max_frames": 6}, True), ({"fps": 1.0, "start": 120.0}, True)]:
+        seeks.clear(), converted.clear()
+        plan = video.plan(Sampling(**sampling))
+        chunks = list(video.chunks(plan, chunk_size=32))
+        assert [len(f) for f, _ in chunks] == [min(32, len(plan) - i) for i in range(0, len(plan), 32)]
+        assert bool(seeks) == expect_seeks, sampling
+        assert seeks == sorted(set(seeks)), "seeks only forward"
+        assert converted == sorted(set(converted)) and len(converted) == len(plan), "each planned frame converted once, in order"
+        np.testing.assert_array_equal(np.concatenate([f for f, _ in chunks]), video.read(plan.indices))
 
 
 def test_video_object(good):

@@ -1,4 +1,4 @@
-"""Reading videos with decord: sample frames by rate or count, resize and center-crop, stream in chunks.
+"""Reading videos with decord and PyAV: sample frames by rate or count, resize and center-crop, stream in chunks.
 
     frames, timestamps = read_video("clip.mp4", fps=1.0, resolution=256)      # (T, 256, 256, 3) uint8, (T,) s
     for frames, timestamps in stream_video("hour.mp4", fps=1.0, chunk_size=32):
@@ -9,6 +9,11 @@ frame rate videos are sampled at the right moments. Sampling by rate takes, at e
 start + k / fps, the frame on screen at that time: T = floor((end - start) * fps), and a frame held
 longer than 1 / fps is taken once per sample time. Sampling by count takes `max_frames` frames
 spread uniformly over the clip (all of them if it has fewer), as LWM does.
+
+decord indexes the file and decodes the frames `read` asks for (random access); `Video.chunks` and
+`stream_video` decode forward through the file with PyAV instead, so memory holds one chunk of frames
+however long the video (see `Video._decode_forward`). Both scale with the same ffmpeg filters, so
+the frames are the same.
 """
 
 from __future__ import annotations
@@ -80,6 +85,14 @@ def _decord():
     return decord
 
 
+def _av():
+    try:
+        import av
+    except ImportError as e:
+        raise ImportError("streaming videos needs PyAV (pip install av)") from e
+    return av
+
+
 def _short(error: BaseException) -> str:
     """decord's messages start with '[time] /path/file.cc:123: ' and may carry a stack trace; keep the gist."""
     text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
@@ -107,8 +120,8 @@ def _decode_size(height: int, width: int, resolution: int) -> tuple[int, int]:
 class Video:
     """One video file opened with decord: its frame count, size, timestamps; sampling plans; decoded frames.
 
-    Frames come back resized so the short side is `resolution` and center-cropped to a square; decord
-    scales them while decoding, so a chunk of frames never exists at the source resolution.
+    Frames come back resized so the short side is `resolution` and center-cropped to a square; the decoder's
+    ffmpeg filters scale them while decoding, so a chunk of frames never exists at the source resolution.
     """
 
     def __init__(self, path: str | os.PathLike, resolution: int = 256):
@@ -132,16 +145,15 @@ class Video:
             self.height, self.width = probe[0].shape[:2]
             times = probe.get_frame_timestamp(np.arange(self.num_frames))  # (N, 2) start, end; a slice would decode all
             avg_fps = float(probe.get_avg_fps())
+            keys = np.asarray(probe.get_key_indices(), dtype=np.int64)
         except Exception as e:
             raise VideoError(f"{self.path}: cannot decode (corrupt or truncated file?): {_short(e)}") from e
-        self.starts, self.duration = self._frame_times(np.asarray(times, dtype=np.float64), avg_fps)
+        del probe
+        self.starts, self.duration, self._timed = self._frame_times(np.asarray(times, dtype=np.float64), avg_fps)
+        self.key_indices = keys if len(keys) and keys[0] == 0 else np.append(0, keys)  # the first frame starts an interval
 
         self.decode_size = _decode_size(self.height, self.width, resolution)
-        if self.decode_size == (self.height, self.width):
-            self._reader = probe
-        else:
-            del probe
-            self._reader = self._open(decord, *self.decode_size)
+        self._reader = None  # decord's scaling reader, opened by the first read()
 
     def _open(self, decord, height: int = -1, width: int = -1):
         try:
@@ -157,18 +169,19 @@ class Video:
             raise VideoError(f"{self.path}: the video has no frames")
         return reader
 
-    def _frame_times(self, times: np.ndarray, avg_fps: float) -> tuple[np.ndarray, float]:
-        """Per-frame start times and the clip's end; from the index and the average rate if the timestamps are unusable."""
+    def _frame_times(self, times: np.ndarray, avg_fps: float) -> tuple[np.ndarray, float, bool]:
+        """Per-frame start times, the clip's end, and whether they are the frames' own timestamps (else they come
+        from the index and the average rate, the timestamps being unusable)."""
         starts, ends = times[:, 0], times[:, 1]
         if np.isfinite(times).all() and (np.diff(starts) >= 0).all() and (len(starts) == 1 or starts[-1] > starts[0]):
             # The last frame lasts until its end time, or one typical frame interval if the container has none.
             step = np.median(np.diff(starts)) if len(starts) > 1 else (1 / avg_fps if avg_fps > 0 else 0.0)
             end = ends[-1] if ends[-1] > starts[-1] else starts[-1] + step
-            return starts, float(end)
+            return starts, float(end), True
         if not (math.isfinite(avg_fps) and avg_fps > 0):
             raise VideoError(f"{self.path}: the video has neither usable frame timestamps nor a frame rate")
         starts = np.arange(self.num_frames, dtype=np.float64) / avg_fps
-        return starts, self.num_frames / avg_fps
+        return starts, self.num_frames / avg_fps, False
 
     # ------------------------------------------------------------------------------------ sampling
 
@@ -211,6 +224,8 @@ class Video:
         indices = np.asarray(indices, dtype=np.int64)
         if len(indices) == 0:
             return np.empty((0, self.resolution, self.resolution, 3), np.uint8)
+        if self._reader is None:
+            self._reader = self._open(_decord(), *self.decode_size)
         try:
             frames = self._reader.get_batch(indices).asnumpy()  # (t, Hd, Wd, 3)
         except Exception as e:
@@ -222,11 +237,109 @@ class Video:
         return self._crop_resize(frames)
 
     def chunks(self, plan: Plan, chunk_size: int = 32) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """Yield (frames, timestamps) of at most `chunk_size` frames; only one chunk is decoded at a time."""
+        """Yield (frames, timestamps) of at most `chunk_size` frames, decoding forward through the file once
+        (`_decode_forward`); only one chunk of frames is held at a time. The frames are those `read` returns."""
         if not isinstance(chunk_size, int) or chunk_size <= 0:
             raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+        h, w = self.decode_size
+        side = min(h, w)
+        top, left = (h - side) // 2, (w - side) // 2
+        frames = self._decode_forward(plan.indices)
         for i in range(0, len(plan), chunk_size):
-            yield self.read(plan.indices[i : i + chunk_size]), plan.timestamps[i : i + chunk_size]
+            chunk = np.empty((min(chunk_size, len(plan) - i), side, side, 3), np.uint8)
+            for j in range(len(chunk)):
+                chunk[j] = next(frames)[top : top + side, left : left + side]  # (Hd, Wd, 3) -> (side, side, 3)
+            yield self._crop_resize(chunk), plan.timestamps[i : i + chunk_size]  # square already: at most a resize
+
+    def _decode_forward(self, indices: np.ndarray) -> Iterator[np.ndarray]:
+        """One frame (Hd, Wd, 3) uint8 per entry of `indices` (non-decreasing), decoded with PyAV, never seeking back.
+
+        Why not decord: its get_batch seeks back to a keyframe whenever the indices cross one (rewinding the file and
+        restarting its decoder thread, which reads packets ahead into an unbounded queue), so streaming an hour at 1 fps
+        held and read more the longer the file was (docs/benchmarks.md, vqgan); its next() does not seek but queues
+        ahead of its decoder thread all the same, and measured no flatter. PyAV decodes here, in this thread, a packet
+        at a time, and converts only the planned frames; it seeks only forward, over whole keyframe intervals with no
+        planned frame (sparse plans, a late start). Frames are counted from the start of the file, or after a seek from
+        the one whose timestamp says where it landed, and each kept frame's timestamp is checked against decord's
+        index, so a disagreement between the two libraries is an error, not a wrong frame.
+        """
+        if len(indices) == 0:
+            return
+        av = _av()
+        try:
+            container = av.open(self.path)
+        except Exception as e:
+            raise VideoError(f"{self.path}: cannot open with PyAV: {e}") from e
+        with container:
+            stream = container.streams.best("video")
+            stream.codec_context.thread_type = "AUTO"  # frame and slice threads
+            origin, tb = stream.start_time or 0, float(stream.time_base)
+            decoded = container.decode(stream)
+            pos, k, scale = -1, 0, None  # pos: index of the frame decoded last (None: unknown, after a seek)
+            while k < len(indices):
+                target = int(indices[k])
+                seek_to = self._seek_time(pos, target)
+                if seek_to is not None:
+                    container.seek(origin + round(seek_to / tb), stream=stream, backward=True)  # the keyframe before
+                    decoded, pos = container.decode(stream), None
+                try:
+                    frame = next(decoded, None)
+                except Exception as e:
+                    raise VideoError(f"{self.path}: decoding failed before frame {target} (corrupt or truncated file?): {e}") from e
+                if frame is None:
+                    raise VideoError(f"{self.path}: the video ended before frame {target} (corrupt or truncated file?)")
+                t = (frame.pts - origin) * tb if self._timed and frame.pts is not None else None
+                pos = pos + 1 if pos is not None else self._nearest(t)
+                if pos < target:
+                    continue  # decoded, never converted
+                if pos > target or (t is not None and abs(t - self.starts[pos]) > _TIME_EPS + np.spacing(np.float32(t))):
+                    raise VideoError(
+                        f"{self.path}: decoding forward met frame {pos} at {t} s where frame {target} at "
+                        f"{self.starts[target]:.4f} s was due (PyAV and decord disagree on the frames)"
+                    )
+                if scale is None:
+                    scale = self._scaler(av, stream, getattr(frame, "rotation", 0))
+                scale.push(frame)
+                image = scale.pull().to_ndarray()  # (Hd, Wd, 3)
+                if image.shape != (*self.decode_size, 3):
+                    raise VideoError(f"{self.path}: PyAV returned frames of shape {image.shape}, expected {(*self.decode_size, 3)}")
+                while k < len(indices) and indices[k] == pos:
+                    yield image  # a held frame repeats
+                    k += 1
+
+    def _seek_time(self, pos: int, target: int) -> float | None:
+        """A time to seek to on the way from frame `pos` (decoded last) to frame `target`, if a whole keyframe interval
+        lies between them; between target's keyframe and the frame after it, so a backward seek lands on that keyframe
+        whatever the rounding. None: decode on (or the frames' timestamps are unusable, so seeking is not safe)."""
+        keys = self.key_indices
+        key = np.searchsorted(keys, target, side="right") - 1  # target's keyframe is keys[key]
+        if not self._timed or key <= np.searchsorted(keys, pos, side="right"):
+            return None
+        return float(self.starts[keys[key] : keys[key] + 2].mean())
+
+    def _nearest(self, t: float | None) -> int:
+        """The index of the frame that starts nearest to `t` seconds."""
+        if t is None:
+            raise VideoError(f"{self.path}: after a seek, a frame without a timestamp (cannot tell where decoding is)")
+        i = int(np.searchsorted(self.starts, t))  # starts[i - 1] < t <= starts[i]
+        if i == self.num_frames or (i > 0 and t - self.starts[i - 1] < self.starts[i] - t):
+            i -= 1
+        return i
+
+    def _scaler(self, av, stream, rotation: int):
+        """decord's filter graph, so the frames equal read's: turn upright, scale to the decode size (bilinear), RGB."""
+        h, w = self.decode_size
+        turn = {90: ["transpose=1"], 180: ["transpose=1", "transpose=1"], 270: ["transpose=2"]}.get(-rotation % 360, [])
+        graph = av.filter.Graph()
+        nodes = [graph.add_buffer(template=stream)]
+        for spec in [*turn, f"scale={w}:{h}:flags=bilinear", "format=rgb24"]:
+            name, args = spec.split("=", 1)
+            nodes.append(graph.add(name, args))
+        nodes.append(graph.add("buffersink"))
+        for a, b in zip(nodes, nodes[1:]):
+            a.link_to(b)
+        graph.configure()
+        return graph
 
     def _crop_resize(self, frames: np.ndarray) -> np.ndarray:
         t, h, w, _ = frames.shape
