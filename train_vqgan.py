@@ -27,6 +27,7 @@ from lwm.vision.checkpoint import save_vqgan
 from lwm.vision.frames import FrameData
 from lwm.vision.lit_vqgan import LitVQGAN
 from lwm.vision.run_config import RunConfigs, from_hydra
+from lwm.vision.vqgan import VQGAN
 
 
 def train(run: RunConfigs) -> dict:
@@ -115,7 +116,8 @@ def write_report(summary: dict, run: RunConfigs) -> None:
     from report import host_line, write_section
 
     tr, ho, tw = run.train, summary["held_out"], summary["train_window"]
-    n_params = sum(p.numel() for p in LitVQGAN(run.model, run.train).model.parameters())
+    with torch.device("meta"):  # shapes only
+        n_params = sum(p.numel() for p in VQGAN(run.model).parameters())
     codebook = f"EMA (decay {tr.ema_decay})" if tr.ema_decay else "gradient (codebook loss)"
     rec = " + ".join(f"{w:g} {name}" for w, name in ((tr.l1_weight, "L1"), (tr.l2_weight, "MSE")) if w)
     crops = f" random {tr.crop}x{tr.crop} crops" if tr.crop else " whole frames"

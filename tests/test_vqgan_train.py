@@ -41,7 +41,8 @@ def fit(lit: LitVQGAN, frames: torch.Tensor, steps: int, batch_size: int = 4):
     import lightning as L
     from torch.utils.data import DataLoader
 
-    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=steps, max_epochs=-1, logger=False,
+    # max_time: a training_step that never steps the optimizer never reaches max_steps; fail, don't hang
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=steps, max_epochs=-1, max_time={"seconds": 60}, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         limit_val_batches=0, num_sanity_val_steps=0)
     trainer.fit(lit, DataLoader(FrameDataset(frames), batch_size=batch_size, shuffle=True, drop_last=True))
@@ -90,7 +91,7 @@ def test_cosine_lr_anneals_over_max_steps():
     import lightning as L
     from torch.utils.data import DataLoader
 
-    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=4, max_epochs=-1, logger=False, enable_checkpointing=False,
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=4, max_epochs=-1, max_time={"seconds": 60}, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, callbacks=[Record()])
     trainer.fit(lit, DataLoader(FrameDataset(synthetic_frames(4), crop=32, align=4), batch_size=2))
     expected = [1e-3 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * s / 4))) for s in (1, 2, 3, 4)]
@@ -113,7 +114,7 @@ def test_train_entry_point_writes_weights_grids_logs_and_summary(tmp_path, capsy
     out = tmp_path / "run"
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("vqgan", overrides=["vision=tiny", f"data.index={tmp_path / 'videos.jsonl'}", "data.held_out=1",
-                                          "trainer.max_steps=3", "trainer.val_every=2", "trainer.log_every=1",
+                                          "trainer.max_steps=3", "trainer.max_minutes=1", "trainer.val_every=2", "trainer.log_every=1",
                                           "vision.train.batch_size=2", "vision.train.grid_frames=3",
                                           f"out_dir={out}", f"export={tmp_path / 'ckpt' / 'vqgan_tiny.safetensors'}"])
     summary = train_vqgan.train(from_hydra(cfg))

@@ -4,7 +4,7 @@ One training step (manual optimization, so restarts can reset the optimizer stat
 they move and the discriminator can have its own optimizer):
 
     z = encoder(x); codes, z_q = quantizer(z); x^ = decoder(z_q)
-    loss = l1 |x - x^| + l2 (x - x^)^2 + codebook_loss + beta * commitment_loss [+ lambda * -D(x^)]
+    loss = l1 |x - x^| + l2 (x - x^)^2 + [codebook_loss, without EMA] + beta * commitment_loss [+ lambda * -D(x^)]
     EMA codebook update (if ema_decay > 0); usage window update; every restart_every steps the
     codes unused over the window move onto random encoder outputs of this batch
     [discriminator step: hinge loss on x vs x^, once step >= disc_start]
