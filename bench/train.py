@@ -27,8 +27,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def run(cp: int, steps: int, out: Path) -> dict:
     cmd = [sys.executable, "train.py", f"trainer.out_dir={out}", "stage_only=s8k", "export=false", "trainer.log_every=1",
-           f"trainer.devices={cp}", f"schedule.stages.2.cp={cp}", f"+stop_at_step={steps}"]
-    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+           f"trainer.devices={cp}", f"+schedule.stages.2.cp={cp}", f"+stop_at_step={steps}"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
     rows = [r for r in csv.DictReader(open(out / "s8k" / "logs" / "metrics.csv")) if r.get("perf/tokens_per_s")]
     later = rows[1:] or rows  # the first step pays for start-up
     return {

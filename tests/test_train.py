@@ -111,7 +111,9 @@ def test_torchrun_two_processes(tmp_path, reference):
 
 def test_resume_gives_the_same_losses(tmp_path, reference):
     train(tmp_path, "stage_only=a", "+stop_at_step=5")
-    assert (tmp_path / "a" / "checkpoints" / "last.ckpt").exists() and not (tmp_path / "a" / "final.safetensors").exists()
+    last = tmp_path / "a" / "checkpoints" / "last.ckpt"
+    assert last.exists() and not (tmp_path / "a" / "final.safetensors").exists()
+    assert set(torch.load(last, weights_only=False)["rng_states"]) == {"0"}
     train(tmp_path, "stage_only=a", "resume=true")
     got = losses(tmp_path)
     for step in range(5, 10):
@@ -160,3 +162,60 @@ def test_first_stage_from_hugging_face(tmp_path):
     assert (cfg["dim"], cfg["n_kv_heads"], cfg["vocab_size"], cfg["rope_theta"]) == (48, 2, 12352, 10000)
     weights = load_file(out / "a" / "final.safetensors")
     assert weights["embed.weight"].shape == (12352, 48)
+
+
+def test_random_state_is_saved_and_restored():
+    """What the module writes into a checkpoint brings back the exact random streams."""
+    import random
+
+    import numpy as np
+
+    from lwm.train.module import LWMModule
+
+    module = LWMModule.__new__(LWMModule)
+    checkpoint: dict = {}
+    torch.manual_seed(3)
+    module.on_save_checkpoint(checkpoint)
+    expected = (torch.rand(4), np.random.rand(), random.random())
+    torch.manual_seed(99), np.random.seed(99), random.seed(99)
+    module.on_load_checkpoint(checkpoint)
+    got = (torch.rand(4), np.random.rand(), random.random())
+    assert torch.equal(got[0], expected[0]) and got[1:] == expected[1:]
+
+
+@pytest.mark.parametrize("how", ["killed", "frozen"])
+def test_a_dead_rank_stops_the_others(tmp_path, how):
+    """Kill (SIGKILL) or freeze (SIGSTOP) rank 1 of a 2-process run mid-training: rank 0 must exit
+    with an error, not hang, within trainer.timeout_s (plus tear-down time)."""
+    import signal
+    import time
+
+    timeout_s = 20
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    cmd = [sys.executable, "train.py", f"trainer.out_dir={tmp_path}", *DEBUG, "stage_only=a", "trainer.devices=2",
+           "+schedule.stages.0.cp=2", "schedule.stages.0.steps=100000", f"trainer.timeout_s={timeout_s}"]
+    log = tmp_path / "log.txt"  # a file, not a pipe: a frozen rank would hold a pipe open
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    try:
+        children: list[int] = []
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not (children and list((tmp_path / "a" / "tb").glob("events*"))):
+            time.sleep(0.5)
+            assert proc.poll() is None, log.read_text()[-3000:]
+            children = [int(p) for p in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
+                                                       text=True).stdout.split()]
+        assert children, "rank 1 never started"
+        time.sleep(3)  # inside the training loop
+        os.kill(children[0], signal.SIGKILL if how == "killed" else signal.SIGSTOP)
+        killed = time.monotonic()
+        proc.wait(timeout=timeout_s + 120)
+        waited = time.monotonic() - killed
+        out = log.read_text()
+    finally:
+        for pid in children:
+            subprocess.run(["kill", "-9", str(pid)], capture_output=True)
+        if proc.poll() is None:
+            proc.kill()
+    print(f"rank 0 exited {proc.returncode} {waited:.1f} s after rank 1 was killed")
+    assert proc.returncode != 0, out[-3000:]
+    assert waited < timeout_s + 60, (waited, out[-3000:])

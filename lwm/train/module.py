@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from lwm.model import ModelConfig, Transformer, token_coefficients
 from lwm.parallel import global_group_counts
+from lwm.train import rng
 from lwm.train.config import OptimConfig, ParallelConfig, StageConfig
 
 
@@ -78,6 +79,13 @@ class LWMModule(L.LightningModule):
         # FSDP averages gradients over all dp x cp ranks; the cp ranks' losses are parts of one
         # sum, so scale by cp: the result is the mean over data-parallel ranks of whole losses.
         return out.loss * self.cp_size
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["rng_states"] = rng.gather_states()
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        if "rng_states" in checkpoint:  # the random state at the step it was saved
+            rng.restore_own(checkpoint["rng_states"])
 
     def configure_optimizers(self):
         decay = [p for p in self.model.parameters() if p.dim() >= 2]
