@@ -97,6 +97,8 @@ def test_context_parallel_losses_equal_one_process(tmp_path, reference, cp, layo
     train(tmp_path, "stage_only=a", f"trainer.devices={cp}", f"+schedule.stages.0.cp={cp}", f"parallel.layout={layout}")
     got = losses(tmp_path)
     assert sorted(got) == sorted(reference) and len(got) == 10
+    meta = torch.load(tmp_path / "a" / "checkpoints" / "last.ckpt" / "meta.pt", weights_only=False)
+    assert set(meta["rng_states"]) == {str(r) for r in range(cp)}  # every rank's random state
     for step, loss in reference.items():
         assert got[step] == pytest.approx(loss, rel=1e-5), (step, got[step], loss)
 

@@ -56,6 +56,14 @@ class Transformer(nn.Module):
         Returns logits (B, S, V); with `targets` (B, S), returns the chunked loss instead
         (see lwm.model.loss), which never materializes the full logits.
         """
+        h = self.hidden(tokens, positions)
+        if targets is None:
+            return self.output(h)  # (B, S, dim) -> (B, S, V)
+        return chunked_cross_entropy(h, self.output.weight, targets, loss_coeff, self.config.loss_chunk_size)
+
+    def hidden(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """The final normalized hidden states (B, S, dim), before the output projection: what
+        generation needs when only the last position's logits matter."""
         if tokens.dim() != 2:
             raise ValueError(f"tokens must be (batch, seq), got shape {tuple(tokens.shape)}")
         B, S = tokens.shape
@@ -67,7 +75,4 @@ class Transformer(nn.Module):
         h = self.embed(tokens)  # (B, S) -> (B, S, dim)
         for layer in self.layers:
             h = layer(h, cos, sin)
-        h = self.norm(h)
-        if targets is None:
-            return self.output(h)  # (B, S, dim) -> (B, S, V)
-        return chunked_cross_entropy(h, self.output.weight, targets, loss_coeff, self.config.loss_chunk_size)
+        return self.norm(h)

@@ -44,6 +44,26 @@ class RingComm:
         self._pending = []
 
 
+def all_gather_stack(x: torch.Tensor, group=None) -> torch.Tensor:
+    """Every rank's x stacked in rank order: (...) -> (N, ...). One process: x[None]."""
+    world, _ = group_size_and_rank(group)
+    if world == 1:
+        return x.unsqueeze(0)
+    out = torch.empty((world, *x.shape), dtype=x.dtype, device=x.device)
+    dist.all_gather(list(out.unbind(0)), x.contiguous(), group=group)
+    return out
+
+
+def broadcast_from_first(value: int, group=None) -> int:
+    """The group's first rank's value on every rank (sampling must agree across a group)."""
+    world, _ = group_size_and_rank(group)
+    if world == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.long)
+    dist.broadcast(t, src=dist.get_global_rank(group if group is not None else dist.group.WORLD, 0), group=group)
+    return int(t)
+
+
 class _AllToAll(torch.autograd.Function):
     """Chunk i of dim 0 goes to rank i; chunk i of the result came from rank i. Its own inverse."""
 

@@ -21,3 +21,17 @@ def merge_(out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor, block_
     out.mul_(torch.exp(lse - new_lse).unsqueeze(-1))
     out.addcmul_(block_out.to(out.dtype), torch.exp(block_lse - new_lse).unsqueeze(-1))
     lse.copy_(new_lse)
+
+
+def merge_stack(outs: torch.Tensor, lses: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge N partial results at once: outs (N, B, H, L, D), lses (N, B, H, L) -> (B, H, L, D), (B, H, L).
+
+    A part with no keys for a query has lse -inf and weighs nothing; every query needs at least
+    one part with keys."""
+    lses = lses.to(acc_dtype(lses.dtype))
+    top = lses.amax(0)  # (B, H, L)
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    w = torch.exp(lses - top)  # (N, B, H, L); exp(-inf) = 0
+    total = w.sum(0)
+    out = (outs.to(w.dtype) * w.unsqueeze(-1)).sum(0) / total.unsqueeze(-1)
+    return out, top + torch.log(total)

@@ -12,11 +12,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
 
+from lwm.interop.checkpoint import resolve
 from lwm.interop.hf import to_hf
 from lwm.model import ModelConfig, Transformer
 
@@ -31,32 +31,6 @@ def export_weights(weights, model_config: ModelConfig, out_dir, tokenizer_model=
         model = Transformer(model_config)
     model.load_state_dict(weights, strict=True, assign=True)
     return to_hf(model, out_dir, tokenizer_model=tokenizer_model)
-
-
-def checkpoint_weights(path: Path) -> dict[str, torch.Tensor]:
-    """The model's full state dict from a Lightning checkpoint (file or sharded folder)."""
-    if path.is_dir():  # distributed checkpoint: gather it into one file first
-        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-        with tempfile.TemporaryDirectory() as tmp:
-            dcp_to_torch_save(path, Path(tmp) / "full.pt")
-            state = torch.load(Path(tmp) / "full.pt", map_location="cpu", weights_only=False)
-        state = state.get("state_dict", state)
-    else:
-        state = torch.load(path, map_location="cpu", weights_only=False)["state_dict"]
-    prefix = "model."
-    return {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in state.items()}
-
-
-def resolve(source: Path) -> tuple[dict | Path, Path]:
-    """(weights, stage folder) for a stage folder, a final.safetensors or a checkpoint."""
-    if source.is_dir() and (source / "model_config.json").exists():
-        final = source / "final.safetensors"
-        return (final if final.exists() else checkpoint_weights(source / "checkpoints" / "last.ckpt")), source
-    stage_dir = source.parent if source.suffix == ".safetensors" else source.parent.parent
-    if not (stage_dir / "model_config.json").exists():
-        raise FileNotFoundError(f"no model_config.json next to {source}; give the stage folder of a training run")
-    return (source if source.suffix == ".safetensors" else checkpoint_weights(source)), stage_dir
 
 
 def main(argv=None) -> int:
