@@ -1,0 +1,110 @@
+"""The key/value cache of one rank, and the attention functions that fill and read it.
+
+Each layer's attention is swapped from outside (the model never knows) for a `CachedLayer`,
+which runs in one of two modes:
+
+    prefill   the rank holds a slice of the prompt (its layout's tokens); attention is ring
+              attention over the group, and the slice's keys and values are kept
+    extend    every rank runs the same new tokens; their queries attend to all ranks' slices
+              (lwm.parallel.cached_attention) and each new token's keys and values are kept
+              by one rank only, position p by rank p mod N, so the slices stay balanced
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lwm.parallel import ring_attention
+from lwm.parallel.cached import cached_attention
+from lwm.parallel.comm import group_size_and_rank
+
+
+class LayerCache:
+    """Keys and values (B, Hkv, length, D) of this rank's tokens, in a buffer that grows by doubling."""
+
+    def __init__(self):
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+        self.length = 0
+
+    def reserve(self, like: torch.Tensor, capacity: int) -> None:
+        B, H, _, D = like.shape
+        if self.k is not None and self.k.shape[2] >= capacity:
+            return
+        k = like.new_empty(B, H, capacity, D)
+        v = like.new_empty(B, H, capacity, D)
+        if self.k is not None:
+            k[:, :, : self.length], v[:, :, : self.length] = self.keys, self.values
+        self.k, self.v = k, v
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        n = k.shape[2]
+        if self.k is None or self.length + n > self.k.shape[2]:
+            self.reserve(k, max(2 * (self.length + n), 16))
+        self.k[:, :, self.length : self.length + n] = k
+        self.v[:, :, self.length : self.length + n] = v
+        self.length += n
+
+    @property
+    def keys(self) -> torch.Tensor:
+        return self.k[:, :, : self.length]
+
+    @property
+    def values(self) -> torch.Tensor:
+        return self.v[:, :, : self.length]
+
+
+class CachedLayer:
+    """One layer's attention function; `KVCache` sets the mode and the new tokens' positions."""
+
+    def __init__(self, owner: "KVCache"):
+        self.owner, self.cache = owner, LayerCache()
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True) -> torch.Tensor:
+        o = self.owner
+        if o.mode == "prefill":
+            self.cache.append(k, v)
+            if o.world_size == 1:
+                return cached_attention(q, k, v, backend=o.backend)
+            return ring_attention(q, k, v, o.group, causal=True, layout=o.layout, backend=o.backend)
+        out = cached_attention(q, k, v, self.cache.keys if self.cache.length else None,
+                               self.cache.values if self.cache.length else None, o.group, backend=o.backend)
+        mine = o.own_new_tokens  # indices of the new tokens this rank keeps
+        if mine.numel():
+            self.cache.append(k.index_select(2, mine), v.index_select(2, mine))
+        return out
+
+
+class KVCache:
+    """The cache of every layer of a model on this rank; `attach` swaps the model's attention."""
+
+    def __init__(self, model, group=None, layout: str = "striped", backend: str = "auto"):
+        self.group, self.layout, self.backend = group, layout, backend
+        self.world_size, self.rank = group_size_and_rank(group)
+        self.layers = [CachedLayer(self) for _ in model.layers]
+        for layer, cached in zip(model.layers, self.layers):
+            layer.attn.attn_fn = cached
+        self.mode = "extend"
+        self.own_new_tokens = torch.empty(0, dtype=torch.long)
+        self.seen = 0  # tokens of the sequence so far (all ranks)
+
+    def reserve(self, like: torch.Tensor, capacity: int) -> None:
+        for layer in self.layers:
+            layer.cache.reserve(like, capacity)
+
+    @property
+    def lengths(self) -> list[int]:
+        return [layer.cache.length for layer in self.layers]
+
+    def truncate(self, seen: int, lengths: list[int]) -> None:
+        """Forget everything after a snapshot taken with (self.seen, self.lengths)."""
+        self.seen = seen
+        for layer, n in zip(self.layers, lengths):
+            layer.cache.length = n
+
+    def start_extend(self, n_new: int, device) -> torch.Tensor:
+        """Positions (n_new,) of the next tokens; marks the ones this rank will keep."""
+        pos = torch.arange(self.seen, self.seen + n_new, device=device)
+        self.own_new_tokens = torch.nonzero(pos % self.world_size == self.rank).flatten()
+        self.mode, self.seen = "extend", self.seen + n_new
+        return pos

@@ -1,0 +1,136 @@
+"""Generation over a prompt spread across a context-parallel group (or on one process).
+
+    gen = Generator(model, vocab, group)            # group: the cp process group, or None
+    new_ids = gen.generate(prompt_ids, GenerationConfig(max_new_tokens=32, stop_tokens=[eos]))
+    logprobs = gen.score(prompt_ids, [option_a_ids, option_b_ids])
+
+Prefill: with N > 1 ranks, the largest part of the prompt that the layout can split (a multiple
+of N, 2N for zigzag, leaving at least the last token) runs through ring attention, each rank on
+its own slice; the rest, and every generated token, runs on all ranks as an `extend` step whose
+queries attend to all ranks' cache slices. With one process the prompt is prefilled in chunks of
+`prefill_chunk` tokens, so activations stay bounded however long the prompt is. Every rank ends
+with the same logits; sampled tokens are taken from the group's first rank.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from lwm.data.vocab import Vocab
+from lwm.infer.cache import KVCache
+from lwm.infer.sampling import GenerationConfig, allowed_ids, next_token
+from lwm.parallel.comm import broadcast_from_first
+from lwm.parallel.layout import positions as layout_positions
+from lwm.parallel.layout import shard
+
+
+class Generator:
+    def __init__(self, model, vocab: Vocab, group=None, layout: str = "striped", prefill_chunk: int = 8192,
+                 backend: str = "auto"):
+        if model.config.vocab_size < vocab.used_size:
+            raise ValueError(f"the model has {model.config.vocab_size} vocabulary rows but the vocabulary uses "
+                             f"{vocab.used_size} ids (text {vocab.text_size} + vision + specials)")
+        if prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
+        self.model, self.vocab = model.eval(), vocab
+        self.group, self.layout, self.prefill_chunk, self.backend = group, layout, prefill_chunk, backend
+        self.cache: KVCache | None = None
+        self._original_attention = [layer.attn.attn_fn for layer in model.layers]
+
+    def release(self) -> None:
+        """Drop the cache and give the model back its own attention (generate and score do this
+        when they return; prefill and extend leave the cache attached for more extend calls)."""
+        self.cache = None
+        for layer, fn in zip(self.model.layers, self._original_attention):
+            layer.attn.attn_fn = fn
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.output.weight.device
+
+    def _ids(self, ids) -> torch.Tensor:
+        ids = torch.as_tensor(ids, dtype=torch.long).flatten()
+        if ids.numel() == 0:
+            raise ValueError("the prompt is empty")
+        if int(ids.min()) < 0 or int(ids.max()) >= self.model.config.vocab_size:
+            raise ValueError(f"token ids must lie in [0, {self.model.config.vocab_size}), got "
+                             f"[{int(ids.min())}, {int(ids.max())}]")
+        return ids.to(self.device)
+
+    @torch.no_grad()
+    def extend(self, ids, all_logits: bool = False) -> torch.Tensor:
+        """Run new tokens after what is cached -> logits (L, V), or (1, V) of the last one."""
+        ids = self._ids(ids)
+        pos = self.cache.start_extend(ids.numel(), self.device)
+        h = self.model.hidden(ids[None], pos)[0]  # (L, dim)
+        return self.model.output(h if all_logits else h[-1:]).float()  # (L or 1, V)
+
+    @torch.no_grad()
+    def prefill(self, prompt, reserve: int = 0) -> torch.Tensor:
+        """A fresh cache holding the prompt -> logits (V,) after its last token. `reserve`: room
+        for that many more tokens, allocated now."""
+        prompt = self._ids(prompt)
+        S = prompt.numel()
+        self.cache = cache = KVCache(self.model, self.group, self.layout, self.backend)
+        N, rank = cache.world_size, cache.rank
+        unit = 2 * N if self.layout == "zigzag" else N
+        ring = 0 if N == 1 else (S - 1) // unit * unit
+        like = self._kv_like()
+        cache.reserve(like, -(-(S + reserve) // N) + 1)
+        if ring:
+            cache.mode = "prefill"
+            local = shard(prompt[:ring], 0, rank, N, self.layout)  # this rank's slice of the prompt
+            self.model.hidden(local[None], layout_positions(ring, rank, N, self.layout).to(self.device))
+            cache.seen = ring
+        logits = None
+        for start in range(ring, S, self.prefill_chunk):
+            logits = self.extend(prompt[start : start + self.prefill_chunk])
+        return logits[-1]
+
+    def _kv_like(self) -> torch.Tensor:
+        c = self.model.config
+        w = self.model.layers[0].attn.wk.weight
+        return torch.empty(1, c.n_kv_heads, 0, c.head_dim, dtype=w.dtype, device=w.device)
+
+    @torch.no_grad()
+    def generate(self, prompt, config: GenerationConfig | None = None) -> list[int]:
+        """New token ids after the prompt (a stop token ends generation and is not returned)."""
+        config = config or GenerationConfig()
+        allowed = allowed_ids(self.vocab, config.restrict, config.stop_tokens)
+        rng = torch.Generator().manual_seed(config.seed)
+        out: list[int] = []
+        try:
+            logits = self.prefill(prompt, reserve=config.max_new_tokens)
+            for i in range(config.max_new_tokens):
+                token = broadcast_from_first(next_token(logits, config, allowed, rng), self.group)
+                if token in config.stop_tokens:
+                    break
+                out.append(token)
+                if i + 1 < config.max_new_tokens:
+                    logits = self.extend([token])[-1]
+        finally:
+            self.release()
+        return out
+
+    @torch.no_grad()
+    def score(self, prompt, continuations: list) -> list[float]:
+        """The log-probability of each continuation after the prompt (sum over its tokens); the
+        prompt is prefilled once and the cache rolled back after each continuation."""
+        if not continuations or any(len(c) == 0 for c in continuations):
+            raise ValueError("score needs at least one continuation, and none may be empty")
+        scores = []
+        try:
+            last = F.log_softmax(self.prefill(prompt, reserve=max(len(c) for c in continuations)), dim=-1)
+            seen, lengths = self.cache.seen, self.cache.lengths
+            for cont in continuations:
+                cont = self._ids(cont)
+                total = last[cont[0]]
+                if cont.numel() > 1:
+                    logp = F.log_softmax(self.extend(cont[:-1], all_logits=True), dim=-1)  # (L-1, V)
+                    total = total + logp.gather(1, cont[1:, None]).sum()
+                    self.cache.truncate(seen, lengths)
+                scores.append(float(total))
+        finally:
+            self.release()
+        return scores

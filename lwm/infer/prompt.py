@@ -1,0 +1,60 @@
+"""Prompts in LWM's chat form, and the video part of a prompt (read and tokenized on the fly, or
+from cached codes).
+
+    [BOS] "You are a helpful assistant. USER: {question}" [<vision> frames </vision>] "ASSISTANT:"
+
+The question comes before the video. Training examples use the same pieces (`chat_fields`) with
+the spec "[user+vision+assistant],answer", so a prompt built here is exactly the prefix the model
+was trained on.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from lwm.data.text_tokenizer import TextTokenizer
+from lwm.data.vocab import Vocab
+
+SYSTEM = "You are a helpful assistant."
+CHAT_SPEC = "[user+vision+assistant],answer"
+TEXT_CHAT_SPEC = "[user+assistant],answer"
+
+
+def chat_fields(question: str) -> dict[str, str]:
+    """The text fields of a chat example around a question."""
+    return {"user": f"{SYSTEM} USER: {question}", "assistant": "ASSISTANT:"}
+
+
+def chat_prompt(tokenizer: TextTokenizer, vocab: Vocab, question: str, codes: np.ndarray | None = None) -> list[int]:
+    """Token ids of a chat prompt; codes (T, 256) of the video's frames, or None for text only."""
+    if not isinstance(question, str) or not question.strip():
+        raise ValueError(f"the question must be non-empty text, got {question!r}")
+    fields = chat_fields(question)
+    ids = [tokenizer.bos_id, *tokenizer.encode(fields["user"])]
+    if codes is not None:
+        ids += vocab.video_tokens(codes)[0].tolist()
+    return ids + tokenizer.encode(fields["assistant"])
+
+
+def load_vqgan(checkpoint: str | Path | None = None, preset: str = "tiny"):
+    """A VQGAN for on-the-fly tokenization: a preset with a checkpoint, or a diffusers folder."""
+    from lwm.vision.tokenize import load_tokenizer
+
+    return load_tokenizer(str(checkpoint) if checkpoint and Path(checkpoint).is_dir() else preset,
+                          None if checkpoint is None or Path(checkpoint).is_dir() else Path(checkpoint))[0]
+
+
+@torch.no_grad()
+def video_codes(path, vqgan, fps: float = 1.0, max_frames: int | None = None, batch_size: int = 16) -> np.ndarray:
+    """Read a video at `fps` (at most `max_frames`, spread evenly) and tokenize it -> (T, 256) codes.
+    Raises lwm.vision.video.VideoError for a missing or unreadable file."""
+    from lwm.vision.video import read_video
+
+    frames, _ = read_video(path, fps=fps, resolution=vqgan.config.resolution)
+    if max_frames is not None and len(frames) > max_frames:
+        frames = frames[np.linspace(0, len(frames) - 1, max_frames).round().astype(int)]
+    device = next(vqgan.parameters()).device
+    return vqgan.encode(torch.from_numpy(frames).to(device), batch_size=batch_size).cpu().numpy().astype(np.int64)

@@ -1,0 +1,59 @@
+"""Choosing the next token: greedy or sampled (temperature, top-k), optionally restricted to the
+text or the vision range of the vocabulary."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from lwm.data.vocab import Vocab
+
+RESTRICT = (None, "text", "vision")
+
+
+@dataclass
+class GenerationConfig:
+    max_new_tokens: int = 64
+    temperature: float = 0.0  # 0: greedy
+    top_k: int | None = None
+    stop_tokens: list[int] = field(default_factory=list)  # generation ends after one of these (not returned)
+    restrict: str | None = None  # "text": text ids (+ stop tokens); "vision": codes, <eof>, <eov>, </vision>
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 is greedy), got {self.temperature}")
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"top_k must be >= 1 or None, got {self.top_k}")
+        if self.restrict not in RESTRICT:
+            raise ValueError(f"restrict must be one of {RESTRICT}, got {self.restrict!r}")
+
+
+def allowed_ids(vocab: Vocab, restrict: str | None, stop_tokens: list[int]) -> torch.Tensor | None:
+    """A boolean mask (vocab.size,) of the ids that may be generated, or None for all used ids."""
+    mask = torch.zeros(vocab.size, dtype=torch.bool)
+    if restrict is None:
+        mask[: vocab.used_size] = True
+    elif restrict == "text":
+        mask[: vocab.text_size] = True
+    else:
+        mask[vocab.vision_offset : vocab.eof] = True
+        mask[[vocab.eof, vocab.eov, vocab.vision_end]] = True
+    mask[list(stop_tokens)] = True
+    return mask
+
+
+def next_token(logits: torch.Tensor, config: GenerationConfig, allowed: torch.Tensor, generator: torch.Generator) -> int:
+    """logits (V,) of the last position -> the chosen id."""
+    logits = logits.float().masked_fill(~allowed[: logits.shape[-1]].to(logits.device), float("-inf"))
+    if config.temperature == 0:
+        return int(logits.argmax())
+    logits = logits / config.temperature
+    if config.top_k is not None and config.top_k < logits.numel():
+        kth = torch.topk(logits, config.top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1).cpu()
+    return int(torch.multinomial(probs, 1, generator=generator))

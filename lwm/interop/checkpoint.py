@@ -1,0 +1,51 @@
+"""Our own training outputs as weights + model config: a stage folder (final.safetensors, else
+checkpoints/last.ckpt), a final.safetensors, or a Lightning checkpoint (file or sharded folder).
+The model's shape and RoPE theta come from the stage folder's model_config.json."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import torch
+
+from lwm.model import ModelConfig
+
+
+def checkpoint_weights(path: Path) -> dict[str, torch.Tensor]:
+    """The model's full state dict from a Lightning checkpoint (file or sharded folder)."""
+    if path.is_dir():  # distributed checkpoint: gather it into one file first
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+        with tempfile.TemporaryDirectory() as tmp:
+            dcp_to_torch_save(path, Path(tmp) / "full.pt")
+            state = torch.load(Path(tmp) / "full.pt", map_location="cpu", weights_only=False)
+        state = state.get("state_dict", state)
+    else:
+        state = torch.load(path, map_location="cpu", weights_only=False)["state_dict"]
+    prefix = "model."
+    return {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in state.items()}
+
+
+def resolve(source: Path) -> tuple[dict | Path, Path]:
+    """(weights, stage folder) for a stage folder, a final.safetensors or a checkpoint."""
+    if source.is_dir() and (source / "model_config.json").exists():
+        final = source / "final.safetensors"
+        return (final if final.exists() else checkpoint_weights(source / "checkpoints" / "last.ckpt")), source
+    stage_dir = source.parent if source.suffix == ".safetensors" else source.parent.parent
+    if not (stage_dir / "model_config.json").exists():
+        raise FileNotFoundError(f"no model_config.json next to {source}; give the stage folder of a training run")
+    return (source if source.suffix == ".safetensors" else checkpoint_weights(source)), stage_dir
+
+
+
+
+def load_stage(source) -> tuple[dict[str, torch.Tensor], ModelConfig]:
+    """(state dict, model config) of a stage folder, final.safetensors or checkpoint."""
+    weights, stage_dir = resolve(Path(source))
+    if not isinstance(weights, dict):
+        from safetensors.torch import load_file
+
+        weights = load_file(weights)
+    return weights, ModelConfig(**json.loads((stage_dir / "model_config.json").read_text()))

@@ -1,0 +1,36 @@
+"""Attention of new tokens against a key/value cache that is split over a context-parallel group.
+
+Used by generation (lwm.infer): every rank computes the same new tokens' q, k, v; each rank
+holds only its own slice of the earlier tokens' keys and values. The new queries attend to
+
+    every rank's cache slice   (all earlier positions: no mask), merged from (out, lse) pairs
+    the new tokens themselves  (causal, computed identically on every rank)
+
+and the result is the same as full causal attention over the whole sequence. Only (out, lse)
+of the new queries travel: a few kilobytes per token and layer, never the cache.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lwm.parallel.comm import all_gather_stack
+from lwm.parallel.kernels import block_forward
+from lwm.parallel.merge import acc_dtype, merge_stack
+
+
+def cached_attention(q, k_new, v_new, k_cache=None, v_cache=None, group=None, backend: str = "auto") -> torch.Tensor:
+    """q (B, H, L, D); k_new, v_new (B, Hkv, L, D); k_cache, v_cache (B, Hkv, C, D) this rank's
+    slice of the earlier tokens (C may be 0 or differ between ranks) -> (B, H, L, D)."""
+    B, H, L, _ = q.shape
+    if k_cache is not None and k_cache.shape[2] > 0:
+        out, lse = block_forward(q, k_cache, v_cache, causal=False, backend=backend)
+        out, lse = out.to(acc_dtype(q.dtype)), lse.to(acc_dtype(q.dtype))
+    else:  # nothing cached here: a part that weighs nothing
+        out = torch.zeros(q.shape, dtype=acc_dtype(q.dtype), device=q.device)
+        lse = torch.full((B, H, L), float("-inf"), dtype=acc_dtype(q.dtype), device=q.device)
+    outs, lses = all_gather_stack(out, group), all_gather_stack(lse, group)  # (N, B, H, L, D), (N, B, H, L)
+    own_out, own_lse = block_forward(q, k_new, v_new, causal=True, backend=backend)
+    outs = torch.cat([outs, own_out.to(outs.dtype).unsqueeze(0)])
+    lses = torch.cat([lses, own_lse.to(lses.dtype).unsqueeze(0)])
+    return merge_stack(outs, lses)[0].to(q.dtype)
