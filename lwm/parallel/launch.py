@@ -53,3 +53,15 @@ def run_distributed(fn, world_size: int, *args, timeout: float = 300.0, threads:
     if errors:
         raise RuntimeError("\n".join(errors))
     return [res["ok"] for res in results]
+
+
+def init_from_env(device: str = "cpu"):
+    """Under torchrun (WORLD_SIZE > 1 in the environment): start the default process group (gloo on
+    CPU, nccl on CUDA) and return it; a plain single process gets None. For command-line tools."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return None
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if str(device).startswith("cuda") else "gloo")
+        if str(device).startswith("cuda"):
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    return dist.group.WORLD
