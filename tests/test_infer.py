@@ -1,0 +1,159 @@
+"""Generation over a context-parallel group equals generation on one process: greedy tokens equal
+a plain full-recompute loop with our model and transformers' generate on the exported model;
+scores equal full-forward log-probabilities; no rank holds the whole cache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lwm.data.vocab import Vocab
+from lwm.infer import GenerationConfig, Generator
+from lwm.infer.sampling import allowed_ids
+from lwm.model import ModelConfig, Transformer
+from lwm.parallel.launch import run_distributed
+
+VOCAB = Vocab(4096)
+N_NEW = 12
+PROMPT_LENGTHS = (45, 64)  # 45: not a multiple of the ring; 64: the last token still goes through extend
+CONTINUATIONS = [[5, 6, 7], [8], [VOCAB.vision_start, VOCAB.vision_offset + 3]]
+
+
+def make_model() -> Transformer:
+    torch.manual_seed(0)
+    return Transformer(ModelConfig.from_preset("debug", vocab_size=VOCAB.size)).eval()
+
+
+def prompt(length: int) -> torch.Tensor:
+    return torch.randint(0, VOCAB.text_size, (length,), generator=torch.Generator().manual_seed(length))
+
+
+@torch.no_grad()
+def reference_greedy(model, ids: torch.Tensor, n: int) -> list[int]:
+    """The plain loop: the whole sequence through the model at every step."""
+    allowed = allowed_ids(VOCAB, None, [])
+    seq = ids.tolist()
+    for _ in range(n):
+        logits = model(torch.tensor([seq]))[0, -1].masked_fill(~allowed, float("-inf"))
+        seq.append(int(logits.argmax()))
+    return seq[len(ids):]
+
+
+@torch.no_grad()
+def reference_scores(model, ids: torch.Tensor, continuations) -> list[float]:
+    out = []
+    for cont in continuations:
+        logp = torch.log_softmax(model(torch.tensor([ids.tolist() + cont]))[0].float(), -1)
+        out.append(sum(float(logp[len(ids) - 1 + i, t]) for i, t in enumerate(cont)))
+    return out
+
+
+def _worker(rank: int, world: int, layouts: tuple[str, ...]) -> dict:
+    import torch.distributed as dist
+
+    model = make_model()
+    result = {}
+    for layout in layouts:
+        for length in PROMPT_LENGTHS:
+            gen = Generator(model, VOCAB, group=dist.group.WORLD, layout=layout)
+            result[layout, length, "greedy"] = gen.generate(prompt(length), GenerationConfig(max_new_tokens=N_NEW))
+            result[layout, length, "score"] = gen.score(prompt(length), CONTINUATIONS)
+            gen.prefill(prompt(length))
+            for t in range(5):
+                gen.extend([t + 10])
+            result[layout, length, "cache"] = gen.cache.lengths[0]
+            gen.release()
+    gen = Generator(model, VOCAB, group=dist.group.WORLD)
+    result["sampled"] = gen.generate(prompt(45), GenerationConfig(max_new_tokens=N_NEW, temperature=0.8, top_k=50, seed=3))
+    return result
+
+
+@pytest.fixture(scope="module")
+def references():
+    model = make_model()
+    return {length: (reference_greedy(model, prompt(length), N_NEW), reference_scores(model, prompt(length), CONTINUATIONS))
+            for length in PROMPT_LENGTHS}
+
+
+def test_one_process_matches_the_plain_loop(references):
+    model = make_model()
+    for length, (greedy, scores) in references.items():
+        for chunk in (8192, 7):  # one prefill pass, or chunks of 7 tokens
+            gen = Generator(model, VOCAB, prefill_chunk=chunk)
+            assert gen.generate(prompt(length), GenerationConfig(max_new_tokens=N_NEW)) == greedy
+            assert gen.score(prompt(length), CONTINUATIONS) == pytest.approx(scores, abs=1e-4)
+    # the model gets its own attention back: a plain forward is unchanged
+    ids = prompt(45)[None]
+    torch.testing.assert_close(model(ids), make_model()(ids), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("world,layouts", [(2, ("striped", "zigzag")), (4, ("striped", "zigzag"))])
+def test_context_parallel_generation_is_exact(references, world, layouts):
+    results = run_distributed(_worker, world, layouts)
+    for rank_result in results:
+        for layout in layouts:
+            for length, (greedy, scores) in references.items():
+                assert rank_result[layout, length, "greedy"] == greedy, (world, layout, length)
+                assert rank_result[layout, length, "score"] == pytest.approx(scores, abs=1e-4)
+    for layout in layouts:
+        for length in PROMPT_LENGTHS:
+            cached = [r[layout, length, "cache"] for r in results]
+            assert sum(cached) == length + 5  # every token cached exactly once ...
+            assert max(cached) - min(cached) <= 2  # ... spread evenly: no rank holds the whole cache
+    assert all(r["sampled"] == results[0]["sampled"] for r in results)  # ranks agree on sampled tokens
+    one = Generator(make_model(), VOCAB).generate(prompt(45), GenerationConfig(max_new_tokens=N_NEW, temperature=0.8,
+                                                                            top_k=50, seed=3))
+    assert results[0]["sampled"] == one
+
+
+def test_transformers_generate_on_the_exported_model(tmp_path, references):
+    from transformers import AutoModelForCausalLM
+
+    from lwm.interop.hf import to_hf
+
+    model = make_model()
+    to_hf(model, tmp_path / "hf")
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    padding = list(range(VOCAB.used_size, VOCAB.size))
+    for length, (greedy, _) in references.items():
+        ids = prompt(length)[None]
+        out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=N_NEW, do_sample=False,
+                          suppress_tokens=padding, pad_token_id=0, eos_token_id=None)
+        assert out[0, length:].tolist() == greedy
+
+
+def test_sampling_options_stop_tokens_and_ranges(references):
+    model = make_model()
+    greedy = references[45][0]
+    gen = Generator(model, VOCAB)
+    assert gen.generate(prompt(45), GenerationConfig(max_new_tokens=N_NEW, temperature=1.0, top_k=1)) == greedy
+    stop = greedy[4]
+    cut = gen.generate(prompt(45), GenerationConfig(max_new_tokens=N_NEW, stop_tokens=[stop]))
+    assert cut == greedy[: greedy.index(stop)]
+    text = gen.generate(prompt(45), GenerationConfig(max_new_tokens=N_NEW, temperature=1.5, restrict="text", seed=1))
+    assert all(t < VOCAB.text_size for t in text)
+    vision = gen.generate(prompt(45), GenerationConfig(max_new_tokens=N_NEW, temperature=1.5, restrict="vision", seed=1))
+    assert all(VOCAB.vision_offset <= t < VOCAB.eof or t in (VOCAB.eof, VOCAB.eov, VOCAB.vision_end) for t in vision)
+    a = gen.generate(prompt(45), GenerationConfig(max_new_tokens=N_NEW, temperature=1.0, seed=7))
+    assert a == gen.generate(prompt(45), GenerationConfig(max_new_tokens=N_NEW, temperature=1.0, seed=7))
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"max_new_tokens": 0}, "max_new_tokens must be >= 1"),
+    ({"temperature": -1.0}, "temperature must be >= 0"),
+    ({"top_k": 0}, "top_k must be >= 1"),
+    ({"restrict": "audio"}, "restrict must be one of"),
+])
+def test_bad_generation_options(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        GenerationConfig(**kwargs)
+
+
+def test_bad_prompts():
+    gen = Generator(make_model(), VOCAB)
+    with pytest.raises(ValueError, match="the prompt is empty"):
+        gen.generate([])
+    with pytest.raises(ValueError, match=r"token ids must lie in \[0, 12352\)"):
+        gen.generate([1, 99999])
+    with pytest.raises(ValueError, match="vocabulary rows"):
+        Generator(make_model(), Vocab(32000))
