@@ -157,3 +157,33 @@ def test_bad_prompts():
         gen.generate([1, 99999])
     with pytest.raises(ValueError, match="vocabulary rows"):
         Generator(make_model(), Vocab(32000))
+
+
+def test_command_one_process_and_torchrun(tmp_path):
+    """lwm-generate on an exported model prints the same text with 1 process and with 2 (torchrun)."""
+    import os
+    import subprocess
+    import sys
+
+    from lwm.data.text_tokenizer import TextTokenizer
+    from lwm.interop.hf import to_hf
+
+    root = __import__("pathlib").Path(__file__).resolve().parent.parent
+    tok = root / "data" / "sample" / "tokenizer.model"
+    to_hf(make_model(), tmp_path / "hf", tokenizer_model=tok)
+    text = "The red circle moves to the left while the"
+    ids = [TextTokenizer(tok).bos_id, *TextTokenizer(tok).encode(text)]
+    expected = Generator(make_model(), VOCAB).generate(ids, GenerationConfig(max_new_tokens=10, restrict="text",
+                                                                           stop_tokens=[TextTokenizer(tok).eos_id]))
+    args = ["--model", str(tmp_path / "hf"), "--prompt", text, "--raw", "--max-new-tokens", "10", "--device", "cpu"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    outs = []
+    for launcher in ([sys.executable, "-m", "lwm.infer.cli"],
+                     [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "lwm.infer.cli"]):
+        proc = subprocess.run(launcher + args, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        outs.append(proc.stdout.strip())
+    assert outs[0] and outs[0] == outs[1] == TextTokenizer(tok).decode(expected).strip()
+    bad = subprocess.run([sys.executable, "-m", "lwm.infer.cli", "--model", str(tmp_path / "nope"), "--prompt", "x"],
+                         cwd=root, env=env, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "does not exist" in bad.stderr

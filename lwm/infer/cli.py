@@ -1,0 +1,97 @@
+"""lwm-generate: answer a text prompt, optionally about a video, with any model we can load.
+
+    lwm-generate --model runs/X/hf --prompt "What color is the circle?" --video clip.mp4
+    lwm-generate --model runs/X/s8k --tokenizer data/sample/tokenizer.model --prompt "Once upon a time" --raw
+    torchrun --nproc_per_node 2 -m lwm.infer.cli --model ... --prompt ... --video long.mp4   # prompt and KV cache split over 2 ranks
+
+The video is read at --fps (at most --max-frames frames) and tokenized with --vqgan, or taken from
+cached codes (--codes DIR --video-id ID, the output of lwm-tokenize). Prompts use LWM's chat form
+(question before the video) unless --raw. Only rank 0 prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="lwm-generate", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True, help="Hugging Face folder, training stage folder, final.safetensors or .ckpt")
+    p.add_argument("--tokenizer", help="sentencepiece model (default: found next to the model)")
+    p.add_argument("--prompt", required=True, help="the question (chat form) or the raw text (--raw)")
+    p.add_argument("--raw", action="store_true", help="no chat template: BOS + the prompt's tokens")
+    p.add_argument("--video", help="a video file, read and tokenized on the fly")
+    p.add_argument("--codes", help="cached codes folder (lwm-tokenize output); use with --video-id")
+    p.add_argument("--video-id", help="the video's id in --codes")
+    p.add_argument("--fps", type=float, default=1.0)
+    p.add_argument("--max-frames", type=int)
+    p.add_argument("--vqgan", default="data/checkpoints/vqgan_tiny.safetensors", help="VQGAN checkpoint (tiny preset) or diffusers folder")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-k", type=int)
+    p.add_argument("--restrict", choices=["text", "vision", "none"], default="text")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--layout", default="striped", choices=["striped", "zigzag", "contiguous"])
+    p.add_argument("--prefill-chunk", type=int, default=8192)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None)
+    return p
+
+
+def prompt_ids(args, loaded) -> list[int]:
+    from lwm.infer.prompt import chat_prompt, load_vqgan, video_codes
+
+    codes = None
+    if args.video_id or args.codes:
+        if not (args.video_id and args.codes):
+            raise ValueError("--codes and --video-id go together")
+        from lwm.data.codes import CodeStore
+
+        codes = CodeStore(args.codes).load(args.video_id, max_frames=args.max_frames, fps=args.fps)
+    elif args.video:
+        codes = video_codes(args.video, load_vqgan(args.vqgan).to(args.device), fps=args.fps, max_frames=args.max_frames)
+    if args.raw:
+        if codes is not None:
+            raise ValueError("--raw takes text only; a video goes in the chat form")
+        return [loaded.tokenizer.bos_id, *loaded.tokenizer.encode(args.prompt)]
+    return chat_prompt(loaded.tokenizer, loaded.vocab, args.prompt, codes)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from lwm.infer import GenerationConfig, Generator, load_model
+    from lwm.parallel.launch import init_from_env
+    from lwm.vision.video import VideoError
+
+    group = init_from_env(args.device)
+    rank = torch.distributed.get_rank() if group is not None else 0
+    if args.device.startswith("cuda") and group is not None:
+        args.device = f"cuda:{torch.cuda.current_device()}"
+    try:
+        loaded = load_model(args.model, args.tokenizer, device=args.device,
+                            dtype=getattr(torch, args.dtype) if args.dtype else None)
+        ids = prompt_ids(args, loaded)
+        config = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                                  stop_tokens=[loaded.tokenizer.eos_id], seed=args.seed,
+                                  restrict=None if args.restrict == "none" else args.restrict)
+    except (FileNotFoundError, ValueError, VideoError) as e:
+        print(f"lwm-generate: {e}", file=sys.stderr)
+        return 2
+    gen = Generator(loaded.model, loaded.vocab, group, layout=args.layout, prefill_chunk=args.prefill_chunk)
+    start = time.perf_counter()
+    out = gen.generate(ids, config)
+    seconds = time.perf_counter() - start
+    if rank == 0:
+        text = loaded.tokenizer.decode([t for t in out if t < loaded.vocab.text_size])
+        n_vision = sum(1 for t in out if t >= loaded.vocab.text_size)
+        print(text + (f"  [+{n_vision} vision tokens]" if n_vision else ""))
+        print(f"[{len(ids)} prompt tokens, {len(out)} new, {seconds:.2f} s]", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
