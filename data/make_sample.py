@@ -32,15 +32,26 @@ Layout of the output folder:
                                            "value": "blue" (new color) | "left" (direction) | null}]}
     captions.jsonl            {"vision": "clip_0000", "caption": "...",
                                "fields": ["[vision],caption", "[caption],vision"]}
-    qa.jsonl                  {"vision": "clip_0000", "question": "What color is the square?",
-                               "answer": "Green.", "fields": "[vision+question],answer"}; kinds: how many
-                              shapes, what color (at the start / end if it changes), how it moves,
-                              which digit (or "Is a digit shown?" "No."), what happens at t seconds,
-                              when does X happen ("At 5 seconds.")
+    qa.jsonl                  in the chat form evaluation prompts with (lwm.infer.prompt: the question
+                              before the video), one line per question:
+                              {"vision": "clip_0000", "question": "What color is the square?",
+                               "answer": "Green.", "kind": "color",
+                               "user": "You are a helpful assistant. USER: What color is the square?",
+                               "assistant": "ASSISTANT:", "fields": "[user+vision+assistant],answer"};
+                              kinds: how many shapes (count), what color (color; color_start / color_end
+                              if it changes), how it moves (motion), which digit (digit; or "Is a digit
+                              shown in the video?" "No.": no_digit), what happens at t seconds (event),
+                              when does X happen ("At 5 seconds.": when). Each count, color*, motion and
+                              digit question is followed by its multiple-choice variant (same kind):
+                              "question": "What color is the square? A. Red. B. Green. C. White.
+                              D. Cyan. Answer with the letter.", "answer": "B.", "letter": "B",
+                              "options": ["A. Red.", "B. Green.", "C. White.", "D. Cyan."] (three
+                              distractors from the kind's answer set, the answer at a seeded-random letter)
     text/doc_000.txt ...      8 procedural documents of 20-40K characters (paragraphs split by blank lines)
     text.jsonl                {"text": <document>, "fields": "text"}, one line per document
     tokenizer.model, .vocab   sentencepiece BPE, 4096 pieces, unk 0, bos 1, eos 2, no pad, byte
-                              fallback, digits split; trained on captions, questions, answers and documents
+                              fallback, digits split; trained on the text the examples encode: captions,
+                              the qa rows' user, assistant and answer fields, and documents
     DONE                      the arguments of the finished run; a run with the same arguments skips
 """
 
@@ -60,7 +71,7 @@ _HERE = str(Path(__file__).resolve().parent)
 if _HERE not in sys.path:  # for sample_lib/, when this file is run or loaded by path
     sys.path.insert(0, _HERE)
 
-from sample_lib.language import caption, document, event_text, questions  # noqa: E402
+from sample_lib.language import caption, document, event_text, multiple_choice, questions  # noqa: E402
 from sample_lib.scene import FPS, random_scene, render, scene_to_json  # noqa: E402
 from sample_lib.video import write_mp4  # noqa: E402
 
@@ -68,7 +79,7 @@ DEFAULT_OUT = Path(__file__).resolve().parent / "sample"
 N_DOCS = 8
 DOC_CHARS = (20_000, 40_000)
 VOCAB_SIZE = 4096
-FORMAT = 1  # bump when the output changes, so old folders are remade
+FORMAT = 2  # bump when the output changes, so old folders are remade
 
 
 def _rng(seed: int, *stream: int) -> np.random.Generator:
@@ -120,6 +131,12 @@ def generate(out: Path, seed: int, n_videos: int) -> dict:
         for old in (out / sub).glob(pattern):
             old.unlink()
 
+    from lwm.infer.prompt import CHAT_SPEC, chat_fields  # here, not at the top: it imports torch and lightning
+
+    def qa_row(video_id: str, question: str, answer: str, kind: str, **extra) -> dict:
+        return {"vision": video_id, "question": question, "answer": answer, "kind": kind,
+                **chat_fields(question), **extra, "fields": CHAT_SPEC}
+
     videos, captions, qa = [], [], []
     for i in range(n_videos):
         scene = random_scene(_rng(seed, i, 0), f"clip_{i:04d}")
@@ -127,8 +144,12 @@ def generate(out: Path, seed: int, n_videos: int) -> dict:
         videos.append(scene_to_json(scene, [event_text(scene, e) for e in scene.events]))
         captions.append({"vision": scene.id, "caption": caption(scene, _rng(seed, i, 1)),
                          "fields": ["[vision],caption", "[caption],vision"]})
-        qa += [{"vision": scene.id, "question": q, "answer": a, "fields": "[vision+question],answer"}
-               for q, a in questions(scene)]
+        choice_rng = _rng(seed, i, 2)
+        for q in questions(scene):
+            qa.append(qa_row(scene.id, q.question, q.answer, q.kind))
+            if (mc := multiple_choice(q, choice_rng)) is not None:
+                qa.append(qa_row(scene.id, mc.question, f"{mc.letter}.", q.kind,
+                                 options=mc.options, letter=mc.letter))
 
     docs = []
     for i in range(N_DOCS):
@@ -141,7 +162,7 @@ def generate(out: Path, seed: int, n_videos: int) -> dict:
     _write_jsonl(out / "qa.jsonl", qa)
     _write_jsonl(out / "text.jsonl", [{"text": d, "fields": "text"} for d in docs])
 
-    lines = [c["caption"] for c in captions] + [x for r in qa for x in (r["question"], r["answer"])]
+    lines = [c["caption"] for c in captions] + [x for r in qa for x in (r["user"], r["assistant"], r["answer"])]
     lines += [p for d in docs for p in d.split("\n") if p.strip()]
     train_tokenizer(lines, out, seed)
     (out / "DONE").write_text(_done_text(seed, n_videos))

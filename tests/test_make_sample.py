@@ -25,6 +25,7 @@ def _load_script():
 
 
 make_sample = _load_script()
+from sample_lib import language  # noqa: E402
 from sample_lib import scene as scene_lib  # noqa: E402
 
 
@@ -104,38 +105,118 @@ def test_captions(sample):
             assert str(v["digit"]) in c["caption"]
 
 
+def _open_answer(v: dict, q: str) -> str | None:
+    """The answer a sample question must have for video record v (None: not a question the sample asks)."""
+    shapes = {o["shape"]: o for o in v["objects"]}
+    if q == "Which digit is shown?":
+        return f"{v['digit']}."
+    if q == "Is a digit shown in the video?":
+        return "No." if v["digit"] is None else None
+    if q == "How many different shapes are shown in the video?":
+        return ["One.", "Two.", "Three."][len(v["objects"]) - 1]
+    if m := re.fullmatch(r"What color is the (\w+)( at the start| at the end)?\?", q):
+        o = shapes[m.group(1)]
+        return (o["final_color"] if m.group(2) == " at the end" else o["color"]).capitalize() + "."
+    if m := re.fullmatch(r"What happens at (\d+) seconds\?", q):
+        (e,) = [e for e in v["events"] if e["t"] == int(m.group(1))]
+        return e["text"][0].upper() + e["text"][1:] + "."
+    if q.startswith("When does the "):
+        (e,) = [e for e in v["events"] if v["objects"][e["object"]]["shape"] in q]
+        return f"At {e['t']} seconds."
+    if m := re.fullmatch(r"How does the (\w+) move\?", q):
+        return {"still": "It does not move.", "left": "Left and right.", "right": "Left and right.",
+                "up": "Up and down.", "down": "Up and down."}[shapes[m.group(1)]["motion"]]
+    return None
+
+
+def _check_choice(row: dict) -> tuple[str, str]:
+    """A multiple-choice row is well formed; returns (the open question, the right option's text)."""
+    options, letter = row["options"], row["letter"]
+    assert [o[:3] for o in options] == ["A. ", "B. ", "C. ", "D. "] and len({o[3:] for o in options}) == 4, options
+    assert letter in "ABCD" and row["answer"] == f"{letter}."
+    suffix = " " + " ".join(options) + " Answer with the letter."
+    assert row["question"].endswith(suffix), row["question"]
+    texts = [o[3:] for o in options]
+    assert set(texts) <= set(language.CHOICES[row["kind"]])  # distractors from the same answer set
+    return row["question"][: -len(suffix)], texts["ABCD".index(letter)]
+
+
 def test_qa_answers_follow_metadata(sample):
+    from lwm.infer.prompt import CHAT_SPEC, chat_fields
+
     videos = {v["id"]: v for v in _jsonl(sample / "videos.jsonl")}
     qa = _jsonl(sample / "qa.jsonl")
     assert {r["vision"] for r in qa} == set(videos)
-    kinds = set()
-    for r in qa:
-        assert r["fields"] == "[vision+question],answer" and r["question"].endswith("?") and r["answer"].endswith(".")
-        v, q, a = videos[r["vision"]], r["question"], r["answer"]
-        shapes = {o["shape"]: o for o in v["objects"]}
-        if q == "Which digit is shown?":
-            assert a == f"{v['digit']}."
-        elif q == "Is a digit shown in the video?":
-            assert v["digit"] is None and a == "No."
-        elif q.startswith("How many"):
-            assert a == ["One.", "Two.", "Three."][len(v["objects"]) - 1]
-        elif m := re.fullmatch(r"What color is the (\w+)( at the start| at the end)?\?", q):
-            o = shapes[m.group(1)]
-            assert a.lower() == (o["final_color"] if m.group(2) == " at the end" else o["color"]) + "."
-        elif m := re.fullmatch(r"What happens at (\d+) seconds\?", q):
-            (e,) = [e for e in v["events"] if e["t"] == int(m.group(1))]
-            assert a.lower() == e["text"] + "."
-        elif q.startswith("When does the "):
-            (e,) = [e for e in v["events"] if v["objects"][e["object"]]["shape"] in q]
-            assert a == f"At {e['t']} seconds."
-        elif m := re.fullmatch(r"How does the (\w+) move\?", q):
-            motion = shapes[m.group(1)]["motion"]
-            assert a == {"still": "It does not move.", "left": "Left and right.", "right": "Left and right.",
-                         "up": "Up and down.", "down": "Up and down."}[motion]
+    kinds, choice_kinds = set(), set()
+    for k, r in enumerate(qa):
+        assert r["fields"] == CHAT_SPEC
+        assert {"user": r["user"], "assistant": r["assistant"]} == chat_fields(r["question"])
+        assert r["question"].endswith(("?", "Answer with the letter.")) and r["answer"].endswith(".")
+        v = videos[r["vision"]]
+        if "options" in r:
+            question, right = _check_choice(r)
+            previous = qa[k - 1]  # the open question it varies
+            assert (previous["vision"], previous["question"], previous["answer"], previous["kind"]) == \
+                (r["vision"], question, right, r["kind"])
+            choice_kinds.add(r["kind"])
         else:
-            pytest.fail(f"unexpected question {q!r}")
-        kinds.add(q.split()[0] + " " + q.split()[1])
-    assert {"How many", "What color", "How does", "What happens", "When does"} <= kinds
+            assert _open_answer(v, r["question"]) == r["answer"], r
+            assert set(r) == {"vision", "question", "answer", "kind", "user", "assistant", "fields"}
+            if r["kind"] in language.CHOICES:  # followed by its multiple-choice variant
+                assert qa[k + 1].get("options") and qa[k + 1]["vision"] == r["vision"]
+        kinds.add(r["kind"])
+    assert {"count", "color", "motion", "event", "when"} <= kinds
+    assert {"count", "color", "motion"} <= choice_kinds
+    letters = [r["letter"] for r in qa if "letter" in r]
+    assert set(letters) == set("ABCD")
+
+
+def test_chat_rows_encode_to_the_inference_prompt(sample, tmp_path):
+    """A qa row's encoding starts with exactly the prompt lwm.infer.prompt.chat_prompt builds for its question and
+    video; then come the answer (the only loss on text) and EOS."""
+    from lwm.data.codes import CodeStore
+    from lwm.data.example import encode_example
+    from lwm.data.text_tokenizer import TextTokenizer
+    from lwm.data.vocab import Vocab
+    from lwm.infer.prompt import chat_prompt
+
+    tokenizer = TextTokenizer(sample / "tokenizer.model")
+    vocab = Vocab(tokenizer.vocab_size)
+    (tmp_path / "tokens").mkdir()
+    rng = np.random.default_rng(0)
+    qa = _jsonl(sample / "qa.jsonl")
+    for video_id in {r["vision"] for r in qa}:
+        np.save(tmp_path / "tokens" / f"{video_id}.npy", rng.integers(0, 8192, size=(2, 256), dtype=np.uint16))
+    store = CodeStore(tmp_path)
+    plain = next(r for r in qa if "options" not in r)
+    choice = next(r for r in qa if "options" in r)
+    for row in (plain, choice):
+        encoded = encode_example(row, vocab, tokenizer, codes=store)
+        prompt = chat_prompt(tokenizer, vocab, row["question"], store.load(row["vision"]))
+        answer = tokenizer.encode(row["answer"])
+        assert encoded.tokens.tolist() == prompt + answer + [tokenizer.eos_id]
+        assert not encoded.loss_mask[: len(prompt)].any() and encoded.loss_mask[len(prompt):].all()
+    assert tokenizer.decode(tokenizer.encode(choice["answer"])) == choice["letter"] + "."
+
+
+def test_multiple_choice_variants():
+    """Four distinct options from the kind's answer set; the letter points at the answer; every letter is used."""
+    letters = []
+    for i in range(40):
+        scene = scene_lib.random_scene(np.random.default_rng([9, i]), "x")
+        rng = np.random.default_rng([9, i, 1])
+        for q in language.questions(scene):
+            mc = language.multiple_choice(q, rng)
+            if q.kind not in language.CHOICES:
+                assert mc is None
+                continue
+            options = [o[3:] for o in mc.options]
+            assert mc.options == [f"{x}. {t}" for x, t in zip("ABCD", options)] and len(set(options)) == 4
+            assert set(options) <= set(language.CHOICES[q.kind]) and options["ABCD".index(mc.letter)] == q.answer
+            assert mc.question == f"{q.question} {' '.join(mc.options)} Answer with the letter."
+            letters.append(mc.letter)
+    counts = [letters.count(x) for x in "ABCD"]
+    assert min(counts) > len(letters) / 8, counts  # the answer's position is drawn, not fixed
 
 
 def test_text(sample):

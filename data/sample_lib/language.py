@@ -1,4 +1,5 @@
-"""Words about scenes (event sentences, captions, questions and answers) and long procedural documents.
+"""Words about scenes (event sentences, captions, questions and answers, multiple-choice variants of the
+questions with a closed answer set) and long procedural documents.
 
 Everything is drawn from a numpy Generator passed in, so the same seed gives the same text.
 """
@@ -6,10 +7,11 @@ Everything is drawn from a numpy Generator passed in, so the same seed gives the
 from __future__ import annotations
 
 import re
+from typing import NamedTuple
 
 import numpy as np
 
-from .scene import DIRECTIONS, Event, Scene
+from .scene import COLORS, DIRECTIONS, Event, Scene
 
 NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
                 "eleven", "twelve")
@@ -87,30 +89,76 @@ def caption(scene: Scene, rng: np.random.Generator) -> str:
 
 # --- questions and answers -----------------------------------------------------------------------
 
-def questions(scene: Scene) -> list[tuple[str, str]]:
-    """(question, answer) pairs; every answer follows from the scene's metadata."""
+class QA(NamedTuple):
+    question: str
+    answer: str
+    kind: str  # "count", "color", "color_start", "color_end", "motion", "digit", "no_digit", "event", "when"
+
+
+MOTION_ANSWERS = ("It does not move.", "Left and right.", "Up and down.")
+# The closed answer sets: the kinds of question that also get a multiple-choice variant. Every set has
+# at least four answers; "Four." and "In a circle." are never right here (1-3 shapes, straight motion).
+CHOICES = {
+    "count": tuple(_sentence(w) for w in NUMBER_WORDS[1:5]),
+    "color": tuple(_sentence(c) for c in COLORS),
+    "motion": MOTION_ANSWERS + ("In a circle.",),
+    "digit": tuple(f"{d}." for d in range(10)),
+}
+CHOICES["color_start"] = CHOICES["color_end"] = CHOICES["color"]
+LETTERS = "ABCD"
+CHOICE_INSTRUCTION = "Answer with the letter."
+
+
+def questions(scene: Scene) -> list[QA]:
+    """Questions with their answers and kinds; every answer follows from the scene's metadata."""
     n = len(scene.objects)
-    qa = [("How many different shapes are shown in the video?", _sentence(NUMBER_WORDS[n]))]
+    qa = [QA("How many different shapes are shown in the video?", _sentence(NUMBER_WORDS[n]), "count")]
     for i, o in enumerate(scene.objects):
         final = scene.final_color(i)
         if final == o.color:
-            qa.append((f"What color is the {o.shape}?", _sentence(o.color)))
+            qa.append(QA(f"What color is the {o.shape}?", _sentence(o.color), "color"))
         else:
-            qa.append((f"What color is the {o.shape} at the start?", _sentence(o.color)))
-            qa.append((f"What color is the {o.shape} at the end?", _sentence(final)))
+            qa.append(QA(f"What color is the {o.shape} at the start?", _sentence(o.color), "color_start"))
+            qa.append(QA(f"What color is the {o.shape} at the end?", _sentence(final), "color_end"))
         e = scene.event_of(i)
         if e is None or e.kind != "start":
-            axis = "It does not move" if o.motion == "still" else \
-                "Left and right" if DIRECTIONS[o.motion][0] else "Up and down"
-            qa.append((f"How does the {o.shape} move?", axis + "."))
+            axis = MOTION_ANSWERS[0] if o.motion == "still" else MOTION_ANSWERS[1] if DIRECTIONS[o.motion][0] \
+                else MOTION_ANSWERS[2]
+            qa.append(QA(f"How does the {o.shape} move?", axis, "motion"))
     if scene.digit is not None:
-        qa.append(("Which digit is shown?", f"{scene.digit}."))
+        qa.append(QA("Which digit is shown?", f"{scene.digit}.", "digit"))
     else:
-        qa.append(("Is a digit shown in the video?", "No."))
+        qa.append(QA("Is a digit shown in the video?", "No.", "no_digit"))
     for e in scene.events:
-        qa.append((f"What happens at {e.t} seconds?", _sentence(event_text(scene, e))))
-        qa.append((f"When does the {scene.objects[e.object].name} {_verbs(e)[1]}?", f"At {e.t} seconds."))
+        qa.append(QA(f"What happens at {e.t} seconds?", _sentence(event_text(scene, e)), "event"))
+        qa.append(QA(f"When does the {scene.objects[e.object].name} {_verbs(e)[1]}?", f"At {e.t} seconds.", "when"))
     return qa
+
+
+class Choice(NamedTuple):
+    question: str  # "What color is the circle? A. Red. B. Cyan. C. Green. D. White. Answer with the letter."
+    options: list[str]  # ["A. Red.", "B. Cyan.", "C. Green.", "D. White."]
+    letter: str  # "B": the option that is the answer
+
+
+def choice_question(question: str, options: list[str]) -> str:
+    """The text of a multiple-choice question: the question, its options, the instruction."""
+    return " ".join([question, *options, CHOICE_INSTRUCTION])
+
+
+def multiple_choice(qa: QA, rng: np.random.Generator) -> Choice | None:
+    """A four-option variant of a question with a closed answer set (None for the others): three
+    distractors drawn from the same set, the answer at a random letter."""
+    answers = CHOICES.get(qa.kind)
+    if answers is None:
+        return None
+    if qa.answer not in answers:
+        raise ValueError(f"answer {qa.answer!r} of {qa.question!r} is not in the {qa.kind!r} set {answers}")
+    others = [a for a in answers if a != qa.answer]
+    picked = [others[int(k)] for k in rng.choice(len(others), size=len(LETTERS) - 1, replace=False)] + [qa.answer]
+    texts = [picked[int(k)] for k in rng.permutation(len(picked))]
+    options = [f"{letter}. {text}" for letter, text in zip(LETTERS, texts)]
+    return Choice(choice_question(qa.question, options), options, LETTERS[texts.index(qa.answer)])
 
 
 # --- documents -----------------------------------------------------------------------------------

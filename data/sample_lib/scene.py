@@ -2,6 +2,8 @@
 
 A scene is plain data; `scene_to_json` is what videos.jsonl records and `render` turns it into
 frames (T, 64, 64, 3) uint8. Objects move in a straight line and bounce off the frame's edges.
+The sample clips are 8-20 s at 4 fps; `random_scene` also makes scenes of a given length, frame
+rate and kinds of events (data/make_long_videos.py: up to an hour at 1 fps, only "start" events).
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ class Obj:
 
 @dataclass
 class Event:
-    t: int  # seconds; the change is visible from frame t * FPS on
+    t: int  # seconds; the change is visible from frame t * fps on
     kind: str  # one of EVENT_KINDS
     object: int  # index into Scene.objects
     value: str | None = None  # the new color (recolor) or the direction (start)
@@ -71,10 +73,11 @@ class Scene:
     objects: list[Obj]
     digit: int | None
     events: list[Event] = field(default_factory=list)  # sorted by time, at most one per object
+    fps: int = FPS
 
     @property
     def frames(self) -> int:
-        return self.seconds * FPS
+        return self.seconds * self.fps
 
     def event_of(self, i: int) -> Event | None:
         return next((e for e in self.events if e.object == i), None)
@@ -84,8 +87,17 @@ class Scene:
         return e.value if e is not None and e.kind == "recolor" else self.objects[i].color
 
 
-def random_scene(rng: np.random.Generator, video_id: str) -> Scene:
-    seconds = int(rng.integers(MIN_SECONDS, MAX_SECONDS + 1))
+def random_scene(rng: np.random.Generator, video_id: str, seconds: int | None = None, fps: int = FPS,
+                 event_kinds: tuple[str, ...] = EVENT_KINDS) -> Scene:
+    """1-3 shapes, maybe a digit, and events at whole seconds in [2, seconds - 2] (at most one per shape;
+    at least one when there is room). `seconds` is drawn from [MIN_SECONDS, MAX_SECONDS] unless given.
+    Generators in the same state give the same shapes, digit and background at every given length;
+    only the events differ."""
+    if seconds is None:
+        seconds = int(rng.integers(MIN_SECONDS, MAX_SECONDS + 1))
+    if seconds < 1 or fps < 1 or not event_kinds or not set(event_kinds) <= set(EVENT_KINDS):
+        raise ValueError(f"need seconds >= 1, fps >= 1 and event kinds among {EVENT_KINDS}; "
+                         f"got seconds={seconds}, fps={fps}, event_kinds={event_kinds}")
     n = int(rng.integers(1, 4))
     shapes = [SHAPES[i] for i in rng.permutation(len(SHAPES))[:n]]
     colors = [COLORS[i] for i in rng.permutation(len(COLORS))[:n]]
@@ -101,11 +113,13 @@ def random_scene(rng: np.random.Generator, video_id: str) -> Scene:
     background = tuple(int(v) for v in rng.integers(8, 32, size=3))
 
     with_event = [i for i in range(n) if rng.random() < 0.6] or [int(rng.integers(n))]
-    times = sorted(int(t) for t in rng.choice(np.arange(2, seconds - 1), size=len(with_event), replace=False))
+    slots = np.arange(2, seconds - 1)  # whole seconds, none in the first two or the last one
+    with_event = with_event[: len(slots)]  # a very short scene has room for fewer events (or none)
+    times = sorted(int(t) for t in rng.choice(slots, size=len(with_event), replace=False)) if with_event else []
     spare_colors = [c for c in COLORS if c not in colors]
     events = []
     for t, i in zip(times, [with_event[j] for j in rng.permutation(len(with_event))]):
-        kind = str(rng.choice(EVENT_KINDS))
+        kind = str(rng.choice(event_kinds))
         value = None
         if kind == "recolor":
             value = spare_colors.pop(int(rng.integers(len(spare_colors))))
@@ -116,7 +130,7 @@ def random_scene(rng: np.random.Generator, video_id: str) -> Scene:
             value = str(rng.choice([d for d in DIRECTIONS if room[d] >= o.speed] or [max(room, key=room.get)]))
             o.motion = "still"
         events.append(Event(t, kind, i, value))
-    return Scene(video_id, seconds, background, objects, digit, events)
+    return Scene(video_id, seconds, background, objects, digit, events, fps)
 
 
 def _shape_mask(shape: str, cx: float, cy: float, r: int, xx: np.ndarray, yy: np.ndarray) -> np.ndarray:
@@ -165,18 +179,18 @@ def render(scene: Scene) -> np.ndarray:
     out = np.empty((scene.frames, SIZE, SIZE, 3), np.uint8)
     for f in range(scene.frames):
         for e in scene.events:
-            if e.kind == "start" and f == e.t * FPS:
+            if e.kind == "start" and f == e.t * scene.fps:
                 vel[e.object] = list(DIRECTIONS[e.value])
         out[f] = base
         for i in order:
-            color = color_at(scene, i, f / FPS)
+            color = color_at(scene, i, f / scene.fps)
             if color is not None:
                 o = scene.objects[i]
                 out[f][_shape_mask(o.shape, pos[i][0], pos[i][1], o.size, xx, yy)] = PALETTE[color]
         for i, o in enumerate(scene.objects):  # move, bouncing off the edges
             lo, hi = o.size, SIZE - 1 - o.size
             for axis in (0, 1):
-                p = pos[i][axis] + vel[i][axis] * o.speed / FPS
+                p = pos[i][axis] + vel[i][axis] * o.speed / scene.fps
                 if p < lo or p > hi:
                     p = 2 * lo - p if p < lo else 2 * hi - p
                     vel[i][axis] = -vel[i][axis]
@@ -189,7 +203,7 @@ def scene_to_json(scene: Scene, event_texts: list[str]) -> dict:
     return {
         "id": scene.id,
         "path": f"videos/{scene.id}.mp4",
-        "fps": FPS,
+        "fps": scene.fps,
         "duration": scene.seconds,
         "frames": scene.frames,
         "width": SIZE,

@@ -48,7 +48,8 @@ def ensure_sample_data(data: DataSpec) -> None:
     if list(codes.glob("manifest*.jsonl")) and not (codes / "failures.jsonl").read_text().strip():
         return
     cmd = [sys.executable, "-m", "lwm.vision.tokenize", str(ROOT / "data" / "sample" / "videos"), "--out", str(codes),
-           "--tokenizer", "tiny", "--ids", "stem", "--max-frames", str(data.max_frames or 8)]
+           "--tokenizer", "tiny", "--ids", "stem"]
+    cmd += ["--fps", str(data.fps)] if data.fps else ["--max-frames", str(data.max_frames or 8)]
     if data.vqgan_checkpoint and Path(data.vqgan_checkpoint).exists():
         cmd += ["--checkpoint", data.vqgan_checkpoint]
     else:
