@@ -1,0 +1,437 @@
+"""eval/video_qa.py: reading plain and Video-MME items, duration buckets, answer normalization,
+scoring with stub generators (an oracle gets 100%), bad items recorded while good ones are scored,
+and the command line end to end on a random-weight debug model (one process and torchrun with 2)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).parent))
+from video_samples import write_video  # noqa: E402
+
+from eval import video_qa as vqa  # noqa: E402
+from lwm.infer.prompt import chat_prompt  # noqa: E402
+
+SPM = ROOT / "data" / "sample" / "tokenizer.model"
+VQGAN = ROOT / "data" / "checkpoints" / "vqgan_tiny.safetensors"
+
+
+def flat(md: str) -> str:
+    """Markdown with the table padding squeezed out."""
+    return re.sub(r" +", " ", md)
+
+
+def write_jsonl(path: Path, rows) -> Path:
+    path.write_text("\n".join(r if isinstance(r, str) else json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+# ------------------------------------------------------------------------------------ reading
+
+
+def test_read_plain_and_videomme(tmp_path):
+    data = write_jsonl(tmp_path / "qa.jsonl", [
+        {"video": "clips/a.mp4", "question": "What color is the circle?", "options": ["Red", "Cyan.", "Green", "White"],
+         "answer": "cyan", "duration": 95},
+        {"id": "q-open", "video": "/abs/b.mp4", "question": "How does it move?", "answer": "Up and down.", "duration": "900"},
+        {"videoID": "fFjv93ACGo8", "question_id": "001-1", "question": "Which?", "duration": "long",
+         "options": ["A. Apples.", "B. Pears.", "C. Plums.", "D. Figs."], "answer": "C"},
+        {"videoID": "xyz", "duration": "short", "questions": [
+            {"question_id": "002-1", "question": "One?", "options": ["A. x", "B. y"], "answer": "B"},
+            {"question_id": "002-2", "question": "Two?", "options": ["A. x", "B. y"], "answer": "E"}]},
+        "{not json",
+        {"video": "c.mp4", "answer": "Yes."},
+        {"video": "c.mp4", "question": "Q?", "options": ["Red", "Blue"], "answer": "Green"},
+        {"question": "Q?", "answer": "Yes."},
+        {"video": "c.mp4", "question": "Q?", "answer": "Yes.", "duration": -3},
+        [1, 2],
+    ])
+    items = vqa.read_items(data, video_dir=tmp_path / "vids")
+    by_id = {it.id: it for it in items}
+    assert len(items) == 11
+
+    a = items[0]
+    assert a.id == "qa.jsonl:1" and a.error is None
+    assert a.video == str(tmp_path / "clips" / "a.mp4") and a.video_key is None
+    assert a.options == ["Red", "Cyan.", "Green", "White"] and a.answer_index == 1 and a.duration == 95.0
+    b = by_id["q-open"]
+    assert b.options is None and b.video == "/abs/b.mp4" and b.duration == 900.0
+    m = by_id["001-1"]
+    assert m.options == ["Apples.", "Pears.", "Plums.", "Figs."] and m.answer_index == 2 and m.duration == "long"
+    assert m.video_key == "fFjv93ACGo8" and m.video == str(tmp_path / "vids" / "fFjv93ACGo8.mp4")
+    assert by_id["002-1"].answer_index == 1 and by_id["002-1"].duration == "short" and by_id["002-1"].video_key == "xyz"
+    assert by_id["002-2"].error_kind == "answer" and "'E' is not among the options" in by_id["002-2"].error
+
+    errors = [(it.id, it.error_kind, it.error) for it in items[5:]]
+    assert errors[0][:2] == ("qa.jsonl:5", "malformed") and "not JSON" in errors[0][2]
+    assert errors[1][1] == "malformed" and "'question'" in errors[1][2]
+    assert errors[2][1] == "answer" and "'Green' is not among the options (A. Red, B. Blue)" in errors[2][2]
+    assert errors[3][1] == "malformed" and "no video" in errors[3][2]
+    assert errors[4][1] == "malformed" and "duration" in errors[4][2]
+    assert errors[5][1] == "malformed" and "JSON object" in errors[5][2]
+
+    # A .json file holding a list; without --video-dir a videoID is only a key for cached codes.
+    lst = tmp_path / "mme.json"
+    lst.write_text(json.dumps([{"videoID": "v1", "question": "Q?", "options": ["A. a", "B. b"], "answer": "A"}]))
+    (only,) = vqa.read_items(lst)
+    assert only.video is None and only.video_key == "v1" and only.answer_index == 0
+
+
+def test_options_and_answers():
+    assert vqa.parse_options({"A": "Red", "B": "Blue"}) == ["Red", "Blue"]
+    assert vqa.parse_options(["(A) Red", "(B) Blue"]) == ["Red", "Blue"]
+    assert vqa.parse_options(["A. Red", "C. Blue"]) == ["A. Red", "C. Blue"]  # not A, B, ...: kept as text
+    for bad in (["Red"], ["Red", ""], ["Red", "red."], "Red, Blue", {"A": "x", "C": "y"}):
+        with pytest.raises(vqa.ItemError):
+            vqa.parse_options(bad)
+    opts = ["Red.", "Cyan.", "Green.", "White."]
+    assert [vqa.answer_index(a, opts) for a in ("Cyan.", "the cyan", "B", "b. cyan", "(C)", "D.")] == [1, 1, 1, 1, 2, 3]
+    with pytest.raises(vqa.ItemError, match="not among"):
+        vqa.answer_index("E", opts)
+    # The letter prompt is the training form of a multiple-choice question.
+    assert vqa.letter_question("What color is the circle?", ["Red", "Cyan.", "Green", "White"]) == (
+        "What color is the circle? A. Red. B. Cyan. C. Green. D. White. Answer with the letter.")
+    assert vqa.first_letter("B.", 4) == 1
+    assert vqa.first_letter("Answer: C", 4) == 2
+    assert vqa.first_letter("(D) white", 4) == 3
+    assert vqa.first_letter("E. none", 4) is None and vqa.first_letter("", 4) is None and vqa.first_letter("bad", 4) is None
+
+
+def test_sample_choice_rows_and_tasks(tmp_path):
+    """The sample data's multiple-choice rows hold the question in the letter form already: the bare
+    question is recovered (for LL, and so that the letter prompt does not list the options twice)."""
+    from lwm.data.vocab import Vocab
+
+    row = {"vision": "clip_0000", "kind": "color", "answer": "B.", "options": ["A. Yellow.", "B. White.", "C. Magenta.", "D. Orange."],
+           "question": "What color is the triangle? A. Yellow. B. White. C. Magenta. D. Orange. Answer with the letter."}
+    mme = {"videoID": "v", "task_type": "Counting Problem", "question": "How many?", "options": ["A. 1", "B. 2"], "answer": "B"}
+    items = vqa.read_items(write_jsonl(tmp_path / "qa.jsonl", [row, mme, {**row, "kind": "motion"}]), video_dir=tmp_path)
+    assert items[0].question == "What color is the triangle?" and items[0].answer_index == 1 and items[0].task == "color"
+    assert vqa.letter_question(items[0].question, items[0].options) == row["question"]
+    assert items[0].video == str(tmp_path / "clip_0000.mp4") and items[0].video_key == "clip_0000"
+    assert items[1].task == "Counting Problem" and items[1].question == "How many?"
+    assert vqa.bare_question("Is it red? Answer with the letter.", ["Yes", "No"]) == "Is it red? Answer with the letter."
+
+    tok = Tok()
+    gen = Oracle(tok, items[:2])
+    result = vqa.run_video_qa(gen, tok, Vocab(Tok.vocab_size), items, StubSource(), progress=False)
+    assert result["summary"]["all"]["accuracy_letter"] == 1.0
+    assert list(result["summary"]["tasks"]) == ["Counting Problem", "color", "motion"]
+    assert result["summary"]["tasks"]["color"]["n"] == 1 and result["records"][2]["task"] == "motion"
+    md = flat(vqa.markdown(result))
+    assert "By task:" in md and "| Counting Problem | 1 | 100.0% | 100.0% | 50.0% | 0 |" in md
+
+
+def test_normalize():
+    assert vqa.normalize("  The Cyan   circle! ") == "cyan circle"
+    assert vqa.normalize("Up and down.") == vqa.normalize("up and down") == "up and down"
+    assert vqa.normalize("An apple, a pear") == "apple pear"
+    assert vqa.normalize("Up-and-down") == "up and down"
+    assert vqa.normalize("Theory.") == "theory"  # only whole-word articles go
+    assert vqa.normalize("Two.") != vqa.normalize("Three.")
+
+
+def test_buckets():
+    b = vqa.Buckets()
+    assert b.names == ("short", "medium", "long")
+    assert [b.of(d) for d in (0.0, 119.9, 120.0, 899.0, 900.0, 4000.0)] == ["short", "short", "medium", "medium", "long", "long"]
+    assert b.of("medium") == "medium" and b.of("Long-ish") == "Long-ish" and b.of(None) == "unknown"
+    assert b.order(["unknown", "long", "x", "short"]) == ["short", "long", "x", "unknown"]
+    c = vqa.Buckets((10, 60, 600))
+    assert c.names == ("<10s", "10-60s", "60-600s", ">=600s") and c.of(60) == "60-600s"
+    assert vqa.Buckets((30,), ("clip", "film")).of(31) == "film"
+    for edges, names in (((), None), ((60, 10), None), ((0,), None), ((10,), ("a", "b", "c")), ((10,), ("a", "a"))):
+        with pytest.raises(ValueError):
+            vqa.Buckets(edges, names)
+
+
+# ------------------------------------------------------------------------------------ scoring with stubs
+
+
+class Tok:
+    """A character tokenizer (ids 3..130), enough for the stubs to read prompts back."""
+
+    bos_id, eos_id, vocab_size = 1, 2, 131
+
+    def encode(self, text):
+        return [3 + min(ord(c), 127) for c in text]
+
+    def decode(self, ids):
+        return "".join(chr(i - 3) for i in ids if 3 <= i < self.vocab_size)
+
+
+class StubSource:
+    def load(self, item):
+        if (item.video or "").endswith("broken.mp4"):
+            raise RuntimeError("decoder exploded")
+        return np.zeros((2, 256), np.int64), {"codes_from": "stub", "frames": 2, "video_seconds": 42.0}
+
+
+class Oracle:
+    """Scores the right option highest and generates the right letter / answer, by reading the question
+    back from the prompt. `wrong`: always the first option / a wrong answer instead."""
+
+    group = None
+
+    def __init__(self, tok, items, wrong=False):
+        self.tok, self.wrong = tok, wrong
+        self.items = {it.question: it for it in items if it.error is None}
+        self.calls = []
+
+    def _item(self, prompt):
+        text = self.tok.decode(prompt)
+        return next(it for q, it in self.items.items() if f"USER: {q}" in text), text
+
+    def score(self, prompt, continuations):
+        item, _ = self._item(prompt)
+        self.calls.append(("score", len(continuations)))
+        want = (item.answer_index + self.wrong) % len(item.options)
+        assert [self.tok.decode(c) for c in continuations] == [vqa.option_text(o) for o in item.options]
+        return [0.0 if i == want else -5.0 - i for i in range(len(continuations))]
+
+    def generate(self, prompt, config):
+        item, text = self._item(prompt)
+        self.calls.append(("generate", config.restrict))
+        assert config.restrict == "text" and config.stop_tokens == [self.tok.eos_id]
+        if item.options is None:
+            return self.tok.encode("Nope." if self.wrong else item.answer.upper() + "!")
+        assert vqa.LETTER_INSTRUCTION in text
+        return self.tok.encode("A." if self.wrong else f"{vqa.LETTERS[item.answer_index]}.")
+
+
+def mc_items(tmp_path):
+    rows = [  # (question, options, answer, duration)
+        ("What color is the circle?", ["Red", "Cyan", "Green", "White"], "Cyan.", 30),
+        ("Which shape?", ["A. circle", "B. square", "C. star"], "C", 300),
+        ("How many?", ["One.", "Two.", "Three.", "Four."], "Four.", "long"),
+        ("Where is it?", ["Left.", "Right."], "A", 5000),
+    ]
+    rows = [{"video": "a.mp4", "question": q, "options": o, "answer": a, "duration": d} for q, o, a, d in rows]
+    return vqa.read_items(write_jsonl(tmp_path / "mc.jsonl", rows))
+
+
+def test_oracle_scores_gets_everything_right(tmp_path):
+    from lwm.data.vocab import Vocab
+
+    tok, vocab = Tok(), Vocab(Tok.vocab_size)
+    items = mc_items(tmp_path)
+    gen = Oracle(tok, items)
+    seen = []
+    result = vqa.run_video_qa(gen, tok, vocab, items, StubSource(), on_record=seen.append, progress=False)
+    s = result["summary"]
+    assert result["complete"] and len(seen) == 4 and s["errors"]["total"] == 0
+    assert s["all"]["accuracy_ll"] == 1.0 and s["all"]["accuracy_letter"] == 1.0 and s["all"]["mc"] == 4
+    assert s["all"]["chance"] == pytest.approx((1 / 4 + 1 / 3 + 1 / 4 + 1 / 2) / 4)
+    assert list(s["buckets"]) == ["short", "medium", "long"]
+    assert [s["buckets"][b]["n"] for b in ("short", "medium", "long")] == [1, 1, 2]
+    r = result["records"][1]
+    assert r["ll"]["predicted"] == "C" and r["letter"]["predicted"] == "C" and r["letter"]["output"] == "C."
+    assert r["prompt_tokens"] == len(chat_prompt(tok, vocab, "Which shape?", np.zeros((2, 256), np.int64)))
+    assert r["letter"]["prompt_tokens"] > r["prompt_tokens"] and r["frames"] == 2 and r["codes_from"] == "stub"
+    assert len(r["ll"]["scores"]) == 3 and r["correct"] is True and r["error"] is None
+    assert gen.calls.count(("generate", "text")) == 4 and ("score", 3) in gen.calls
+
+    as_dicts = [{"video": "a.mp4", "question": "Which shape?", "options": ["circle", "square"], "answer": "square"},
+                {"videoID": "v", "questions": [{"question": "How many?", "options": ["One", "Two"], "answer": "A"}]}]
+    res = vqa.run_video_qa(Oracle(tok, vqa.read_items(write_jsonl(tmp_path / "d.jsonl", as_dicts))), tok, vocab, as_dicts,
+                           StubSource(), progress=False)
+    assert [r["ll"]["predicted"] for r in res["records"]] == ["B", "A"] and res["summary"]["all"]["accuracy_ll"] == 1.0
+
+    wrong = vqa.run_video_qa(Oracle(tok, items, wrong=True), tok, vocab, items, StubSource(), progress=False)["summary"]
+    assert wrong["all"]["accuracy_ll"] == 0.0 and wrong["all"]["accuracy_letter"] == 0.25  # "A." is right once
+
+    only_letter = vqa.run_video_qa(Oracle(tok, items), tok, vocab, items, StubSource(), methods=("letter",), progress=False)
+    assert only_letter["summary"]["all"]["accuracy_ll"] is None and only_letter["summary"]["all"]["accuracy_letter"] == 1.0
+    assert "accuracy (LL)" not in vqa.markdown({**only_letter, "config": {"methods": ["letter"]}})
+
+
+def test_open_answers_exact_match(tmp_path):
+    from lwm.data.vocab import Vocab
+
+    tok = Tok()
+    items = vqa.read_items(write_jsonl(tmp_path / "o.jsonl", [
+        {"video": "a.mp4", "question": "How does the triangle move?", "answer": "Up and down."},
+        {"video": "a.mp4", "question": "What color?", "answer": "The white one"}]))
+    res = vqa.run_video_qa(Oracle(tok, items), tok, Vocab(131), items, StubSource(), progress=False)
+    assert res["summary"]["all"]["exact_match"] == 1.0 and res["summary"]["all"]["chance"] is None
+    assert res["records"][0]["open"]["output"] == "UP AND DOWN.!"
+    assert res["records"][0]["duration"] == 42.0 and res["records"][0]["bucket"] == "short"  # from the video
+    res = vqa.run_video_qa(Oracle(tok, items, wrong=True), tok, Vocab(131), items, StubSource(), progress=False)
+    assert res["summary"]["all"]["exact_match"] == 0.0
+
+
+def _code_store(root: Path, ids: list[str]) -> Path:
+    (root / "tokens").mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    with open(root / "manifest.jsonl", "w") as f:
+        for vid in ids:
+            np.save(root / "tokens" / f"{vid}.npy", rng.integers(0, 8192, (6, 256)).astype(np.uint16))
+            f.write(json.dumps({"id": vid, "timestamps": [0.0, 0.5, 1.0, 1.5, 2.0, 2.5], "video": {"duration": 3.0}}) + "\n")
+    return root
+
+
+def test_bad_items_recorded_good_ones_scored(tmp_path):
+    """Missing video, unreadable file, answer not among the options, malformed line, a video that fails to
+    load: each recorded with its reason; the cached and on-the-fly videos are scored."""
+    from lwm.data.vocab import Vocab
+    from lwm.vision.tokenize import video_id
+
+    vids = tmp_path / "videos"
+    vids.mkdir()
+    good_file = write_video(vids / "fresh.mp4", width=64, height=64, frames=30, fps=10)
+    (vids / "garbage.mp4").write_bytes(b"this is not a video" * 10)
+    cached = vids / "cached.mp4"  # not on disk: only its codes are
+    codes = _code_store(tmp_path / "codes", [video_id(str(cached), "hashed"), "mme1"])
+    opts = ["Red", "Blue"]
+    data = write_jsonl(tmp_path / "qa.jsonl", [
+        {"video": "videos/cached.mp4", "question": "Q cached?", "options": opts, "answer": "Red"},
+        {"video": "videos/missing.mp4", "question": "Q missing?", "options": opts, "answer": "Red"},
+        {"video": "videos/garbage.mp4", "question": "Q garbage?", "options": opts, "answer": "Red"},
+        {"video": "videos/fresh.mp4", "question": "Q bad answer?", "options": opts, "answer": "Green"},
+        "{oops",
+        {"video": "videos/fresh.mp4", "question": "Q fresh?", "options": opts, "answer": "B", "duration": "short"},
+        {"videoID": "mme1", "question": "Q mme?", "options": ["A. Red", "B. Blue"], "answer": "B", "duration": "long"},
+        {"videoID": "nowhere", "question": "Q nowhere?", "options": opts, "answer": "A"},
+    ])
+    items = vqa.read_items(data)
+    tok, vocab = Tok(), Vocab(Tok.vocab_size)
+    source = vqa.VideoSource(codes, VQGAN, fps=2.0, max_frames=4)
+    result = vqa.run_video_qa(Oracle(tok, items), tok, vocab, items, source, progress=False)
+    recs = {r["question"] or r["id"]: r for r in result["records"]}
+    s = result["summary"]
+    assert s["items"] == 8 and s["scored"] == 3 and s["all"]["accuracy_ll"] == 1.0 and s["all"]["accuracy_letter"] == 1.0
+    assert s["errors"] == {"total": 5, "by_kind": {"video_missing": 2, "video_unreadable": 1, "answer": 1, "malformed": 1}}
+    assert recs["Q cached?"]["codes_from"] == "cache" and recs["Q cached?"]["frames"] == 4
+    assert recs["Q cached?"]["duration"] == 3.0 and recs["Q cached?"]["bucket"] == "short"
+    assert recs["Q mme?"]["codes_from"] == "cache" and recs["Q mme?"]["cache_id"] == "mme1" and recs["Q mme?"]["bucket"] == "long"
+    assert recs["Q fresh?"]["codes_from"] == "video" and recs["Q fresh?"]["frames"] == 4  # 3 s at 2 fps, at most 4
+    assert recs["Q fresh?"]["prompt_tokens"] == len(chat_prompt(tok, vocab, "Q fresh?", np.zeros((4, 256), np.int64)))
+    assert "missing.mp4: no such file" in recs["Q missing?"]["error"]
+    assert "garbage.mp4" in recs["Q garbage?"]["error"] and recs["Q garbage?"]["error_kind"] == "video_unreadable"
+    assert "'Green' is not among the options" in recs["Q bad answer?"]["error"]
+    assert recs["Q nowhere?"]["error_kind"] == "video_missing" and "--video-dir" in recs["Q nowhere?"]["error"]
+    assert recs["qa.jsonl:5"]["error_kind"] == "malformed"
+    assert all(r["correct"] is None for r in result["records"] if r["error"])
+    md = flat(vqa.markdown(result))
+    assert "| **all** | 3 | 100.0% | 100.0% | 50.0% | 5 |" in md and "video_missing 2" in md
+
+    # A model that fails on one prompt: recorded, and the others still scored.
+    class Flaky(Oracle):
+        def score(self, prompt, continuations):
+            if "Q fresh?" in self.tok.decode(prompt):
+                raise ValueError("prompt too long")
+            return super().score(prompt, continuations)
+
+    result = vqa.run_video_qa(Flaky(tok, items), tok, vocab, items, source, progress=False)
+    assert result["summary"]["scored"] == 2 and result["summary"]["errors"]["by_kind"]["model"] == 1
+
+
+# ------------------------------------------------------------------------------------ command line
+
+
+@pytest.fixture(scope="module")
+def e2e(tmp_path_factory):
+    """A random-weight debug model as a Hugging Face folder, 3 tiny videos (one of them also cached), and
+    questions: multiple choice in two buckets, an open one, a missing video."""
+    from lwm.data.text_tokenizer import TextTokenizer
+    from lwm.data.vocab import Vocab
+    from lwm.interop.hf import to_hf
+    from lwm.model import ModelConfig, Transformer
+    from lwm.vision.tokenize import video_id
+
+    root = tmp_path_factory.mktemp("vqa")
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig.from_preset("debug", vocab_size=Vocab(TextTokenizer(SPM).vocab_size).size))
+    to_hf(model, root / "hf", tokenizer_model=SPM)
+    (root / "videos").mkdir()
+    for i in range(3):
+        write_video(root / "videos" / f"clip{i}.mp4", width=64, height=64, frames=20 + 10 * i, fps=10)
+    codes = _code_store(root / "codes", [video_id(str(root / "videos" / "clip2.mp4"), "stem")])
+    opts = ["Red.", "Cyan.", "Green.", "White."]
+    data = write_jsonl(root / "qa.jsonl", [
+        {"id": "c0", "video": "videos/clip0.mp4", "question": "What color is the circle?", "options": opts,
+         "answer": "Cyan.", "duration": 20},
+        {"id": "c1", "video": "videos/clip1.mp4", "question": "What color is the square?", "options": opts,
+         "answer": "D", "duration": 1000},
+        {"id": "c2", "video": "videos/clip2.mp4", "question": "How many shapes are shown?", "answer": "Two."},
+        {"id": "gone", "video": "videos/nope.mp4", "question": "What color?", "options": opts, "answer": "Red."},
+    ])
+    return {"root": root, "hf": root / "hf", "data": data, "codes": codes}
+
+
+def _args(e2e, out, *extra):
+    return ["--model", str(e2e["hf"]), "--data", str(e2e["data"]), "--codes", str(e2e["codes"]), "--vqgan", str(VQGAN),
+            "--out", str(out), "--no-progress", "--letter-tokens", "4", "--max-new-tokens", "6", *extra]
+
+
+def test_cli_end_to_end(e2e, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert vqa.main(_args(e2e, out)) == 1  # one item has no video
+    result = json.loads((out / "video_qa.json").read_text())
+    md = flat((out / "video_qa.md").read_text())
+    lines = (out / "video_qa.records.jsonl").read_text().splitlines()
+    assert len(lines) == 4 and [json.loads(x)["id"] for x in lines] == ["c0", "c1", "c2", "gone"]
+    s, recs = result["summary"], {r["id"]: r for r in result["records"]}
+    assert result["complete"] and result["config"]["fps"] == 1.0 and result["config"]["world_size"] == 1
+    assert s["items"] == 4 and s["scored"] == 3 and s["errors"] == {"total": 1, "by_kind": {"video_missing": 1}}
+    assert recs["c0"]["bucket"] == "short" and recs["c1"]["bucket"] == "long" and recs["c0"]["codes_from"] == "video"
+    assert recs["c0"]["frames"] == 2 and recs["c1"]["frames"] == 3  # 2 s and 3 s at 1 fps
+    assert recs["c0"]["prompt_tokens"] > 2 * 257 and recs["c1"]["prompt_tokens"] > 3 * 257
+    assert recs["c2"]["codes_from"] == "cache" and recs["c2"]["frames"] == 3 and recs["c2"]["bucket"] == "short"  # 6 at 2/s -> 1 fps
+    assert isinstance(recs["c2"]["open"]["output"], str)
+    for r in (recs["c0"], recs["c1"]):
+        assert len(r["ll"]["scores"]) == 4 and all(x < 0 for x in r["ll"]["scores"])
+        assert r["ll"]["predicted"] in "ABCD" and r["letter"]["predicted"] in (None, "A", "B", "C", "D")
+    assert "| bucket | n | accuracy (LL) | accuracy (letter) | chance | exact match (open) | errors |" in md
+    assert "By task:" not in md
+    assert "| short | 2 |" in md and "| long | 1 |" in md and "25.0%" in md
+    assert "| unknown | 0 | — | — | — | — | 1 |" in md  # the missing video has no duration
+    assert "video_qa.md" in capsys.readouterr().out
+
+
+def test_cli_usage_errors(e2e, tmp_path, capsys):
+    for args, message in (
+        (["--model", str(tmp_path / "none"), "--data", str(e2e["data"])], "--model"),
+        (["--model", str(e2e["hf"]), "--data", str(tmp_path / "none.jsonl")], "--data"),
+        (["--model", str(e2e["hf"]), "--data", str(e2e["data"]), "--methods", "ll,vibes"], "--methods"),
+        (["--model", str(e2e["hf"]), "--data", str(e2e["data"]), "--bucket-edges", "900,120"], "bucket"),
+        (["--model", str(e2e["hf"]), "--data", str(e2e["data"]), "--fps", "0"], "--fps"),
+    ):
+        with pytest.raises(SystemExit) as exc:
+            vqa.main(args + ["--out", str(tmp_path / "o")])
+        assert exc.value.code == 2
+        assert message in capsys.readouterr().err
+    mme = write_jsonl(tmp_path / "mme.jsonl", [{"videoID": "v", "question": "Q?", "answer": "A"}])
+    with pytest.raises(SystemExit) as exc:
+        vqa.main(["--model", str(e2e["hf"]), "--data", str(mme)])
+    assert exc.value.code == 2 and "--video-dir" in capsys.readouterr().err
+
+
+def test_torchrun_two_ranks_match_one(e2e, tmp_path):
+    """Context parallelism over 2 CPU processes: the same predictions and scores as one process; only
+    rank 0 writes."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert vqa.main(_args(e2e, one, "--limit", "2")) == 0
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         str(ROOT / "eval" / "video_qa.py"), *_args(e2e, two, "--limit", "2")],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    a = json.loads((one / "video_qa.json").read_text())
+    b = json.loads((two / "video_qa.json").read_text())
+    assert b["config"]["world_size"] == 2 and proc.stdout.count("wrote ") == 1
+    for ra, rb in zip(a["records"], b["records"]):
+        assert rb["prompt_tokens"] == ra["prompt_tokens"] and rb["letter"]["output"] == ra["letter"]["output"]
+        torch.testing.assert_close(rb["ll"]["scores"], ra["ll"]["scores"], rtol=1e-4, atol=1e-4)
