@@ -661,6 +661,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=_positive(int), default=32, help="tokens generated for an open question")
     p.add_argument("--letter-tokens", type=_positive(int), default=8, help="tokens generated for the letter")
     p.add_argument("--limit", type=_positive(int), help="only the first N items")
+    p.add_argument("--max-duration", type=float, help="skip items whose given duration (seconds) is longer, e.g. "
+                                                        "what a CPU cannot prefill in reasonable time")
     p.add_argument("--out", default="runs/eval", help="output folder (default runs/eval)")
     p.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
@@ -707,6 +709,11 @@ def main(argv: list[str] | None = None) -> int:
         items = read_items(args.data, args.video_dir)
     except OSError as e:
         _usage_error(parser, f"--data {args.data}: {e}")
+    if args.max_duration is not None:
+        n = len(items)
+        items = [it for it in items if not (isinstance(it.duration, (int, float)) and it.duration > args.max_duration)]
+        if len(items) < n and _rank() == 0:
+            print(f"skipping {n - len(items)} items longer than --max-duration {args.max_duration:g} s", file=sys.stderr)
     if args.limit:
         items = items[: args.limit]
     if not items:
@@ -749,7 +756,7 @@ def main(argv: list[str] | None = None) -> int:
         "model": str(args.model), "data": str(args.data), "video_dir": args.video_dir, "codes": args.codes,
         "vqgan": args.vqgan, "fps": args.fps, "max_frames": args.max_frames, "methods": list(args.methods),
         "bucket_edges": list(buckets.edges), "bucket_names": list(buckets.names), "max_new_tokens": args.max_new_tokens,
-        "letter_tokens": args.letter_tokens, "limit": args.limit, "world_size": world, "layout": args.layout,
+        "letter_tokens": args.letter_tokens, "limit": args.limit, "max_duration": args.max_duration, "world_size": world, "layout": args.layout,
         "device": device, "dtype": str(loaded.model.output.weight.dtype).removeprefix("torch."),
         "model_max_seq_len": loaded.model.config.max_seq_len,
     }
