@@ -130,7 +130,7 @@ def run_stage(cfg: RunConfig, stage: StageConfig, model_config: ModelConfig, ini
     from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
     every = cfg.trainer.checkpoint_every or stage.steps
-    checkpoint = ModelCheckpoint(dirpath=out / "checkpoints", filename="step{step}", every_n_train_steps=every,
+    checkpoint = ModelCheckpoint(dirpath=out / "checkpoints", filename="{step}", every_n_train_steps=every,
                                  save_last=True, save_top_k=1, monitor=None)
     global_batch = stage.per_rank_batch(dp) * dp
     trainer = L.Trainer(
