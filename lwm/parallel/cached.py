@@ -29,7 +29,9 @@ def cached_attention(q, k_new, v_new, k_cache=None, v_cache=None, group=None, ba
     else:  # nothing cached here: a part that weighs nothing
         out = torch.zeros(q.shape, dtype=acc_dtype(q.dtype), device=q.device)
         lse = torch.full((B, H, L), float("-inf"), dtype=acc_dtype(q.dtype), device=q.device)
-    outs, lses = all_gather_stack(out, group), all_gather_stack(lse, group)  # (N, B, H, L, D), (N, B, H, L)
+    # One collective per layer: lse rides along as an extra channel. (B, H, L, D+1) -> (N, B, H, L, D+1)
+    both = all_gather_stack(torch.cat([out, lse.unsqueeze(-1)], dim=-1), group)
+    outs, lses = both[..., :-1], both[..., -1]  # (N, B, H, L, D), (N, B, H, L)
     own_out, own_lse = block_forward(q, k_new, v_new, causal=True, backend=backend)
     outs = torch.cat([outs, own_out.to(outs.dtype).unsqueeze(0)])
     lses = torch.cat([lses, own_lse.to(lses.dtype).unsqueeze(0)])
