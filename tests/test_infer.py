@@ -58,6 +58,10 @@ def _worker(rank: int, world: int, layouts: tuple[str, ...]) -> dict:
             gen = Generator(model, VOCAB, group=dist.group.WORLD, layout=layout)
             result[layout, length, "greedy"] = gen.generate(prompt(length), GenerationConfig(max_new_tokens=N_NEW))
             result[layout, length, "score"] = gen.score(prompt(length), CONTINUATIONS)
+            # the ring prefill in segments of ~5 tokens per rank (several segments, each after a cache)
+            seg = Generator(model, VOCAB, group=dist.group.WORLD, layout=layout, prefill_chunk=5)
+            result[layout, length, "greedy-seg"] = seg.generate(prompt(length), GenerationConfig(max_new_tokens=N_NEW))
+            result[layout, length, "score-seg"] = seg.score(prompt(length), CONTINUATIONS)
             gen.prefill(prompt(length))
             for t in range(5):
                 gen.extend([t + 10])
@@ -93,8 +97,9 @@ def test_context_parallel_generation_is_exact(references, world, layouts):
     for rank_result in results:
         for layout in layouts:
             for length, (greedy, scores) in references.items():
-                assert rank_result[layout, length, "greedy"] == greedy, (world, layout, length)
-                assert rank_result[layout, length, "score"] == pytest.approx(scores, abs=1e-4)
+                for kind in ("", "-seg"):
+                    assert rank_result[layout, length, "greedy" + kind] == greedy, (world, layout, length, kind)
+                    assert rank_result[layout, length, "score" + kind] == pytest.approx(scores, abs=1e-4)
     for layout in layouts:
         for length in PROMPT_LENGTHS:
             cached = [r[layout, length, "cache"] for r in results]

@@ -3,8 +3,9 @@
 Each layer's attention is swapped from outside (the model never knows) for a `CachedLayer`,
 which runs in one of two modes:
 
-    prefill   the rank holds a slice of the prompt (its layout's tokens); attention is ring
-              attention over the group, and the slice's keys and values are kept
+    prefill   the rank holds a slice of a prompt segment (its layout's tokens); attention is ring
+              attention over the group (plus a ring pass over the earlier segments' cache
+              slices), and the slice's keys and values are kept
     extend    every rank runs the same new tokens; their queries attend to all ranks' slices
               (lwm.parallel.cached_attention) and each new token's keys and values are kept
               by one rank only, position p by rank p mod N, so the slices stay balanced
@@ -15,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from lwm.parallel import ring_attention
-from lwm.parallel.cached import cached_attention
+from lwm.parallel.cached import cached_attention, ring_prefill_attention
 from lwm.parallel.comm import group_size_and_rank
 
 
@@ -62,11 +63,14 @@ class CachedLayer:
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True) -> torch.Tensor:
         o = self.owner
-        if o.mode == "prefill":
+        if o.mode == "prefill":  # this rank's slice of one prefill segment
+            past = (self.cache.keys, self.cache.values) if self.cache.length else (None, None)
             self.cache.append(k, v)
             if o.world_size == 1:
-                return cached_attention(q, k, v, backend=o.backend)
-            return ring_attention(q, k, v, o.group, causal=True, layout=o.layout, backend=o.backend)
+                return cached_attention(q, k, v, *past, backend=o.backend)
+            if past[0] is None:
+                return ring_attention(q, k, v, o.group, causal=True, layout=o.layout, backend=o.backend)
+            return ring_prefill_attention(q, k, v, *past, o.group, o.layout, o.backend)
         out = cached_attention(q, k, v, self.cache.keys if self.cache.length else None,
                                self.cache.values if self.cache.length else None, o.group, backend=o.backend)
         mine = o.own_new_tokens  # indices of the new tokens this rank keeps

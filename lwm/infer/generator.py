@@ -7,8 +7,10 @@
 Prefill: with N > 1 ranks, the largest part of the prompt that the layout can split (a multiple
 of N, 2N for zigzag, leaving at least the last token) runs through ring attention, each rank on
 its own slice; the rest, and every generated token, runs on all ranks as an `extend` step whose
-queries attend to all ranks' cache slices. With one process the prompt is prefilled in chunks of
-`prefill_chunk` tokens, so activations stay bounded however long the prompt is. Every rank ends
+queries attend to all ranks' cache slices. The ring part runs in segments of `prefill_chunk` tokens
+per rank (each segment's ring attention merged with a ring pass over the earlier segments' cache
+slices); with one process the prompt is prefilled in chunks of `prefill_chunk` tokens. Either way
+activations stay bounded however long the prompt is. Every rank ends
 with the same logits; sampled tokens are taken from the group's first rank.
 """
 
@@ -78,11 +80,14 @@ class Generator:
         ring = 0 if N == 1 else (S - 1) // unit * unit
         like = self._kv_like()
         cache.reserve(like, -(-(S + reserve) // N) + 1)
-        if ring:
+        segment = max(unit, self.prefill_chunk * N // unit * unit)  # at most prefill_chunk tokens per rank
+        for start in range(0, ring, segment):
+            part = prompt[start : min(ring, start + segment)]
             cache.mode = "prefill"
-            local = shard(prompt[:ring], 0, rank, N, self.layout)  # this rank's slice of the prompt
-            self.model.hidden(local[None], layout_positions(ring, rank, N, self.layout).to(self.device))
-            cache.seen = ring
+            local = shard(part, 0, rank, N, self.layout)  # this rank's slice of the segment
+            pos = start + layout_positions(part.numel(), rank, N, self.layout).to(self.device)
+            self.model.hidden(local[None], pos)
+            cache.seen = start + part.numel()
         logits = None
         for start in range(ring, S, self.prefill_chunk):
             logits = self.extend(prompt[start : start + self.prefill_chunk])

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import torch
 
-from lwm.parallel.comm import all_gather_stack
+from lwm.parallel.comm import RingComm, all_gather_stack
 from lwm.parallel.kernels import block_forward
-from lwm.parallel.merge import acc_dtype, merge_stack
+from lwm.parallel.merge import acc_dtype, merge_, merge_stack
+from lwm.parallel.ring import ring_forward, ring_kv_blocks
 
 
 def cached_attention(q, k_new, v_new, k_cache=None, v_cache=None, group=None, backend: str = "auto") -> torch.Tensor:
@@ -36,3 +37,19 @@ def cached_attention(q, k_new, v_new, k_cache=None, v_cache=None, group=None, ba
     outs = torch.cat([outs, own_out.to(outs.dtype).unsqueeze(0)])
     lses = torch.cat([lses, own_lse.to(lses.dtype).unsqueeze(0)])
     return merge_stack(outs, lses)[0].to(q.dtype)
+
+
+def ring_prefill_attention(q, k, v, k_cache, v_cache, group=None, layout: str = "striped", backend: str = "auto"):
+    """One segment of a chunked ring prefill: q, k, v (B, H(kv), L, D) this rank's slice (layout)
+    of the segment; k_cache, v_cache (B, Hkv, C, D) this rank's slices of all earlier segments (C
+    equal on every rank) -> (B, H, L, D). Causal ring attention within the segment, merged with a
+    non-causal ring pass over the earlier segments' cache slices (all of them come before)."""
+    comm = RingComm(group)
+    out, lse = ring_forward(q, ring_kv_blocks(comm, k, v), comm.rank, comm.world_size, layout, True, None, backend)
+    if k_cache is None or k_cache.shape[2] == 0:
+        return out
+    out = out.to(acc_dtype(q.dtype))
+    past_out, past_lse = ring_forward(q, ring_kv_blocks(RingComm(group), k_cache, v_cache), comm.rank, comm.world_size,
+                                      layout, False, None, backend)
+    merge_(out, lse, past_out, past_lse)
+    return out.to(q.dtype)
