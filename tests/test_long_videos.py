@@ -2,36 +2,23 @@
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import av  # noqa: F401  (the generator writes its videos with PyAV)
 import numpy as np
 import pytest
+from data_scripts import DATA, load_script, read_jsonl
 
-SCRIPT = Path(__file__).resolve().parents[1] / "data" / "make_long_videos.py"
+SCRIPT = DATA / "make_long_videos.py"
 DURATIONS = [4, 6]
 PER = 2
-pytest.importorskip("av")  # the generator writes its videos with PyAV
 
-
-def _load_script():
-    spec = importlib.util.spec_from_file_location("make_long_videos", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # also puts data/ on sys.path, for sample_lib
-    return module
-
-
-long_videos = _load_script()
+long_videos = load_script("make_long_videos")
 from sample_lib import language  # noqa: E402
 from sample_lib import scene as scene_lib  # noqa: E402
-
-
-def _jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
 
 def _args(out: Path, seed: int = 0, durations=DURATIONS, per: int = PER) -> list[str]:
@@ -51,7 +38,7 @@ def made(tmp_path_factory) -> Path:
 def test_videos_have_the_requested_durations(made):
     from lwm.vision.video import read_video
 
-    records = _jsonl(made / "videos.jsonl")
+    records = read_jsonl(made / "videos.jsonl")
     assert [r["id"] for r in records] == [f"long_{d:04d}s_{j:02d}" for d in DURATIONS for j in range(PER)]
     assert sorted(p.name for p in (made / "videos").glob("*.mp4")) == sorted(f"{r['id']}.mp4" for r in records)
     for r in records:
@@ -64,8 +51,8 @@ def test_videos_have_the_requested_durations(made):
 def test_qa_rows(made):
     """Video-MME-style rows; each question, listed with its options, is a sample multiple-choice question about
     something true in every part of the video, and its letter points at the right answer."""
-    records = {r["path"]: r for r in _jsonl(made / "videos.jsonl")}
-    rows = _jsonl(made / "qa.jsonl")
+    records = {r["path"]: r for r in read_jsonl(made / "videos.jsonl")}
+    rows = read_jsonl(made / "qa.jsonl")
     assert {r["video"] for r in rows} == set(records)
     assert len({r["id"] for r in rows}) == len(rows)
     for r in rows:

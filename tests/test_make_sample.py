@@ -2,35 +2,23 @@
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import av  # noqa: F401  (the generator writes its videos with PyAV)
 import numpy as np
 import pytest
+from data_scripts import DATA, load_script, read_jsonl
+from deps import needs_decord
 
-SCRIPT = Path(__file__).resolve().parents[1] / "data" / "make_sample.py"
+SCRIPT = DATA / "make_sample.py"
 N = 4
-pytest.importorskip("av")  # the generator writes its videos with PyAV
 
-
-def _load_script():
-    spec = importlib.util.spec_from_file_location("make_sample", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # also puts data/ on sys.path, for sample_lib
-    return module
-
-
-make_sample = _load_script()
+make_sample = load_script("make_sample")
 from sample_lib import language  # noqa: E402
 from sample_lib import scene as scene_lib  # noqa: E402
-
-
-def _jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +49,8 @@ def test_files(sample):
     assert sorted(p.name for p in (sample / "text").iterdir()) == [f"doc_{i:03d}.txt" for i in range(make_sample.N_DOCS)]
 
 
-def test_videos_jsonl(sample):
-    videos = _jsonl(sample / "videos.jsonl")
+def test_videosread_jsonl(sample):
+    videos = read_jsonl(sample / "videos.jsonl")
     assert [v["id"] for v in videos] == [f"clip_{i:04d}" for i in range(N)]
     for v in videos:
         assert v["path"] == f"videos/{v['id']}.mp4" and (sample / v["path"]).is_file()
@@ -82,9 +70,11 @@ def test_videos_jsonl(sample):
                 assert e["text"].endswith(f"turns {e['value']}") and o["final_color"] == e["value"]
 
 
+@needs_decord
 def test_videos_decode(sample):
-    decord = pytest.importorskip("decord")
-    for v in _jsonl(sample / "videos.jsonl"):
+    import decord
+
+    for v in read_jsonl(sample / "videos.jsonl"):
         reader = decord.VideoReader(str(sample / v["path"]))
         assert len(reader) == v["frames"]
         assert reader.get_avg_fps() == pytest.approx(v["fps"])
@@ -93,8 +83,8 @@ def test_videos_decode(sample):
 
 
 def test_captions(sample):
-    videos = {v["id"]: v for v in _jsonl(sample / "videos.jsonl")}
-    captions = _jsonl(sample / "captions.jsonl")
+    videos = {v["id"]: v for v in read_jsonl(sample / "videos.jsonl")}
+    captions = read_jsonl(sample / "captions.jsonl")
     assert [c["vision"] for c in captions] == list(videos)
     for c in captions:
         assert c["fields"] == ["[vision],caption", "[caption],vision"]
@@ -144,8 +134,8 @@ def _check_choice(row: dict) -> tuple[str, str]:
 def test_qa_answers_follow_metadata(sample):
     from lwm.infer.prompt import CHAT_SPEC, chat_fields
 
-    videos = {v["id"]: v for v in _jsonl(sample / "videos.jsonl")}
-    qa = _jsonl(sample / "qa.jsonl")
+    videos = {v["id"]: v for v in read_jsonl(sample / "videos.jsonl")}
+    qa = read_jsonl(sample / "qa.jsonl")
     assert {r["vision"] for r in qa} == set(videos)
     kinds, choice_kinds = set(), set()
     for k, r in enumerate(qa):
@@ -184,7 +174,7 @@ def test_chat_rows_encode_to_the_inference_prompt(sample, tmp_path):
     vocab = Vocab(tokenizer.vocab_size)
     (tmp_path / "tokens").mkdir()
     rng = np.random.default_rng(0)
-    qa = _jsonl(sample / "qa.jsonl")
+    qa = read_jsonl(sample / "qa.jsonl")
     for video_id in {r["vision"] for r in qa}:
         np.save(tmp_path / "tokens" / f"{video_id}.npy", rng.integers(0, 8192, size=(2, 256), dtype=np.uint16))
     store = CodeStore(tmp_path)
@@ -220,7 +210,7 @@ def test_multiple_choice_variants():
 
 
 def test_text(sample):
-    rows = _jsonl(sample / "text.jsonl")
+    rows = read_jsonl(sample / "text.jsonl")
     assert len(rows) == make_sample.N_DOCS
     for i, row in enumerate(rows):
         assert row["fields"] == "text"
@@ -236,14 +226,16 @@ def test_tokenizer(sample):
     sp = spm.SentencePieceProcessor(model_file=str(model))
     assert (sp.get_piece_size(), sp.unk_id(), sp.bos_id(), sp.eos_id(), sp.pad_id()) == (4096, 0, 1, 2, -1)
     assert len((sample / "tokenizer.vocab").read_text(encoding="utf-8").splitlines()) == 4096
-    caption = _jsonl(sample / "captions.jsonl")[0]["caption"]
+    caption = read_jsonl(sample / "captions.jsonl")[0]["caption"]
     ids = sp.encode(caption)
     assert sp.decode(ids) == caption and len(ids) < len(caption) / 3  # words of the corpus are whole pieces
     assert sp.decode(sp.encode("Zürich ☃ 12345")) == "Zürich ☃ 12345"  # byte fallback: nothing is unknown
 
 
+@needs_decord
 def test_deterministic(sample, again, other_seed):
-    decord = pytest.importorskip("decord")
+    import decord
+
     names = ["videos.jsonl", "captions.jsonl", "qa.jsonl", "text.jsonl", "tokenizer.model", "tokenizer.vocab",
              "text/doc_000.txt"]
     for name in names:

@@ -12,8 +12,11 @@ from lwm.data import DataConfig, LWMDataModule, Source, Vocab
 from lwm.model import ModelConfig
 
 ROOT = Path(__file__).resolve().parent.parent
-pytest.importorskip("av")
-pytest.importorskip("decord")
+from deps import skip_module_without_decord  # noqa: E402
+
+skip_module_without_decord()
+import av  # noqa: E402,F401
+import decord  # noqa: E402,F401
 
 
 @pytest.fixture(scope="module")

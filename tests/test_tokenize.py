@@ -10,7 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("decord")
+from deps import skip_module_without_decord  # noqa: E402
+
+skip_module_without_decord()
+import decord  # noqa: E402,F401
 from video_samples import make_bad, make_good  # noqa: E402
 
 from lwm.vision.tokenize import collect_videos, main, video_id, weights_hash  # noqa: E402
@@ -197,7 +200,7 @@ def test_missing_checkpoint_and_other_settings_exit_2(data, tmp_path, capsys):
 
 
 def test_diffusers_folder(data, tmp_path):
-    pytest.importorskip("diffusers")
+    import diffusers  # noqa: F401
     from lwm.interop.diffusers import to_diffusers
 
     folder = tmp_path / "vqmodel"

@@ -3,7 +3,10 @@
 import numpy as np
 import pytest
 
-pytest.importorskip("decord")
+from deps import skip_module_without_decord  # noqa: E402
+
+skip_module_without_decord()
+import decord  # noqa: E402,F401
 from video_samples import VFR_PTS_MS, make_bad, make_good, write_video  # noqa: E402
 
 from lwm.vision.video import Sampling, Video, VideoError, read_video, stream_video  # noqa: E402
@@ -151,7 +154,8 @@ def test_streaming_equals_random_access(good, name):
 @pytest.mark.parametrize("degrees", [90, -90, 180])
 def test_streaming_rotated_video(tmp_path, degrees):
     """A display rotation turns the frames the same way in both paths (decord: transpose filters; PyAV: the same)."""
-    av = pytest.importorskip("av")
+    import av
+
     if not hasattr(av.video.stream.VideoStream, "set_display_rotation"):
         pytest.skip("this PyAV cannot write a display rotation")
     from video_samples import frame_image

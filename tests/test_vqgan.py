@@ -52,7 +52,7 @@ def diffusers_decode(model, codes: torch.Tensor, side: int) -> torch.Tensor:
 @pytest.fixture(scope="module")
 def amused():
     """aMUSEd-shaped VQModel (146M parameters, random weights) and our import of it; built once."""
-    pytest.importorskip("diffusers")
+    import diffusers  # noqa: F401
     from lwm.interop.diffusers import from_diffusers
 
     reference = vq_model(AMUSED_VQ)
@@ -90,7 +90,7 @@ def test_amused_codes_identical_and_decode_matches_diffusers(amused):
 
 @torch.no_grad()
 def test_tiny_vq_model_forward_matches_diffusers():
-    pytest.importorskip("diffusers")
+    import diffusers  # noqa: F401
     from lwm.interop.diffusers import from_diffusers
 
     reference = vq_model(TINY_VQ)
@@ -108,7 +108,7 @@ def test_tiny_vq_model_forward_matches_diffusers():
 
 @torch.no_grad()
 def test_from_diffusers_folder_round_trip(tmp_path):
-    pytest.importorskip("diffusers")
+    import diffusers  # noqa: F401
     from lwm.interop.diffusers import from_diffusers, to_diffusers
 
     reference = vq_model(TINY_VQ)

@@ -9,10 +9,8 @@ from __future__ import annotations
 import fractions
 from pathlib import Path
 
+import av
 import numpy as np
-import pytest
-
-av = pytest.importorskip("av")
 
 
 def frame_image(i: int, height: int, width: int) -> np.ndarray:
