@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import command_line, host_line, write_section  # noqa: E402
+from report import command_line, host_line, publish  # noqa: E402
 
 from lwm.parallel import block_backward, block_forward, block_plan, block_work, simulate_ring  # noqa: E402
 from lwm.parallel.launch import run_distributed  # noqa: E402
@@ -210,10 +210,8 @@ def main():
     for name in args.parts:
         title, run = parts[name]
         markdown = f"### {title}\n\nCommand: `{command_line()}`  \nHost: {host_line()}\n\n{run()}"
-        print()
-        print(markdown)
-        if not args.no_write:
-            write_section(f"attention-{name}", markdown)  # each part its own section: parts can be rerun alone
+        # each part its own section: parts can be rerun alone
+        publish(f"attention-{name}", markdown, write=not args.no_write)
 
 
 if __name__ == "__main__":

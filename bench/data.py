@@ -21,7 +21,7 @@ import numpy as np
 import sentencepiece as spm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import command_line, host_line, write_section  # noqa: E402
+from report import command_line, host_line, publish  # noqa: E402
 
 from lwm.data import DataConfig, LWMDataModule, Sharding, Source  # noqa: E402
 
@@ -96,10 +96,7 @@ def main():
     ]
     lines += [f"| {l} | {r:.2f} | {r * args.seq_len:,.0f} | {f:.2f} | {r * args.gpu_step_s:.0f}x |" for l, r, f in rows]
     markdown = "\n".join(lines)
-    print()
-    print(markdown)
-    if not args.no_write:
-        write_section("data", markdown)
+    publish("data", markdown, write=not args.no_write)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import command_line, host_line, write_section  # noqa: E402
+from report import command_line, host_line, publish  # noqa: E402
 
 N_DECODE = 32
 
@@ -142,10 +142,7 @@ def main():
         lines.append("No GPU in this session: the longest prompt the tiny model can prefill on one GPU (target: an hour "
                      "of video, 925,200 tokens) is not measured.")
     markdown = "\n".join(lines)
-    print()
-    print(markdown)
-    if not args.no_write:
-        write_section("infer", markdown)
+    publish("infer", markdown, write=not args.no_write)
 
 
 if __name__ == "__main__":

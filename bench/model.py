@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import command_line, host_line, write_section  # noqa: E402
+from report import command_line, host_line, publish  # noqa: E402
 
 from lwm.interop.hf import config_to_hf, to_hf_state_dict  # noqa: E402
 from lwm.model import ModelConfig, Transformer  # noqa: E402
@@ -144,10 +144,7 @@ def main() -> None:
             *table,
         ]
     )
-    print()
-    print(markdown)
-    if not args.no_write:
-        write_section("model", markdown)
+    publish("model", markdown, write=not args.no_write)
 
 
 if __name__ == "__main__":

@@ -33,3 +33,11 @@ def write_section(name: str, markdown: str, doc: Path = DOC) -> None:
     text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
     doc.parent.mkdir(parents=True, exist_ok=True)
     doc.write_text(text)
+
+
+def publish(name: str, markdown: str, write: bool = True) -> None:
+    """Print a benchmark's markdown and, unless told not to, put it in its section of docs/benchmarks.md."""
+    print()
+    print(markdown)
+    if write:
+        write_section(name, markdown)

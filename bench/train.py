@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import command_line, host_line, write_section  # noqa: E402
+from report import command_line, host_line, publish  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -69,10 +69,7 @@ def main():
     lines.append("No GPU in this session: the 7B-layer-shape tokens/s and MFU at 8K and 32K (bf16, activation "
                  "checkpointing) are not measured.")
     markdown = "\n".join(lines)
-    print()
-    print(markdown)
-    if not args.no_write:
-        write_section("train", markdown)
+    publish("train", markdown, write=not args.no_write)
 
 
 if __name__ == "__main__":

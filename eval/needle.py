@@ -436,10 +436,11 @@ def write_results(results: dict, out: Path, title: str = "Needle in a haystack")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from lwm.infer.runtime import add_model_args
+
     p = argparse.ArgumentParser(description="Needle-in-a-haystack evaluation (LWM's form) over context lengths x depths",
                                 epilog="Exit status: 0, 1 if some trial failed (recorded in needle.json), 2 for bad input.")
-    p.add_argument("--model", required=True, help="Hugging Face folder, training stage folder, final.safetensors or .ckpt")
-    p.add_argument("--tokenizer", help="sentencepiece model (default: found next to the model)")
+    add_model_args(p)
     p.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048], help="whole-prompt lengths in tokens")
     p.add_argument("--depths", type=float, nargs="+", default=[0, 25, 50, 75, 100], help="needle depths, percent")
     p.add_argument("--trials", type=int, default=2, help="trials per cell (a new city and number each)")
@@ -450,10 +451,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path("results/needle"))
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--layout", default="striped", choices=["striped", "zigzag", "contiguous"])
-    p.add_argument("--prefill-chunk", type=int, default=8192)
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None)
     return p
 
 
@@ -462,15 +459,11 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from lwm.data.text_tokenizer import TextTokenizer
-    from lwm.infer import Generator, load_model
     from lwm.infer.load import find_tokenizer
-    from lwm.parallel.launch import init_from_env
+    from lwm.infer.runtime import load_generator, start
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    group = init_from_env(device)
-    rank = torch.distributed.get_rank() if group is not None else 0
-    if device.startswith("cuda") and group is not None:
-        device = f"cuda:{torch.cuda.current_device()}"
+    runtime = start(args.device)
+    device, rank = runtime.device, runtime.rank
 
     def say(*a, **k):
         if rank == 0:
@@ -488,13 +481,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.haystack is None and not DEFAULT_HAYSTACK.exists():  # the sample data is made, not committed
             subprocess.run([sys.executable, str(ROOT / "data" / "make_sample.py")], check=True, capture_output=True)
         haystack = Haystack.from_file(tokenizer, hay_path, max(args.lengths) + 4096)
-        loaded = load_model(args.model, args.tokenizer, device=device,
-                            dtype=getattr(torch, args.dtype) if args.dtype else None)
+        loaded, gen = load_generator(args, runtime)
     except (FileNotFoundError, ValueError, subprocess.CalledProcessError) as e:
         print(f"needle: {e}", file=sys.stderr)
         return 2
-    gen = Generator(loaded.model, loaded.vocab, group, layout=args.layout, prefill_chunk=args.prefill_chunk)
-    world = torch.distributed.get_world_size() if group is not None else 1
+    world = runtime.world
     model_name = Path(args.model).resolve()
     title = f"Needle in a haystack: {model_name.parent.name}/{model_name.name}" + (
         f", {args.needles} needles ({args.ask or args.needles} asked)" if args.needles > 1 else "")
@@ -530,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
         for r in results["trials"]:
             if r["error"]:
                 print(f"failed: length {r['length']} depth {r['depth']:g} trial {r['trial']}: {r['error']}", file=sys.stderr)
-    if group is not None:
+    if runtime.group is not None:
         torch.distributed.destroy_process_group()
     return 1 if results["trials_failed"] else 0
 

@@ -642,11 +642,12 @@ def _csv(text: str) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from lwm.infer.runtime import add_model_args
+
     p = argparse.ArgumentParser(prog="video_qa.py", description="Long-video question answering accuracy.",
                                 epilog="Exit status: 0 if every item was scored, 1 if some were recorded as errors, "
                                        "2 for a usage error, 130 if interrupted.")
-    p.add_argument("--model", required=True, help="a Hugging Face folder, a training stage folder, final.safetensors or a .ckpt")
-    p.add_argument("--tokenizer", help="the sentencepiece model (default: found next to the model)")
+    add_model_args(p)
     p.add_argument("--data", required=True, help="JSON lines of questions (or a .json list); see the module's doc")
     p.add_argument("--video-dir", help="folder of <videoID>.mp4 for Video-MME style items")
     p.add_argument("--codes", help="an lwm-tokenize output folder with cached codes")
@@ -664,11 +665,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-duration", type=float, help="skip items whose given duration (seconds) is longer, e.g. "
                                                         "what a CPU cannot prefill in reasonable time")
     p.add_argument("--out", default="runs/eval", help="output folder (default runs/eval)")
-    p.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
-    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
-                   help="model dtype (auto: bfloat16 on cuda, float32 on cpu)")
-    p.add_argument("--layout", choices=["striped", "zigzag", "contiguous"], default="striped", help="context-parallel layout")
-    p.add_argument("--prefill-chunk", type=_positive(int), default=8192, help="prefill chunk on one process")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
@@ -727,21 +723,14 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as e:
             _usage_error(parser, f"--out {args.out}: {e}")
 
-    from lwm.infer import Generator, load_model
-    from lwm.parallel.launch import init_from_env
+    from lwm.infer.runtime import load_generator, start
 
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    device = args.device or (f"cuda:{local}" if torch.cuda.is_available() else "cpu")
-    if device == "cuda":
-        device = f"cuda:{local}"
-    dtype = {"auto": torch.bfloat16 if device.startswith("cuda") else None, "float32": torch.float32,
-             "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
-    group = init_from_env(device)
+    runtime = start(args.device)
+    device, group = runtime.device, runtime.group
     try:
-        loaded = load_model(args.model, args.tokenizer, device=device, dtype=dtype)
+        loaded, generator = load_generator(args, runtime)
     except (FileNotFoundError, ValueError) as e:
         _usage_error(parser, str(e))
-    generator = Generator(loaded.model, loaded.vocab, group=group, layout=args.layout, prefill_chunk=args.prefill_chunk)
     source = VideoSource(args.codes, args.vqgan, fps=args.fps, max_frames=args.max_frames, ids=args.ids, device=device) \
         if _rank() == 0 else None
     try:  # ffmpeg's own messages repeat what the records say
@@ -751,7 +740,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         pass
 
-    world, _ = group_size_and_rank(group)
+    world = runtime.world
     config = {
         "model": str(args.model), "data": str(args.data), "video_dir": args.video_dir, "codes": args.codes,
         "vqgan": args.vqgan, "fps": args.fps, "max_frames": args.max_frames, "methods": list(args.methods),

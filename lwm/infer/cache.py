@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import torch
 
-from lwm.parallel import ring_attention
 from lwm.parallel.cached import cached_attention, ring_prefill_attention
 from lwm.parallel.comm import group_size_and_rank
 
@@ -66,10 +65,6 @@ class CachedLayer:
         if o.mode == "prefill":  # this rank's slice of one prefill segment
             past = (self.cache.keys, self.cache.values) if self.cache.length else (None, None)
             self.cache.append(k, v)
-            if o.world_size == 1:
-                return cached_attention(q, k, v, *past, backend=o.backend)
-            if past[0] is None:
-                return ring_attention(q, k, v, o.group, causal=True, layout=o.layout, backend=o.backend)
             return ring_prefill_attention(q, k, v, *past, o.group, o.layout, o.backend)
         out = cached_attention(q, k, v, self.cache.keys if self.cache.length else None,
                                self.cache.values if self.cache.length else None, o.group, backend=o.backend)

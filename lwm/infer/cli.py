@@ -15,13 +15,12 @@ import argparse
 import sys
 import time
 
-import torch
+from lwm.infer.runtime import add_model_args, load_generator, start
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="lwm-generate", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", required=True, help="Hugging Face folder, training stage folder, final.safetensors or .ckpt")
-    p.add_argument("--tokenizer", help="sentencepiece model (default: found next to the model)")
+    add_model_args(p)
     p.add_argument("--prompt", required=True, help="the question (chat form) or the raw text (--raw)")
     p.add_argument("--raw", action="store_true", help="no chat template: BOS + the prompt's tokens")
     p.add_argument("--video", help="a video file, read and tokenized on the fly")
@@ -35,10 +34,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int)
     p.add_argument("--restrict", choices=["text", "vision", "none"], default="text")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--layout", default="striped", choices=["striped", "zigzag", "contiguous"])
-    p.add_argument("--prefill-chunk", type=int, default=8192)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None)
     return p
 
 
@@ -63,17 +58,13 @@ def prompt_ids(args, loaded) -> list[int]:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from lwm.infer import GenerationConfig, Generator, load_model
-    from lwm.parallel.launch import init_from_env
+    from lwm.infer import GenerationConfig
     from lwm.vision.video import VideoError
 
-    group = init_from_env(args.device)
-    rank = torch.distributed.get_rank() if group is not None else 0
-    if args.device.startswith("cuda") and group is not None:
-        args.device = f"cuda:{torch.cuda.current_device()}"
+    runtime = start(args.device)
+    args.device = runtime.device
     try:
-        loaded = load_model(args.model, args.tokenizer, device=args.device,
-                            dtype=getattr(torch, args.dtype) if args.dtype else None)
+        loaded, gen = load_generator(args, runtime)
         ids = prompt_ids(args, loaded)
         config = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                                   stop_tokens=[loaded.tokenizer.eos_id], seed=args.seed,
@@ -81,11 +72,10 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError, VideoError) as e:
         print(f"lwm-generate: {e}", file=sys.stderr)
         return 2
-    gen = Generator(loaded.model, loaded.vocab, group, layout=args.layout, prefill_chunk=args.prefill_chunk)
-    start = time.perf_counter()
+    t0 = time.perf_counter()
     out = gen.generate(ids, config)
-    seconds = time.perf_counter() - start
-    if rank == 0:
+    seconds = time.perf_counter() - t0
+    if runtime.rank == 0:
         text = loaded.tokenizer.decode([t for t in out if t < loaded.vocab.text_size])
         n_vision = sum(1 for t in out if t >= loaded.vocab.text_size)
         print(text + (f"  [+{n_vision} vision tokens]" if n_vision else ""))

@@ -32,6 +32,8 @@ def _worker(rank, world_size, port, out_dir, fn, args, threads):
     except Exception:  # reported to the parent, which raises it
         result = {"error": traceback.format_exc()}
     torch.save(result, Path(out_dir) / f"rank{rank}.pt")
+    if "ok" in result:
+        dist.barrier()  # nobody tears down its connections while another rank still talks
     dist.destroy_process_group()
 
 

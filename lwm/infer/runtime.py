@@ -1,0 +1,55 @@
+"""What every inference tool (lwm-generate, eval/needle.py, eval/video_qa.py) sets up the same way:
+the model arguments, the device and process group (torchrun -> context parallelism over all
+ranks), and the model with its Generator."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+import torch
+
+from lwm.infer.generator import Generator
+from lwm.infer.load import Loaded, load_model
+from lwm.parallel.comm import group_size_and_rank
+from lwm.parallel.launch import init_from_env
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="Hugging Face folder, training stage folder, final.safetensors or .ckpt")
+    p.add_argument("--tokenizer", help="sentencepiece model (default: found next to the model)")
+    p.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--dtype", choices=["auto", *DTYPES], default="auto", help="auto: bfloat16 on CUDA, as stored on CPU")
+    p.add_argument("--layout", choices=["striped", "zigzag", "contiguous"], default="striped",
+                   help="how the prompt is split over the ranks under torchrun")
+    p.add_argument("--prefill-chunk", type=int, default=8192, help="prompt tokens per rank processed at a time")
+
+
+@dataclass
+class Runtime:
+    device: str
+    group: object | None  # the context-parallel group (all torchrun ranks), None for one process
+    rank: int
+    world: int
+
+
+def start(device: str | None) -> Runtime:
+    """Pick the device and, under torchrun, start the process group (each rank on its own GPU)."""
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    group = init_from_env(device)
+    if device == "cuda":
+        device = f"cuda:{torch.cuda.current_device()}"
+    world, rank = group_size_and_rank(group)
+    return Runtime(device, group, rank, world)
+
+
+def load_generator(args: argparse.Namespace, runtime: Runtime) -> tuple[Loaded, Generator]:
+    """The model of --model on the runtime's device and its Generator; raises FileNotFoundError or
+    ValueError for a bad model or tokenizer."""
+    on_cuda = runtime.device.startswith("cuda")
+    dtype = (torch.bfloat16 if on_cuda else None) if args.dtype == "auto" else DTYPES[args.dtype]
+    loaded = load_model(args.model, args.tokenizer, device=runtime.device, dtype=dtype)
+    generator = Generator(loaded.model, loaded.vocab, runtime.group, layout=args.layout, prefill_chunk=args.prefill_chunk)
+    return loaded, generator
