@@ -121,5 +121,4 @@ def test_bad_inputs_are_named():
 
     with pytest.raises(ValueError, match="q heads 6 are not divisible by the Ulysses group size 4"):
         check_heads(6, 2, 4)
-    with pytest.raises(ValueError, match="k/v heads 3 must divide or be a multiple of the Ulysses group size 2"):
-        check_heads(6, 3, 2)
+    check_heads(6, 3, 2)  # k/v heads are replicated as far as the group needs

@@ -1,9 +1,14 @@
 """Ulysses attention: an all-to-all trades the sequence split for a head split, each rank runs
 local attention over the whole sequence for its share of the heads, and a second all-to-all
-trades back. K/V heads are replicated only when there are fewer of them than ranks.
+trades back. Q heads must be divisible by the group size P. K/V heads stay as they are when their
+count Hkv is a multiple of P; otherwise each is repeated lcm(Hkv, P) / Hkv times (the GQA grouping
+of q head h to kv head h // (H / Hkv) is kept), the fewest that give every rank the K/V heads its
+q heads use. Gradients of the copies sum back onto the original heads.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -14,15 +19,17 @@ from lwm.parallel.ring import check_qkv
 
 
 def check_heads(n_heads: int, n_kv_heads: int, size: int) -> None:
+    """Any k/v head count that divides the q heads works (see replicate_kv); q heads must split evenly."""
     if n_heads % size:
         raise ValueError(f"q heads {n_heads} are not divisible by the Ulysses group size {size}")
-    if n_kv_heads % size and size % n_kv_heads:
-        raise ValueError(f"k/v heads {n_kv_heads} must divide or be a multiple of the Ulysses group size {size}")
 
 
 def replicate_kv(x: torch.Tensor, size: int) -> torch.Tensor:
-    """(B, Hkv, L, D) -> (B, max(Hkv, size), L, D): each rank's query heads find their K/V head."""
-    return x if x.shape[1] >= size else x.repeat_interleave(size // x.shape[1], dim=1)
+    """(B, Hkv, L, D) -> (B, lcm(Hkv, size), L, D), unchanged when size divides Hkv: each kv head is
+    repeated in place (repeat_interleave), so rank r's q heads find theirs among its share."""
+    n = x.shape[1]
+    rep = math.lcm(n, size) // n
+    return x if rep == 1 else x.repeat_interleave(rep, dim=1)
 
 
 def seq_to_heads(x: torch.Tensor, group, order: torch.Tensor | None = None) -> torch.Tensor:
