@@ -54,6 +54,7 @@ if __package__ in (None, ""):  # run as a script: make `eval` and `lwm` importab
     sys.path.insert(0, str(ROOT))
 
 from eval.plots import grid_table, heatmap, human_count  # noqa: E402
+from lwm.io import JsonlError, records  # noqa: E402
 
 # lwm.infer and lwm.data are imported where used: importing lwm.data takes seconds (it loads
 # Lightning), and `--help` or a bad argument should not wait for that.
@@ -85,18 +86,16 @@ def read_documents(path) -> Iterator[str]:
     if not path.is_file():
         raise FileNotFoundError(f"haystack {path} does not exist")
     if path.suffix in (".jsonl", ".json"):
-        with path.open(encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    text = json.loads(line)["text"]
-                except (json.JSONDecodeError, KeyError, TypeError) as e:
-                    raise ValueError(f"haystack {path} line {n}: expected a JSON object with a \"text\" field "
-                                     f"({type(e).__name__}: {e})") from None
-                if not isinstance(text, str):
-                    raise ValueError(f"haystack {path} line {n}: \"text\" must be a string, got {type(text).__name__}")
-                yield text
+        try:
+            for n, row in records(path):
+                if not isinstance(row, dict) or "text" not in row:
+                    got = f"keys {sorted(row)}" if isinstance(row, dict) else type(row).__name__
+                    raise ValueError(f"haystack {path} line {n}: expected a JSON object with a \"text\" field (got {got})")
+                if not isinstance(row["text"], str):
+                    raise ValueError(f"haystack {path} line {n}: \"text\" must be a string, got {type(row['text']).__name__}")
+                yield row["text"]
+        except JsonlError as e:
+            raise ValueError(f"haystack {path} line {e.line}: expected a JSON object with a \"text\" field ({e.reason})") from None
     else:
         yield path.read_text(encoding="utf-8", errors="replace")
 

@@ -64,13 +64,14 @@ if __package__ in (None, ""):  # run as a script: make `eval` and `lwm` importab
     sys.path.insert(0, str(ROOT))
 
 from eval.plots import markdown_table  # noqa: E402
+from lwm.infer.prompt import DEFAULT_VQGAN  # noqa: E402
+from lwm.io import JsonlAppender, JsonlError, lines  # noqa: E402
 from lwm.parallel.comm import group_size_and_rank  # noqa: E402
 
-# lwm.infer (and lwm.data under it) are imported where used: they take seconds to import, and a
-# usage error should not wait for them.
+# The rest of lwm.infer (and lwm.data under it) is imported where used: a usage error should not
+# wait for it. (lwm.infer.prompt, for the bundled VQGAN's path, adds little to torch.)
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 LETTER_INSTRUCTION = "Answer with the letter."
-DEFAULT_VQGAN = "data/checkpoints/vqgan_tiny.safetensors"
 METHODS = ("ll", "letter")
 
 
@@ -253,22 +254,20 @@ def read_items(path, video_dir=None) -> list[Item]:
     """All items of a JSON-lines file (or a .json list); a bad line becomes an Item with its error."""
     path = Path(path)
     base, name = path.resolve().parent, path.name
-    text = path.read_text(encoding="utf-8", errors="replace")
     if path.suffix.lower() == ".json":
         try:
-            data = json.loads(text)
+            data = json.loads(path.read_text(encoding="utf-8", errors="replace"))
         except json.JSONDecodeError:
             data = None
         if isinstance(data, list):
             return [it for k, obj in enumerate(data) for it in _expand(obj, f"{name}:{k + 1}", base, video_dir)]
     items = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
+    for line in lines(path):
+        n = line.number
         try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            items.append(Item(id=f"{name}:{n}", error=f"line {n} is not JSON: {e}", error_kind="malformed"))
+            obj = line.parse()
+        except JsonlError as e:  # a bad line, the last one included, is a recorded item: the run goes on
+            items.append(Item(id=f"{name}:{n}", error=f"line {n} is {e.reason}", error_kind="malformed"))
             continue
         items.extend(_expand(obj, f"{name}:{n}", base, video_dir))
     return items
@@ -612,14 +611,13 @@ class RecordLog:
 
     def __init__(self, path: Path):
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.f = open(path, "w")
+        self.out = JsonlAppender(path, default=_jsonable, truncate=True)  # this run's records only
 
     def __call__(self, rec: dict) -> None:
-        self.f.write(json.dumps(rec, default=_jsonable) + "\n")
-        self.f.flush()
+        self.out.append(rec)
 
     def close(self) -> None:
-        self.f.close()
+        self.out.close()
 
 
 # ------------------------------------------------------------------------------------ command line
@@ -653,7 +651,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--codes", help="an lwm-tokenize output folder with cached codes")
     p.add_argument("--ids", choices=["auto", "hashed", "stem"], default="auto",
                    help="how cached codes are named (lwm-tokenize --ids); auto tries both")
-    p.add_argument("--vqgan", default=DEFAULT_VQGAN, help="VQGAN checkpoint (tiny preset) for videos not in the cache")
+    p.add_argument("--vqgan", default=str(DEFAULT_VQGAN),
+                   help="VQGAN checkpoint (tiny preset) for videos not in the cache (default: the bundled tiny VQGAN)")
     p.add_argument("--fps", type=_positive(float), default=1.0, help="frames per second (default 1)")
     p.add_argument("--max-frames", type=_positive(int), help="at most this many frames, spread evenly")
     p.add_argument("--methods", type=_csv, default=list(METHODS), help="multiple-choice scoring: ll, letter or ll,letter")

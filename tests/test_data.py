@@ -84,6 +84,40 @@ def test_frame_subsampling(codes_dir):
     assert (store.load("clip_b", fps=1.0) == full[[0, 2, 4]]).all()
 
 
+
+def test_codes_of_a_killed_tokenize_run(codes_dir, tmp_path):
+    """A manifest a killed lwm-tokenize left ending in half a line loads its whole entries, before and
+    after a resumed run appends past it; a bad line that no kill leaves names its file and line."""
+    import shutil
+
+    from lwm.io import append_jsonl
+
+    root = tmp_path / "codes"
+    shutil.copytree(codes_dir, root)
+    manifest = root / "manifest.jsonl"
+    manifest.write_text(manifest.read_text() + '{"id": "clip_d", "timestamps": [0.0, 0.')
+    store = CodeStore(root)
+    assert sorted(store.meta) == sorted(T_FRAMES)
+    assert (store.load("clip_b", fps=1.0) == CodeStore(codes_dir).load("clip_b", fps=1.0)).all()
+    append_jsonl(manifest, {"id": "clip_d", "timestamps": [0.0]})
+    assert sorted(CodeStore(root).meta) == sorted([*T_FRAMES, "clip_d"])
+    manifest.write_text(manifest.read_text() + "garbage\n")
+    with pytest.raises(ValueError, match=r"manifest\.jsonl:6: not JSON"):
+        CodeStore(root)
+
+
+def test_stream_drops_a_partial_last_line(tok, vocab, tmp_path):
+    from lwm.data import PackedStream
+
+    src = tmp_path / "docs.jsonl"
+    src.write_text(json.dumps({"text": "red circle"}) + "\n{oops\n" + json.dumps({"text": "blue square"}) + '\n{"text": "gre')
+    stream = PackedStream([Source(str(src), fields="text")], vocab, tok, seq_len=64, batch_size=1)
+    list(stream.sequences(0))
+    assert stream.stats["skipped"] == 1 and stream.errors[0].startswith(f"{src}:2: not JSON")  # not the last line
+    strict = PackedStream([Source(str(src), fields="text")], vocab, tok, seq_len=64, batch_size=1, strict=True)
+    with pytest.raises(ExampleError, match=r"docs\.jsonl:2: not JSON"):
+        list(strict.sequences(0))
+
 @pytest.mark.parametrize(
     "example,spec,message",
     [

@@ -192,3 +192,36 @@ def test_command_one_process_and_torchrun(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "lwm.infer.cli", "--model", str(tmp_path / "nope"), "--prompt", "x"],
                          cwd=root, env=env, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "does not exist" in bad.stderr
+
+
+def test_cli_default_paths_work_from_any_folder_and_bad_paths_name_the_option(tmp_path, monkeypatch, capsys):
+    """The bundled VQGAN is found from the package, not the working directory; a path that does not
+    exist is a usage error (exit 2) naming its option, before any model loads."""
+    from pathlib import Path
+
+    from lwm.infer import cli
+
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.syspath_prepend(str(root))
+    from eval import video_qa
+
+    monkeypatch.chdir(tmp_path)
+    video = tmp_path / "clip.mp4"
+    video.write_bytes(b"")  # only its existence is checked before loading
+    args = cli.parse_args(["--model", str(tmp_path), "--prompt", "x", "--video", str(video)])
+    assert Path(args.vqgan).is_absolute() and Path(args.vqgan).is_file()
+    assert Path(args.vqgan) == root / "data" / "checkpoints" / "vqgan_tiny.safetensors"
+    qa_args = video_qa.build_parser().parse_args(["--model", "m", "--data", "d"])
+    assert Path(qa_args.vqgan) == Path(args.vqgan)
+
+    for argv, option in [
+        (["--video", str(video), "--vqgan", "path/x"], "--vqgan path/x"),
+        (["--video", "nope.mp4"], "--video nope.mp4"),
+        (["--codes", "nope", "--video-id", "v"], "--codes nope"),
+        (["--tokenizer", "nope.model"], "--tokenizer nope.model"),
+    ]:
+        with pytest.raises(SystemExit) as e:
+            cli.main(["--model", str(tmp_path), "--prompt", "x", *argv])
+        assert e.value.code == 2 and f"{option} does not exist" in capsys.readouterr().err, option
+    # --vqgan is only needed to tokenize a video: without one a missing checkpoint is no error.
+    assert cli.parse_args(["--model", str(tmp_path), "--prompt", "x", "--vqgan", "path/x"]).vqgan == "path/x"

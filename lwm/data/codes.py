@@ -9,10 +9,11 @@ the clip, as LWM does) or a rate (by the recorded timestamps).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
+
+from lwm.io import records
 
 
 def uniform_indices(n_frames: int, count: int) -> np.ndarray:
@@ -39,10 +40,11 @@ class CodeStore:
             raise FileNotFoundError(f"{self.root} has no tokens/ folder; expected the output of lwm-tokenize")
         self.meta: dict[str, dict] = {}
         for manifest in sorted(self.root.glob("manifest*.jsonl")):
-            for line in manifest.read_text().splitlines():
-                if line.strip():
-                    entry = json.loads(line)
-                    self.meta[entry["id"]] = entry
+            # a line a killed lwm-tokenize cut short is skipped: its video was never finished
+            for n, entry in records(manifest):
+                if not isinstance(entry, dict) or "id" not in entry:
+                    raise ValueError(f"{manifest}:{n}: a manifest record is a JSON object with an \"id\"")
+                self.meta[entry["id"]] = entry
 
     def path(self, video_id: str) -> Path:
         return self.root / "tokens" / f"{video_id}.npy"

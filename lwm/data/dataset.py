@@ -10,7 +10,6 @@ Bad examples are skipped with a warning naming file and line, and counted; `stri
 
 from __future__ import annotations
 
-import json
 import logging
 from collections import Counter
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from lwm.data.example import ExampleError, encode_example
 from lwm.data.packing import Packed, Packer
 from lwm.data.text_tokenizer import TextTokenizer
 from lwm.data.vocab import Vocab
+from lwm.io import JsonlError, Line, read_lines
 
 log = logging.getLogger(__name__)
 
@@ -78,35 +78,37 @@ class PackedStream:
         self.errors: list[str] = []
 
     @staticmethod
-    def _read(source: Source) -> list[str]:
+    def _read(source: Source) -> list[Line]:
         path = Path(source.path)
         if not path.is_file():
             raise FileNotFoundError(f"data source {path} does not exist")
-        return path.read_text().splitlines()
+        return read_lines(path)  # parsed when an epoch reaches them; a partial last line is dropped
 
     def _order(self, epoch: int) -> list[tuple[int, int]]:
-        """(source, line) pairs of one epoch, shuffled by (seed, epoch)."""
-        items = [(s, i) for s, lines in enumerate(self.lines) for i, line in enumerate(lines) if line.strip()]
+        """(source, line index) pairs of one epoch, shuffled by (seed, epoch)."""
+        items = [(s, i) for s, lines in enumerate(self.lines) for i in range(len(lines))]
         items = [it for it in items for _ in range(self.sources[it[0]].repeat)]
         rng = np.random.default_rng([self.seed, epoch])
         return [items[j] for j in rng.permutation(len(items))]
 
     def _encoded(self, epoch: int) -> Iterator[tuple]:
         for s, i in self._order(epoch):
-            where = f"{self.sources[s].path}:{i + 1}"
+            line = self.lines[s][i]
+            where = f"{self.sources[s].path}:{line.number}"
             try:
-                example = json.loads(self.lines[s][i])
+                example = line.parse()
                 enc = encode_example(
                     example, self.vocab, self.text_tokenizer, self.codes, self.sources[s].fields,
                     self.max_frames, self.fps, self.seed, key=where,
                 )
-            except (ExampleError, json.JSONDecodeError) as e:
+            except (ExampleError, JsonlError) as e:
+                why = e.reason if isinstance(e, JsonlError) else e  # a JsonlError names the place itself
                 if self.strict:
-                    raise ExampleError(f"{where}: {e}") from e
+                    raise ExampleError(f"{where}: {why}") from e
                 self.stats["skipped"] += 1
                 if len(self.errors) < 100:
-                    self.errors.append(f"{where}: {e}")
-                log.warning("skipping example %s: %s", where, e)
+                    self.errors.append(f"{where}: {why}")
+                log.warning("skipping example %s: %s", where, why)
                 continue
             yield s, enc
 

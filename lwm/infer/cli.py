@@ -15,7 +15,8 @@ import argparse
 import sys
 import time
 
-from lwm.infer.runtime import add_model_args, load_generator, start
+from lwm.infer.prompt import DEFAULT_VQGAN
+from lwm.infer.runtime import add_model_args, load_generator, require_paths, start
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,7 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--video-id", help="the video's id in --codes")
     p.add_argument("--fps", type=float, default=1.0)
     p.add_argument("--max-frames", type=int)
-    p.add_argument("--vqgan", default="data/checkpoints/vqgan_tiny.safetensors", help="VQGAN checkpoint (tiny preset) or diffusers folder")
+    p.add_argument("--vqgan", default=str(DEFAULT_VQGAN),
+                   help="VQGAN checkpoint (tiny preset) or diffusers folder (default: the bundled tiny VQGAN)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-k", type=int)
@@ -56,8 +58,18 @@ def prompt_ids(args, loaded) -> list[int]:
     return chat_prompt(loaded.tokenizer, loaded.vocab, args.prompt, codes)
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The arguments, with every input path checked (exit 2 naming the option) before anything loads."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    require_paths(parser, args, "--model", "--tokenizer", "--video", "--codes")
+    if args.video and not (args.codes or args.video_id):  # only then is the VQGAN needed
+        require_paths(parser, args, "--vqgan")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     from lwm.infer import GenerationConfig
     from lwm.vision.video import VideoError
 

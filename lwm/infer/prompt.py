@@ -15,8 +15,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import lwm
 from lwm.data.text_tokenizer import TextTokenizer
 from lwm.data.vocab import Vocab
+
+# data/ is in the repository, not the package (installed editable): found from the package's
+# location, so the default works from any working directory
+DEFAULT_VQGAN = Path(lwm.__file__).resolve().parents[1] / "data" / "checkpoints" / "vqgan_tiny.safetensors"
 
 SYSTEM = "You are a helpful assistant."
 CHAT_SPEC = "[user+vision+assistant],answer"
@@ -39,8 +44,9 @@ def chat_prompt(tokenizer: TextTokenizer, vocab: Vocab, question: str, codes: np
     return ids + tokenizer.encode(fields["assistant"])
 
 
-def load_vqgan(checkpoint: str | Path | None = None, preset: str = "tiny"):
-    """A VQGAN for on-the-fly tokenization: a preset with a checkpoint, or a diffusers folder."""
+def load_vqgan(checkpoint: str | Path | None = DEFAULT_VQGAN, preset: str = "tiny"):
+    """A VQGAN for on-the-fly tokenization: a preset with a checkpoint (None: random weights), or a
+    diffusers folder."""
     from lwm.vision.tokenize import load_tokenizer
 
     return load_tokenizer(str(checkpoint) if checkpoint and Path(checkpoint).is_dir() else preset,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -25,6 +26,15 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layout", choices=["striped", "zigzag", "contiguous"], default="striped",
                    help="how the prompt is split over the ranks under torchrun")
     p.add_argument("--prefill-chunk", type=int, default=8192, help="prompt tokens per rank processed at a time")
+
+
+def require_paths(parser: argparse.ArgumentParser, args: argparse.Namespace, *options: str) -> None:
+    """Exit 2 with parser.error naming the first of `options` (e.g. "--vqgan") given a path that does not
+    exist; called before any model is loaded, so a typo costs no loading time."""
+    for option in options:
+        value = getattr(args, option.lstrip("-").replace("-", "_"))
+        if value is not None and not Path(value).exists():
+            parser.error(f"{option} {value} does not exist")
 
 
 @dataclass

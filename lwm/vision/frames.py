@@ -11,7 +11,6 @@ videos of the index (in its order) are held out; the split is deterministic.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +18,8 @@ import lightning as L
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
+
+from lwm.io import records
 
 
 @dataclass
@@ -44,12 +45,10 @@ def read_index(index: str | Path) -> list[Path]:
     if not index.is_file():
         raise FileNotFoundError(f"video index {index} not found (make the sample data with python data/make_sample.py)")
     paths = []
-    for n, line in enumerate(index.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        record = json.loads(line)
-        if "path" not in record:
-            raise ValueError(f"{index}:{n}: a video record needs a 'path', got keys {sorted(record)}")
+    for n, record in records(index):
+        if not isinstance(record, dict) or "path" not in record:
+            got = f"keys {sorted(record)}" if isinstance(record, dict) else type(record).__name__
+            raise ValueError(f"{index}:{n}: a video record needs a 'path', got {got}")
         paths.append(index.parent / record["path"])
     return paths
 

@@ -1,0 +1,152 @@
+"""lwm.io, the one JSON-lines reader and appender, and the readers that use it, on what a killed writer
+leaves: a last line cut short, and that line closed by a later append."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lwm.io import JsonlAppender, JsonlError, append_jsonl, lines, read_jsonl, read_lines, records
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+RECORDS = [{"id": "a", "timestamps": [0.0, 0.5]}, {"id": "b", "text": "caf\u00e9 \"quoted\"\nnew line"}]
+CUT = '{"id": "c", "timestamps": [0.0, 0.'  # a record a kill cut short
+
+
+def jsonl(path: Path, rows, tail: str = "") -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + tail)
+    return path
+
+
+def test_partial_last_line_is_skipped(tmp_path):
+    path = jsonl(tmp_path / "m.jsonl", RECORDS, CUT)
+    assert read_jsonl(path) == RECORDS
+    assert [n for n, _ in records(path)] == [1, 2]
+    assert [line.number for line in read_lines(path)] == [1, 2]
+    # An unterminated last line that is whole is a record like the others.
+    path.write_text(json.dumps(RECORDS[0]) + "\n" + json.dumps(RECORDS[1]))
+    assert read_jsonl(path) == RECORDS and len(read_lines(path)) == 2
+
+
+def test_bad_line_in_the_middle_names_file_and_line(tmp_path):
+    path = jsonl(tmp_path / "m.jsonl", [RECORDS[0]], "\n{not json}\n" + json.dumps(RECORDS[1]) + "\n")
+    with pytest.raises(JsonlError, match=rf"m\.jsonl:3: not JSON") as e:
+        read_jsonl(path)
+    assert (e.value.path, e.value.line) == (path, 3) and isinstance(e.value, ValueError)
+    # A bad last line is an error too when it has its newline: no kill leaves that ...
+    jsonl(path, RECORDS, "}{\n")
+    with pytest.raises(JsonlError, match=r"m\.jsonl:3"):
+        read_jsonl(path)
+    # ... and so is a line that is not UTF-8.
+    path.write_bytes(b'{"id": "\xff"}\n' + json.dumps(RECORDS[0]).encode() + b"\n")
+    with pytest.raises(JsonlError, match=r"m\.jsonl:1: not UTF-8"):
+        read_jsonl(path)
+
+
+def test_blank_lines_crlf_and_bom(tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps(RECORDS[0]).encode() + b"\r\n\r\n  \n" + json.dumps(RECORDS[1]).encode() + b"\r\n")
+    assert [(n, r) for n, r in records(path)] == [(1, RECORDS[0]), (4, RECORDS[1])]
+    assert [line.number for line in lines(path)] == [1, 4]
+
+
+def test_append_after_a_partial_line_stays_parseable(tmp_path):
+    path = jsonl(tmp_path / "m.jsonl", RECORDS, CUT)
+    append_jsonl(path, {"id": "c", "timestamps": [0.0, 0.5]})
+    text = path.read_text().split("\n")
+    assert text[2] == CUT and json.loads(text[3])["id"] == "c" and text[4] == ""  # a fresh line; the leftover stays
+    assert [r["id"] for r in read_jsonl(path)] == ["a", "b", "c"]  # the leftover, now closed, is skipped
+    # A whole unterminated last line gets its newline and is kept.
+    path.write_text(json.dumps(RECORDS[0]))
+    append_jsonl(path, RECORDS[1])
+    assert read_jsonl(path) == RECORDS and path.read_text().count("\n") == 2
+
+
+def test_appender(tmp_path):
+    path = tmp_path / "r.jsonl"
+    with JsonlAppender(path, default=str) as out:
+        out.append({"path": Path("x/y")})
+        assert path.read_text() == '{"path": "x/y"}\n'  # on disk as soon as it is appended
+        out.append(RECORDS[1])
+    assert read_jsonl(path) == [{"path": "x/y"}, RECORDS[1]]
+    with JsonlAppender(path, truncate=True) as out:
+        out.append(RECORDS[0])
+    assert read_jsonl(path) == [RECORDS[0]]
+    with pytest.raises(TypeError):  # a record JSON cannot hold writes nothing
+        append_jsonl(path, {"x": object()})
+    assert read_jsonl(path) == [RECORDS[0]]
+
+
+def test_every_cut_of_a_record_is_a_leftover(tmp_path):
+    """Wherever a kill cuts a line, the closed leftover is skipped; lines that are not cut records raise."""
+    record = {"id": "a\\b\"c", "t": [0.0, -1.5e-05, 1e100], "ok": True, "no": False, "n": None,
+              "u": "\u00e9\u4e2d", "nested": {"a": [[], {}, [1, {"b": "c"}]]}, "e": ""}
+    full = json.dumps(record)
+    path = tmp_path / "m.jsonl"
+    for k in range(1, len(full)):
+        path.write_text(json.dumps(RECORDS[0]) + "\n" + full[:k] + "\n" + json.dumps(RECORDS[1]) + "\n")
+        assert read_jsonl(path) == [RECORDS[0], RECORDS[1]], full[:k]
+    for bad in ['{"a": 1,, "b": 2}', '{"a": 1}}', '{"a": 1} x', "not json", '{"a" 1', '{"a": tru e', '[1 2', '{"a": "x"]']:
+        path.write_text(bad + "\n" + json.dumps(RECORDS[1]) + "\n")
+        with pytest.raises(JsonlError, match=r"m\.jsonl:1"):
+            read_jsonl(path)
+
+
+# ------------------------------------------------------------------------------------ the readers
+
+
+def test_readers_on_a_partial_last_line(tmp_path):
+    from lwm.vision.frames import read_index
+
+    index = jsonl(tmp_path / "videos.jsonl", [{"path": "v/a.mp4"}, {"path": "v/b.mp4"}], '{"path": "v/c')
+    assert read_index(index) == [tmp_path / "v/a.mp4", tmp_path / "v/b.mp4"]
+    jsonl(index, [{"path": "v/a.mp4"}, ["v/b.mp4"]])
+    with pytest.raises(ValueError, match=r"videos\.jsonl:2: a video record needs a 'path', got list"):
+        read_index(index)
+
+    from eval.needle import read_documents
+
+    hay = jsonl(tmp_path / "hay.jsonl", [{"text": "One."}, {"text": "Two."}], '{"text": "Thr')
+    assert list(read_documents(hay)) == ["One.", "Two."]
+    jsonl(hay, [{"text": "One."}], "{oops\n")
+    with pytest.raises(ValueError, match=r"hay\.jsonl line 2: expected a JSON object with a \"text\" field \(not JSON"):
+        list(read_documents(hay))
+
+
+def test_tokenize_output_dir_reads_and_appends_through_lwm_io(tmp_path):
+    from lwm.vision.tokenize import OutputDir
+
+    out = OutputDir(tmp_path, (0, 1))
+    codes = np.zeros((2, 256), np.uint16)
+    out.write({"id": "a", "sampling": {}}, codes)
+    out.manifest.write_text(out.manifest.read_text() + '{"id": "b", "sam')  # killed while appending b
+    assert set(out.finished()) == {"a"}
+    out.write({"id": "b", "sampling": {}}, codes)  # the resumed run
+    assert set(out.finished()) == {"a", "b"}
+    out.manifest.write_text(out.manifest.read_text() + "oops\n" + json.dumps({"id": "c"}) + "\n")
+    with pytest.raises(JsonlError, match=r"manifest\.jsonl:4"):
+        out.finished()
+
+
+def test_video_qa_records_a_bad_last_line_and_goes_on(tmp_path):
+    """video_qa keeps its behaviour: every bad line, the last one included, is an item recorded as malformed."""
+    from eval import video_qa as vqa
+
+    data = jsonl(tmp_path / "qa.jsonl", [{"video": "a.mp4", "question": "Q?", "answer": "A"}], '{"video": "b.mp4", "quest')
+    items = vqa.read_items(data)
+    assert items[0].error is None
+    assert (items[1].id, items[1].error_kind) == ("qa.jsonl:2", "malformed") and "line 2 is not JSON" in items[1].error
+
+    log = vqa.RecordLog(tmp_path / "out" / "records.jsonl")
+    log({"id": "x", "path": Path("p"), "score": np.float32(0.5)})
+    log.close()
+    assert read_jsonl(tmp_path / "out" / "records.jsonl") == [{"id": "x", "path": "p", "score": 0.5}]
+    log = vqa.RecordLog(tmp_path / "out" / "records.jsonl")  # a new run starts the file again
+    log.close()
+    assert read_jsonl(tmp_path / "out" / "records.jsonl") == []
