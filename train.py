@@ -8,34 +8,48 @@ the README for multi-GPU, torchrun and SLURM launches.
 import os
 import sys
 import time
+from pathlib import Path
 
 import hydra
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
+
+from lwm.train.run_dir import register_resolver
+
+register_resolver()  # ${run_id:} in trainer.out_dir: one folder name shared by every rank
+
+
+def is_rank0() -> bool:
+    return all(os.environ.get(v, "0") == "0" for v in ("RANK", "LOCAL_RANK", "NODE_RANK"))
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> None:
+    from lwm.train.console import quiet_lightning, say
     from lwm.train.entry import ensure_sample_data, to_run_config
-    from lwm.train.run import run_schedule, validate
+    from lwm.train.run import check_data_files, run_schedule, validate
 
     try:
         run = to_run_config(cfg)
         validate(run)
+        if run.data.sample and is_rank0():
+            ensure_sample_data(run.data)
+            check_data_files(run.data)
     except (ValueError, TypeError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    is_rank0 = os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("NODE_RANK", "0") == "0"
-    if run.data.sample and is_rank0:
-        ensure_sample_data(run.data)
+    quiet_lightning()
+    out = Path(run.trainer.out_dir)
+    if is_rank0():
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        say(f"run {out}: model {cfg.model.preset}, schedule {run.schedule.name} "
+            f"({len(run.schedule.stages)} stages), {run.trainer.world_size} process(es)")
     start = time.perf_counter()
     where = run_schedule(run)
-    if is_rank0:
-        print(f"\nfinished in {time.perf_counter() - start:.0f}s")
-        for what, path in where.items():
-            print(f"  {what:13s} {path}")
-        out = run.trainer.out_dir
-        print(f"  {'logs':13s} {out}/<stage>/logs/metrics.csv, TensorBoard: tensorboard --logdir {out}")
-        print(f"  {'checkpoints':13s} {out}/<stage>/checkpoints/")
+    say(f"\nfinished in {time.perf_counter() - start:.0f}s")
+    for what, path in where.items():
+        say(f"  {what:13s} {path}")
+    say(f"  {'logs':13s} {out}/<stage>/logs/metrics.csv, TensorBoard: tensorboard --logdir {out}")
 
 
 if __name__ == "__main__":

@@ -77,14 +77,20 @@ def test_default_run_config_is_valid():
         (["data=custom", "data.tokenizer=data/sample/tokenizer.model", "data.codes=/tmp",
           "data.sources={text: {path: data/sample/text.jsonl}}"], "data.codes /tmp has no manifest"),
         (["stage_only=zz"], "stage_only 'zz' is not a stage"),
+        (["data.sources.text.path=/no/such.jsonl"], "data.sources.text.path /no/such.jsonl does not exist"),
+        (["data=custom"], r"data.sources, data.tokenizer must be given \(no default\), e.g. data.sources="),
+        (["data=custom", "data.tokenizer=data/sample/tokenizer.model", "data.sources={text: {pth: x}}"],
+         r"data.sources.text \{'pth': 'x'\} is not a source"),
+        (["resume=true"], "resume=true: trainer.out_dir .* does not exist"),
     ],
 )
 def test_bad_input_is_refused_before_the_run(tmp_path, overrides, message):
+    """A rejected command exits 2 with the message and writes nothing (no run folder at all)."""
     import re
 
-    proc = train(tmp_path, *overrides, check=False)
+    proc = train(tmp_path / "run", *overrides, check=False)
     assert proc.returncode == 2 and re.search(message, proc.stderr), proc.stderr[-2000:]
-    assert not (tmp_path / "a" / "checkpoints").exists()
+    assert "Traceback" not in proc.stderr and not (tmp_path / "run").exists()
 
 
 def test_unknown_config_name(tmp_path):
@@ -94,7 +100,8 @@ def test_unknown_config_name(tmp_path):
 
 @pytest.mark.parametrize("cp,layout", [(2, "striped"), (2, "zigzag"), (4, "striped"), (4, "zigzag")])
 def test_context_parallel_losses_equal_one_process(tmp_path, reference, cp, layout):
-    train(tmp_path, "stage_only=a", f"trainer.devices={cp}", f"+schedule.stages.0.cp={cp}", f"parallel.layout={layout}")
+    train(tmp_path, "stage_only=a", f"trainer.devices={cp}", f"+schedule.stages.0.cp={cp}", f"parallel.layout={layout}",
+          "trainer.keep_checkpoints=true")
     got = losses(tmp_path)
     assert sorted(got) == sorted(reference) and len(got) == 10
     meta = torch.load(tmp_path / "a" / "checkpoints" / "last.ckpt" / "meta.pt", weights_only=False)
@@ -112,14 +119,41 @@ def test_torchrun_two_processes(tmp_path, reference):
 
 
 def test_resume_gives_the_same_losses(tmp_path, reference):
-    train(tmp_path, "stage_only=a", "+stop_at_step=5")
+    train(tmp_path, "stage_only=a", "stop_at_step=5")
     last = tmp_path / "a" / "checkpoints" / "last.ckpt"
     assert last.exists() and not (tmp_path / "a" / "final.safetensors").exists()
     assert set(torch.load(last, weights_only=False)["rng_states"]) == {"0"}
-    train(tmp_path, "stage_only=a", "resume=true")
+    proc = train(tmp_path, "stage_only=a", "resume=true")
     got = losses(tmp_path)
-    for step in range(5, 10):
+    assert sorted(got) == list(range(10))  # the rows from before the stop are kept
+    for step in range(10):
         assert got[step] == pytest.approx(reference[step], rel=1e-6), step
+    # the bar counts the stage's steps from where it stopped, not Lightning's epochs
+    assert " 5/10 " in proc.stdout and "10/10 " in proc.stdout and "Epoch" not in proc.stdout, proc.stdout[-1000:]
+
+
+def test_output_one_line_per_stage_and_one_checkpoint(tmp_path):
+    """What a run prints and leaves: a line per stage, a clean bar, no Lightning chatter; a finished
+    stage keeps its final weights, and last.ckpt only with trainer.keep_checkpoints=true."""
+    proc = train(tmp_path, "trainer.checkpoint_every=3")
+    text = proc.stdout + proc.stderr
+    assert text.count("stage a: seq_len 64, rope_theta 10000, 10 steps, cp 1, dp 1") == 1, text[-2000:]
+    assert text.count("stage b: seq_len 128, rope_theta 100000, 4 steps, cp 1, dp 1") == 1
+    for noise in ("Seed set to", "GPU available", "Tip:", "v_num", "LeafSpec"):
+        assert noise not in text, noise
+    assert (tmp_path / "config.yaml").exists() and not list(tmp_path.glob("**/hydra"))
+    for stage in "ab":
+        assert (tmp_path / stage / "final.safetensors").exists() and not (tmp_path / stage / "checkpoints").exists()
+    train(tmp_path / "keep", "stage_only=a", "trainer.checkpoint_every=3", "trainer.keep_checkpoints=true")
+    assert sorted(p.name for p in (tmp_path / "keep" / "a" / "checkpoints").iterdir()) == ["last.ckpt"]
+    assert torch.load(tmp_path / "keep" / "a" / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 10
+
+
+def test_two_processes_share_the_default_run_folder(tmp_path):
+    """The default out_dir (runs/${run_id:}) resolves to one folder in Lightning's re-launched rank."""
+    train(Path(str(tmp_path) + "/${run_id:}"), "trainer.devices=2", "+schedule.stages.1.cp=2")
+    runs = list(tmp_path.iterdir())
+    assert len(runs) == 1 and (runs[0] / "b" / "final.safetensors").exists(), runs
 
 
 def test_stage_hand_over(tmp_path):

@@ -1,12 +1,18 @@
-"""Training callbacks: throughput (tokens/s, model TFLOP/s, MFU) and peak memory per rank."""
+"""Training callbacks: throughput (tokens/s, model TFLOP/s, MFU), peak memory per rank, the
+stage's progress bar, and the metric history of a resumed stage."""
 
 from __future__ import annotations
 
+import csv
 import resource
+import sys
 import time
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
+from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
+from lightning.pytorch.loggers import CSVLogger
 
 from lwm.model import ModelConfig
 
@@ -49,3 +55,74 @@ class PeakMemory(L.Callback):
         else:
             peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
         pl_module.log("perf/peak_mem_mib", peak, on_step=True, on_epoch=False)
+
+
+class StageProgress(TQDMProgressBar):
+    """One bar per stage that counts optimizer steps out of the stage's steps, so a resumed stage
+    shows where it really is (the data stream is endless: Lightning alone shows no total)."""
+
+    def __init__(self, stage: str, steps: int):
+        super().__init__(leave=True)
+        self.stage, self.steps = stage, steps
+
+    @property
+    def total_train_batches(self) -> int:
+        return self.steps
+
+    def init_train_tqdm(self) -> Tqdm:
+        return Tqdm(desc=self.stage, total=self.steps, initial=self.trainer.global_step, position=2 * self.process_position,
+                    disable=self.is_disabled, leave=True, dynamic_ncols=True, file=sys.stdout, smoothing=0,
+                    bar_format=self.BAR_FORMAT)
+
+    def on_train_epoch_start(self, trainer, *_) -> None:
+        pass  # the stream is one endless epoch: the bar made in on_train_start runs to the stage's end
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        bar = self.train_progress_bar
+        if bar is not None and self._should_update(trainer.global_step, bar.total):
+            bar.n = trainer.global_step
+            bar.set_postfix(self.get_metrics(trainer, pl_module))  # redraws the bar
+
+    def get_metrics(self, trainer, pl_module) -> dict:
+        metrics = super().get_metrics(trainer, pl_module)
+        metrics.pop("v_num", None)  # the logger's version name, not a metric
+        return metrics
+
+
+class MetricHistory(L.Callback):
+    """Puts a stopped stage's metric rows back into its CSV log on resume (Lightning's CSV logger
+    starts the file anew). Rows from steps after the checkpoint are dropped: they are run again."""
+
+    def __init__(self, rows: list[dict[str, str]]):
+        self.rows = rows
+
+    @staticmethod
+    def read(path) -> list[dict[str, str]]:
+        if not path.is_file():
+            return []
+        with open(path, newline="") as f:
+            return list(csv.DictReader(f))
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        csv_logger = next((lg for lg in trainer.loggers if isinstance(lg, CSVLogger)), None)
+        if not self.rows or csv_logger is None or trainer.global_rank != 0:
+            return
+        for row in self.rows:
+            step = int(row["step"])
+            if step < trainer.global_step:
+                csv_logger.experiment.log_metrics({k: float(v) for k, v in row.items() if v != "" and k != "step"}, step)
+        csv_logger.save()
+
+
+class StageCheckpoint(ModelCheckpoint):
+    """checkpoints/last.ckpt only, every `every` steps (0: never on a schedule) and when a stage
+    stops before its last step; a finished stage is kept by its final weights instead."""
+
+    def __init__(self, dirpath, every: int, steps: int):
+        super().__init__(dirpath=dirpath, every_n_train_steps=every or None, save_last=True, save_top_k=0,
+                         monitor=None, enable_version_counter=False)
+        self.steps = steps
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if trainer.global_step < self.steps:
+            super().on_train_end(trainer, pl_module)

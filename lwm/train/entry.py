@@ -10,13 +10,19 @@ from omegaconf import DictConfig, OmegaConf
 
 from lwm.model import ModelConfig
 from lwm.train.config import OptimConfig, ParallelConfig, ScheduleConfig, TrainerConfig
+from lwm.train.console import say
 from lwm.train.run import DataSpec, RunConfig
 
 ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = {"data.tokenizer": "path/to/tokenizer.model", "data.sources": "'{docs: {path: docs.jsonl}}'"}
 
 
 def to_run_config(cfg: DictConfig) -> RunConfig:
     """Each group becomes its dataclass; unknown keys are errors that name them."""
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        raise ValueError(f"{', '.join(missing)} must be given (no default), e.g. "
+                         + " ".join(f"{k}={EXAMPLES.get(k, '...')}" for k in missing))
     c = OmegaConf.to_container(cfg, resolve=True)
     data = DataSpec(**c["data"])
     model = ModelConfig.from_preset(c["model"]["preset"], **(c["model"].get("overrides") or {}))
@@ -25,7 +31,7 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
 
         rows = Vocab(TextTokenizer(data.tokenizer).vocab_size).size
         if rows != model.vocab_size:
-            print(f"note: vocab_size {model.vocab_size} of model {c['model']['preset']!r} set to {rows} for {data.tokenizer}")
+            say(f"note: vocab_size {model.vocab_size} of model {c['model']['preset']!r} set to {rows} for {data.tokenizer}")
             model = model.replace(vocab_size=rows)
     return RunConfig(
         model=model,

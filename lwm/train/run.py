@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -22,7 +23,8 @@ import torch.distributed as dist
 
 from lwm.data import DataConfig, LWMDataModule, Source
 from lwm.model import ModelConfig
-from lwm.train.callbacks import PeakMemory, Throughput
+from lwm.train.callbacks import MetricHistory, PeakMemory, StageCheckpoint, StageProgress, Throughput
+from lwm.train.console import say
 from lwm.train.config import OptimConfig, ParallelConfig, ScheduleConfig, StageConfig, TrainerConfig
 from lwm.train.module import LWMModule
 
@@ -46,7 +48,12 @@ class DataSpec:
         unknown = [n for n in names if n not in self.sources]
         if unknown:
             raise ValueError(f"stage {stage.name!r} names data sources {unknown}; conf/data has {sorted(self.sources)}")
-        sources = [Source(**self.sources[n]) for n in names]
+        sources = []
+        for n in names:
+            try:
+                sources.append(Source(**self.sources[n]))
+            except TypeError as e:
+                raise ValueError(f"data.sources.{n} {self.sources[n]} is not a source (path, fields, overflow, repeat): {e}") from None
         return DataConfig(sources=sources, tokenizer=self.tokenizer, codes=self.codes, batch_size=batch_size,
                           seed=self.seed, max_frames=self.max_frames, fps=self.fps, weighting=self.weighting)
 
@@ -84,11 +91,21 @@ def validate(cfg: RunConfig) -> None:
         cfg.data.for_stage(stage, 1)
     if cfg.schedule.init_hf is not None and not (Path(cfg.schedule.init_hf) / "config.json").exists():
         raise FileNotFoundError(f"schedule.init_hf {cfg.schedule.init_hf} is not a Hugging Face model folder (no config.json)")
-    if not cfg.data.sample:
-        if not Path(cfg.data.tokenizer).is_file():
-            raise FileNotFoundError(f"data.tokenizer {cfg.data.tokenizer} does not exist")
-        if cfg.data.codes is not None and not list(Path(cfg.data.codes).glob("manifest*.jsonl")):
-            raise FileNotFoundError(f"data.codes {cfg.data.codes} has no manifest*.jsonl; run lwm-tokenize into it first")
+    if cfg.resume and not Path(cfg.trainer.out_dir).is_dir():
+        raise FileNotFoundError(f"resume=true: trainer.out_dir {cfg.trainer.out_dir} does not exist; "
+                                "name the folder of the run to continue (trainer.out_dir=runs/X resume=true)")
+    if not cfg.data.sample:  # the sample data is made on first use, then checked
+        check_data_files(cfg.data)
+
+
+def check_data_files(data: DataSpec) -> None:
+    if not Path(data.tokenizer).is_file():
+        raise FileNotFoundError(f"data.tokenizer {data.tokenizer} does not exist")
+    if data.codes is not None and not list(Path(data.codes).glob("manifest*.jsonl")):
+        raise FileNotFoundError(f"data.codes {data.codes} has no manifest*.jsonl; run lwm-tokenize into it first")
+    for name, source in data.sources.items():
+        if not Path(source["path"]).is_file():
+            raise FileNotFoundError(f"data.sources.{name}.path {source['path']} does not exist")
 
 
 def _strategy(stage: StageConfig, trainer_cfg: TrainerConfig):
@@ -119,30 +136,33 @@ def stage_model_config(model_config: ModelConfig, stage: StageConfig) -> ModelCo
 def run_stage(cfg: RunConfig, stage: StageConfig, model_config: ModelConfig, init: dict | None) -> Path | None:
     out = Path(cfg.trainer.out_dir) / stage.name
     final = out / "final.safetensors"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "model_config.json").write_text(json.dumps(asdict(stage_model_config(model_config, stage)), indent=2))
-    L.seed_everything(cfg.trainer.seed, workers=True)
+    last = out / "checkpoints" / "last.ckpt"
+    resume_from = last if cfg.resume and last.exists() else None
+    stage_model = stage_model_config(model_config, stage)
     dp = stage.check_world(cfg.trainer.world_size)
-    module = LWMModule(stage_model_config(model_config, stage), stage, cfg.optim, cfg.parallel, init_state=init)
+    say(f"stage {stage.name}: seq_len {stage.seq_len}, rope_theta {stage.rope_theta:g}, {stage.steps} steps, "
+        f"cp {stage.cp}, dp {dp}" + (f" (resuming from {resume_from})" if resume_from else ""))
+    if global_rank() == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "model_config.json").write_text(json.dumps(asdict(stage_model), indent=2))
+    L.seed_everything(cfg.trainer.seed, workers=True, verbose=False)
+    module = LWMModule(stage_model, stage, cfg.optim, cfg.parallel, init_state=init)
     datamodule = LWMDataModule(cfg.data.for_stage(stage, stage.per_rank_batch(dp)), seq_len=stage.seq_len,
                                cp_size=stage.cp, layout=cfg.parallel.layout)
-    from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
-    every = cfg.trainer.checkpoint_every or stage.steps
-    checkpoint = ModelCheckpoint(dirpath=out / "checkpoints", filename="{step}", every_n_train_steps=every,
-                                 save_last=True, save_top_k=1, monitor=None)
     global_batch = stage.per_rank_batch(dp) * dp
+    history = MetricHistory(MetricHistory.read(out / "logs" / "metrics.csv") if resume_from else [])
     trainer = L.Trainer(
         accelerator=cfg.trainer.accelerator, devices=cfg.trainer.devices, num_nodes=cfg.trainer.num_nodes,
         strategy=_strategy(stage, cfg.trainer), precision=cfg.trainer.precision,
         max_steps=min(stage.steps, cfg.stop_at_step or stage.steps), log_every_n_steps=cfg.trainer.log_every,
         logger=[CSVLogger(out.parent, name=stage.name, version="logs"), TensorBoardLogger(out.parent, name=stage.name, version="tb")],
-        callbacks=[checkpoint, Throughput(module.model_config, stage.seq_len, global_batch, cfg.trainer.peak_tflops), PeakMemory()],
+        callbacks=[StageCheckpoint(out / "checkpoints", cfg.trainer.checkpoint_every, stage.steps), StageProgress(stage.name, stage.steps), history,
+                   Throughput(module.model_config, stage.seq_len, global_batch, cfg.trainer.peak_tflops), PeakMemory()],
         num_sanity_val_steps=0, use_distributed_sampler=False, enable_model_summary=False, default_root_dir=out,
     )
-    last = out / "checkpoints" / "last.ckpt"
-    trainer.fit(module, datamodule=datamodule, ckpt_path=str(last) if cfg.resume and last.exists() else None)
+    trainer.fit(module, datamodule=datamodule, ckpt_path=str(resume_from) if resume_from else None)
     if trainer.global_step < stage.steps:  # stopped early: resume later with resume=true
         return None
     state = full_state(module)
@@ -150,6 +170,8 @@ def run_stage(cfg: RunConfig, stage: StageConfig, model_config: ModelConfig, ini
         from safetensors.torch import save_file
 
         save_file({k: v.contiguous() for k, v in state.items()}, final)
+        if not cfg.trainer.keep_checkpoints:
+            shutil.rmtree(out / "checkpoints", ignore_errors=True)
     if dist.is_initialized():
         dist.barrier()
     return final

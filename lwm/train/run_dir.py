@@ -1,0 +1,53 @@
+"""One output folder per launch, the same on every rank.
+
+The default `trainer.out_dir` is `runs/${run_id:}`. Each process of a multi-process run composes
+the config on its own, and seconds apart, so a name taken from each process's clock would differ:
+
+- Lightning's own re-launch (devices > 1 on one machine): the first process names the run and
+  puts the name in LWM_RUN_ID; the processes it starts inherit it.
+- torchrun: rank 0 names the run and posts the name in the launcher's key-value store (the one
+  every worker already uses to find the others); the other ranks wait for it there.
+- SLURM (srun): the job and step ids name the run.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import timedelta
+
+ENV = "LWM_RUN_ID"
+
+
+def _torchrun_agreed(name: str) -> str:
+    """rank 0's name, through the torchrun agent's store (MASTER_ADDR:MASTER_PORT)."""
+    from torch.distributed import TCPStore
+
+    store = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                     timeout=timedelta(seconds=300))
+    key = f"lwm_run_id/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    if int(os.environ["RANK"]) == 0:
+        store.set(key, name)
+    return store.get(key).decode()
+
+
+def run_id() -> str:
+    if os.environ.get(ENV):
+        return os.environ[ENV]
+    name = time.strftime("%Y-%m-%d_%H-%M-%S")
+    if os.environ.get("SLURM_JOB_ID") and os.environ.get("SLURM_STEP_ID"):
+        name = f"slurm-{os.environ['SLURM_JOB_ID']}.{os.environ['SLURM_STEP_ID']}"
+    elif int(os.environ.get("WORLD_SIZE", "1")) > 1 and "TORCHELASTIC_RUN_ID" in os.environ:
+        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+            raise RuntimeError("torchrun without its agent store: give every rank the same trainer.out_dir "
+                               f"(or set {ENV})")
+        name = _torchrun_agreed(name)
+    os.environ[ENV] = name  # Lightning's re-launched processes inherit it
+    return name
+
+
+def register_resolver() -> None:
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver("run_id"):
+        OmegaConf.register_new_resolver("run_id", run_id, use_cache=True)

@@ -1,0 +1,98 @@
+"""pyproject.toml declares exactly what the code imports, so that a fresh virtual environment
+(what .ci/run builds) has every package the code needs, and a declaration nobody needs is noticed:
+removing any declared dependency fails this test."""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata as md
+import re
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CODE = ["lwm", "eval", "data", "bench", "train.py", "train_vqgan.py"]
+# Needed at run time but imported by a library, not by our code; each with the reason.
+INDIRECT = {
+    "tensorboard": "Lightning's TensorBoardLogger (every training run, lwm/train/run.py) writes through it",
+    "protobuf": "transformers reads a sentencepiece model through it (AutoTokenizer on an exported folder)",
+}
+INDIRECT_DEV: dict[str, str] = {}
+# Import names of packages that may be absent here (a platform marker), by distribution.
+KNOWN = {"decord": "decord"}
+
+
+def norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def declared() -> tuple[set[str], set[str]]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    names = lambda reqs: {norm(re.match(r"[A-Za-z0-9_.-]+", r).group()) for r in reqs}  # noqa: E731
+    return names(project["dependencies"]), names(project["optional-dependencies"]["dev"])
+
+
+def imports(paths: list[Path]) -> dict[str, set[str]]:
+    """top-level module name -> files importing it (absolute imports, function-local ones included)."""
+    found: dict[str, set[str]] = {}
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                found.setdefault(name.split(".")[0], set()).add(str(path.relative_to(ROOT)))
+    return found
+
+
+def python_files(entries: list[str]) -> list[Path]:
+    files: list[Path] = []
+    for entry in entries:
+        p = ROOT / entry
+        files += sorted(p.rglob("*.py")) if p.is_dir() else [p]
+    return files
+
+
+def local_names() -> set[str]:
+    """Our own modules: top-level folders and files, and the scripts' folders (put on sys.path)."""
+    names = {p.stem for p in ROOT.iterdir() if p.suffix == ".py" or (p.is_dir() and not p.name.startswith("."))}
+    for folder in ("tests", "data", "bench", "eval"):
+        names |= {p.stem for p in (ROOT / folder).glob("*.py")} | {p.name for p in (ROOT / folder).iterdir() if p.is_dir()}
+    return names
+
+
+def distributions(found: dict[str, set[str]]) -> dict[str, set[str]]:
+    """distribution -> files importing it; raises for a third-party module no distribution provides."""
+    owners = md.packages_distributions()
+    out: dict[str, set[str]] = {}
+    skip = set(sys.stdlib_module_names) | local_names() | {"__future__"}
+    for module, files in found.items():
+        if module in skip:
+            continue
+        dists = owners.get(module) or ([KNOWN[module]] if module in KNOWN else None)
+        assert dists, f"{sorted(files)} import {module!r}, which no installed distribution provides"
+        out.setdefault(norm(dists[0]), set()).update(files)
+    return out
+
+
+def test_the_code_imports_only_declared_packages_and_every_declared_one_is_needed():
+    core, dev = declared()
+    used = distributions(imports(python_files(CODE)))
+    undeclared = {d: sorted(f)[:3] for d, f in used.items() if d not in core}
+    assert not undeclared, f"imported but not in [project] dependencies: {undeclared}"
+    unneeded = core - set(used) - set(INDIRECT)
+    assert not unneeded, f"declared but imported nowhere (and not in INDIRECT with a reason): {sorted(unneeded)}"
+    assert set(INDIRECT) <= core, f"INDIRECT names packages that are not declared: {sorted(set(INDIRECT) - core)}"
+
+
+def test_the_tests_import_only_declared_packages_and_every_dev_one_is_needed():
+    core, dev = declared()
+    used = distributions(imports(python_files(["tests"])))
+    undeclared = {d: sorted(f)[:3] for d, f in used.items() if d not in core | dev}
+    assert not undeclared, f"tests import packages in neither dependencies nor the dev extra: {undeclared}"
+    unneeded = dev - set(used) - set(INDIRECT_DEV)
+    assert not unneeded, f"dev extra declares packages no test imports: {sorted(unneeded)}"
