@@ -13,10 +13,6 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from lwm.train.run_dir import register_resolver
-
-register_resolver()  # ${run_id:} in trainer.out_dir: one folder name shared by every rank
-
 
 def is_rank0() -> bool:
     return all(os.environ.get(v, "0") == "0" for v in ("RANK", "LOCAL_RANK", "NODE_RANK"))

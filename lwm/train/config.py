@@ -45,7 +45,7 @@ class StageConfig:
             raise ValueError(f"stage {self.name!r}: global_batch {self.global_batch} is not divisible by dp {dp}")
         return self.global_batch // dp
 
-    def check_world(self, world_size: int, ulysses: int = 1) -> int:
+    def check_world(self, world_size: int) -> int:
         """dp for this stage; raises with the values when the world cannot be split."""
         if world_size % self.cp:
             raise ValueError(f"stage {self.name!r}: world size {world_size} is not divisible by cp {self.cp}")
@@ -69,14 +69,14 @@ class ScheduleConfig:
 
 @dataclass
 class ParallelConfig:
-    dp: int = 1
+    """How context parallelism is done; its degree is each stage's cp, and dp is derived
+    (world size / cp), so neither is set here."""
+
     layout: str = "striped"
     mode: str = "ring"  # ring | ulysses
-    activation_checkpointing: bool = False
+    activation_checkpointing: bool = False  # recompute each block in backward
 
     def __post_init__(self) -> None:
-        if self.dp <= 0:
-            raise ValueError(f"parallel.dp must be positive, got {self.dp}")
         if self.layout not in LAYOUTS:
             raise ValueError(f"parallel.layout must be one of {LAYOUTS}, got {self.layout!r}")
         if self.mode not in ("ring", "ulysses"):
@@ -87,9 +87,13 @@ class ParallelConfig:
 class OptimConfig:
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.95)
-    grad_clip: float = 1.0
+    grad_clip: float | None = 1.0  # max total gradient 2-norm; None or 0: no clipping
     text_weight: float = 0.5  # loss = weighted means of text and vision targets (design.md)
     vision_weight: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.grad_clip is not None and self.grad_clip < 0:
+            raise ValueError(f"optim.grad_clip must be >= 0 (0 or null: no clipping), got {self.grad_clip}")
 
 
 @dataclass
@@ -100,7 +104,8 @@ class TrainerConfig:
     precision: str = "32-true"
     out_dir: str = "runs/latest"
     log_every: int = 5
-    checkpoint_every: int = 0  # steps; 0 = only at the end of each stage
+    checkpoint_every: int = 0  # steps between checkpoints (checkpoints/last.ckpt); 0 = only when a stage stops early
+    keep_checkpoints: bool = False  # keep last.ckpt (optimizer included) once a stage has its final.safetensors
     seed: int = 0
     timeout_s: int = 600  # a rank that dies makes the others fail within this many seconds
     peak_tflops: float = 0.0  # for MFU in the throughput log; 0 = not logged

@@ -12,6 +12,9 @@ from lwm.model import ModelConfig
 from lwm.train.config import OptimConfig, ParallelConfig, ScheduleConfig, TrainerConfig
 from lwm.train.console import say
 from lwm.train.run import DataSpec, RunConfig
+from lwm.train.run_dir import register_resolver
+
+register_resolver()  # ${run_id:} in trainer.out_dir: one folder name shared by every rank
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = {"data.tokenizer": "path/to/tokenizer.model", "data.sources": "'{docs: {path: docs.jsonl}}'"}

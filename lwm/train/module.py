@@ -2,9 +2,10 @@
 
 It builds the model (on the meta device when a device mesh exists, then sharded and filled from
 `init_state` or initialized), computes the weighted text/vision loss with the chunked loss path,
-and builds AdamW with the stage's learning-rate schedule. Under context parallelism every rank
-of a group holds a slice of the same sequence: counts are summed over the group so that the
-ranks' losses add up to the loss of the whole sequence.
+builds AdamW with the stage's learning-rate schedule, and clips the total gradient norm to
+`optim.grad_clip` before each optimizer step (logged before clipping as train/grad_norm). Under
+context parallelism every rank of a group holds a slice of the same sequence: counts are summed
+over the group so that the ranks' losses add up to the loss of the whole sequence.
 """
 
 from __future__ import annotations
@@ -14,11 +15,24 @@ import math
 import lightning as L
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from lwm.model import ModelConfig, Transformer, token_coefficients
 from lwm.parallel import global_group_counts
 from lwm.train import rng
 from lwm.train.config import OptimConfig, ParallelConfig, StageConfig
+
+
+def clip_grad_norm(parameters, max_norm: float | None) -> torch.Tensor:
+    """Scale the gradients so that their total 2-norm is at most `max_norm` (None or <= 0: leave
+    them); returns the norm before clipping, a plain tensor. Under FSDP2 the gradients are DTensor
+    shards: the norm comes out as a DTensor over the whole model, so every rank clips by the same
+    factor, and full_tensor() gives its value."""
+    params = [p for p in parameters if p.grad is not None]
+    norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+    if max_norm is not None and max_norm > 0:
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
 
 def lr_lambda(stage: StageConfig):
@@ -35,11 +49,12 @@ def lr_lambda(stage: StageConfig):
 
 class LWMModule(L.LightningModule):
     def __init__(self, model_config: ModelConfig, stage: StageConfig, optim: OptimConfig, parallel: ParallelConfig,
-                 init_state: dict[str, torch.Tensor] | None = None):
+                 init_state: dict[str, torch.Tensor] | None = None, seed: int = 0):
         super().__init__()
         self.model_config = model_config  # with the stage's RoPE theta (lwm.train.run.stage_model_config)
         self.stage, self.optim, self.parallel = stage, optim, parallel
         self.init_state = init_state
+        self.seed = seed  # of the initial weights when there is no init_state (trainer.seed)
         self.model: Transformer | None = None
         self.cp_group = None
 
@@ -48,8 +63,7 @@ class LWMModule(L.LightningModule):
             return
         mesh = getattr(self, "_device_mesh", None)
         if mesh is None:  # one process: a plain model
-            torch.manual_seed(0)
-            self.model = Transformer(self.model_config)
+            self.model = self._fresh_model()
             if self.init_state is not None:
                 self.model.load_state_dict(self.init_state)
             if self.parallel.activation_checkpointing:
@@ -59,7 +73,14 @@ class LWMModule(L.LightningModule):
             return
         from lwm.train.sharding import shard_model
 
-        self.model, self.cp_group = shard_model(self.model_config, mesh, self.parallel, self.init_state, self.device)
+        init = self.init_state
+        if init is None and dist.get_rank() == 0:  # rank 0 broadcasts the same weights one process starts from
+            init = self._fresh_model().state_dict()
+        self.model, self.cp_group = shard_model(self.model_config, mesh, self.parallel, init, self.device)
+
+    def _fresh_model(self) -> Transformer:
+        torch.manual_seed(self.seed)
+        return Transformer(self.model_config)
 
     @property
     def cp_size(self) -> int:
@@ -79,6 +100,14 @@ class LWMModule(L.LightningModule):
         # FSDP averages gradients over all dp x cp ranks; the cp ranks' losses are parts of one
         # sum, so scale by cp: the result is the mean over data-parallel ranks of whole losses.
         return out.loss * self.cp_size
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        # Lightning calls this before every optimizer step, on every strategy; optim.grad_clip is
+        # the one clipping knob, so Lightning's own Trainer(gradient_clip_val) is refused.
+        if gradient_clip_val:
+            raise ValueError(f"Trainer(gradient_clip_val={gradient_clip_val}) is not used: set optim.grad_clip")
+        norm = clip_grad_norm(self.model.parameters(), self.optim.grad_clip)
+        self.log("train/grad_norm", norm)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["rng_states"] = rng.gather_states()

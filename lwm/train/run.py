@@ -37,7 +37,7 @@ class DataSpec:
     sources: dict[str, dict] = field(default_factory=dict)
     codes: str | None = None
     sample: bool = False  # make data/sample and tokenize its videos on first use
-    vqgan_checkpoint: str | None = None
+    vqgan_checkpoint: str | None = None  # sample only: the VQGAN that tokenizes the sample videos
     max_frames: int | None = None
     fps: float | None = None
     seed: int = 0
@@ -146,7 +146,7 @@ def run_stage(cfg: RunConfig, stage: StageConfig, model_config: ModelConfig, ini
         out.mkdir(parents=True, exist_ok=True)
         (out / "model_config.json").write_text(json.dumps(asdict(stage_model), indent=2))
     L.seed_everything(cfg.trainer.seed, workers=True, verbose=False)
-    module = LWMModule(stage_model, stage, cfg.optim, cfg.parallel, init_state=init)
+    module = LWMModule(stage_model, stage, cfg.optim, cfg.parallel, init_state=init, seed=cfg.trainer.seed)
     datamodule = LWMDataModule(cfg.data.for_stage(stage, stage.per_rank_batch(dp)), seq_len=stage.seq_len,
                                cp_size=stage.cp, layout=cfg.parallel.layout)
     from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger

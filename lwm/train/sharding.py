@@ -27,17 +27,8 @@ def apply_activation_checkpointing(model: Transformer) -> None:
         layer.forward = lambda *args, _f=forward: checkpoint(_f, *args, use_reentrant=False)
 
 
-def initial_state(config: ModelConfig, init_state: dict | None) -> dict:
-    """The full starting weights, on rank 0 only (the others receive them by broadcast)."""
-    if dist.get_rank() != 0:
-        return {}
-    if init_state is not None:
-        return init_state
-    torch.manual_seed(0)  # the same initial weights as a one-process run
-    return Transformer(config).state_dict()
-
-
 def shard_model(config: ModelConfig, mesh, parallel: ParallelConfig, init_state: dict | None, device: torch.device):
+    """The sharded model, filled with rank 0's `init_state` (the full starting weights)."""
     cp_mesh = mesh[CP_DIM]
     cp_group = cp_mesh.get_group()
     with torch.device("meta"):
@@ -53,5 +44,5 @@ def shard_model(config: ModelConfig, mesh, parallel: ParallelConfig, init_state:
     fully_shard(model, mesh=flat, mp_policy=policy)
     model.to_empty(device=device)
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-    set_model_state_dict(model, initial_state(config, init_state), options=options)
+    set_model_state_dict(model, init_state if dist.get_rank() == 0 else {}, options=options)  # rank 0's, broadcast
     return model, cp_group

@@ -1,0 +1,475 @@
+"""Every config field takes effect, and a test shows it (design.md). This file holds the tests no
+other file has; fields already shown elsewhere are listed here with the test that shows them.
+
+Shown elsewhere (tests/test_train.py unless named):
+  stage_only             test_bad_input_is_refused_before_the_run (unknown stage), every run with stage_only=a
+  resume, stop_at_step   test_resume_gives_the_same_losses
+  export=false           test_stage_hand_over (no hf/ folder)
+  data.tokenizer         test_default_run_config_is_valid (the embedding has the tokenizer's rows)
+  data.codes             test_bad_input_is_refused_before_the_run (no manifest); tests/test_data.py
+  data.sources.*.fields  tests/test_data.py (a text source without per-example fields)
+  parallel.layout        test_context_parallel_losses_equal_one_process, test_bad_input_... (zigzag divisibility)
+  schedule.init_hf       test_first_stage_from_hugging_face
+  stage name, seq_len,
+    rope_theta, steps    test_stage_hand_over, test_context_parallel_losses_equal_one_process
+  stage.cp, trainer.devices  test_context_parallel_losses_equal_one_process, test_torchrun_two_processes
+  trainer.timeout_s      test_a_dead_rank_stops_the_others
+  trainer.out_dir        every run
+  model.preset           tests/test_config.py, test_every_config_composes
+
+Shown here: grad_clip (one process and FSDP2 + cp=2), weight_decay, betas, text/vision_weight,
+lr, warmup_steps, schedule, min_lr_ratio, batch_size, global_batch, stage sources, data.seed,
+weighting, max_frames, fps, sample, vqgan_checkpoint, the sources' overflow and repeat,
+model.overrides, parallel.mode / layout / activation_checkpointing on the sharded path,
+activation_checkpointing in one process, trainer.seed, accelerator, devices, num_nodes,
+precision, log_every, checkpoint_every, keep_checkpoints, peak_tflops, export=true, stage_only
+(the other stages do not run), schedule name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from lwm.data import LWMDataModule, Vocab
+from lwm.model import ModelConfig, Transformer, token_coefficients
+from lwm.train.config import OptimConfig, ParallelConfig, StageConfig, TrainerConfig
+from lwm.train.entry import ensure_sample_data, to_run_config
+from lwm.train.module import LWMModule, clip_grad_norm, lr_lambda
+from lwm.train.run import run_schedule, stage_model_config, validate
+
+ROOT = Path(__file__).resolve().parent.parent
+CONF = ROOT / "conf"
+DEBUG = ["model=debug", "schedule=debug", "trainer.log_every=1", "export=false"]
+
+
+def run_config(out, *overrides):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return to_run_config(compose("train", overrides=[f"trainer.out_dir={out}", *DEBUG, *overrides]))
+
+
+def metrics(out: Path, stage: str = "a", key: str = "train/loss") -> dict[int, float]:
+    rows = csv.DictReader(open(out / stage / "logs" / "metrics.csv"))
+    return {int(r["step"]): float(r[key]) for r in rows if r.get(key)}
+
+
+@pytest.fixture(scope="module")
+def sample(tmp_path_factory):
+    """The bundled sample data (made on first use, as train.py does); tests run in the repo root."""
+    with contextlib.chdir(ROOT):
+        ensure_sample_data(run_config(tmp_path_factory.mktemp("x")).data)
+    return ROOT / "data" / "sample"
+
+
+@pytest.fixture(autouse=True)
+def _in_root(monkeypatch):
+    monkeypatch.chdir(ROOT)  # conf/data paths are relative to the repository
+
+
+@pytest.fixture(scope="module")
+def initial(sample, tmp_path_factory):
+    """Stage a's first 10 batches through its initial weights, no training: per step the loss and
+    the gradient norm (fp64)."""
+    run = run_config(tmp_path_factory.mktemp("x"))
+    stage = run.schedule.stages[0]
+    with contextlib.chdir(ROOT):
+        module = LWMModule(stage_model_config(run.model, stage), stage, run.optim, run.parallel)
+        module.configure_model()
+        dm = LWMDataModule(run.data.for_stage(stage, stage.per_rank_batch(1)), seq_len=stage.seq_len)
+        it = iter(dm.train_dataloader())
+        result = {}
+        for step in range(stage.steps):
+            b = dm.on_before_batch_transfer(next(it))
+            coeff = token_coefficients(b["loss_weight"], b["vision_mask"], run.optim.text_weight, run.optim.vision_weight)
+            module.model.zero_grad()
+            loss = module.model(b["tokens"], b["positions"], targets=b["targets"], loss_coeff=coeff).loss
+            loss.backward()
+            norm = sum(p.grad.double().pow(2).sum() for p in module.model.parameters()).sqrt()
+            result[step] = (loss.item(), norm.item())
+    return result
+
+
+def assert_frozen_with_true_norms(out: Path, initial: dict):
+    """A clip of 1e-9 leaves AdamW (eps 1e-8) almost no step: every loss is the initial weights'
+    loss on that batch, and every logged norm is the unclipped norm of those weights' gradient."""
+    loss, norm = metrics(out), metrics(out, key="train/grad_norm")
+    assert sorted(loss) == sorted(norm) == list(range(10))
+    for step, (ref_loss, ref_norm) in initial.items():
+        assert loss[step] == pytest.approx(ref_loss, abs=1e-3), step  # learning moves it by > 0.05
+        assert norm[step] == pytest.approx(ref_norm, rel=1e-3), step  # fp32 sums of ~1M squares; clipped: 1e-9
+        assert ref_norm > 1.0  # so the default clip (1.0) is active too
+
+
+# ----------------------------------------------------------------------------------- grad_clip
+
+
+@pytest.fixture(scope="module")
+def frozen_run(sample, tmp_path_factory):
+    """One process in this process, clip 1e-9; also peak_tflops (MFU logged) and export=true."""
+    out = tmp_path_factory.mktemp("frozen")
+    run_schedule(run_config(out, "stage_only=a", "optim.grad_clip=1e-9", "trainer.peak_tflops=1.0", "export=true"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def learning_run(sample, tmp_path_factory):
+    """One process, the default clip; also log_every, checkpoint_every and keep_checkpoints."""
+    out = tmp_path_factory.mktemp("learning")
+    run_schedule(run_config(out, "stage_only=a", "trainer.log_every=3", "trainer.checkpoint_every=4",
+                            "trainer.keep_checkpoints=true"))
+    return out
+
+
+def test_tiny_clip_freezes_the_loss_and_logs_the_true_norm(frozen_run, initial):
+    assert_frozen_with_true_norms(frozen_run, initial)
+
+
+def test_default_clip_learns(learning_run, initial):
+    loss = metrics(learning_run)
+    assert OptimConfig().grad_clip == 1.0
+    assert loss[8] < initial[8][0] - 0.05, (loss, initial)
+    norms = metrics(learning_run, key="train/grad_norm")
+    assert norms[2] > 0 and norms[2] != pytest.approx(initial[2][1], rel=1e-3)  # the weights moved
+
+
+def test_two_processes_cp2_clip_through_train_py(sample, tmp_path, initial):
+    """FSDP2 (DTensor gradients) with context parallelism 2: the norm is the whole model's."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    cmd = [sys.executable, "train.py", f"trainer.out_dir={tmp_path}", *DEBUG, "stage_only=a", "trainer.devices=2",
+           "+schedule.stages.0.cp=2", "optim.grad_clip=1e-9"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    assert_frozen_with_true_norms(tmp_path, initial)
+
+
+def test_clip_grad_norm_semantics():
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.zeros(3, 4)), torch.nn.Parameter(torch.zeros(5)), torch.nn.Parameter(torch.zeros(2))]
+    grads = [torch.randn_like(p) for p in params]
+    full = torch.cat([g.flatten() for g in grads]).norm()
+    for max_norm in (None, 0.0, 1e9):  # no clipping
+        for p, g in zip(params, grads):
+            p.grad = g.clone()
+        assert clip_grad_norm(params, max_norm) == pytest.approx(full.item())
+        assert all(torch.equal(p.grad, g) for p, g in zip(params, grads))
+    params[2].grad = None  # a parameter without a gradient is left out
+    for p, g in zip(params[:2], grads):
+        p.grad = g.clone()
+    before = torch.cat([g.flatten() for g in grads[:2]]).norm()
+    assert clip_grad_norm(params, 0.5) == pytest.approx(before.item())
+    after = torch.cat([p.grad.flatten() for p in params[:2]]).norm()
+    assert after == pytest.approx(0.5, rel=1e-5)
+    with pytest.raises(ValueError, match="optim.grad_clip must be >= 0 .* got -1.0"):
+        OptimConfig(grad_clip=-1.0)
+
+
+# ------------------------------------------------------------------------- the sharded path
+
+
+def _sharded_worker(rank, world):
+    """parallel.* and trainer.seed on the FSDP2 + context-parallel path, and clipping of DTensor
+    gradients against one process."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from lwm.parallel import global_group_counts, positions, shard
+    from lwm.train.run import full_state
+
+    cfg = ModelConfig.from_preset("debug")
+    stage = StageConfig("a", seq_len=32, rope_theta=1e4, steps=1, lr=1e-3, cp=world)
+    mesh = init_device_mesh("cpu", (1, world), mesh_dim_names=("data_parallel", "tensor_parallel"))
+    out = {}
+    for mode, layout, ac in (("ring", "striped", False), ("ulysses", "zigzag", True)):
+        module = LWMModule(cfg, stage, OptimConfig(), ParallelConfig(layout=layout, mode=mode, activation_checkpointing=ac),
+                           seed=1)
+        module._device_mesh = mesh  # what Lightning's ModelParallelStrategy sets
+        module.configure_model()
+        fn = module.model.layers[0].attn.attn_fn
+        out[mode] = (fn.func.__name__, fn.keywords["layout"], "forward" in vars(module.model.layers[0]))
+    torch.manual_seed(1)
+    ref = Transformer(cfg)  # one process, seed 1
+    state = full_state(module)
+    if rank == 0:
+        out["same_init"] = all(torch.equal(state[k], v) for k, v in ref.state_dict().items())
+    g = torch.Generator().manual_seed(2)
+    tokens = torch.randint(0, cfg.vocab_size, (2, 33), generator=g)
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]  # (2, 32)
+    lw, vm = torch.ones(2, 32), torch.rand(2, 32, generator=g) > 0.5
+    ref(inputs, targets=targets, loss_coeff=token_coefficients(lw, vm)).loss.backward()
+    ref_norm = sum(p.grad.double().pow(2).sum() for p in ref.parameters()).sqrt().item()
+    sh = lambda t: shard(t, 1, rank, world, "zigzag")  # noqa: E731  (B, 32) -> (B, 32 / world)
+    coeff = token_coefficients(sh(lw), sh(vm), counts=global_group_counts(sh(lw), sh(vm)))
+    loss = module.model(sh(inputs), positions(32, rank, world, "zigzag"), targets=sh(targets), loss_coeff=coeff).loss
+    (loss * world).backward()  # as training_step: FSDP averages over the ranks
+    norm = clip_grad_norm(module.model.parameters(), ref_norm / 2)
+    after = sum(p.grad.full_tensor().double().pow(2).sum() for p in module.model.parameters()).sqrt().item()
+    out.update(ref_norm=ref_norm, norm=norm.item(), after=after)
+    return out
+
+
+def test_parallel_fields_and_clipping_on_the_sharded_path():
+    from lwm.parallel.launch import run_distributed
+
+    for rank, res in enumerate(run_distributed(_sharded_worker, 2)):
+        assert res["ring"] == ("ring_attention", "striped", False)
+        assert res["ulysses"] == ("ulysses_attention", "zigzag", True)  # checkpointed blocks
+        assert res.get("same_init", True)  # trainer.seed: rank 0 broadcasts one process's seed-1 weights
+        assert res["norm"] == pytest.approx(res["ref_norm"], rel=1e-4), rank
+        assert res["after"] == pytest.approx(res["ref_norm"] / 2, rel=1e-4), rank
+
+
+# ------------------------------------------------------------------------- module-level fields
+
+
+def debug_module(stage=None, optim=None, parallel=None, seed=0) -> LWMModule:
+    stage = stage or StageConfig("a", seq_len=32, rope_theta=1e4, steps=10, lr=1e-2)
+    module = LWMModule(ModelConfig.from_preset("debug"), stage, optim or OptimConfig(), parallel or ParallelConfig(),
+                       seed=seed)
+    module.configure_model()
+    return module
+
+
+def test_weight_decay_betas_and_lr_reach_adamw():
+    module = debug_module(optim=OptimConfig(weight_decay=0.1, betas=(0.5, 0.6)))
+    optimizer = module.configure_optimizers()["optimizer"]
+    for p in module.model.parameters():
+        p.grad = torch.zeros_like(p)
+    before = [p.detach().clone() for p in module.model.parameters()]
+    optimizer.step()  # zero gradients: only weight decay moves a weight
+    for p, b in zip(module.model.parameters(), before):
+        expected = b * (1 - 1e-2 * 0.1) if p.dim() >= 2 else b  # norms' weights are not decayed
+        torch.testing.assert_close(p.detach(), expected, rtol=0, atol=1e-7)
+    module = debug_module(optim=OptimConfig(betas=(0.5, 0.6)))
+    optimizer = module.configure_optimizers()["optimizer"]
+    p = next(module.model.parameters())
+    p.grad = torch.ones_like(p)
+    optimizer.step()
+    state = optimizer.state[p]  # moments after one step: (1 - beta1) * grad, (1 - beta2) * grad^2
+    assert torch.allclose(state["exp_avg"], torch.full_like(p, 0.5))
+    assert torch.allclose(state["exp_avg_sq"], torch.full_like(p, 0.4))
+
+
+def test_lr_schedule_fields():
+    def factors(**kw):
+        stage = StageConfig("a", seq_len=8, rope_theta=1e4, steps=10, lr=2e-3, **kw)
+        module = debug_module(stage=stage)
+        opt = module.configure_optimizers()
+        sched = opt["lr_scheduler"]["scheduler"]
+        assert sched.base_lrs == [2e-3, 2e-3]  # stage.lr
+        return [lr_lambda(stage)(s) for s in range(11)]
+
+    assert factors() == [1.0] * 11
+    assert factors(warmup_steps=4)[:5] == [0.25, 0.5, 0.75, 1.0, 1.0]
+    cos = factors(schedule="cosine", min_lr_ratio=0.2, warmup_steps=2)
+    assert cos[2] == pytest.approx(1.0) and cos[10] == pytest.approx(0.2)
+    assert cos[6] == pytest.approx(0.2 + 0.8 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+    assert factors(schedule="cosine", min_lr_ratio=0.0)[10] == pytest.approx(0.0)
+
+
+def test_text_and_vision_weights_reach_the_loss():
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, 512, (1, 33), generator=g)
+    batch = {"tokens": tokens[:, :-1], "targets": tokens[:, 1:], "positions": torch.arange(32),
+             "loss_weight": torch.ones(1, 32), "vision_mask": torch.arange(32).view(1, 32) % 2 == 0}
+
+    def step_loss(tw, vw):
+        module = debug_module(optim=OptimConfig(text_weight=tw, vision_weight=vw))
+        module._trainer = SimpleNamespace(world_size=1)
+        module.log = lambda *a, **k: None
+        module.lr_schedulers = lambda: SimpleNamespace(get_last_lr=lambda: [0.0])
+        with torch.no_grad():
+            got = module.training_step(batch, 0)
+            expected = module.model(batch["tokens"], batch["positions"], targets=batch["targets"],
+                                    loss_coeff=token_coefficients(batch["loss_weight"], batch["vision_mask"], tw, vw)).loss
+        return got.item(), expected.item()
+
+    text_only, vision_only = step_loss(1.0, 0.0), step_loss(0.0, 1.0)
+    assert text_only[0] == pytest.approx(text_only[1]) and vision_only[0] == pytest.approx(vision_only[1])
+    assert text_only[0] != pytest.approx(vision_only[0])
+
+
+def test_activation_checkpointing_recomputes_blocks_in_one_process():
+    tokens = torch.randint(0, 512, (1, 17))
+    calls = []
+    for ac in (False, True):
+        module = debug_module(parallel=ParallelConfig(activation_checkpointing=ac))
+        n = []
+        module.model.layers[0].attn.register_forward_hook(lambda *_: n.append(1))
+        module.model(tokens[:, :-1], targets=tokens[:, 1:]).loss.backward()
+        calls.append(len(n))
+    assert calls == [1, 2]  # once in forward; again in backward when checkpointed
+
+
+def test_seed_sets_the_initial_weights():
+    a, b, a2 = debug_module(seed=0), debug_module(seed=1), debug_module(seed=0)
+    w = lambda m: m.model.layers[0].attn.wq.weight  # noqa: E731
+    assert torch.equal(w(a), w(a2)) and not torch.equal(w(a), w(b))
+
+
+# --------------------------------------------------------------------------- run wiring
+
+
+class _Stop(Exception):
+    pass
+
+
+class _FakeTrainer:
+    """Stands in for L.Trainer in run_stage: records what it was built with and given."""
+
+    seen: dict = {}
+
+    def __init__(self, **kwargs):
+        _FakeTrainer.seen = dict(kwargs)
+
+    def fit(self, module, datamodule=None, ckpt_path=None):
+        _FakeTrainer.seen.update(module=module, datamodule=datamodule)
+        raise _Stop
+
+
+def test_run_stage_hands_every_field_to_its_component(sample, tmp_path, monkeypatch):
+    import lightning
+
+    from lwm.train.run import run_stage
+
+    monkeypatch.setattr(lightning, "Trainer", _FakeTrainer)
+    run = run_config(tmp_path, "trainer.devices=2", "trainer.num_nodes=2", "+schedule.stages.0.cp=2",
+                     "+schedule.stages.0.global_batch=6", "trainer.precision=bf16-mixed", "trainer.accelerator=cpu",
+                     "trainer.log_every=7", "trainer.timeout_s=123", "trainer.peak_tflops=5.0", "trainer.seed=4",
+                     "stop_at_step=3", "parallel.layout=zigzag", "trainer.checkpoint_every=2")
+    stage = run.schedule.stages[0]
+    with pytest.raises(_Stop):
+        run_stage(run, stage, run.model, None)
+    seen = _FakeTrainer.seen
+    assert (seen["accelerator"], seen["devices"], seen["num_nodes"], seen["precision"]) == ("cpu", 2, 2, "bf16-mixed")
+    assert (seen["max_steps"], seen["log_every_n_steps"]) == (3, 7)
+    strategy = seen["strategy"]  # world 4 = dp 2 x cp 2
+    assert (strategy._data_parallel_size, strategy._tensor_parallel_size, strategy._timeout.total_seconds()) == (2, 2, 123)
+    dm = seen["datamodule"]
+    assert (dm.config.batch_size, dm.sharding.cp_size, dm.sharding.layout) == (3, 2, "zigzag")  # global_batch 6 / dp 2
+    throughput = next(c for c in seen["callbacks"] if type(c).__name__ == "Throughput")
+    assert throughput.peak_tflops == 5.0 and throughput.tokens_per_step == 6 * 64
+    checkpoint = next(c for c in seen["callbacks"] if hasattr(c, "_every_n_train_steps"))
+    assert checkpoint._every_n_train_steps == 2
+    module = seen["module"]
+    assert module.optim is run.optim and module.parallel is run.parallel
+    assert module.seed == 4, "run_stage must pass seed=cfg.trainer.seed to LWMModule"
+
+
+def test_world_size_counts_nodes_and_global_batch_is_split():
+    assert TrainerConfig(devices=2, num_nodes=3).world_size == 6
+    stage = StageConfig("s", seq_len=8, rope_theta=1e4, steps=1, lr=1e-3, cp=2, batch_size=5, global_batch=8)
+    assert stage.check_world(8) == 4 and stage.per_rank_batch(4) == 2  # batch_size is ignored
+    assert StageConfig("s", seq_len=8, rope_theta=1e4, steps=1, lr=1e-3, batch_size=5).per_rank_batch(4) == 5
+    with pytest.raises(ValueError, match="global_batch 8 is not divisible by dp 3"):
+        stage.per_rank_batch(3)
+
+
+def test_trainer_fields_in_a_run(frozen_run, learning_run):
+    assert metrics(frozen_run, key="perf/mfu")  # peak_tflops > 0
+    assert not metrics(learning_run, key="perf/mfu")  # peak_tflops 0: not logged
+    assert sorted(metrics(learning_run)) == [2, 5, 8]  # log_every 3
+    ckpt = torch.load(learning_run / "a" / "checkpoints" / "last.ckpt", weights_only=False)
+    assert ckpt["global_step"] == 8  # checkpoint_every 4, kept (keep_checkpoints) after the stage
+    assert not (frozen_run / "a" / "checkpoints").exists()  # keep_checkpoints false
+    assert (frozen_run / "hf" / "config.json").is_file() and not (learning_run / "hf").exists()  # export
+    assert not (frozen_run / "b").exists()  # stage_only=a
+
+
+# ------------------------------------------------------------------------------- data fields
+
+
+def first_sequences(spec, seq_len=64, sources=("text",), n=2):
+    stage = StageConfig("s", seq_len=seq_len, rope_theta=1e4, steps=1, lr=1e-3, sources=list(sources))
+    dm = LWMDataModule(spec.for_stage(stage, 1), seq_len=seq_len)
+    dm.setup()
+    return dm, list(dm.stream.sequences(0))[:n] if n else list(dm.stream.sequences(0))
+
+
+def test_data_seed_weighting_and_stage_sources(sample, tmp_path):
+    run = run_config(tmp_path)
+    spec = run.data
+    stage = run.schedule.stages[0]
+    assert [s.path for s in spec.for_stage(stage, 1).sources] == ["data/sample/text.jsonl"]  # sources: [text]
+    all_sources = StageConfig("s", seq_len=8, rope_theta=1e4, steps=1, lr=1e-3)
+    assert len(spec.for_stage(all_sources, 1).sources) == 3  # no stage sources: all of conf/data
+    _, a = first_sequences(spec)
+    spec.seed = 1
+    _, b = first_sequences(spec)
+    assert not all((x.tokens == y.tokens).all() for x, y in zip(a, b))  # another order
+    spec.seed, spec.weighting = 0, "token"
+    _, t = first_sequences(spec)
+    assert set(a[0].loss_weight.tolist()) - {0.0, 1.0} and set(t[0].loss_weight.tolist()) <= {0.0, 1.0}
+
+
+def test_source_overflow_and_repeat(sample, tmp_path):
+    spec = run_config(tmp_path).data
+    _, once = first_sequences(spec, n=None)
+    spec.sources["text"] = {**spec.sources["text"], "repeat": 2}
+    _, twice = first_sequences(spec, n=None)
+    assert abs(len(twice) - 2 * len(once)) <= 1
+    spec.sources["text"] = {**spec.sources["text"], "repeat": 1, "overflow": "drop"}
+    _, dropped = first_sequences(spec, n=None)
+    assert len(once) > 0 and dropped == []  # every document is longer than 64 tokens
+
+
+def test_max_frames_and_fps(sample, tmp_path):
+    spec = run_config(tmp_path).data
+    eof, eov = Vocab(4096).eof, Vocab(4096).eov
+
+    def frame_ends(**kw):
+        for k, v in kw.items():
+            setattr(spec, k, v)
+        dm, seqs = first_sequences(spec, seq_len=2048, sources=["captions"], n=1)
+        assert dm.vocab.eof == eof
+        tokens = seqs[0].tokens
+        return int((tokens == eof).sum()), int((tokens == eov).sum())
+
+    four = frame_ends(max_frames=4, fps=None)
+    one = frame_ends(max_frames=1, fps=None)
+    slow = frame_ends(max_frames=None, fps=0.01)  # one frame per 100 s: the first only
+    assert four[0] == 3 * four[1] > 0  # 4 frames a video: 3 <eof> and an <eov>
+    assert one[0] == 0 < one[1] and slow[0] == 0 < slow[1]
+
+
+def test_sample_and_vqgan_checkpoint(tmp_path, monkeypatch):
+    import lwm.train.entry as entry
+
+    run = run_config(tmp_path, "data.tokenizer=/no/tokenizer.model")
+    validate(run)  # data.sample: made (and then checked) on first use
+    run.data.sample = False
+    with pytest.raises(FileNotFoundError, match="data.tokenizer /no/tokenizer.model does not exist"):
+        validate(run)
+    calls = []
+    monkeypatch.setattr(entry.subprocess, "run", lambda cmd, **kw: calls.append(cmd))
+    data = run.data
+    vqgan = "data/checkpoints/vqgan_tiny.safetensors"
+    data.codes, data.vqgan_checkpoint, data.max_frames, data.fps = str(tmp_path), vqgan, 3, None
+    ensure_sample_data(data)
+    data.fps = 0.5
+    ensure_sample_data(data)
+    tokenize = [c for c in calls if "lwm.vision.tokenize" in c]
+    assert tokenize[0][-4:] == ["--max-frames", "3", "--checkpoint", vqgan]
+    assert tokenize[1][-4:-2] == ["--fps", "0.5"]
+
+
+# --------------------------------------------------------------------------- model and names
+
+
+def test_model_overrides_and_schedule_name(tmp_path):
+    run = run_config(tmp_path, "+model.overrides.n_layers=3")
+    assert run.model.n_layers == 3 and ModelConfig.from_preset("debug").n_layers == 2
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        big = to_run_config(compose("train", overrides=[f"trainer.out_dir={tmp_path}", "model=7b"]))
+    assert big.model.loss_chunk_size == 2048 != ModelConfig.from_preset("7b").loss_chunk_size
+    run = run_config(tmp_path, "stage_only=zz", "schedule.name=mine")
+    with pytest.raises(ValueError, match="stage_only 'zz' is not a stage of schedule 'mine'"):
+        validate(run)
