@@ -96,3 +96,14 @@ def test_the_tests_import_only_declared_packages_and_every_dev_one_is_needed():
     assert not undeclared, f"tests import packages in neither dependencies nor the dev extra: {undeclared}"
     unneeded = dev - set(used) - set(INDIRECT_DEV)
     assert not unneeded, f"dev extra declares packages no test imports: {sorted(unneeded)}"
+
+
+def test_ci_runs_the_readmes_commands():
+    """.ci/run takes the README's test command from its Quick start; both commands install first."""
+    import subprocess
+
+    got = [subprocess.run([sys.executable, str(ROOT / ".ci" / "readme_command.py"), str(ROOT / "README.md"), str(n)],
+                          capture_output=True, text=True, check=True).stdout.strip() for n in (1, 2)]
+    assert got == ['pip install -e . && python train.py', 'pip install -e ".[dev]" && python -m pytest -q']
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "-m venv" in ci and "system-site-packages" not in ci and "readme_command.py README.md 2" in ci
