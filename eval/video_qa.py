@@ -732,13 +732,6 @@ def main(argv: list[str] | None = None) -> int:
         _usage_error(parser, str(e))
     source = VideoSource(args.codes, args.vqgan, fps=args.fps, max_frames=args.max_frames, ids=args.ids, device=device) \
         if _rank() == 0 else None
-    try:  # ffmpeg's own messages repeat what the records say
-        import decord
-
-        decord.logging.set_level(decord.logging.QUIET)
-    except ImportError:
-        pass
-
     world = runtime.world
     config = {
         "model": str(args.model), "data": str(args.data), "video_dir": args.video_dir, "codes": args.codes,

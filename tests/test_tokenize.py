@@ -69,6 +69,7 @@ def test_tokenize_folder_and_list(data, tmp_path, capsys):
     assert "no such file" in errors["missing.mp4"]
     assert "cannot open as a video" in errors["text.mp4"]
     assert "cannot open as a video" in errors["truncated.mp4"]
+    assert "(corrupt or truncated file?)" in errors["corrupt.mp4"]  # opens, fails to decode (opening or streaming)
     assert "no video stream, or no frames" in errors["zero.mp4"]
     assert "shorter than one sampling interval" in errors["short.mp4"]
     assert all(r["source"] in r["error"] for r in failures)
@@ -216,14 +217,18 @@ def test_diffusers_folder(data, tmp_path):
 
 def test_module_entry_point(data, tmp_path):
     out = tmp_path / "out"
-    inputs = [str(data["good"]["tiny"]), str(data["bad"]["text"])]
+    inputs = [str(data["good"]["tiny"]), str(data["bad"]["text"]), str(data["bad"]["corrupt"])]
     cmd = [sys.executable, "-m", "lwm.vision.tokenize", *inputs, "--out", str(out), "--tokenizer", "tiny", "--device", "cpu"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
     assert result.returncode == 1, result.stderr
-    assert "1 done" in result.stdout and "1 failed" in result.stdout
+    assert "1 done" in result.stdout and "2 failed" in result.stdout
     assert "random weights" in result.stderr
-    assert [r["source"] for r in records(out, "failures.jsonl")] == [inputs[1]]
+    assert sorted(r["source"] for r in records(out, "failures.jsonl")) == sorted(inputs[1:])
+    # The failures are reported once, by us; decord's C++ ('[12:34:56] .../video_reader.cc:83: ERROR opening') and
+    # ffmpeg ('[h264 @ 0x...] ...') write nothing into the progress bar's stream.
+    assert sum(line.startswith("failed: ") for line in result.stdout.splitlines()) == 2, result.stdout
+    assert ".cc:" not in result.stderr and " @ 0x" not in result.stderr, result.stderr
 
 
 def test_stem_ids_and_clashes(tmp_path):

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import re
 import sys
@@ -36,6 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from lwm.io import append_jsonl, read_jsonl
 from lwm.vision.video import Sampling, Video, VideoError
 
 VIDEO_EXTENSIONS = frozenset(
@@ -222,30 +222,6 @@ def load_tokenizer(name: str, checkpoint: Path | None):
 # ------------------------------------------------------------------------------------ output
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    records = []
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut short by a killed run: that video is simply done again
-        if isinstance(record, dict):
-            records.append(record)
-    return records
-
-
-def _append_line(path: Path, record: dict) -> None:
-    with open(path, "a+b") as f:
-        f.seek(0, os.SEEK_END)
-        if f.tell():
-            f.seek(-1, os.SEEK_END)
-            if f.read(1) != b"\n":  # the end of a line cut short by a kill: start a fresh line
-                f.write(b"\n")
-        f.write((json.dumps(record) + "\n").encode())
-        f.flush()
-        os.fsync(f.fileno())
-
-
 class OutputDir:
     """tokens/, the manifest(s) and the failures file of one output folder, as seen by one worker."""
 
@@ -262,8 +238,8 @@ class OutputDir:
         """Records of finished videos by id, from every worker's manifest; a record whose .npy is gone does not count."""
         records = {}
         for path in sorted(self.root.glob("manifest*.jsonl")):
-            for record in _read_jsonl(path):
-                if "id" in record:
+            for record in read_jsonl(path):  # a line cut short by a killed run is skipped: that video is done again
+                if isinstance(record, dict) and "id" in record:
                     records[record["id"]] = record
         return {k: r for k, r in records.items() if (self.tokens / f"{k}.npy").is_file()}
 
@@ -275,10 +251,10 @@ class OutputDir:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, final)
-        _append_line(self.manifest, record)  # only now is the video done
+        append_jsonl(self.manifest, record)  # only now is the video done
 
     def fail(self, record: dict) -> None:
-        _append_line(self.failures, record)
+        append_jsonl(self.failures, record)
 
 
 # ------------------------------------------------------------------------------------ the run
@@ -339,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         out = OutputDir(args.out, args.shard)
         finished = out.finished()
-    except OSError as e:
+    except (OSError, ValueError) as e:  # ValueError: a manifest line that is not JSON (JsonlError)
         parser.error(f"--out {args.out}: {e}")
     problem = _check_compatible(finished, sampling.to_dict(), tokenizer)
     if problem:
@@ -352,13 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     videos = all_videos[shard_i::shard_n]
     out.failures.write_text("")  # failures of this run only: a rerun retries them
 
-    try:  # ffmpeg's own messages repeat what failures.jsonl says
-        import decord
-
-        decord.logging.set_level(decord.logging.QUIET)
-    except ImportError:
-        pass
-    from tqdm import tqdm
+    from tqdm import tqdm  # lwm.vision.video keeps decord's and ffmpeg's own messages out of the bar
 
     done = skipped = failed = frames = 0
     started = time.perf_counter()

@@ -14,6 +14,9 @@ decord indexes the file and decodes the frames `read` asks for (random access); 
 `stream_video` decode forward through the file with PyAV instead, so memory holds one chunk of frames
 however long the video (see `Video._decode_forward`). Both scale with the same ffmpeg filters, so
 the frames are the same.
+
+decord's and its ffmpeg's own log lines are kept off stderr (where the tools' progress bars are; see
+`_NativeQuiet`): what goes wrong comes back as a VideoError with a short message.
 """
 
 from __future__ import annotations
@@ -21,6 +24,9 @@ from __future__ import annotations
 import math
 import os
 import re
+import sys
+import tempfile
+import threading
 from dataclasses import asdict, dataclass
 from typing import Iterator
 
@@ -82,7 +88,63 @@ def _decord():
         import decord
     except ImportError as e:  # no aarch64 wheel (design.md)
         raise ImportError("reading videos needs decord (pip install decord; x86-64 only)") from e
+    # Its ffmpeg's messages would land in the callers' progress bars and repeat what our errors say; also those of
+    # its decoder thread, which runs on after a call returns. Process-wide, for decord's copy of ffmpeg only (PyAV
+    # keeps ffmpeg's log off unless told otherwise).
+    decord.logging.set_level(decord.logging.QUIET)
     return decord
+
+
+# The native libraries' log lines: decord's C++ (dmlc) '[12:34:56] /path/file.cc:83: ...', ffmpeg's '[h264 @ 0x55d0] ...'.
+_NATIVE_LINE = re.compile(rb"^\[[\d:]+\] \S+:\d+: |^\[[^\]]+ @ 0x[0-9a-fA-F]+\] ")
+
+
+class _NativeQuiet:
+    """With it, fd 2 points to a temporary file while decord runs: its C++ writes log lines ('ERROR opening: ...')
+    straight to fd 2, past both ffmpeg's log level and sys.stderr, and its errors come back as exceptions anyway.
+    Other lines that reach fd 2 meanwhile (another thread's) are written to stderr afterwards. Counted, so nested or
+    concurrent uses share one redirect and the last one out restores fd 2."""
+
+    _lock = threading.Lock()
+    _depth = 0
+    _saved: int | None = None
+    _sink = None
+
+    def __enter__(self) -> None:
+        cls = type(self)
+        with cls._lock:
+            cls._depth += 1
+            if cls._depth > 1:
+                return
+            sink = saved = None
+            try:
+                if sys.stderr is not None:
+                    sys.stderr.flush()  # Python's pending text belongs before the redirect
+                sink = tempfile.TemporaryFile()
+                saved = os.dup(2)
+                os.dup2(sink.fileno(), 2)
+            except (OSError, ValueError):  # no usable fd 2 (closed): nothing to keep clean
+                if saved is not None:
+                    os.close(saved)
+                if sink is not None:
+                    sink.close()
+                return
+            cls._saved, cls._sink = saved, sink
+
+    def __exit__(self, *exc) -> None:
+        cls = type(self)
+        with cls._lock:
+            cls._depth -= 1
+            if cls._depth > 0 or cls._saved is None:
+                return
+            saved, sink, cls._saved, cls._sink = cls._saved, cls._sink, None, None
+            os.dup2(saved, 2)
+            os.close(saved)
+            with sink:
+                sink.seek(0)
+                other = [line for line in sink.read().splitlines(keepends=True) if not _NATIVE_LINE.match(line)]
+            if other:
+                os.write(2, b"".join(other))
 
 
 def _av():
@@ -94,9 +156,10 @@ def _av():
 
 
 def _short(error: BaseException) -> str:
-    """decord's messages start with '[time] /path/file.cc:123: ' and may carry a stack trace; keep the gist."""
+    """decord's messages start with '[time] /path/file.cc:123: ', once or more (a check failed in its decoder thread,
+    rethrown), and may carry a stack trace; keep the gist."""
     text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    return re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", text)
+    return re.sub(r"^(\[[\d:]+\] \S+:\d+: )+", "", text)
 
 
 def _safe_width(width: int) -> bool:
@@ -137,18 +200,19 @@ class Video:
             raise VideoError(f"{self.path}: empty file (0 bytes)")
         decord = _decord()
 
-        probe = self._open(decord)
-        self.num_frames = len(probe)
-        try:
-            # Decoding one frame tells the size after rotation; in decord 0.6 the (height, width) of the
-            # returned array are right even where its channel count is not (see _safe_width).
-            self.height, self.width = probe[0].shape[:2]
-            times = probe.get_frame_timestamp(np.arange(self.num_frames))  # (N, 2) start, end; a slice would decode all
-            avg_fps = float(probe.get_avg_fps())
-            keys = np.asarray(probe.get_key_indices(), dtype=np.int64)
-        except Exception as e:
-            raise VideoError(f"{self.path}: cannot decode (corrupt or truncated file?): {_short(e)}") from e
-        del probe
+        with _NativeQuiet():
+            probe = self._open(decord)
+            self.num_frames = len(probe)
+            try:
+                # Decoding one frame tells the size after rotation; in decord 0.6 the (height, width) of the
+                # returned array are right even where its channel count is not (see _safe_width).
+                self.height, self.width = probe[0].shape[:2]
+                times = probe.get_frame_timestamp(np.arange(self.num_frames))  # (N, 2) start, end; a slice would decode all
+                avg_fps = float(probe.get_avg_fps())
+                keys = np.asarray(probe.get_key_indices(), dtype=np.int64)
+            except Exception as e:
+                raise VideoError(f"{self.path}: cannot decode (corrupt or truncated file?): {_short(e)}") from e
+            del probe
         self.starts, self.duration, self._timed = self._frame_times(np.asarray(times, dtype=np.float64), avg_fps)
         self.key_indices = keys if len(keys) and keys[0] == 0 else np.append(0, keys)  # the first frame starts an interval
 
@@ -173,7 +237,10 @@ class Video:
         """Per-frame start times, the clip's end, and whether they are the frames' own timestamps (else they come
         from the index and the average rate, the timestamps being unusable)."""
         starts, ends = times[:, 0], times[:, 1]
-        if np.isfinite(times).all() and (np.diff(starts) >= 0).all() and (len(starts) == 1 or starts[-1] > starts[0]):
+        # decord gives a packet without a pts (AVI with packed B-frames) the time AV_NOPTS_VALUE * time base: -2^63
+        # ticks, beyond 1e9 s (30 years) for any time base coarser than a nanosecond.
+        plausible = np.isfinite(times).all() and (np.abs(times) < 1e9).all()
+        if plausible and (np.diff(starts) >= 0).all() and (len(starts) == 1 or starts[-1] > starts[0]):
             # The last frame lasts until its end time, or one typical frame interval if the container has none.
             step = np.median(np.diff(starts)) if len(starts) > 1 else (1 / avg_fps if avg_fps > 0 else 0.0)
             end = ends[-1] if ends[-1] > starts[-1] else starts[-1] + step
@@ -224,14 +291,15 @@ class Video:
         indices = np.asarray(indices, dtype=np.int64)
         if len(indices) == 0:
             return np.empty((0, self.resolution, self.resolution, 3), np.uint8)
-        if self._reader is None:
-            self._reader = self._open(_decord(), *self.decode_size)
-        try:
-            frames = self._reader.get_batch(indices).asnumpy()  # (t, Hd, Wd, 3)
-        except Exception as e:
-            raise VideoError(
-                f"{self.path}: decoding frames {indices[0]}..{indices[-1]} failed (corrupt or truncated file?): {_short(e)}"
-            ) from e
+        with _NativeQuiet():
+            if self._reader is None:
+                self._reader = self._open(_decord(), *self.decode_size)
+            try:
+                frames = self._reader.get_batch(indices).asnumpy()  # (t, Hd, Wd, 3)
+            except Exception as e:
+                raise VideoError(
+                    f"{self.path}: decoding frames {indices[0]}..{indices[-1]} failed (corrupt or truncated file?): {_short(e)}"
+                ) from e
         if frames.shape[1:] != (*self.decode_size, 3):
             raise VideoError(f"{self.path}: decord returned frames of shape {frames.shape[1:]}, expected {(*self.decode_size, 3)}")
         return self._crop_resize(frames)
@@ -261,7 +329,9 @@ class Video:
         at a time, and converts only the planned frames; it seeks only forward, over whole keyframe intervals with no
         planned frame (sparse plans, a late start). Frames are counted from the start of the file, or after a seek from
         the one whose timestamp says where it landed, and each kept frame's timestamp is checked against decord's
-        index, so a disagreement between the two libraries is an error, not a wrong frame.
+        index, so a disagreement between the two libraries is an error, not a wrong frame. A seek that lands past the
+        target, past the end or off a keyframe (containers that seek by bytes, MPEG-TS) is retried from one keyframe
+        earlier: the only steps back, and only in such containers.
         """
         if len(indices) == 0:
             return
@@ -276,20 +346,33 @@ class Video:
             origin, tb = stream.start_time or 0, float(stream.time_base)
             decoded = container.decode(stream)
             pos, k, scale = -1, 0, None  # pos: index of the frame decoded last (None: unknown, after a seek)
+            back = None  # after a seek: how many keyframes before the target's it went (None: no seek in flight)
             while k < len(indices):
                 target = int(indices[k])
-                seek_to = self._seek_time(pos, target)
+                seek_to = self._seek_time(pos, target) if back is None else None
                 if seek_to is not None:
-                    container.seek(origin + round(seek_to / tb), stream=stream, backward=True)  # the keyframe before
-                    decoded, pos = container.decode(stream), None
+                    decoded, pos, back = self._seek(container, stream, origin, tb, seek_to), None, 0
                 try:
                     frame = next(decoded, None)
                 except Exception as e:
                     raise VideoError(f"{self.path}: decoding failed before frame {target} (corrupt or truncated file?): {e}") from e
-                if frame is None:
+                if frame is None and pos is not None:
                     raise VideoError(f"{self.path}: the video ended before frame {target} (corrupt or truncated file?)")
-                t = (frame.pts - origin) * tb if self._timed and frame.pts is not None else None
-                pos = pos + 1 if pos is not None else self._nearest(t)
+                t = (frame.pts - origin) * tb if frame is not None and self._timed and frame.pts is not None else None
+                if pos is None:  # the first frame after a seek: where did it land?
+                    pos = self._nearest(t) if frame is not None else None
+                    if pos is None or pos > target or not frame.key_frame:
+                        # Containers without a keyframe index (MPEG-TS) seek by bytes and may land past the target (or
+                        # the end), or between keyframes: retry from one keyframe earlier, down to the first.
+                        back += 1
+                        key = int(np.searchsorted(self.key_indices, target, side="right")) - 1 - back
+                        if key < 0:
+                            raise VideoError(f"{self.path}: seeking cannot reach frame {target} (it lands on frame {pos})")
+                        decoded, pos = self._seek(container, stream, origin, tb, self._key_time(key)), None
+                        continue
+                    back = None
+                else:
+                    pos += 1
                 if pos < target:
                     continue  # decoded, never converted
                 if pos > target or (t is not None and abs(t - self.starts[pos]) > _TIME_EPS + np.spacing(np.float32(t))):
@@ -309,13 +392,27 @@ class Video:
 
     def _seek_time(self, pos: int, target: int) -> float | None:
         """A time to seek to on the way from frame `pos` (decoded last) to frame `target`, if a whole keyframe interval
-        lies between them; between target's keyframe and the frame after it, so a backward seek lands on that keyframe
-        whatever the rounding. None: decode on (or the frames' timestamps are unusable, so seeking is not safe)."""
+        lies between them: that of target's keyframe (`_key_time`). None: decode on (or the frames' timestamps are
+        unusable, so seeking is not safe)."""
         keys = self.key_indices
         key = np.searchsorted(keys, target, side="right") - 1  # target's keyframe is keys[key]
         if not self._timed or key <= np.searchsorted(keys, pos, side="right"):
             return None
-        return float(self.starts[keys[key] : keys[key] + 2].mean())
+        return self._key_time(int(key))
+
+    def _key_time(self, key: int) -> float:
+        """A time between the start of keyframe `key_indices[key]` and that of the frame after it: a backward seek to it
+        lands on that keyframe though decord's float32 times are not the exact timestamps (see `_seek`)."""
+        i = self.key_indices[key]
+        return float(self.starts[i : i + 2].mean())
+
+    def _seek(self, container, stream, origin: int, tb: float, time: float):
+        """Seek to the keyframe at or before `time` seconds; a fresh decoding iterator from there."""
+        # Floor, not round: in ticks the time is halfway between a keyframe's pts and the next frame's, and where
+        # frames are one tick apart (AVI: the time base is the frame interval) rounding that half up lands on the next
+        # frame, itself a keyframe in intra-only video (MJPEG), one frame past the target.
+        container.seek(origin + math.floor(time / tb), stream=stream, backward=True)
+        return container.decode(stream)
 
     def _nearest(self, t: float | None) -> int:
         """The index of the frame that starts nearest to `t` seconds."""
