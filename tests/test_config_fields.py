@@ -378,7 +378,7 @@ def test_trainer_fields_in_a_run(frozen_run, learning_run):
     assert not metrics(learning_run, key="perf/mfu")  # peak_tflops 0: not logged
     assert sorted(metrics(learning_run)) == [2, 5, 8]  # log_every 3
     ckpt = torch.load(learning_run / "a" / "checkpoints" / "last.ckpt", weights_only=False)
-    assert ckpt["global_step"] == 8  # checkpoint_every 4, kept (keep_checkpoints) after the stage
+    assert ckpt["global_step"] == 10  # kept (keep_checkpoints): saved again at the end of the stage
     assert not (frozen_run / "a" / "checkpoints").exists()  # keep_checkpoints false
     assert (frozen_run / "hf" / "config.json").is_file() and not (learning_run / "hf").exists()  # export
     assert not (frozen_run / "b").exists()  # stage_only=a

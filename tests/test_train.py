@@ -101,7 +101,7 @@ def test_unknown_config_name(tmp_path):
 @pytest.mark.parametrize("cp,layout", [(2, "striped"), (2, "zigzag"), (4, "striped"), (4, "zigzag")])
 def test_context_parallel_losses_equal_one_process(tmp_path, reference, cp, layout):
     train(tmp_path, "stage_only=a", f"trainer.devices={cp}", f"+schedule.stages.0.cp={cp}", f"parallel.layout={layout}",
-          "trainer.checkpoint_every=10", "trainer.keep_checkpoints=true")
+          "trainer.keep_checkpoints=true")
     got = losses(tmp_path)
     assert sorted(got) == sorted(reference) and len(got) == 10
     meta = torch.load(tmp_path / "a" / "checkpoints" / "last.ckpt" / "meta.pt", weights_only=False)

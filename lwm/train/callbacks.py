@@ -7,6 +7,7 @@ import csv
 import resource
 import sys
 import time
+from pathlib import Path
 
 import lightning as L
 import torch
@@ -115,14 +116,17 @@ class MetricHistory(L.Callback):
 
 
 class StageCheckpoint(ModelCheckpoint):
-    """checkpoints/last.ckpt only, every `every` steps (0: never on a schedule) and when a stage
-    stops before its last step; a finished stage is kept by its final weights instead."""
+    """checkpoints/last.ckpt only: every `every` steps (0: never on a schedule) and when a stage
+    stops before its last step; at the end of a finished stage only when it is to be kept (its
+    final.safetensors holds the weights anyway)."""
 
-    def __init__(self, dirpath, every: int, steps: int):
+    def __init__(self, dirpath, every: int, steps: int, keep: bool):
         super().__init__(dirpath=dirpath, every_n_train_steps=every or None, save_last=True, save_top_k=0,
                          monitor=None, enable_version_counter=False)
-        self.steps = steps
+        self.steps, self.keep = steps, keep
 
     def on_train_end(self, trainer, pl_module) -> None:
         if trainer.global_step < self.steps:
             super().on_train_end(trainer, pl_module)
+        elif self.keep:  # the finished stage with its optimizer state
+            trainer.save_checkpoint(Path(self.dirpath) / "last.ckpt")

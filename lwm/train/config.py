@@ -105,7 +105,7 @@ class TrainerConfig:
     out_dir: str = "runs/latest"
     log_every: int = 5
     checkpoint_every: int = 0  # steps between checkpoints (checkpoints/last.ckpt); 0 = only when a stage stops early
-    keep_checkpoints: bool = False  # keep last.ckpt (optimizer included) once a stage has its final.safetensors
+    keep_checkpoints: bool = False  # keep last.ckpt (optimizer included, saved at the end) once a stage is finished
     seed: int = 0
     timeout_s: int = 600  # a rank that dies makes the others fail within this many seconds
     peak_tflops: float = 0.0  # for MFU in the throughput log; 0 = not logged

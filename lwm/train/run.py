@@ -158,7 +158,8 @@ def run_stage(cfg: RunConfig, stage: StageConfig, model_config: ModelConfig, ini
         strategy=_strategy(stage, cfg.trainer), precision=cfg.trainer.precision,
         max_steps=min(stage.steps, cfg.stop_at_step or stage.steps), log_every_n_steps=cfg.trainer.log_every,
         logger=[CSVLogger(out.parent, name=stage.name, version="logs"), TensorBoardLogger(out.parent, name=stage.name, version="tb")],
-        callbacks=[StageCheckpoint(out / "checkpoints", cfg.trainer.checkpoint_every, stage.steps), StageProgress(stage.name, stage.steps), history,
+        callbacks=[StageCheckpoint(out / "checkpoints", cfg.trainer.checkpoint_every, stage.steps,
+                                   cfg.trainer.keep_checkpoints), StageProgress(stage.name, stage.steps), history,
                    Throughput(module.model_config, stage.seq_len, global_batch, cfg.trainer.peak_tflops), PeakMemory()],
         num_sanity_val_steps=0, use_distributed_sampler=False, enable_model_summary=False, default_root_dir=out,
     )
