@@ -28,6 +28,8 @@ precision, log_every, checkpoint_every, keep_checkpoints, peak_tflops, export=tr
 
 from __future__ import annotations
 
+import json
+
 import contextlib
 import csv
 import math
@@ -124,9 +126,22 @@ def frozen_run(sample, tmp_path_factory):
 @pytest.fixture(scope="module")
 def learning_run(sample, tmp_path_factory):
     """One process, the default clip; also log_every, checkpoint_every and keep_checkpoints."""
+    import lightning as L
+
     out = tmp_path_factory.mktemp("learning")
-    run_schedule(run_config(out, "stage_only=a", "trainer.log_every=3", "trainer.checkpoint_every=4",
-                            "trainer.keep_checkpoints=true"))
+    saved, save = [], L.Trainer.save_checkpoint
+
+    def recording(trainer, *args, **kwargs):  # the steps at which checkpoints are written
+        saved.append(trainer.global_step)
+        return save(trainer, *args, **kwargs)
+
+    L.Trainer.save_checkpoint = recording
+    try:
+        run_schedule(run_config(out, "stage_only=a", "trainer.log_every=3", "trainer.checkpoint_every=4",
+                                "trainer.keep_checkpoints=true"))
+    finally:
+        L.Trainer.save_checkpoint = save
+    (out / "saved_steps.json").write_text(json.dumps(saved))
     return out
 
 
@@ -379,6 +394,7 @@ def test_trainer_fields_in_a_run(frozen_run, learning_run):
     assert sorted(metrics(learning_run)) == [2, 5, 8]  # log_every 3
     ckpt = torch.load(learning_run / "a" / "checkpoints" / "last.ckpt", weights_only=False)
     assert ckpt["global_step"] == 10  # kept (keep_checkpoints): saved again at the end of the stage
+    assert json.loads((learning_run / "saved_steps.json").read_text()) == [4, 8, 10]  # checkpoint_every 4
     assert not (frozen_run / "a" / "checkpoints").exists()  # keep_checkpoints false
     assert (frozen_run / "hf" / "config.json").is_file() and not (learning_run / "hf").exists()  # export
     assert not (frozen_run / "b").exists()  # stage_only=a
