@@ -84,13 +84,20 @@ def test_default_run_config_is_valid():
         (["resume=true"], "resume=true: trainer.out_dir .* does not exist"),
     ],
 )
-def test_bad_input_is_refused_before_the_run(tmp_path, overrides, message):
-    """A rejected command exits 2 with the message and writes nothing (no run folder at all)."""
+def test_bad_input_is_refused_before_the_run(tmp_path, overrides, message, monkeypatch, capsys):
+    """A rejected command exits 2 with the message and writes nothing (no run folder at all).
+    train.py's main runs in this process (as `python train.py ...` would, minus the start-up)."""
+    import importlib.util
     import re
 
-    proc = train(tmp_path / "run", *overrides, check=False)
-    assert proc.returncode == 2 and re.search(message, proc.stderr), proc.stderr[-2000:]
-    assert "Traceback" not in proc.stderr and not (tmp_path / "run").exists()
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(sys, "argv", ["train.py", f"trainer.out_dir={tmp_path / 'run'}", *DEBUG, *overrides])
+    spec = importlib.util.spec_from_file_location("__main__", ROOT / "train.py")  # run as a script: conf/ beside it
+    with pytest.raises(SystemExit) as exit_:
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and re.search(message, err), err[-2000:]
+    assert "Traceback" not in err and not (tmp_path / "run").exists()
 
 
 def test_unknown_config_name(tmp_path):
