@@ -34,6 +34,19 @@ def test_a_process_started_later_with_the_environment_gets_the_same_name(clean_e
     assert child.stdout.strip() == name
 
 
+def test_each_composed_config_of_one_process_gets_its_own_folder(clean_env):
+    """A multirun composes one config per job in one process: the jobs must not share a folder,
+    and a process started after a job's config was made inherits that job's name."""
+    from omegaconf import OmegaConf
+
+    run_dir.register_resolver()
+    names = [OmegaConf.create({"out": "runs/${run_id:}"}).out for _ in range(3)]
+    assert len(set(names)) == 3, names
+    child = subprocess.run([sys.executable, "-c", PRINT_ID], env=dict(os.environ), capture_output=True, text=True,
+                           check=True)
+    assert "runs/" + child.stdout.strip() == names[-1]
+
+
 def test_slurm_job_and_step_name_the_run(clean_env):
     clean_env.setenv("SLURM_JOB_ID", "4242")
     clean_env.setenv("SLURM_STEP_ID", "3")

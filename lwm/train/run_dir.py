@@ -8,6 +8,8 @@ the config on its own, and seconds apart, so a name taken from each process's cl
 - torchrun: rank 0 names the run and posts the name in the launcher's key-value store (the one
   every worker already uses to find the others); the other ranks wait for it there.
 - SLURM (srun): the job and step ids name the run.
+
+A process that composes several configs (a Hydra multirun) gives each its own name.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import time
 from datetime import timedelta
 
 ENV = "LWM_RUN_ID"
+_made: list[str] = []  # names this process made, in order (one per composed config: a multirun makes several)
 
 
 def _torchrun_agreed(name: str) -> str:
@@ -25,15 +28,17 @@ def _torchrun_agreed(name: str) -> str:
 
     store = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
                      timeout=timedelta(seconds=300))
-    key = f"lwm_run_id/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    # every rank composes the same configs in the same order, so the count keys them alike
+    key = f"lwm_run_id/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{len(_made)}"
     if int(os.environ["RANK"]) == 0:
         store.set(key, name)
     return store.get(key).decode()
 
 
 def run_id() -> str:
-    if os.environ.get(ENV):
-        return os.environ[ENV]
+    inherited = os.environ.get(ENV)
+    if inherited and inherited not in _made:  # from the process that started this one
+        return inherited
     name = time.strftime("%Y-%m-%d_%H-%M-%S")
     if os.environ.get("SLURM_JOB_ID") and os.environ.get("SLURM_STEP_ID"):
         name = f"slurm-{os.environ['SLURM_JOB_ID']}.{os.environ['SLURM_STEP_ID']}"
@@ -42,6 +47,11 @@ def run_id() -> str:
             raise RuntimeError("torchrun without its agent store: give every rank the same trainer.out_dir "
                                f"(or set {ENV})")
         name = _torchrun_agreed(name)
+    base, n = name, 1
+    while name in _made:  # a second run of this process within the same second (or SLURM step)
+        n += 1
+        name = f"{base}-{n}"
+    _made.append(name)
     os.environ[ENV] = name  # Lightning's re-launched processes inherit it
     return name
 
