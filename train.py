@@ -5,7 +5,6 @@ on CPU. See conf/ for the groups (model, data, parallel, schedule, trainer, opti
 the README for multi-GPU, torchrun and SLURM launches.
 """
 
-import os
 import sys
 import time
 from pathlib import Path
@@ -14,13 +13,9 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 
-def is_rank0() -> bool:
-    return all(os.environ.get(v, "0") == "0" for v in ("RANK", "LOCAL_RANK", "NODE_RANK"))
-
-
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> None:
-    from lwm.train.console import quiet_lightning, say
+    from lwm.train.console import is_rank0, quiet_lightning, say
     from lwm.train.entry import ensure_sample_data, to_run_config
     from lwm.train.run import check_data_files, run_schedule, validate
 

@@ -4,14 +4,21 @@ chatter (accelerator lines, tips, deprecation notes from its internals) turned d
 from __future__ import annotations
 
 import logging
+import os
 import warnings
 
-from lightning.pytorch.utilities.rank_zero import rank_zero_only
+# Set by the launchers before any process group exists: torchrun (RANK), Lightning's re-launch
+# (LOCAL_RANK, NODE_RANK), srun (SLURM_PROCID).
+RANK_VARIABLES = ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID")
 
 
-@rank_zero_only
+def is_rank0() -> bool:
+    return all(os.environ.get(v, "0") == "0" for v in RANK_VARIABLES)
+
+
 def say(*args) -> None:
-    print(*args, flush=True)
+    if is_rank0():
+        print(*args, flush=True)
 
 
 def quiet_lightning() -> None:
