@@ -10,6 +10,7 @@ from torch import nn
 from lwm.model.attention import AttentionFn
 from lwm.model.block import Block
 from lwm.model.config import ModelConfig
+from lwm.model.documents import check_segment_ids
 from lwm.model.loss import LossOutput, chunked_cross_entropy
 from lwm.model.norm import RMSNorm
 from lwm.model.rope import rope_angles
@@ -50,18 +51,21 @@ class Transformer(nn.Module):
         *,
         targets: torch.Tensor | None = None,
         loss_coeff: torch.Tensor | None = None,
+        segment_ids: torch.Tensor | None = None,
     ) -> torch.Tensor | LossOutput:
-        """tokens (B, S) long; positions (S,) or (B, S) long, default arange(S).
+        """tokens (B, S) long; positions (S,) or (B, S) long, default arange(S); segment_ids (B, S)
+        integers: packed documents attend only within themselves (None: one document).
 
         Returns logits (B, S, V); with `targets` (B, S), returns the chunked loss instead
         (see lwm.model.loss), which never materializes the full logits.
         """
-        h = self.hidden(tokens, positions)
+        h = self.hidden(tokens, positions, segment_ids)
         if targets is None:
             return self.output(h)  # (B, S, dim) -> (B, S, V)
         return chunked_cross_entropy(h, self.output.weight, targets, loss_coeff, self.config.loss_chunk_size)
 
-    def hidden(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    def hidden(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
+               segment_ids: torch.Tensor | None = None) -> torch.Tensor:
         """The final normalized hidden states (B, S, dim), before the output projection: what
         generation needs when only the last position's logits matter."""
         if tokens.dim() != 2:
@@ -71,8 +75,10 @@ class Transformer(nn.Module):
             positions = torch.arange(S, device=tokens.device)
         elif positions.shape not in ((S,), (B, S)):
             raise ValueError(f"positions must be ({S},) or ({B}, {S}) for tokens {tuple(tokens.shape)}, got {tuple(positions.shape)}")
+        if segment_ids is not None:
+            check_segment_ids(segment_ids, B, S)
         cos, sin = rope_angles(positions, self.config.head_dim, self.config.rope_theta)  # (S, D) or (B, S, D)
         h = self.embed(tokens)  # (B, S) -> (B, S, dim)
         for layer in self.layers:
-            h = layer(h, cos, sin)
+            h = layer(h, cos, sin, segment_ids)
         return self.norm(h)

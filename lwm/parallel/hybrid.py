@@ -7,24 +7,28 @@ ring piece for a share of the heads; ring attention then runs across the groups.
 
 from __future__ import annotations
 
+import torch
+
 from lwm.parallel.comm import group_size_and_rank
 from lwm.parallel.layout import check_layout
-from lwm.parallel.ring import check_qkv, ring_attention
-from lwm.parallel.ulysses import check_heads, heads_to_seq, replicate_kv, seq_to_heads
+from lwm.parallel.ring import check_qkv, check_segments, ring_attention
+from lwm.parallel.ulysses import check_heads, gather_segments, heads_to_seq, replicate_kv, seq_to_heads
 
 
 def hybrid_attention(q, k, v, ring_group, ulysses_group, causal: bool = True, layout: str = "striped",
-                     scale: float | None = None, backend: str = "auto"):
+                     scale: float | None = None, segment_ids: torch.Tensor | None = None, backend: str = "auto"):
     check_qkv(q, k, v)
     check_layout(layout)
+    segment_ids = check_segments(segment_ids, q)
     U = group_size_and_rank(ulysses_group)[0]
     check_heads(q.shape[1], k.shape[1], U)
     if U == 1:
-        return ring_attention(q, k, v, ring_group, causal, layout, scale, backend)
+        return ring_attention(q, k, v, ring_group, causal, layout, scale, segment_ids, backend)
     qh = seq_to_heads(q, ulysses_group)  # (B, Hq/U, U*L, D): the whole ring piece, in order
     kh = seq_to_heads(replicate_kv(k, U), ulysses_group)
     vh = seq_to_heads(replicate_kv(v, U), ulysses_group)
-    out = ring_attention(qh, kh, vh, ring_group, causal, layout, scale, backend)
+    seg = None if segment_ids is None else gather_segments(segment_ids, ulysses_group)  # (B, U*L): the ring piece's
+    out = ring_attention(qh, kh, vh, ring_group, causal, layout, scale, seg, backend)
     return heads_to_seq(out, ulysses_group)
 
 

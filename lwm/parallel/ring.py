@@ -1,7 +1,9 @@
 """Ring attention: exact attention over a sequence split across the ranks of a group.
 
-Each rank keeps its queries; K/V blocks (Hkv heads, never expanded) travel around the ring, the next one in flight while the current one is computed. Partial
-results merge in fp32 from (out, logsumexp). Backward recomputes each block from the final
+Each rank keeps its queries; K/V blocks (Hkv heads, never expanded) travel around the ring, the
+next one in flight while the current one is computed, with their document ids when the sequence
+is packed (documents.py cuts each step to the documents' rectangles). Partial results merge in
+fp32 from (out, logsumexp). Backward recomputes each block from the final
 output and logsumexp; dQ stays home, dK/dV (fp32) travel the ring with the K/V they belong to
 and arrive back at their owner after the last step.
 
@@ -16,11 +18,12 @@ from typing import Iterable, Iterator
 
 import torch
 
+from lwm.model.documents import check_segment_ids
 from lwm.parallel.comm import RingComm
+from lwm.parallel.documents import StepPlanner
 from lwm.parallel.kernels import block_backward, block_forward
 from lwm.parallel.layout import check_divisible, check_layout, shard, unshard
 from lwm.parallel.merge import acc_dtype, merge_
-from lwm.parallel.schedule import block_plan
 
 
 def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -38,63 +41,75 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
 # ----------------------------------------------------------------------------------------- step loops
 
 
-def ring_forward(q, kv_blocks: Iterable[tuple], rank, world_size, layout, causal, scale, backend):
-    """-> out (q's dtype), lse (fp32). kv_blocks yields the (k, v) of step 0, 1, ..., N-1."""
-    L = q.shape[2]
+def ring_forward(q, kv_blocks: Iterable[tuple], planner: StepPlanner, scale, backend):
+    """-> out (q's dtype), lse (fp32), and the pieces of every step (for the backward).
+
+    kv_blocks yields the (k, v) or (k, v, key segment ids) of step 0, 1, ..., N-1."""
     out = lse = None
-    for step, (k, v) in enumerate(kv_blocks):
-        plan = block_plan(layout, rank, (rank - step) % world_size, L, causal)
-        if plan is None:
-            continue
-        o, l = block_forward(q[:, :, plan.q], k[:, :, plan.k], v[:, :, plan.k], plan.causal, scale, backend)
-        if out is None:  # step 0 is the rank's own block: every row attends at least itself
-            out, lse = o.to(acc_dtype(q.dtype)), l.clone()
-        else:
-            merge_(out[:, :, plan.q], lse[:, :, plan.q], o, l)
-    return out.to(q.dtype), lse
+    step_pieces = []
+    for step, block in enumerate(kv_blocks):
+        k, v = block[0], block[1]
+        pieces = planner(step, block[2] if len(block) > 2 else None)
+        step_pieces.append(pieces)
+        for p in pieces:
+            o, l = block_forward(q[p.b, :, p.q], k[p.b, :, p.k], v[p.b, :, p.k], p.causal, scale, backend)
+            if out is None and p.covers():  # the first piece spans every row: it starts the sums
+                out, lse = o.to(acc_dtype(q.dtype)), l.clone()
+                continue
+            if out is None:  # rows no piece has reached weigh nothing (every row meets its own key)
+                out = torch.zeros(q.shape, dtype=acc_dtype(q.dtype), device=q.device)
+                lse = torch.full(q.shape[:3], float("-inf"), dtype=l.dtype, device=q.device)
+            merge_(out[p.b, :, p.q], lse[p.b, :, p.q], o, l)
+    return out.to(q.dtype), lse, step_pieces
 
 
-def ring_backward(dout, q, out, lse, kv_blocks, rank, world_size, layout, causal, scale, backend) -> Iterator:
-    """Yields, per step, (plan, dk, dv): the gradient of that step's K/V block (rows plan.k), or
-    (None, None, None) for a skipped block. When exhausted, the returned dq (fp32) is in
-    StopIteration.value."""
-    L = q.shape[2]
+def ring_backward(dout, q, out, lse, kv_blocks, step_pieces, scale, backend) -> Iterator:
+    """Yields, per step, [(piece, dk, dv)]: the gradients of that step's K/V block, rows piece.k
+    (empty for a skipped block). When exhausted, the returned dq (fp32) is in StopIteration.value."""
     dq = torch.zeros(q.shape, dtype=acc_dtype(q.dtype), device=q.device)
-    for step, (k, v) in enumerate(kv_blocks):
-        plan = block_plan(layout, rank, (rank - step) % world_size, L, causal)
-        if plan is None:
-            yield None, None, None
-            continue
-        dq_b, dk_b, dv_b = block_backward(
-            dout[:, :, plan.q], q[:, :, plan.q], k[:, :, plan.k], v[:, :, plan.k],
-            out[:, :, plan.q], lse[:, :, plan.q], plan.causal, scale, backend,
-        )
-        dq[:, :, plan.q] += dq_b
-        del dq_b
-        yield plan, dk_b, dv_b
+    for (k, v), pieces in zip(kv_blocks, step_pieces):
+        grads = []
+        for p in pieces:
+            dq_b, dk_b, dv_b = block_backward(
+                dout[p.b, :, p.q], q[p.b, :, p.q], k[p.b, :, p.k], v[p.b, :, p.k],
+                out[p.b, :, p.q], lse[p.b, :, p.q], p.causal, scale, backend,
+            )
+            dq[p.b, :, p.q] += dq_b
+            del dq_b
+            grads.append((p, dk_b, dv_b))
+        yield grads
     return dq
 
 
-def add_block_grads(dk, dv, plan, dk_b, dv_b) -> None:
-    if plan is not None:
-        dk[:, :, plan.k] += dk_b
-        dv[:, :, plan.k] += dv_b
+def add_block_grads(dk, dv, grads) -> None:
+    for p, dk_b, dv_b in grads:
+        dk[p.b, :, p.k] += dk_b
+        dv[p.b, :, p.k] += dv_b
 
 
-def ring_kv_blocks(comm: RingComm, k: torch.Tensor, v: torch.Tensor) -> Iterator[tuple]:
-    """Yields the (k, v) of each step; the next pair is sent/received while the caller computes.
-    Two sets of receive buffers alternate (a set is reused only after its send has completed)."""
+def ring_blocks(comm: RingComm, *tensors: torch.Tensor) -> Iterator[tuple]:
+    """Yields the tensors (k, v, and the keys' segment ids if given) of each step; the next set
+    is sent/received while the caller computes. Two sets of receive buffers alternate (a set is
+    reused only after its send has completed)."""
     if comm.world_size > 1:
-        k, v = k.contiguous(), v.contiguous()  # what travels must be dense
-    buffers = [[torch.empty_like(k), torch.empty_like(v)] for _ in range(2)] if comm.world_size > 1 else []
+        tensors = tuple(t.contiguous() for t in tensors)  # what travels must be dense
+    buffers = [[torch.empty_like(t) for t in tensors] for _ in range(2)] if comm.world_size > 1 else []
     for step in range(comm.world_size):
         last = step == comm.world_size - 1
         if not last:
-            nxt = comm.send_recv([k, v], buffers[step % 2])
-        yield k, v
+            nxt = comm.send_recv(list(tensors), buffers[step % 2])
+        yield tensors
         if not last:
             comm.wait()
-            k, v = nxt
+            tensors = tuple(nxt)
+
+
+def check_segments(segment_ids, q: torch.Tensor, what: str = "segment_ids"):
+    """None, or the ids as a contiguous tensor on q's device (they travel with k and v)."""
+    if segment_ids is None:
+        return None
+    check_segment_ids(segment_ids, q.shape[0], q.shape[2], what)
+    return segment_ids.to(q.device).contiguous()
 
 
 # ----------------------------------------------------------------------------------------- real ring
@@ -102,35 +117,38 @@ def ring_kv_blocks(comm: RingComm, k: torch.Tensor, v: torch.Tensor) -> Iterator
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, group, causal, layout, scale, backend):
+    def forward(ctx, q, k, v, group, causal, layout, scale, backend, segment_ids):
         comm = RingComm(group)
-        out, lse = ring_forward(q, ring_kv_blocks(comm, k, v), comm.rank, comm.world_size, layout, causal, scale, backend)
+        planner = StepPlanner(layout, comm.rank, comm.world_size, q.shape[2], causal, segment_ids)
+        blocks = ring_blocks(comm, k, v) if segment_ids is None else ring_blocks(comm, k, v, segment_ids)
+        out, lse, step_pieces = ring_forward(q, blocks, planner, scale, backend)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.args = (group, causal, layout, scale, backend)
+        ctx.args = (group, step_pieces, scale, backend)
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
-        group, causal, layout, scale, backend = ctx.args
+        group, step_pieces, scale, backend = ctx.args
         kv_comm, dkv_comm = RingComm(group, tag=0), RingComm(group, tag=1)
-        n, rank = kv_comm.world_size, kv_comm.rank
-        steps = ring_backward(dout.contiguous(), q, out, lse, ring_kv_blocks(kv_comm, k, v), rank, n, layout, causal, scale, backend)
+        n = kv_comm.world_size
+        steps = ring_backward(dout.contiguous(), q, out, lse, ring_blocks(kv_comm, k, v), step_pieces, scale, backend)
         # Step 0's block is this rank's own: its dK/dV stay home. The dK/dV of the block of step
         # s >= 1 travel: started here at step 1 (fp32), passed on with each rank's contribution,
         # and after the last step received by the owner (N-1 hops).
         travelling = None
+        own = [torch.zeros(t.shape, dtype=acc_dtype(t.dtype), device=t.device) for t in (k, v)]
         for step in range(n):
-            plan, dk_b, dv_b = next(steps)
-            if step == 0:  # the plan of the own block covers every row
-                own = [dk_b.to(acc_dtype(k.dtype)), dv_b.to(acc_dtype(v.dtype))]
+            grads = next(steps)
+            if step == 0:
+                add_block_grads(*own, grads)
                 continue
             if travelling is None:
-                travelling = [torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in own]
+                travelling = [torch.zeros_like(t) for t in own]
             else:
                 dkv_comm.wait()
-            add_block_grads(*travelling, plan, dk_b, dv_b)
-            del dk_b, dv_b
+            add_block_grads(*travelling, grads)
+            del grads
             travelling = dkv_comm.send_recv(travelling)
         try:
             next(steps)
@@ -141,18 +159,22 @@ class _RingAttention(torch.autograd.Function):
             own[0] += travelling[0]
             own[1] += travelling[1]
         dk, dv = own
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None, None
 
 
-def ring_attention(q, k, v, group=None, causal: bool = True, layout: str = "striped", scale: float | None = None, backend: str = "auto"):
+def ring_attention(q, k, v, group=None, causal: bool = True, layout: str = "striped", scale: float | None = None,
+                   segment_ids: torch.Tensor | None = None, backend: str = "auto"):
     """Exact attention for this rank's slice. q (B, Hq, L, D), k/v (B, Hkv, L, D), the rank's slice
-    of the sequence in `layout`; returns (B, Hq, L, D). group=None: the default process group
-    (a single process without torch.distributed is a group of one)."""
+    of the sequence in `layout`; returns (B, Hq, L, D). segment_ids (B, L): the rank's slice of
+    the sequence's document ids (same layout); a query attends only keys of its own document.
+    group=None: the default process group (a single process without torch.distributed is a group
+    of one)."""
     check_qkv(q, k, v)
     check_layout(layout)
     if layout == "zigzag" and causal and q.shape[2] % 2:
         raise ValueError(f"zigzag needs an even local length (two chunks per rank), got {q.shape[2]}")
-    return _RingAttention.apply(q, k, v, group, causal, layout, scale, backend)
+    segment_ids = check_segments(segment_ids, q)
+    return _RingAttention.apply(q, k, v, group, causal, layout, scale, backend, segment_ids)
 
 
 # ----------------------------------------------------------------------------------------- virtual ring
@@ -162,21 +184,23 @@ class _SimulatedRing(torch.autograd.Function):
     """All N ranks of a ring in one process: same step loops, kernels and merges, no communication."""
 
     @staticmethod
-    def forward(ctx, q, k, v, world_size, causal, layout, scale, backend):
+    def forward(ctx, q, k, v, world_size, causal, layout, scale, backend, segment_ids):
         n = world_size
         qs, ks, vs = ([shard(t, 2, r, n, layout) for r in range(n)] for t in (q, k, v))
-        results = [
-            ring_forward(qs[r], ((ks[(r - s) % n], vs[(r - s) % n]) for s in range(n)), r, n, layout, causal, scale, backend)
-            for r in range(n)
-        ]
-        outs, lses = [o for o, _ in results], [l for _, l in results]
+        segs = [None] * n if segment_ids is None else [shard(segment_ids, 1, r, n, layout) for r in range(n)]
+        results = []
+        for r in range(n):
+            planner = StepPlanner(layout, r, n, qs[r].shape[2], causal, segs[r])
+            blocks = ((ks[(r - s) % n], vs[(r - s) % n], segs[(r - s) % n]) for s in range(n))
+            results.append(ring_forward(qs[r], blocks, planner, scale, backend))
+        outs, lses = [o for o, _, _ in results], [l for _, l, _ in results]
         ctx.save_for_backward(*qs, *ks, *vs, *outs, *lses)
-        ctx.args = (n, causal, layout, scale, backend)
+        ctx.args = (n, [p for _, _, p in results], layout, scale, backend)
         return unshard(outs, 2, layout)
 
     @staticmethod
     def backward(ctx, dout):
-        n, causal, layout, scale, backend = ctx.args
+        n, rank_pieces, layout, scale, backend = ctx.args
         qs, ks, vs, outs, lses = (ctx.saved_tensors[i * n : (i + 1) * n] for i in range(5))
         dks = [torch.zeros(k.shape, dtype=acc_dtype(k.dtype)) for k in ks]
         dvs = [torch.zeros(v.shape, dtype=acc_dtype(v.dtype)) for v in vs]
@@ -184,23 +208,26 @@ class _SimulatedRing(torch.autograd.Function):
         for r in range(n):
             kv_blocks = ((ks[(r - s) % n], vs[(r - s) % n]) for s in range(n))
             steps = ring_backward(shard(dout, 2, r, n, layout).contiguous(), qs[r], outs[r], lses[r], kv_blocks,
-                                  r, n, layout, causal, scale, backend)
+                                  rank_pieces[r], scale, backend)
             step = 0
             while True:
                 try:
-                    plan, dk_b, dv_b = next(steps)
+                    grads = next(steps)
                 except StopIteration as stop:
                     dqs.append(stop.value)
                     break
                 src = (r - step) % n
-                add_block_grads(dks[src], dvs[src], plan, dk_b, dv_b)
+                add_block_grads(dks[src], dvs[src], grads)
                 step += 1
         dq, dk, dv = (unshard(parts, 2, layout) for parts in (dqs, dks, dvs))
-        return dq.to(qs[0].dtype), dk.to(ks[0].dtype), dv.to(vs[0].dtype), None, None, None, None, None
+        return dq.to(qs[0].dtype), dk.to(ks[0].dtype), dv.to(vs[0].dtype), None, None, None, None, None, None
 
 
-def simulate_ring(q, k, v, world_size: int, causal: bool = True, layout: str = "striped", scale: float | None = None, backend: str = "auto"):
-    """Full-sequence attention computed as an N-rank ring would, in one process (differentiable)."""
+def simulate_ring(q, k, v, world_size: int, causal: bool = True, layout: str = "striped", scale: float | None = None,
+                  segment_ids: torch.Tensor | None = None, backend: str = "auto"):
+    """Full-sequence attention computed as an N-rank ring would, in one process (differentiable).
+    segment_ids: the full sequence's (B, S) document ids."""
     check_qkv(q, k, v)
     check_divisible(q.shape[2], world_size, layout)
-    return _SimulatedRing.apply(q, k, v, world_size, causal, layout, scale, backend)
+    segment_ids = check_segments(segment_ids, q)
+    return _SimulatedRing.apply(q, k, v, world_size, causal, layout, scale, backend, segment_ids)

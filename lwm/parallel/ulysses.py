@@ -1,6 +1,7 @@
 """Ulysses attention: an all-to-all trades the sequence split for a head split, each rank runs
 local attention over the whole sequence for its share of the heads, and a second all-to-all
-trades back. Q heads must be divisible by the group size P. K/V heads stay as they are when their
+trades back. With segment ids, every rank gathers the whole sequence's ids and attends document by
+document (lwm.model.documents). Q heads must be divisible by the group size P. K/V heads stay as they are when their
 count Hkv is a multiple of P; otherwise each is repeated lcm(Hkv, P) / Hkv times (the GQA grouping
 of q head h to kv head h // (H / Hkv) is kept), the fewest that give every rank the K/V heads its
 q heads use. Gradients of the copies sum back onto the original heads.
@@ -11,11 +12,11 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 
-from lwm.parallel.comm import all_to_all, group_size_and_rank
+from lwm.model.attention import sdpa_attention
+from lwm.parallel.comm import all_gather_stack, all_to_all, group_size_and_rank
 from lwm.parallel.layout import gathered_positions, check_layout
-from lwm.parallel.ring import check_qkv
+from lwm.parallel.ring import check_qkv, check_segments
 
 
 def check_heads(n_heads: int, n_kv_heads: int, size: int) -> None:
@@ -54,19 +55,29 @@ def heads_to_seq(x: torch.Tensor, group, order: torch.Tensor | None = None) -> t
     return x.transpose(0, 1).reshape(B, P * Hp, S // P, D)  # (P, B, H/P, L, D) -> (B, H, L, D)
 
 
-def ulysses_attention(q, k, v, group=None, causal: bool = True, layout: str = "striped", scale: float | None = None):
+def gather_segments(segment_ids: torch.Tensor, group, order: torch.Tensor | None = None) -> torch.Tensor:
+    """(B, L) this rank's ids -> (B, P*L) the group's, in rank order (or re-indexed by `order`)."""
+    parts = all_gather_stack(segment_ids, group)  # (P, B, L)
+    full = parts.transpose(0, 1).reshape(segment_ids.shape[0], -1)  # (P, B, L) -> (B, P*L)
+    return full if order is None else full.index_select(1, order)
+
+
+def ulysses_attention(q, k, v, group=None, causal: bool = True, layout: str = "striped", scale: float | None = None,
+                      segment_ids: torch.Tensor | None = None):
     """Exact attention for this rank's slice (same contract as ring_attention)."""
     check_qkv(q, k, v)
     check_layout(layout)
+    segment_ids = check_segments(segment_ids, q)
     P = group_size_and_rank(group)[0]
     check_heads(q.shape[1], k.shape[1], P)
     if P == 1:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+        return sdpa_attention(q, k, v, causal, segment_ids, scale)
     S = P * q.shape[2]
     perm = gathered_positions(S, P, layout, 1).to(q.device)  # global position of each gathered token
     to_natural, to_layout = torch.argsort(perm), perm
     qh = seq_to_heads(q, group, to_natural)
     kh = seq_to_heads(replicate_kv(k, P), group, to_natural)
     vh = seq_to_heads(replicate_kv(v, P), group, to_natural)
-    out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=causal, scale=scale, enable_gqa=qh.shape[1] != kh.shape[1])
+    seg = None if segment_ids is None else gather_segments(segment_ids, group, to_natural)
+    out = sdpa_attention(qh, kh, vh, causal, seg, scale)  # (B, H/P, S, D) over the whole sequence
     return heads_to_seq(out, group, to_layout)  # natural order -> rank pieces -> back to the owners
