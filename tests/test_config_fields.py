@@ -294,7 +294,8 @@ def test_text_and_vision_weights_reach_the_loss():
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, 512, (1, 33), generator=g)
     batch = {"tokens": tokens[:, :-1], "targets": tokens[:, 1:], "positions": torch.arange(32),
-             "loss_weight": torch.ones(1, 32), "vision_mask": torch.arange(32).view(1, 32) % 2 == 0}
+             "loss_weight": torch.ones(1, 32), "vision_mask": torch.arange(32).view(1, 32) % 2 == 0,
+             "segment_ids": torch.ones(1, 32, dtype=torch.int32)}
 
     def step_loss(tw, vw):
         module = debug_module(optim=OptimConfig(text_weight=tw, vision_weight=vw))

@@ -144,8 +144,10 @@ def test_packing_segments_weights_and_overflow():
     assert len(seqs) == 2
     assert seqs[0].segment_ids.tolist() == [1] * 4 + [2] * 3 + [0] * 3  # c does not fit: padding
     assert seqs[1].segment_ids.tolist() == [1] * 5 + [0] * 5
-    # each example's loss tokens of a kind sum to 1: packing weighs examples, not lengths
-    assert seqs[0].loss_weight[:4].tolist() == [0.25] * 4 and np.allclose(seqs[0].loss_weight[4:7], 1 / 3)
+    # each example's loss tokens of a kind sum to 1: packing weighs examples, not lengths; an
+    # example's first token is never a target (the token before it belongs to another example)
+    assert seqs[0].loss_weight[0] == 0 and np.allclose(seqs[0].loss_weight[1:4], 1 / 3)
+    assert seqs[0].loss_weight[4] == 0 and np.allclose(seqs[0].loss_weight[5:7], 1 / 2)
     assert seqs[0].loss_weight[7:].sum() == 0 and seqs[0].vision_mask[4:7].all()
     long = enc_of(25)
     assert len(list(Packer(9, "drop").pack([long]))) == 0
@@ -156,7 +158,7 @@ def test_packing_segments_weights_and_overflow():
     assert len(windows) == 3 and np.concatenate([s.tokens[s.segment_ids > 0] for s in windows]).tolist() == list(range(10, 35))
     assert w.stats["windowed"] == 1
     tokenwise = next(Packer(9, weighting="token").pack([a]))
-    assert tokenwise.loss_weight[:4].tolist() == [1.0] * 4
+    assert tokenwise.loss_weight[:4].tolist() == [0.0] + [1.0] * 3
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,9 @@ from lwm.data.vocab import Vocab
 from lwm.parallel.layout import check_divisible, positions, shard
 
 
+POSITIONS = ("sequence", "document")
+
+
 @dataclass
 class DataConfig:
     sources: list[Source] = field(default_factory=list)
@@ -34,6 +37,11 @@ class DataConfig:
     fps: float | None = None  # or frames per second
     weighting: str = "example"  # loss weight per example ("example") or per token ("token")
     strict: bool = False  # raise on a bad example instead of skipping it
+    positions: str = "sequence"  # RoPE positions: "sequence" (0..S-1) or "document" (restart in each example)
+
+    def __post_init__(self) -> None:
+        if self.positions not in POSITIONS:
+            raise ValueError(f"data.positions must be one of {POSITIONS}, got {self.positions!r}")
 
 
 @dataclass
@@ -48,22 +56,37 @@ class Sharding:
     ulysses_size: int = 1
 
 
-def shard_batch(batch: dict[str, torch.Tensor], sharding: Sharding) -> dict[str, torch.Tensor]:
-    """Every (B, S) tensor -> this rank's (B, S / cp) slice, plus `positions` (S / cp,)."""
+def document_positions(segment_ids: torch.Tensor) -> torch.Tensor:
+    """(B, S) ids -> (B, S) long: each token's position in its example, restarting at 0 where the
+    id changes (as Hugging Face packing with position_ids does)."""
+    B, S = segment_ids.shape
+    idx = torch.arange(S).expand(B, S)
+    start = torch.ones(B, S, dtype=torch.bool)
+    start[:, 1:] = segment_ids[:, 1:] != segment_ids[:, :-1]
+    first = torch.where(start, idx, torch.zeros_like(idx)).cummax(dim=1).values  # (B, S): where each run starts
+    return idx - first
+
+
+def shard_batch(batch: dict[str, torch.Tensor], sharding: Sharding, position_mode: str = "sequence") -> dict[str, torch.Tensor]:
+    """Every (B, S) tensor -> this rank's (B, S / cp) slice, plus `positions`: (S / cp,) global
+    positions, or (B, S / cp) positions within each example (computed on the whole sequence)."""
     S = batch["tokens"].shape[1]
     sh = sharding
+    if position_mode == "document":
+        batch = {**batch, "positions": document_positions(batch["segment_ids"])}
     out = {k: shard(v, 1, sh.cp_rank, sh.cp_size, sh.layout, sh.ulysses_size) for k, v in batch.items()}
-    out["positions"] = positions(S, sh.cp_rank, sh.cp_size, sh.layout, sh.ulysses_size)
+    if position_mode == "sequence":
+        out["positions"] = positions(S, sh.cp_rank, sh.cp_size, sh.layout, sh.ulysses_size)
     return out
 
 
 class _Batches(IterableDataset):
-    def __init__(self, stream: PackedStream, state: StreamState, sharding: Sharding):
-        self.stream, self.state, self.sharding = stream, state, sharding
+    def __init__(self, stream: PackedStream, state: StreamState, sharding: Sharding, position_mode: str):
+        self.stream, self.state, self.sharding, self.position_mode = stream, state, sharding, position_mode
 
     def __iter__(self) -> Iterator[dict]:
         for seqs, after in self.stream.batches(self.state):
-            batch = shard_batch(to_tensors(seqs), self.sharding)
+            batch = shard_batch(to_tensors(seqs), self.sharding, self.position_mode)
             batch["data_state"] = torch.tensor([after.epoch, after.batches])
             yield batch
 
@@ -110,7 +133,8 @@ class LWMDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         self.setup()
         # batch_size=None: the stream already yields whole batches; one process keeps the state exact
-        return DataLoader(_Batches(self.stream, StreamState(self.state.epoch, self.state.batches), self.sharding), batch_size=None)
+        return DataLoader(_Batches(self.stream, StreamState(self.state.epoch, self.state.batches), self.sharding,
+                                   self.config.positions), batch_size=None)
 
     def on_before_batch_transfer(self, batch, dataloader_idx: int = 0):
         epoch, done = batch.pop("data_state").tolist()

@@ -3,9 +3,11 @@
 A packed sequence holds `length` tokens (the stage's sequence length + 1, so that inputs and
 next-token targets are each `seq_len` long). Examples are placed whole, in order; one that does
 not fit in what is left starts a new sequence and the rest is padding. Segment ids number the
-examples of a sequence from 1 (0 = padding). With loss weighting "example", every token's weight
-is 1 / (the example's loss tokens of its kind, text or vision), so a packed batch weighs each
-example as unpacked training would, not by its length.
+examples of a sequence from 1 (0 = padding). An example's first token is never a target (nothing
+of its example precedes it), so predicting it from the end of the example before is not trained.
+With loss weighting "example", every token's weight is 1 / (the example's loss tokens of its kind,
+text or vision), so a packed batch weighs each example as unpacked training would, not by its
+length.
 
 Examples longer than `length`: "truncate" keeps the first `length` tokens, "drop" skips them,
 "window" cuts them into consecutive windows of `length` (long text documents, books). All counted.
@@ -35,6 +37,7 @@ class Packed:
 
 def example_weights(enc: Encoded, weighting: str) -> np.ndarray:
     w = enc.loss_mask.astype(np.float32)
+    w[:1] = 0  # the first token has no input of its own example
     if weighting == "example":
         for kind in (enc.vision_mask, ~enc.vision_mask):
             n = w[kind].sum()

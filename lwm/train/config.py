@@ -75,6 +75,7 @@ class ParallelConfig:
     layout: str = "striped"
     mode: str = "ring"  # ring | ulysses
     activation_checkpointing: bool = False  # recompute each block in backward
+    document_mask: bool = True  # packed examples attend only within themselves (segment ids)
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:

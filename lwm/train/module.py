@@ -91,7 +91,8 @@ class LWMModule(L.LightningModule):
             else None
         coeff = token_coefficients(batch["loss_weight"], batch["vision_mask"], self.optim.text_weight,
                                    self.optim.vision_weight, counts=counts)
-        out = self.model(batch["tokens"], batch["positions"], targets=batch["targets"], loss_coeff=coeff)
+        segments = batch["segment_ids"] if self.parallel.document_mask else None
+        out = self.model(batch["tokens"], batch["positions"], targets=batch["targets"], loss_coeff=coeff, segment_ids=segments)
         loss = out.loss.detach().clone()
         if self.cp_size > 1:
             dist.all_reduce(loss, group=self.cp_group)  # the whole sequence's loss

@@ -42,8 +42,9 @@ class DataSpec:
     fps: float | None = None
     seed: int = 0
     weighting: str = "example"
+    positions: str | None = None  # sequence | document (RoPE restarts per example); None: document when masked
 
-    def for_stage(self, stage: StageConfig, batch_size: int) -> DataConfig:
+    def for_stage(self, stage: StageConfig, batch_size: int, document_mask: bool = True) -> DataConfig:
         names = stage.sources or list(self.sources)
         unknown = [n for n in names if n not in self.sources]
         if unknown:
@@ -54,8 +55,10 @@ class DataSpec:
                 sources.append(Source(**self.sources[n]))
             except TypeError as e:
                 raise ValueError(f"data.sources.{n} {self.sources[n]} is not a source (path, fields, overflow, repeat): {e}") from None
+        positions = self.positions or ("document" if document_mask else "sequence")
         return DataConfig(sources=sources, tokenizer=self.tokenizer, codes=self.codes, batch_size=batch_size,
-                          seed=self.seed, max_frames=self.max_frames, fps=self.fps, weighting=self.weighting)
+                          seed=self.seed, max_frames=self.max_frames, fps=self.fps, weighting=self.weighting,
+                          positions=positions)
 
 
 @dataclass
@@ -147,7 +150,7 @@ def run_stage(cfg: RunConfig, stage: StageConfig, model_config: ModelConfig, ini
         (out / "model_config.json").write_text(json.dumps(asdict(stage_model), indent=2))
     L.seed_everything(cfg.trainer.seed, workers=True, verbose=False)
     module = LWMModule(stage_model, stage, cfg.optim, cfg.parallel, init_state=init, seed=cfg.trainer.seed)
-    datamodule = LWMDataModule(cfg.data.for_stage(stage, stage.per_rank_batch(dp)), seq_len=stage.seq_len,
+    datamodule = LWMDataModule(cfg.data.for_stage(stage, stage.per_rank_batch(dp), cfg.parallel.document_mask), seq_len=stage.seq_len,
                                cp_size=stage.cp, layout=cfg.parallel.layout)
     from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
