@@ -4,15 +4,26 @@ SDPA with the block-diagonal mask, the work the ring's pieces do, and bad input.
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
 
-from documents import allowed, masked_sdpa, packings
+from documents import allowed, masked_sdpa, one_by_one_grads, packed_pair, packings
+from lwm.data import DataConfig, Sharding, shard_batch
+from lwm.data.datamodule import document_positions
+from lwm.model import ModelConfig
 from lwm.model.documents import document_attention
 from lwm.parallel import simulate_ring
 from lwm.parallel.documents import StepPlanner, piece_work
 from lwm.parallel.layout import shard
+from lwm.train.config import OptimConfig, ParallelConfig, StageConfig
+from lwm.train.entry import to_run_config
+from lwm.train.module import LWMModule
+
+ROOT = Path(__file__).resolve().parent.parent
 
 CASES = list(itertools.product(["contiguous", "striped", "zigzag"], [1, 2, 3, 4], [True, False]))
 
@@ -135,3 +146,66 @@ def test_bad_segment_ids_are_named():
         simulate_ring(q, k, v, 2, segment_ids=torch.ones(2, 48))
     with pytest.raises(ValueError, match=r"\(1, 48\) must be \(batch, length\) = \(2, 48\)"):
         document_attention(q, k, v, torch.ones(1, 48, dtype=torch.long))
+
+
+# ------------------------------------------------------------------------------- training path
+
+
+def _step(module, batch):
+    """The LightningModule's training step outside a Trainer (loss and parameter gradients)."""
+    module._trainer = SimpleNamespace(world_size=1)
+    module.log = lambda *a, **k: None
+    module.lr_schedulers = lambda: SimpleNamespace(get_last_lr=lambda: [0.0])
+    module.model.zero_grad()
+    loss = module.training_step(batch, 0)
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in module.model.named_parameters()}
+
+
+def _module(parallel: ParallelConfig) -> LWMModule:
+    stage = StageConfig("a", seq_len=32, rope_theta=1e4, steps=1, lr=1e-3)
+    module = LWMModule(ModelConfig.from_preset("debug"), stage, OptimConfig(), parallel)
+    module.configure_model()
+    return module
+
+
+def test_one_process_training_step_keeps_packed_examples_apart():
+    """cp = 1, the defaults (parallel.document_mask, data.positions = document): the packed batch's
+    loss and gradients are those of its two examples run alone; without the mask they are not."""
+    module = _module(ParallelConfig())
+    module.model.init_weights(std=0.2)  # attention sharp enough that positions show
+    batch, examples = packed_pair(module.model_config, 32)
+    state = {k: v.clone() for k, v in module.model.state_dict().items()}
+    ref_loss, ref_grads = one_by_one_grads(module.model_config, state, batch, examples)
+    loss, grads = _step(module, shard_batch(batch, Sharding(), "document"))
+    assert (loss - ref_loss).abs() < 1e-6 * ref_loss
+    assert max((grads[n] - ref_grads[n]).abs().max().item() for n in grads) < 1e-5
+    plain = _module(ParallelConfig(document_mask=False))
+    plain.model.load_state_dict(state)
+    unmasked, _ = _step(plain, shard_batch(batch, Sharding(), "document"))
+    assert (unmasked - ref_loss).abs() > 1e-3
+    # RoPE is relative: inside a masked document, where its positions start changes nothing;
+    # without the mask, positions restarting per example change what the model sees.
+    sequence, _ = _step(module, shard_batch(batch, Sharding(), "sequence"))
+    assert (sequence - ref_loss).abs() < 1e-5
+    assert (_step(plain, shard_batch(batch, Sharding(), "sequence"))[0] - unmasked).abs() > 1e-3
+
+
+def test_document_positions_restart_in_every_example():
+    seg = torch.tensor([[1, 1, 1, 2, 2, 0, 0], [1, 2, 2, 2, 2, 2, 3]])
+    assert document_positions(seg).tolist() == [[0, 1, 2, 0, 1, 0, 1], [0, 0, 1, 2, 3, 4, 0]]
+    batch = {"tokens": torch.zeros(2, 8, dtype=torch.long), "segment_ids": torch.tensor([[1] * 5 + [2] * 3] * 2)}
+    local = shard_batch(batch, Sharding(cp_rank=1, cp_size=2, layout="striped"), "document")
+    assert local["positions"].tolist() == [[1, 3, 0, 2]] * 2  # global tokens 1, 3, 5, 7: computed before sharding
+    assert shard_batch(batch, Sharding(cp_rank=1, cp_size=2), "sequence")["positions"].tolist() == [1, 3, 5, 7]
+    with pytest.raises(ValueError, match="data.positions must be one of"):
+        DataConfig(positions="global")
+
+
+@pytest.mark.parametrize("overrides,positions", [([], "document"), (["parallel.document_mask=false"], "sequence"),
+                                                 (["data.positions=sequence"], "sequence")])
+def test_positions_follow_document_masking_unless_given(overrides, positions):
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        run = to_run_config(compose("train", overrides=["model=debug", "schedule=debug", *overrides]))
+    stage = run.schedule.stages[0]
+    assert run.data.for_stage(stage, 1, run.parallel.document_mask).positions == positions

@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from documents import masked_sdpa, one_by_one_grads, packed_pair, packings
 from lwm.parallel.launch import run_distributed
 from lwm.parallel import hybrid_attention, hybrid_groups, positions, ring_attention, shard, ulysses_attention
 
@@ -20,17 +21,20 @@ def reference(q, k, v, causal):
     return F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), is_causal=causal)
 
 
-def _case_errors(rank, world, attn, hq, hkv, d, causal, layout, ulysses_size=1, seed=0):
-    """Max |error| of this rank's output and q/k/v grads against full-sequence SDPA."""
+def _case_errors(rank, world, attn, hq, hkv, d, causal, layout, ulysses_size=1, seed=0, documents=False):
+    """Max |error| of this rank's output and q/k/v grads against full-sequence SDPA (with
+    documents: a random packing per batch row and the block-diagonal mask)."""
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(2, h, SEQ, d, generator=g) for h in (hq, hkv, hkv))
     dout = torch.randn(2, hq, SEQ, d, generator=g)
+    seg = packings(2, SEQ, seed) if documents else None
     full = [t.clone().requires_grad_() for t in (q, k, v)]
-    ref_out = reference(*full, causal)
+    ref_out = masked_sdpa(*full, seg, causal) if documents else reference(*full, causal)
     ref_grads = torch.autograd.grad(ref_out, full, dout)
     sh = lambda t: shard(t, 2, rank, world, layout, ulysses_size)  # noqa: E731
     local = [sh(t).requires_grad_() for t in (q, k, v)]
-    out = attn(*local, causal=causal, layout=layout)
+    extra = {"segment_ids": shard(seg, 1, rank, world, layout, ulysses_size)} if documents else {}
+    out = attn(*local, causal=causal, layout=layout, **extra)
     grads = torch.autograd.grad(out, local, sh(dout))
     errs = [(out - sh(ref_out)).abs().max().item()]
     errs += [(a - sh(b)).abs().max().item() for a, b in zip(grads, ref_grads)]
@@ -49,11 +53,19 @@ def _attention_worker(rank, world):
         if hkv % world and world % hkv:
             continue
         results[("ulysses", layout, causal, hkv)] = _case_errors(rank, world, ulysses_attention, 12, hkv, 32, causal, layout)
+    for layout, causal in itertools.product(LAYOUTS, (True, False)):  # packed documents, GQA, head dim 40
+        results[("ring+documents", layout, causal, 40)] = _case_errors(rank, world, ring_attention, 4, 2, 40, causal, layout,
+                                                                       seed=1, documents=True)
+        if 4 % world == 0:
+            results[("ulysses+documents", layout, causal, 2)] = _case_errors(rank, world, ulysses_attention, 4, 2, 40, causal,
+                                                                             layout, seed=2, documents=True)
     if world == 4:
         ring_group, ulysses_group = hybrid_groups(2, 2)
+        attn = lambda q, k, v, causal, layout, **kw: hybrid_attention(q, k, v, ring_group, ulysses_group, causal, layout, **kw)  # noqa: E731
         for layout, causal in itertools.product(LAYOUTS, (True, False)):
-            attn = lambda q, k, v, causal, layout: hybrid_attention(q, k, v, ring_group, ulysses_group, causal, layout)  # noqa: E731
             results[("hybrid", layout, causal, 2)] = _case_errors(rank, world, attn, 4, 2, 32, causal, layout, ulysses_size=2)
+            results[("hybrid+documents", layout, causal, 2)] = _case_errors(rank, world, attn, 4, 2, 40, causal, layout,
+                                                                            ulysses_size=2, seed=3, documents=True)
     return results
 
 
@@ -69,13 +81,13 @@ def test_ring_ulysses_hybrid_match_full_sdpa(attention_errors):
         worst = max(r[case] for r in per_rank)
         assert worst < 1e-5, f"N={world} {case}: max error {worst:.2e} (fp32, atol 1e-5)"
     if world == 4:
-        assert any(case[0] == "hybrid" for case in per_rank[0])
+        assert any(case[0] == "hybrid+documents" for case in per_rank[0])
 
 
 # ------------------------------------------------------------------------------------ training step
 
 
-def _train_step_worker(rank, world, mode, layout):
+def _train_step_errors(rank, world, mode, layout, hybrid):
     from lwm.model import ModelConfig, Transformer, token_coefficients
     from lwm.parallel import global_group_counts, parallelize
 
@@ -99,7 +111,7 @@ def _train_step_worker(rank, world, mode, layout):
     ulysses_size, group, ulysses_group = 1, None, None
     if mode == "hybrid":
         ulysses_size = 2
-        group, ulysses_group = hybrid_groups(world // 2, 2)
+        group, ulysses_group = hybrid
     parallelize(model, group, layout=layout, mode=mode, ulysses_group=ulysses_group)
     sh = lambda t: shard(t, 1, rank, world, layout, ulysses_size)  # noqa: E731
     counts = global_group_counts(sh(loss_mask), sh(vision_mask))
@@ -116,13 +128,72 @@ def _train_step_worker(rank, world, mode, layout):
     return {"loss": (total - ref).abs().item(), "grads": grads}
 
 
-@pytest.mark.parametrize(
-    "world,mode,layout",
-    [(2, "ring", "striped"), (2, "ring", "zigzag"), (2, "ulysses", "striped"), (4, "ring", "striped"),
-     (4, "ring", "contiguous"), (4, "ring", "zigzag"), (4, "hybrid", "zigzag")],
-)
-def test_training_step_matches_one_process(world, mode, layout):
-    for result in run_distributed(_train_step_worker, world, mode, layout):
-        assert result["loss"] < 1e-6
-        worst = max(result["grads"].items(), key=lambda kv: kv[1])
-        assert worst[1] < 1e-6, f"gradient of {worst[0]} differs by {worst[1]:.2e}"
+# ------------------------------------------------------------------------- packed = one by one
+
+
+def _packed_errors(rank, world, cases):
+    from lwm.data import Sharding, shard_batch
+    from lwm.model import ModelConfig, Transformer, token_coefficients
+    from lwm.parallel import global_group_counts, parallelize
+
+    cfg = ModelConfig.from_preset("debug")
+    torch.manual_seed(0)
+    state = Transformer(cfg).state_dict()
+    batch, examples = packed_pair(cfg, 32)
+    ref_loss, ref_grads = one_by_one_grads(cfg, state, batch, examples)
+    results = {}
+    for mode, layout in cases:
+        model = Transformer(cfg)
+        model.load_state_dict(state)
+        parallelize(model, None, layout=layout, mode=mode)
+        local = shard_batch(batch, Sharding(cp_rank=rank, cp_size=world, layout=layout), "document")
+        counts = global_group_counts(local["loss_weight"], local["vision_mask"])
+        coeff = token_coefficients(local["loss_weight"], local["vision_mask"], counts=counts)
+        loss = model(local["tokens"], local["positions"], targets=local["targets"], loss_coeff=coeff,
+                     segment_ids=local["segment_ids"]).loss
+        loss.backward()
+        total = loss.detach().clone()
+        torch.distributed.all_reduce(total)
+        worst = 0.0
+        for name, p in model.named_parameters():
+            torch.distributed.all_reduce(p.grad)
+            worst = max(worst, (p.grad - ref_grads[name]).abs().max().item())
+        results[(mode, layout)] = ((total - ref_loss).abs().item() / ref_loss.abs().item(), worst)
+    return results
+
+
+STEP_CASES = {2: [("ring", "striped"), ("ring", "zigzag"), ("ulysses", "striped")],
+              4: [("ring", "striped"), ("ring", "contiguous"), ("ring", "zigzag"), ("hybrid", "zigzag")]}
+PACKED_CASES = [("ring", "striped"), ("ring", "zigzag"), ("ulysses", "striped")]
+
+
+def _training_worker(rank, world):
+    hybrid = hybrid_groups(world // 2, 2) if world == 4 else None  # every rank creates every group, once
+    steps = {case: _train_step_errors(rank, world, *case, hybrid) for case in STEP_CASES[world]}
+    return steps, _packed_errors(rank, world, PACKED_CASES)
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=lambda n: f"cp{n}")
+def training_errors(request):
+    return request.param, run_distributed(_training_worker, request.param)
+
+
+def test_training_step_matches_one_process(training_errors):
+    world, per_rank = training_errors
+    for steps, _ in per_rank:
+        assert set(steps) == set(STEP_CASES[world])
+        for case, result in steps.items():
+            assert result["loss"] < 1e-6, f"cp={world} {case}: loss differs by {result['loss']:.2e}"
+            worst = max(result["grads"].items(), key=lambda kv: kv[1])
+            assert worst[1] < 1e-6, f"cp={world} {case}: gradient of {worst[0]} differs by {worst[1]:.2e}"
+
+
+def test_packed_batch_equals_its_examples_one_by_one(training_errors):
+    """A packed batch of two examples, sharded over cp ranks with document masks and per-example
+    positions, gives the loss and parameter gradients of the two examples run alone (fp32: loss
+    rtol 1e-6, gradients atol 1e-6)."""
+    world, per_rank = training_errors
+    for _, packed in per_rank:
+        assert set(packed) == set(PACKED_CASES)
+        for case, (loss_err, grad_err) in packed.items():
+            assert loss_err < 1e-6 and grad_err < 1e-6, f"cp={world} {case}: loss {loss_err:.2e}, grads {grad_err:.2e}"
