@@ -11,6 +11,9 @@
    sequence, forward+backward; throughput ratio = fused time / ring time.
 3. scaling: real ring attention over N = 1, 2 gloo processes for the same total sequence: time
    per forward+backward and the rise of each rank's peak RSS during it.
+4. documents: the ring schedule with document masks (packed documents of 256-4096 tokens) vs the
+   same schedule unmasked, forward+backward: the time ratio against allowed / total entries, and
+   the score entries the pieces compute against the allowed ones.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from report import command_line, host_line, publish  # noqa: E402
 
-from lwm.parallel import block_backward, block_forward, block_plan, block_work, simulate_ring  # noqa: E402
+from lwm.parallel import block_backward, block_forward, block_plan, block_work, shard, simulate_ring  # noqa: E402
+from lwm.parallel.documents import StepPlanner, piece_work  # noqa: E402
 from lwm.parallel.launch import run_distributed  # noqa: E402
 
 LAYOUTS = ("contiguous", "striped", "zigzag")
@@ -190,15 +194,76 @@ def scaling(seq_len, heads, dim, repeats):
     return "\n".join(lines)
 
 
+# ----------------------------------------------------------------------------------------- 4. documents
+
+
+def document_lengths(seq_len: int, low: int, high: int, seed: int = 0) -> list[int]:
+    """Uniform lengths in [low, high] filling seq_len (the last one cut to fit)."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = []
+    while sum(lengths) < seq_len:
+        lengths.append(min(int(torch.randint(low, high + 1, (1,), generator=g)), seq_len - sum(lengths)))
+    return lengths
+
+
+def computed_entries(segment_ids, n: int, layout: str) -> int:
+    """Score entries the pieces of every rank and step compute (documents.piece_work)."""
+    L = segment_ids.shape[1] // n
+    segs = [shard(segment_ids, 1, r, n, layout) for r in range(n)]
+    total = 0
+    for r in range(n):
+        planner = StepPlanner(layout, r, n, L, True, segs[r])
+        total += sum(piece_work(planner(step, segs[(r - step) % n]), 1, L) for step in range(n))
+    return total
+
+
+def documents(lengths, heads, dim, worlds, repeats, low, high):
+    rows = []
+    for S in lengths:
+        reps = repeats if S <= 8192 else 1
+        docs = document_lengths(S, low, high)
+        seg = torch.repeat_interleave(torch.arange(1, len(docs) + 1, dtype=torch.int32), torch.tensor(docs))[None]  # (1, S)
+        allowed = sum(l * (l + 1) // 2 for l in docs)  # causal pairs inside documents, counted from the lengths
+        total = S * (S + 1) // 2
+        q, k, v = (torch.randn(1, heads, S, dim, requires_grad=True) for _ in range(3))
+        dout = torch.randn(1, heads, S, dim)
+        for layout in ("striped", "zigzag"):
+            for n in worlds:
+                # the least disturbed of the runs: a ratio of two timings on a shared 2-core machine
+                t_plain = timed(lambda: simulate_ring(q, k, v, n, True, layout).backward(dout), reps, reduce=min)
+                t_masked = timed(lambda: simulate_ring(q, k, v, n, True, layout, segment_ids=seg).backward(dout), reps,
+                                 reduce=min)
+                work = computed_entries(seg, n, layout) / allowed
+                share = allowed / total
+                rows.append((S, len(docs), layout, n, share, work, t_plain, t_masked))
+                print(f"documents S={S} ({len(docs)} docs) {layout} N={n}: allowed/total {share:.3f}, computed/allowed "
+                      f"{work:.3f}, unmasked {t_plain:.2f}s masked {t_masked:.2f}s, time ratio {t_masked / t_plain:.3f} "
+                      f"(limit {1.5 * share:.3f})", flush=True)
+    lines = [
+        f"Causal ring schedule over N virtual ranks (lwm.parallel.simulate_ring), {heads} heads, head dim {dim}, fp32, "
+        f"batch 1, forward+backward; packed documents of {low}-{high} tokens (uniform, seed 0; the last one cut to fit). "
+        f"Fastest of {repeats} runs (1 above 8K) after a warm-up. Computed = score entries of the pieces the planner "
+        "gives every rank and step (a causal square counts its lower triangle); allowed = sum of l(l+1)/2 over the "
+        "documents. Targets: computed/allowed <= 1.3, masked time <= 1.5 x (allowed/total) x unmasked time.",
+        "",
+        "| S | documents | layout | N | allowed/total | computed/allowed | unmasked (s) | masked (s) | time ratio | limit 1.5 x allowed/total |",
+        "| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    lines += [f"| {S} | {d} | {lay} | {n} | {sh:.3f} | {w:.3f} | {tp:.2f} | {tm:.2f} | {tm / tp:.3f} | {1.5 * sh:.3f} |"
+              for S, d, lay, n, sh, w, tp, tm in rows]
+    return "\n".join(lines)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--parts", nargs="+", default=["balance", "decomposition", "scaling"])
+    parser.add_argument("--parts", nargs="+", default=["balance", "decomposition", "scaling", "documents"])
     parser.add_argument("--balance-seq", type=int, default=8192)
     parser.add_argument("--lengths", type=int, nargs="+", default=[8192, 32768])
     parser.add_argument("--scaling-seq", type=int, default=16384)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--doc-range", type=int, nargs=2, default=[256, 4096], metavar=("LOW", "HIGH"))
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
 
@@ -206,6 +271,8 @@ def main():
         "balance": ("Balance", lambda: balance(args.balance_seq, args.heads, args.dim, args.repeats)),
         "decomposition": ("Decomposition overhead", lambda: decomposition(args.lengths, args.heads, args.dim, (2, 4, 8), args.repeats)),
         "scaling": ("Scaling over gloo processes", lambda: scaling(args.scaling_seq, args.heads, args.dim, args.repeats)),
+        "documents": ("Document masks", lambda: documents(args.lengths, args.heads, args.dim, (2, 4, 8), args.repeats,
+                                                          *args.doc_range)),
     }
     for name in args.parts:
         title, run = parts[name]

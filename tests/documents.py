@@ -19,9 +19,9 @@ def packing(S: int, g: torch.Generator, lengths=(1, 2, 3, 5, 9, 17, 30), pad: bo
     return torch.tensor(ids, dtype=torch.int32)
 
 
-def packings(B: int, S: int, seed: int = 0, same: bool = False) -> torch.Tensor:
+def packings(B: int, S: int, seed: int = 0, same: bool = False, lengths=(1, 2, 3, 5, 9, 17, 30)) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
-    rows = [packing(S, g)] * B if same else [packing(S, g) for _ in range(B)]
+    rows = [packing(S, g, lengths)] * B if same else [packing(S, g, lengths) for _ in range(B)]
     return torch.stack(rows)  # (B, S)
 
 

@@ -16,6 +16,9 @@ Shown elsewhere (tests/test_train.py unless named):
   trainer.timeout_s      test_a_dead_rank_stops_the_others
   trainer.out_dir        every run
   model.preset           tests/test_config.py, test_every_config_composes
+  parallel.document_mask, data.positions
+                         tests/test_documents.py (the packed batch equals its examples one by one;
+                         off, it does not; positions restart per example; their default follows the mask)
 
 Shown here: grad_clip (one process and FSDP2 + cp=2), weight_decay, betas, text/vision_weight,
 lr, warmup_steps, schedule, min_lr_ratio, batch_size, global_batch, stage sources, data.seed,

@@ -1,7 +1,8 @@
 """The LightningModule: a thin wrapper around the plain Transformer.
 
 It builds the model (on the meta device when a device mesh exists, then sharded and filled from
-`init_state` or initialized), computes the weighted text/vision loss with the chunked loss path,
+`init_state` or initialized), computes the weighted text/vision loss with the chunked loss path
+(packed examples kept apart by their segment ids unless parallel.document_mask is off),
 builds AdamW with the stage's learning-rate schedule, and clips the total gradient norm to
 `optim.grad_clip` before each optimizer step (logged before clipping as train/grad_norm). Under
 context parallelism every rank of a group holds a slice of the same sequence: counts are summed
