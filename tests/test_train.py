@@ -105,7 +105,9 @@ def test_unknown_config_name(tmp_path):
     assert proc.returncode != 0 and "Could not find 'model/huge'" in proc.stderr and "tiny" in proc.stderr
 
 
-@pytest.mark.parametrize("cp,layout", [(2, "striped"), (2, "zigzag"), (4, "striped"), (4, "zigzag")])
+# cp = 2 striped runs under torchrun below; every layout and N is exact at the attention level
+# (tests/test_parallel_dist.py), so train.py needs one run of each size.
+@pytest.mark.parametrize("cp,layout", [(2, "zigzag"), (4, "striped")])
 def test_context_parallel_losses_equal_one_process(tmp_path, reference, cp, layout):
     train(tmp_path, "stage_only=a", f"trainer.devices={cp}", f"+schedule.stages.0.cp={cp}", f"parallel.layout={layout}",
           "trainer.keep_checkpoints=true")

@@ -16,7 +16,7 @@ from lwm.parallel.ulysses import check_heads, replicate_kv
 LAYOUTS = ("striped", "zigzag")
 D = 8
 # world -> (q heads, k/v heads) run by ulysses_attention over all ranks
-ULYSSES_HEADS = {2: [(4, 4), (6, 3)], 3: [(6, 2)], 4: [(8, 2), (12, 6)], 7: [(28, 4)]}
+ULYSSES_HEADS = {2: [(4, 4), (6, 3)], 3: [(6, 2), (12, 4)], 4: [(8, 2), (12, 6)]}  # (12, 4) at 3: lcm = all 12
 HYBRID_HEADS = [(6, 3), (4, 1)]  # world 4 = ring 2 x ulysses 2
 
 
