@@ -16,6 +16,7 @@ Shown elsewhere (tests/test_train.py unless named):
   trainer.timeout_s      test_a_dead_rank_stops_the_others
   trainer.out_dir        every run
   model.preset           tests/test_config.py, test_every_config_composes
+  probe.path, probe.examples  tests/test_learning.py (200 held-out answers scored at the stage's start and end)
   parallel.document_mask, data.positions
                          tests/test_documents.py (the packed batch equals its examples one by one;
                          off, it does not; positions restart per example; their default follows the mask)

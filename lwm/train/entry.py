@@ -10,6 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lwm.model import ModelConfig
 from lwm.train.config import OptimConfig, ParallelConfig, ScheduleConfig, TrainerConfig
+from lwm.train.probe import ProbeConfig
 from lwm.train.console import say
 from lwm.train.run import DataSpec, RunConfig
 from lwm.train.run_dir import register_resolver
@@ -47,6 +48,7 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
         resume=bool(c.get("resume", False)),
         export=bool(c.get("export", True)),
         stop_at_step=c.get("stop_at_step"),
+        probe=ProbeConfig(**(c.get("probe") or {})),
     )
 
 

@@ -27,6 +27,7 @@ from lwm.train.callbacks import MetricHistory, PeakMemory, StageCheckpoint, Stag
 from lwm.train.console import say
 from lwm.train.config import OptimConfig, ParallelConfig, ScheduleConfig, StageConfig, TrainerConfig
 from lwm.train.module import LWMModule
+from lwm.train.probe import AnswerProbe, ProbeConfig
 
 
 @dataclass
@@ -73,6 +74,7 @@ class RunConfig:
     resume: bool = False
     export: bool = True
     stop_at_step: int | None = None  # stop a stage early (a job's time limit; tests of resume)
+    probe: ProbeConfig = field(default_factory=ProbeConfig)  # held-out answers scored at each stage's start and end
 
 
 def global_rank() -> int:
@@ -99,6 +101,8 @@ def validate(cfg: RunConfig) -> None:
                                 "name the folder of the run to continue (trainer.out_dir=runs/X resume=true)")
     if not cfg.data.sample:  # the sample data is made on first use, then checked
         check_data_files(cfg.data)
+    if cfg.probe.path is not None and not Path(cfg.probe.path).is_file():
+        raise FileNotFoundError(f"probe.path {cfg.probe.path} does not exist")
 
 
 def check_data_files(data: DataSpec) -> None:
@@ -163,7 +167,8 @@ def run_stage(cfg: RunConfig, stage: StageConfig, model_config: ModelConfig, ini
         logger=[CSVLogger(out.parent, name=stage.name, version="logs"), TensorBoardLogger(out.parent, name=stage.name, version="tb")],
         callbacks=[StageCheckpoint(out / "checkpoints", cfg.trainer.checkpoint_every, stage.steps,
                                    cfg.trainer.keep_checkpoints), StageProgress(stage.name, stage.steps), history,
-                   Throughput(module.model_config, stage.seq_len, global_batch, cfg.trainer.peak_tflops), PeakMemory()],
+                   Throughput(module.model_config, stage.seq_len, global_batch, cfg.trainer.peak_tflops), PeakMemory()]
+                  + ([AnswerProbe(cfg.probe, out, stage.name)] if cfg.probe.path else []),
         num_sanity_val_steps=0, use_distributed_sampler=False, enable_model_summary=False, default_root_dir=out,
     )
     trainer.fit(module, datamodule=datamodule, ckpt_path=str(resume_from) if resume_from else None)

@@ -1,0 +1,38 @@
+"""Learning is a behaviour: the debug model, trained through train.py's path (compose, typed
+configs, run_schedule), learns to retrieve a needle's number from its context. A change that stops
+the model from learning (attention, masks, loss, optimizer, data) fails here."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+
+from lwm.train.entry import to_run_config
+from lwm.train.run import run_schedule
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "data"))
+import make_retrieval  # noqa: E402
+
+
+def test_debug_model_learns_retrieval_from_chance_to_90_percent(tmp_path):
+    """One needle ("The special magic {city} number is: {d}.") at a random depth in up to 25
+    words of text, asked for in LWM's form; 200 held-out examples from seeds never trained on.
+    An answer counts when every token of "{d}." is the argmax: 0% before training, >= 90% after
+    200 steps (measured 94-95.5% for trainer.seed 0, 1, 2; about 35 s)."""
+    data = tmp_path / "retrieval"
+    make_retrieval.main(["--out", str(data), "--n", "4000", "--needles", "1", "--ask", "1", "--filler", "12"])
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = to_run_config(compose("train", overrides=[
+            "+experiment=retrieval", f"trainer.out_dir={tmp_path / 'run'}",
+            f"data.sources.retrieval.path={data / 'train.jsonl'}", f"probe.path={data / 'heldout.jsonl'}"]))
+    with contextlib.chdir(ROOT):  # the bundled tokenizer's path is relative to the repository
+        run_schedule(cfg)
+    probe = json.loads((tmp_path / "run" / "s128" / "probe.json").read_text())
+    assert probe["start"]["answers"] == probe["end"]["answers"] == 200
+    assert probe["start"]["accuracy"] <= 0.15, probe  # chance: one of ten digits, and the "." after it
+    assert probe["end"]["accuracy"] >= 0.9, probe
