@@ -17,6 +17,7 @@ Shown elsewhere (tests/test_train.py unless named):
   trainer.out_dir        every run
   model.preset           tests/test_config.py, test_every_config_composes
   probe.path, probe.examples  tests/test_learning.py (200 held-out answers scored at the stage's start and end)
+  data.holdout           tests/test_data.py (held-out examples never trained on), tests/test_learning.py
   parallel.document_mask, data.positions
                          tests/test_documents.py (the packed batch equals its examples one by one;
                          off, it does not; positions restart per example; their default follows the mask)
@@ -27,7 +28,7 @@ weighting, max_frames, fps, sample, vqgan_checkpoint, the sources' overflow and 
 model.overrides, parallel.mode / layout / activation_checkpointing on the sharded path,
 activation_checkpointing in one process, trainer.seed, accelerator, devices, num_nodes,
 precision, log_every, checkpoint_every, keep_checkpoints, peak_tflops, export=true, stage_only
-(the other stages do not run), schedule name.
+(the other stages do not run), schedule name, data.holdout with trainer.val_every.
 """
 
 from __future__ import annotations
@@ -494,3 +495,12 @@ def test_model_overrides_and_schedule_name(tmp_path):
     run = run_config(tmp_path, "stage_only=zz", "schedule.name=mine")
     with pytest.raises(ValueError, match="stage_only 'zz' is not a stage of schedule 'mine'"):
         validate(run)
+
+
+def test_holdout_and_val_every_give_validation_losses(sample, tmp_path):
+    """data.holdout=1 (a held-out example of every source) and trainer.val_every=5: val/loss every
+    5 steps of the 10-step stage (tests/test_learning.py: val_every=0 gives one, at the end)."""
+    run_schedule(run_config(tmp_path, "stage_only=a", "data.holdout=1", "trainer.val_every=5"))
+    rows = list(csv.DictReader(open(tmp_path / "a" / "logs" / "metrics.csv")))
+    val = [float(r["val/loss"]) for r in rows if r.get("val/loss")]
+    assert len(val) == 2 and all(math.isfinite(v) for v in val), val

@@ -255,3 +255,29 @@ def test_config_errors(spm_model, codes_dir, sources):
     with pytest.raises(ValueError, match="text tokenizer has 256 ids but the vocabulary expects 32000"):
         LWMDataModule(DataConfig(sources=sources, tokenizer=str(spm_model)), 64, vocab=Vocab(32000)).setup()
     assert parse_fields("[a+b],c")[0].loss is False
+
+
+def test_holdout_examples_are_never_trained_on(tmp_path, tok, vocab):
+    """data.holdout H: the last H examples of every source are packed only for validation, each
+    once, in file order, as whole global batches shared out over data-parallel ranks."""
+    from itertools import combinations
+
+    from lwm.data import PackedStream
+
+    words = "red green blue circle square moves left right".split()
+    texts = [" ".join(c) for c in list(combinations(words, 3))[:20]]  # 20 distinct examples
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+
+    def seen(seqs):
+        decoded = [tok.decode([int(t) for t in s.tokens if t < tok.vocab_size]) for s in seqs]
+        return {t for t in texts if any(t in d for d in decoded)}
+
+    streams = [PackedStream([Source(str(src), fields="text")], vocab, tok, seq_len=16, batch_size=1, holdout=4,
+                            dp_rank=r, dp_size=2) for r in range(2)]
+    assert seen(seq for epoch in range(2) for seq in streams[0].sequences(epoch)) == set(texts[:16])
+    batches = [s.validation_batches() for s in streams]
+    assert len(batches[0]) == len(batches[1]) > 0
+    assert seen(seq for rank in batches for b in rank for seq in b) == set(texts[16:])
+    with pytest.raises(ValueError, match="has 20 examples: data.holdout 20 leaves none to train on"):
+        PackedStream([Source(str(src), fields="text")], vocab, tok, seq_len=16, batch_size=1, holdout=20)

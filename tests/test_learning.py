@@ -5,6 +5,7 @@ the model from learning (attention, masks, loss, optimizer, data) fails here."""
 from __future__ import annotations
 
 import contextlib
+import csv
 import json
 import sys
 from pathlib import Path
@@ -36,3 +37,8 @@ def test_debug_model_learns_retrieval_from_chance_to_90_percent(tmp_path):
     assert probe["start"]["answers"] == probe["end"]["answers"] == 200
     assert probe["start"]["accuracy"] <= 0.15, probe  # chance: one of ten digits, and the "." after it
     assert probe["end"]["accuracy"] >= 0.9, probe
+    # data.holdout: the last 200 training examples are scored, not trained on, at the stage's end
+    rows = list(csv.DictReader(open(tmp_path / "run" / "s128" / "logs" / "metrics.csv")))
+    val = [(int(r["step"]), float(r["val/loss"])) for r in rows if r.get("val/loss")]
+    first_train = next(float(r["train/loss"]) for r in rows if r.get("train/loss"))
+    assert len(val) == 1 and val[0][1] < first_train / 5, (val, first_train)

@@ -38,6 +38,7 @@ class DataConfig:
     weighting: str = "example"  # loss weight per example ("example") or per token ("token")
     strict: bool = False  # raise on a bad example instead of skipping it
     positions: str = "sequence"  # RoPE positions: "sequence" (0..S-1) or "document" (restart in each example)
+    holdout: int = 0  # the last this many examples of every source: never trained on, the validation loss's
 
     def __post_init__(self) -> None:
         if self.positions not in POSITIONS:
@@ -127,7 +128,7 @@ class LWMDataModule(L.LightningDataModule):
         self.stream = PackedStream(
             c.sources, self.vocab, self.text_tokenizer, self.seq_len, c.batch_size,
             codes=CodeStore(c.codes) if c.codes else None, seed=c.seed, dp_rank=sh.dp_rank, dp_size=sh.dp_size,
-            max_frames=c.max_frames, fps=c.fps, weighting=c.weighting, strict=c.strict,
+            max_frames=c.max_frames, fps=c.fps, weighting=c.weighting, strict=c.strict, holdout=c.holdout,
         )
 
     def train_dataloader(self) -> DataLoader:
@@ -136,9 +137,19 @@ class LWMDataModule(L.LightningDataModule):
         return DataLoader(_Batches(self.stream, StreamState(self.state.epoch, self.state.batches), self.sharding,
                                    self.config.positions), batch_size=None)
 
+    def val_dataloader(self) -> DataLoader:
+        """The held-out sequences (data.holdout), this rank's share, sharded like training batches."""
+        self.setup()
+        batches = self.stream.validation_batches() if self.config.holdout else []
+        if self.config.holdout and not batches:
+            raise ValueError(f"data.holdout {self.config.holdout} gives fewer sequences than one global batch "
+                             f"({self.config.batch_size * self.sharding.dp_size} of {self.seq_len + 1} tokens)")
+        return DataLoader([shard_batch(to_tensors(b), self.sharding, self.config.positions) for b in batches], batch_size=None)
+
     def on_before_batch_transfer(self, batch, dataloader_idx: int = 0):
-        epoch, done = batch.pop("data_state").tolist()
-        self.state = StreamState(epoch, done)  # the loop has taken this batch
+        if "data_state" in batch:  # a training batch (validation batches carry no stream state)
+            epoch, done = batch.pop("data_state").tolist()
+            self.state = StreamState(epoch, done)  # the loop has taken this batch
         return batch
 
     def state_dict(self) -> dict:

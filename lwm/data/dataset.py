@@ -6,6 +6,8 @@ them, and packs them. Global batch g is made of sequences [g*B*D, (g+1)*B*D) of 
 read different samples, and every rank of a context-parallel group (same r) reads the same ones.
 The state is (epoch, global batches done): resuming re-packs the epoch and skips what was done.
 Bad examples are skipped with a warning naming file and line, and counted; `strict` raises.
+With `holdout` H, the last H examples of every source are never trained on: they are packed once,
+in file order, for the validation loss (`validation_batches`).
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ class PackedStream:
         fps: float | None = None,
         weighting: str = "example",
         strict: bool = False,
+        holdout: int = 0,
     ):
         if text_tokenizer.vocab_size != vocab.text_size:
             raise ValueError(f"text tokenizer has {text_tokenizer.vocab_size} ids but the vocabulary expects {vocab.text_size}")
@@ -73,7 +76,15 @@ class PackedStream:
         self.seq_len, self.batch_size, self.seed = seq_len, batch_size, seed
         self.dp_rank, self.dp_size = dp_rank, dp_size
         self.max_frames, self.fps, self.weighting, self.strict = max_frames, fps, weighting, strict
-        self.lines = [self._read(s) for s in sources]
+        if holdout < 0:
+            raise ValueError(f"data.holdout must be >= 0, got {holdout}")
+        self.lines, self.heldout = [], []
+        for source in sources:
+            lines = self._read(source)
+            if holdout and len(lines) <= holdout:
+                raise ValueError(f"data source {source.path} has {len(lines)} examples: data.holdout {holdout} leaves none to train on")
+            self.lines.append(lines[: len(lines) - holdout])
+            self.heldout.append(lines[len(lines) - holdout :])
         self.stats: Counter = Counter()
         self.errors: list[str] = []
 
@@ -91,9 +102,9 @@ class PackedStream:
         rng = np.random.default_rng([self.seed, epoch])
         return [items[j] for j in rng.permutation(len(items))]
 
-    def _encoded(self, epoch: int) -> Iterator[tuple]:
-        for s, i in self._order(epoch):
-            line = self.lines[s][i]
+    def _encoded(self, order: list[tuple[int, int]], lines: list[list[Line]]) -> Iterator[tuple]:
+        for s, i in order:
+            line = lines[s][i]
             where = f"{self.sources[s].path}:{line.number}"
             try:
                 example = line.parse()
@@ -114,10 +125,22 @@ class PackedStream:
 
     def sequences(self, epoch: int) -> Iterator[Packed]:
         """All packed sequences of an epoch (every rank computes the same stream)."""
+        yield from self._packed(self._order(epoch), self.lines)
+
+    def validation_batches(self) -> list[list[Packed]]:
+        """This rank's share of the held-out examples' sequences, as whole global batches (every
+        rank gets the same number of batches; a last incomplete global batch is dropped)."""
+        order = [(s, i) for s, lines in enumerate(self.heldout) for i in range(len(lines))]
+        seqs = list(self._packed(order, self.heldout))
+        per_global, B = self.batch_size * self.dp_size, self.batch_size
+        return [seqs[g * per_global + self.dp_rank * B : g * per_global + (self.dp_rank + 1) * B]
+                for g in range(len(seqs) // per_global)]
+
+    def _packed(self, order, lines) -> Iterator[Packed]:
         packers = {}  # one per overflow policy, so documents are windowed and examples not
 
         def pack_all():
-            for s, enc in self._encoded(epoch):
+            for s, enc in self._encoded(order, lines):
                 policy = self.sources[s].overflow
                 packer = packers.setdefault(policy, Packer(self.seq_len, policy, self.weighting, pad_id=self.vocab.pad_id))
                 yield from packer.add(enc)

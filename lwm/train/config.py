@@ -105,6 +105,7 @@ class TrainerConfig:
     precision: str = "32-true"
     out_dir: str = "runs/latest"
     log_every: int = 5
+    val_every: int = 0  # steps between validation losses on data.holdout; 0: at the end of each stage
     checkpoint_every: int = 0  # steps between checkpoints (checkpoints/last.ckpt); 0 = only when a stage stops early
     keep_checkpoints: bool = False  # keep last.ckpt (optimizer included, saved at the end) once a stage is finished
     seed: int = 0

@@ -87,7 +87,8 @@ class LWMModule(L.LightningModule):
     def cp_size(self) -> int:
         return dist.get_world_size(self.cp_group) if self.cp_group is not None else 1
 
-    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+    def _loss(self, batch: dict):
+        """(this rank's share of the loss, differentiable; the whole sequence's loss, detached)."""
         counts = global_group_counts(batch["loss_weight"], batch["vision_mask"], group=self.cp_group) if self.cp_size > 1 \
             else None
         coeff = token_coefficients(batch["loss_weight"], batch["vision_mask"], self.optim.text_weight,
@@ -97,11 +98,19 @@ class LWMModule(L.LightningModule):
         loss = out.loss.detach().clone()
         if self.cp_size > 1:
             dist.all_reduce(loss, group=self.cp_group)  # the whole sequence's loss
+        return out.loss, loss
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        share, loss = self._loss(batch)
         self.log("train/loss", loss, prog_bar=True, sync_dist=self.trainer.world_size > 1)
         self.log("train/lr", self.lr_schedulers().get_last_lr()[0])
         # FSDP averages gradients over all dp x cp ranks; the cp ranks' losses are parts of one
         # sum, so scale by cp: the result is the mean over data-parallel ranks of whole losses.
-        return out.loss * self.cp_size
+        return share * self.cp_size
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        _, loss = self._loss(batch)  # held-out sequences (data.holdout): mean over batches and ranks
+        self.log("val/loss", loss, on_step=False, on_epoch=True, sync_dist=self.trainer.world_size > 1)
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         # Lightning calls this before every optimizer step, on every strategy; optim.grad_clip is

@@ -44,6 +44,7 @@ class DataSpec:
     seed: int = 0
     weighting: str = "example"
     positions: str | None = None  # sequence | document (RoPE restarts per example); None: document when masked
+    holdout: int = 0  # the last this many examples of every source: not trained on, scored as val/loss
 
     def for_stage(self, stage: StageConfig, batch_size: int, document_mask: bool = True) -> DataConfig:
         names = stage.sources or list(self.sources)
@@ -59,7 +60,7 @@ class DataSpec:
         positions = self.positions or ("document" if document_mask else "sequence")
         return DataConfig(sources=sources, tokenizer=self.tokenizer, codes=self.codes, batch_size=batch_size,
                           seed=self.seed, max_frames=self.max_frames, fps=self.fps, weighting=self.weighting,
-                          positions=positions)
+                          positions=positions, holdout=self.holdout)
 
 
 @dataclass
@@ -170,6 +171,9 @@ def run_stage(cfg: RunConfig, stage: StageConfig, model_config: ModelConfig, ini
                    Throughput(module.model_config, stage.seq_len, global_batch, cfg.trainer.peak_tflops), PeakMemory()]
                   + ([AnswerProbe(cfg.probe, out, stage.name)] if cfg.probe.path else []),
         num_sanity_val_steps=0, use_distributed_sampler=False, enable_model_summary=False, default_root_dir=out,
+        # val/loss on data.holdout every trainer.val_every steps (0: at the stage's last step)
+        limit_val_batches=1.0 if cfg.data.holdout else 0, check_val_every_n_epoch=None,
+        val_check_interval=cfg.trainer.val_every or stage.steps,
     )
     trainer.fit(module, datamodule=datamodule, ckpt_path=str(resume_from) if resume_from else None)
     if trainer.global_step < stage.steps:  # stopped early: resume later with resume=true
