@@ -131,12 +131,13 @@ class PackedStream:
         """This rank's share of the held-out examples' sequences, as whole global batches (every
         rank gets the same number of batches; a last incomplete global batch is dropped)."""
         order = [(s, i) for s, lines in enumerate(self.heldout) for i in range(len(lines))]
-        seqs = list(self._packed(order, self.heldout))
+        seqs = list(self._packed(order, self.heldout, count=False))
         per_global, B = self.batch_size * self.dp_size, self.batch_size
         return [seqs[g * per_global + self.dp_rank * B : g * per_global + (self.dp_rank + 1) * B]
                 for g in range(len(seqs) // per_global)]
 
-    def _packed(self, order, lines) -> Iterator[Packed]:
+    def _packed(self, order, lines, count: bool = True) -> Iterator[Packed]:
+        """Pack the examples `order` names; `count`: add the packers' counts to the training stats."""
         packers = {}  # one per overflow policy, so documents are windowed and examples not
 
         def pack_all():
@@ -148,8 +149,9 @@ class PackedStream:
                 yield from packer.flush()
 
         yield from pack_all()
-        for packer in packers.values():
-            self.stats.update(packer.stats)
+        if count:
+            for packer in packers.values():
+                self.stats.update(packer.stats)
 
     def batches(self, state: StreamState) -> Iterator[tuple[list[Packed], StreamState]]:
         """This rank's batches from `state` on, forever (epoch after epoch), each with the state

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from lwm.model.documents import Run, batch_runs
-from lwm.parallel.schedule import ALL, BlockPlan, block_plan
+from lwm.parallel.schedule import ALL, BlockPlan, block_plan, block_work
 
 BatchRuns = list[tuple[slice, list[Run]]]
 
@@ -107,10 +107,5 @@ class StepPlanner:
 
 
 def piece_work(pieces: list[Piece], batch: int, local_len: int) -> int:
-    """Score entries the pieces compute (a causal square counts its lower triangle), over the batch."""
-    total = 0
-    for p in pieces:
-        rows = len(range(*p.b.indices(batch)))
-        nq, nk = len(range(*p.q.indices(local_len))), len(range(*p.k.indices(local_len)))
-        total += rows * (nq * (nq + 1) // 2 if p.causal else nq * nk)
-    return total
+    """Score entries the pieces compute (schedule.block_work of each), over the batch rows."""
+    return sum(len(range(*p.b.indices(batch))) * block_work(BlockPlan(p.q, p.k, p.causal), local_len) for p in pieces)
