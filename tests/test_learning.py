@@ -26,7 +26,9 @@ def test_debug_model_learns_retrieval_from_chance_to_90_percent(tmp_path):
     An answer counts when every token of "{d}." is the argmax: 0% before training, >= 90% after
     200 steps (measured 94-95.5% for trainer.seed 0, 1, 2; about 35 s)."""
     data = tmp_path / "retrieval"
-    make_retrieval.main(["--out", str(data), "--n", "4000", "--needles", "1", "--ask", "1", "--filler", "12"])
+    # 4200 examples: the last 200 are data.holdout (val/loss), 4000 are trained on. The result
+    # depends on which examples and in what order: with 3800 trained on, seed 1 ended at 24.5%.
+    make_retrieval.main(["--out", str(data), "--n", "4200", "--needles", "1", "--ask", "1", "--filler", "12"])
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = to_run_config(compose("train", overrides=[
             "+experiment=retrieval", f"trainer.out_dir={tmp_path / 'run'}",
