@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import command_line, host_line, publish  # noqa: E402
+from report import command_line, host_line, publish, sync  # noqa: E402
 
 from lwm.parallel import block_backward, block_forward, block_plan, block_work, shard, simulate_ring  # noqa: E402
 from lwm.parallel.documents import StepPlanner, piece_work  # noqa: E402
@@ -39,13 +39,15 @@ from lwm.parallel.launch import run_distributed  # noqa: E402
 LAYOUTS = ("contiguous", "striped", "zigzag")
 
 
-def timed(fn, repeats: int, reduce=statistics.median) -> float:
+def timed(fn, repeats: int, reduce=statistics.median, device="cpu") -> float:
     fn()  # warm-up
+    sync(device)
     times = []
     for _ in range(repeats):
         gc.collect()
         start = time.perf_counter()
         fn()
+        sync(device)
         times.append(time.perf_counter() - start)
     return reduce(times)
 
@@ -100,33 +102,39 @@ def balance(seq_len, heads, dim, repeats):
 # ----------------------------------------------------------------------------------------- 2. decomposition
 
 
-def decomposition(lengths, heads, dim, worlds, repeats):
+def decomposition(lengths, heads, dim, worlds, repeats, device="cpu", dtype=torch.float32):
     rows = []
+    cpu = device == "cpu"
     for S in lengths:
-        reps = repeats if S <= 8192 else 1  # a 32K fused call takes ~15 s on 2 cores
-        q, k, v = (torch.randn(1, heads, S, dim, requires_grad=True) for _ in range(3))
-        dout = torch.randn(1, heads, S, dim)
+        reps = repeats if S <= 8192 or not cpu else 1  # a 32K fused call takes ~15 s on 2 cores
+        q, k, v = (torch.randn(1, heads, S, dim, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
+        dout = torch.randn(1, heads, S, dim, device=device, dtype=dtype)
+        flops = 4 * heads * dim * S * S / 2 * 3.5  # causal entries once: fwd 2 matmuls, bwd ~2.5x
 
         def fused():
             F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(dout)
 
-        t_fused = timed(fused, reps)
+        t_fused = timed(fused, reps, device=device)
         for layout in ("striped", "zigzag"):
             for n in worlds:
-                t_ring = timed(lambda: simulate_ring(q, k, v, n, True, layout).backward(dout), reps)
-                flops = 4 * heads * dim * S * S / 2 * 3.5  # causal: fwd 2 matmuls, bwd ~2.5x
-                rows.append((S, layout, n, t_fused, t_ring, t_fused / t_ring, flops / t_ring / 1e9))
-                print(f"decomposition S={S} {layout} N={n}: fused {t_fused:.2f}s ring {t_ring:.2f}s "
-                      f"throughput ratio {t_fused / t_ring:.3f}", flush=True)
+                t_ring = timed(lambda: simulate_ring(q, k, v, n, True, layout).backward(dout), reps, device=device)
+                rows.append((S, layout, n, t_fused, t_ring, t_fused / t_ring, flops / t_fused, flops / t_ring))
+                print(f"decomposition S={S} {layout} N={n}: fused {t_fused:.3f}s ring {t_ring:.3f}s "
+                      f"throughput ratio {t_fused / t_ring:.3f}, ring {flops / t_ring / 1e12:.2f} TFLOP/s", flush=True)
+        del q, k, v, dout
+    unit, scale = ("GFLOP/s", 1e9) if cpu else ("TFLOP/s", 1e12)
+    target = "0.9" if cpu else "0.95"
     lines = [
-        f"Causal, {heads} heads, head dim {dim}, fp32, batch 1, forward+backward; median of {repeats} runs "
-        "(1 above 8K) after a warm-up. "
-        "Target: ring throughput >= 0.9 of the fused call.",
+        f"Causal, {heads} heads, head dim {dim}, {str(dtype).removeprefix('torch.')}, {device}, batch 1, "
+        f"forward+backward; median of {repeats} runs{' (1 above 8K)' if cpu else ''} after a warm-up. "
+        f"FLOPs count each causal score entry once (forward 2 matmuls, backward 2.5x that). "
+        f"Target: ring throughput >= {target} of the fused call.",
         "",
-        "| S | layout | N (virtual) | fused SDPA (s) | ring schedule (s) | throughput ratio | ring GFLOP/s |",
-        "| ---: | --- | ---: | ---: | ---: | ---: | ---: |",
+        f"| S | layout | N (virtual) | fused SDPA (s) | ring schedule (s) | throughput ratio | fused {unit} | ring {unit} |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    lines += [f"| {S} | {lay} | {n} | {tf:.2f} | {tr:.2f} | {r:.3f} | {g:.1f} |" for S, lay, n, tf, tr, r, g in rows]
+    lines += [f"| {S} | {lay} | {n} | {tf:.3f} | {tr:.3f} | {r:.3f} | {ff / scale:.1f} | {fr / scale:.1f} |"
+              for S, lay, n, tf, tr, r, ff, fr in rows]
     return "\n".join(lines)
 
 
@@ -264,12 +272,20 @@ def main():
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--doc-range", type=int, nargs=2, default=[256, 4096], metavar=("LOW", "HIGH"))
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (decomposition only; the other parts are CPU studies)")
+    parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="decomposition only")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
+    if args.device != "cpu" and set(args.parts) != {"decomposition"}:
+        parser.error(f"--device {args.device}: only the decomposition part runs on a GPU; pass --parts decomposition")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device here")
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
 
     parts = {
         "balance": ("Balance", lambda: balance(args.balance_seq, args.heads, args.dim, args.repeats)),
-        "decomposition": ("Decomposition overhead", lambda: decomposition(args.lengths, args.heads, args.dim, (2, 4, 8), args.repeats)),
+        "decomposition": ("Decomposition overhead", lambda: decomposition(args.lengths, args.heads, args.dim, (2, 4, 8), args.repeats,
+                                                                            args.device, dtype)),
         "scaling": ("Scaling over gloo processes", lambda: scaling(args.scaling_seq, args.heads, args.dim, args.repeats)),
         "documents": ("Document masks", lambda: documents(args.lengths, args.heads, args.dim, (2, 4, 8), args.repeats,
                                                           *args.doc_range)),
@@ -278,7 +294,8 @@ def main():
         title, run = parts[name]
         markdown = f"### {title}\n\nCommand: `{command_line()}`  \nHost: {host_line()}\n\n{run()}"
         # each part its own section: parts can be rerun alone
-        publish(f"attention-{name}", markdown, write=not args.no_write)
+        suffix = "" if args.device == "cpu" else f"-{args.device}"  # a GPU run has its own section
+        publish(f"attention-{name}{suffix}", markdown, write=not args.no_write)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,12 @@
 """Inference speed and memory of the tiny model: prefill and decode tokens/s with cp=1 (one
 process, 2 threads) and cp=2 (two processes, 1 thread each, ring prefill + sharded KV cache),
-and peak memory per rank against prompt length. With a GPU: the longest prompt the tiny model
-can prefill on one GPU (chunked prefill, bf16), from 128K tokens up to 2M.
+and peak memory per rank against prompt length. `--parts longest`: the longest prompt the tiny
+model can prefill on one device (chunked prefill, bf16), from 128K tokens up to 2M, and decode
+tokens/s after it.
 
     python bench/infer.py                      # writes docs/benchmarks.md
     python bench/infer.py --lengths 2048 --no-write
+    python bench/infer.py --parts longest --device cuda
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import command_line, host_line, publish  # noqa: E402
+from report import command_line, host_line, publish, sync  # noqa: E402
 
 N_DECODE = 32
 
@@ -78,36 +80,79 @@ def measure_cpu(cp: int, length: int) -> dict:
     }
 
 
-def longest_gpu_prefill() -> list[tuple[int, float | None]]:
-    """(length, seconds or None when out of memory) from 128K doubling, plus an hour of video."""
+def longest_prefill(device: str, lengths: list[int], chunk: int) -> list[dict]:
+    """Prefill each length in turn (bf16, chunks of `chunk` tokens), then decode N_DECODE tokens;
+    stops at the first length that runs out of memory (its row says so)."""
     from lwm.infer import Generator
 
-    model, vocab = _model("cuda", torch.bfloat16)
-    results = []
-    for length in (131072, 262144, 524288, 925200, 1048576, 2097152):
-        torch.cuda.empty_cache()
-        prompt = torch.randint(0, vocab.text_size, (length,), device="cuda")
-        gen = Generator(model, vocab, prefill_chunk=16384)
+    model, vocab = _model(device, torch.bfloat16)
+    cuda = device == "cuda"
+    rows = []
+    for length in lengths:
+        if cuda:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        prompt = torch.randint(0, vocab.text_size, (length,), device=device)
+        gen = Generator(model, vocab, prefill_chunk=chunk)
         try:
-            torch.cuda.synchronize()
+            sync(device)
             start = time.perf_counter()
-            gen.prefill(prompt)
-            torch.cuda.synchronize()
-            results.append((length, time.perf_counter() - start, torch.cuda.max_memory_allocated() / 2**30))
+            gen.prefill(prompt, reserve=N_DECODE)
+            sync(device)
+            prefill_s = time.perf_counter() - start
+            start = time.perf_counter()
+            for t in range(N_DECODE):
+                gen.extend([t + 5])
+            sync(device)
+            decode_s = time.perf_counter() - start
+            peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else _peak_mib() / 1024
+            rows.append({"length": length, "prefill_s": prefill_s, "decode_tps": N_DECODE / decode_s, "peak_gib": peak})
         except torch.OutOfMemoryError:
-            results.append((length, None, None))
+            rows.append({"length": length, "prefill_s": None})
             break
         finally:
             gen.release()
-        print(f"GPU prefill {length}: {results[-1][1]:.1f} s, {results[-1][2]:.1f} GiB", flush=True)
-    return results
+            del prompt
+        r = rows[-1]
+        print(f"{device} prefill {length}: {r['prefill_s']:.1f} s ({length / r['prefill_s']:.0f} tok/s), decode "
+              f"{r['decode_tps']:.1f} tok/s, peak {r['peak_gib']:.1f} GiB", flush=True)
+    return rows
+
+
+def longest_section(device: str, lengths: list[int], chunk: int) -> list[str]:
+    lines = [f"{device}, one device, `tiny` model (random weights) in bf16, batch 1, a random text prompt prefilled in "
+             f"chunks of {chunk} tokens, then {N_DECODE} single-token decode steps. Peak = the device's peak "
+             "allocation (CPU: the process's peak RSS). Target: an hour of video, 925,200 tokens, or more.", "",
+             "| prompt tokens | prefill (s) | prefill tok/s | decode tok/s | peak GiB |",
+             "| ---: | ---: | ---: | ---: | ---: |"]
+    for r in longest_prefill(device, lengths, chunk):
+        if r["prefill_s"] is None:
+            lines.append(f"| {r['length']} | out of memory | | | |")
+        else:
+            lines.append(f"| {r['length']} | {r['prefill_s']:.1f} | {r['length'] / r['prefill_s']:.0f} | "
+                         f"{r['decode_tps']:.1f} | {r['peak_gib']:.1f} |")
+    return lines
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384, 32768])
+    parser.add_argument("--parts", nargs="+", choices=["cp", "longest"], default=["cp"],
+                        help="cp: cp=1 vs cp=2 on CPU; longest: the longest prefill on --device")
+    parser.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384, 32768], help="cp: prompt lengths")
+    parser.add_argument("--device", default="cuda", help="longest: cuda or cpu")
+    parser.add_argument("--longest-lengths", type=int, nargs="+",
+                        default=[131072, 262144, 524288, 925200, 1048576, 2097152], help="longest: prompts, in order")
+    parser.add_argument("--chunk", type=int, default=16384, help="longest: prefill chunk")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
+    if "longest" in args.parts and args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--parts longest --device cuda: no CUDA device here (--device cpu runs it on CPU)")
+    if "longest" in args.parts:
+        markdown = "\n".join([f"Command: `{command_line()}`  ", f"Host: {host_line()}  ",
+                              *longest_section(args.device, args.longest_lengths, args.chunk)])
+        publish(f"infer-longest-{args.device}", markdown, write=not args.no_write)
+    if "cp" not in args.parts:
+        return
     rows = []
     for length in args.lengths:
         base = None
@@ -133,14 +178,7 @@ def main():
         *rows,
         "",
     ]
-    if torch.cuda.is_available():
-        lines += ["GPU, one device, bf16, chunked prefill (16384):", "", "| prompt tokens | seconds | peak GiB |",
-                  "| ---: | ---: | ---: |"]
-        for length, secs, gib in longest_gpu_prefill():
-            lines.append(f"| {length} | {'out of memory' if secs is None else f'{secs:.1f}'} | {'' if gib is None else f'{gib:.1f}'} |")
-    else:
-        lines.append("No GPU in this session: the longest prompt the tiny model can prefill on one GPU (target: an hour "
-                     "of video, 925,200 tokens) is not measured.")
+    lines.append("The longest prompt on one GPU is `--parts longest` (section infer-longest-cuda).")
     markdown = "\n".join(lines)
     publish("infer", markdown, write=not args.no_write)
 

@@ -10,14 +10,33 @@ from pathlib import Path
 
 import torch
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
+# LWM_BENCH_DOC: write the sections into another copy (scripts/gpu_check.py collects a device run's there).
+DOC = Path(os.environ.get("LWM_BENCH_DOC") or Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md")
+
+# Dense bf16 tensor-core peaks (TFLOP/s, no sparsity) from the vendors' data sheets, for MFU.
+PEAK_BF16_TFLOPS = {"H200": 989.4, "H100": 989.4, "A100": 312.0, "L40S": 362.1, "A10G": 70.0}
 
 
 def host_line() -> str:
+    gpu = f", GPU {torch.cuda.get_device_name()} (CUDA {torch.version.cuda})" if torch.cuda.is_available() else ""
     return (
         f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads, Python {platform.python_version()}"
+        f"{torch.get_num_threads()} threads, Python {platform.python_version()}{gpu}"
     )
+
+
+def sync(device) -> None:
+    """Wait for queued GPU work, so that a wall-clock time covers it."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def peak_tflops(device) -> float | None:
+    """The device's dense bf16 peak, or None when it is not a GPU in the table."""
+    if torch.device(device).type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
 
 
 def command_line() -> str:

@@ -1,11 +1,17 @@
-"""Training throughput of the tiny model on CPU: cp=1 (one process) vs cp=2 (two processes), at
-the tiny schedule's longest stage (8K tokens), with peak memory per rank.
+"""Training throughput: the tiny model through train.py on CPU (cp=1 vs cp=2), and a few layers
+of a large preset on one GPU (tokens/s, TFLOP/s, MFU, peak memory).
 
-Each configuration is a real `python train.py` run of that stage (stopped after a few steps);
-tokens/s and peak memory come from its metrics.csv (the Throughput and PeakMemory callbacks).
+1. run (default): each configuration is a real `python train.py` run of the tiny schedule's
+   longest stage (8K tokens, stopped after a few steps); tokens/s and peak memory come from its
+   metrics.csv (the Throughput and PeakMemory callbacks).
+2. layers: the training step of train.py's GPU path without Lightning around it: FSDP2 over one
+   rank (fp32 master weights, bf16 compute), activation checkpointing, the chunked loss, AdamW.
+   FLOPs are model FLOPs (6 x matmul parameters per token + causal attention once; the
+   recomputation of checkpointing is not counted), MFU against the device's dense bf16 peak.
 
     python bench/train.py            # writes docs/benchmarks.md
     python bench/train.py --steps 4 --no-write
+    python bench/train.py --part layers --device cuda --preset 7b --layers 4 --lengths 8192 32768
 """
 
 from __future__ import annotations
@@ -16,11 +22,15 @@ import os
 import statistics
 import subprocess
 import sys
+import resource
 import tempfile
+import time
 from pathlib import Path
 
+import torch
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import command_line, host_line, publish  # noqa: E402
+from report import command_line, host_line, peak_tflops, publish, sync  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -40,11 +50,112 @@ def run(cp: int, steps: int, out: Path) -> dict:
     }
 
 
+def _peak_mib(device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def model_flops_per_token(config, seq_len: int) -> float:
+    """6 x the parameters every token goes through in matmuls (not the embedding lookup), plus the
+    causal attention scores and values: 2 matmuls x 2 FLOPs x seq_len/2 keys x dim, x3 for the
+    backward."""
+    c = config
+    per_layer = c.dim * c.head_dim * (2 * c.n_heads + 2 * c.n_kv_heads) + 3 * c.dim * c.ffn_dim
+    matmul = c.n_layers * per_layer + c.vocab_size * c.dim
+    return 6 * matmul + 3 * c.n_layers * 2 * 2 * (seq_len / 2) * c.dim
+
+
+def layer_step(preset: str, layers: int, seq_len: int, steps: int, device_type: str) -> dict:
+    """In a one-rank process group: times `steps` optimizer steps after one warm-up step."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from lwm.model import ModelConfig, Transformer
+    from lwm.train.config import ParallelConfig
+    from lwm.train.sharding import shard_model
+
+    device = torch.device(device_type, 0) if device_type == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    config = ModelConfig.from_preset(preset, n_layers=layers, max_seq_len=seq_len)
+    torch.manual_seed(0)
+    with device:
+        init_state = Transformer(config).state_dict()
+    mesh = init_device_mesh(device.type, (1, 1), mesh_dim_names=("data_parallel", "tensor_parallel"))
+    model, _ = shard_model(config, mesh, ParallelConfig(activation_checkpointing=True), init_state, device)
+    del init_state
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    g = torch.Generator(device).manual_seed(0)
+    tokens = torch.randint(0, config.vocab_size, (1, seq_len + 1), device=device, generator=g)
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+
+    def step():
+        model(inputs, targets=targets).loss.backward()
+        optim.step()
+        optim.zero_grad(set_to_none=True)
+
+    step()  # warm-up: kernels chosen, optimizer state made
+    sync(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    sync(device)
+    secs = (time.perf_counter() - start) / steps
+    return {"step_s": secs, "peak_mib": _peak_mib(device), "flops_per_token": model_flops_per_token(config, seq_len),
+            "params": sum(p.numel() for p in model.parameters())}
+
+
+def layers_part(args) -> str:
+    import torch.distributed as dist
+
+    peak = peak_tflops(args.device)
+    rows = []
+    # FSDP2 needs a process group: one rank, NCCL on a GPU and gloo on CPU
+    dist.init_process_group("nccl" if args.device == "cuda" else "gloo", rank=0, world_size=1, store=dist.HashStore())
+    for seq_len in args.lengths:
+        r = layer_step(args.preset, args.layers, seq_len, args.steps, args.device)
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
+        tps = seq_len / r["step_s"]
+        tflops = tps * r["flops_per_token"] / 1e12
+        mfu = f"{100 * tflops / peak:.1f}%" if peak else "n/a"
+        rows.append(f"| {seq_len} | {r['step_s']:.3f} | {tps:.0f} | {tflops:.1f} | {mfu} | {r['peak_mib'] / 1024:.2f} |")
+        print(f"layers {args.preset} x{args.layers} S={seq_len}: {r['step_s']:.3f} s/step, {tps:.0f} tokens/s, "
+              f"{tflops:.1f} TFLOP/s, MFU {mfu}, peak {r['peak_mib'] / 1024:.2f} GiB", flush=True)
+    where = f"{args.device}" + (f", peak {peak} TFLOP/s dense bf16" if peak else "")
+    dist.destroy_process_group()
+    return "\n".join([
+        f"Command: `{command_line()}`  ",
+        f"Host: {host_line()}  ",
+        f"`{args.preset}` shapes with {args.layers} layers ({r['params'] / 1e6:,.0f}M parameters with the embedding and "
+        f"output), batch 1, {where}; FSDP2 over one rank (fp32 master weights, bf16 compute on a GPU), activation "
+        f"checkpointing, chunked loss, AdamW; mean of {args.steps} steps after a warm-up. Model FLOPs per token = "
+        "6 x matmul parameters + causal attention (each score once); peak memory = the device's peak allocation "
+        "(CPU: the process's peak RSS).",
+        "",
+        "| tokens per sequence | s/step | tokens/s | TFLOP/s | MFU | peak memory (GiB) |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: |",
+        *rows,
+    ])
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", choices=["run", "layers"], default="run")
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--device", default="cpu", help="layers: cpu or cuda")
+    parser.add_argument("--preset", default="7b", help="layers: the model preset whose shapes are used")
+    parser.add_argument("--layers", type=int, default=4, help="layers: how many of its layers")
+    parser.add_argument("--lengths", type=int, nargs="+", default=[8192, 32768], help="layers: tokens per sequence")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device here")
+    if args.part == "layers":
+        publish(f"train-layers-{args.device}", layers_part(args), write=not args.no_write)
+        return
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for cp in (1, 2):
@@ -66,8 +177,7 @@ def main():
         lines.append(f"| {cp} | {cp} | {r['tokens_per_s']:.0f} | {r['tokens_per_s'] / base['tokens_per_s']:.2f}x | "
                      f"{r['peak_mib']:.0f} | {r['peak_mib'] / base['peak_mib']:.2f}x |")
     lines.append("")
-    lines.append("No GPU in this session: the 7B-layer-shape tokens/s and MFU at 8K and 32K (bf16, activation "
-                 "checkpointing) are not measured.")
+    lines.append("7B-shaped layers on one GPU (tokens/s, MFU at 8K and 32K) are `--part layers`: the GPU section.")
     markdown = "\n".join(lines)
     publish("train", markdown, write=not args.no_write)
 

@@ -267,3 +267,18 @@ def test_a_dead_rank_stops_the_others(tmp_path, how):
     print(f"rank 0 exited {proc.returncode} {waited:.1f} s after rank 1 was killed")
     assert proc.returncode != 0, out[-3000:]
     assert waited < timeout_s + 60, (waited, out[-3000:])
+
+
+def test_one_gpu_trains_through_fsdp2_and_one_cpu_process_plainly():
+    """bf16 compute on fp32 master weights is FSDP2's mixed precision (lwm/train/sharding.py), so a
+    single GPU gets the strategy too; tests/test_gpu.py checks the dtypes on a device."""
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    from lwm.train.config import StageConfig, TrainerConfig
+    from lwm.train.run import _strategy
+
+    stage = StageConfig("a", seq_len=64, rope_theta=1e4, steps=1, lr=1e-3)
+    assert _strategy(stage, TrainerConfig(accelerator="cpu")) == "auto"
+    gpu = _strategy(stage, TrainerConfig(accelerator="gpu"))
+    assert isinstance(gpu, ModelParallelStrategy)
+    assert (gpu._data_parallel_size, gpu._tensor_parallel_size) == (1, 1)

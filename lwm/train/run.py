@@ -117,7 +117,10 @@ def check_data_files(data: DataSpec) -> None:
 
 
 def _strategy(stage: StageConfig, trainer_cfg: TrainerConfig):
-    if trainer_cfg.world_size == 1:
+    # On GPUs FSDP2 runs even on one device: it is what computes in bf16 on fp32 master weights
+    # (lwm/train/sharding.py); one CPU process trains the plain model.
+    gpu = trainer_cfg.accelerator in ("gpu", "cuda") or (trainer_cfg.accelerator == "auto" and torch.cuda.is_available())
+    if trainer_cfg.world_size == 1 and not gpu:
         return "auto"
     from lightning.pytorch.strategies import ModelParallelStrategy
 
