@@ -56,20 +56,17 @@ def test_a_failing_or_slow_part_is_recorded(tmp_path):
     assert bad["status"] == "failed" and bad["rc"] == 1 and "broken" in bad["tail"]
 
 
-def test_record_copies_only_the_gpu_sections(tmp_path):
+def test_record_copies_only_the_gpu_sections(tmp_path, capsys):
+    gc = _module()
     run = tmp_path / "run.md"
     run.write_text("<!-- bench:infer -->\nCPU numbers\n<!-- /bench:infer -->\n"
                    "<!-- bench:vqgan-cuda -->\n| 64 | 2500 |\n<!-- /bench:vqgan-cuda -->\n")
     doc = tmp_path / "benchmarks.md"
     doc.write_text("# Benchmarks\n\n<!-- bench:infer -->\nkept\n<!-- /bench:infer -->\n\n"
                    "<!-- bench:vqgan-cuda -->\nnot run yet\n<!-- /bench:vqgan-cuda -->\n")
-    proc = subprocess.run([sys.executable, "scripts/gpu_check.py", "--record", str(run), "--into", str(doc)], cwd=ROOT,
-                          capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
+    assert gc.record(run, doc) == 0
     text = doc.read_text()
     assert "kept" in text and "CPU numbers" not in text and "| 64 | 2500 |" in text and "not run yet" not in text
     empty = tmp_path / "empty.md"
     empty.write_text("nothing\n")
-    proc = subprocess.run([sys.executable, "scripts/gpu_check.py", "--record", str(empty), "--into", str(doc)], cwd=ROOT,
-                          capture_output=True, text=True)
-    assert proc.returncode == 2 and "no GPU sections" in proc.stderr
+    assert gc.record(empty, doc) == 2 and "no GPU sections" in capsys.readouterr().err

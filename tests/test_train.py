@@ -108,9 +108,10 @@ def test_unknown_config_name(tmp_path):
     assert proc.returncode != 0 and "Could not find 'model/huge'" in proc.stderr and "tiny" in proc.stderr
 
 
-# cp = 2 striped runs under torchrun below; every layout and N is exact at the attention level
-# (tests/test_parallel_dist.py), so train.py needs one run of each size.
-@pytest.mark.parametrize("cp,layout", [(2, "zigzag"), (4, "striped")])
+# cp = 2 runs under torchrun (striped) and in Lightning's own two processes (zigzag) below; every
+# layout and N is exact at the attention level (tests/test_parallel_dist.py), so train.py needs one
+# run of each size.
+@pytest.mark.parametrize("cp,layout", [(4, "striped")])
 def test_context_parallel_losses_equal_one_process(tmp_path, reference, cp, layout):
     train(tmp_path, "stage_only=a", f"trainer.devices={cp}", f"+schedule.stages.0.cp={cp}", f"parallel.layout={layout}",
           "trainer.keep_checkpoints=true")
@@ -161,11 +162,19 @@ def test_output_one_line_per_stage_and_one_checkpoint(tmp_path):
     assert torch.load(tmp_path / "keep" / "a" / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 10
 
 
-def test_two_processes_share_the_default_run_folder(tmp_path):
-    """The default out_dir (runs/${run_id:}) resolves to one folder in Lightning's re-launched rank."""
-    train(Path(str(tmp_path) + "/${run_id:}"), "trainer.devices=2", "+schedule.stages.1.cp=2")
+def test_two_processes_share_the_default_run_folder_and_the_losses(tmp_path, reference):
+    """The default out_dir (runs/${run_id:}) resolves to one folder in Lightning's re-launched rank;
+    cp = 2 (zigzag) gives one process's losses, and the checkpoint holds both ranks' random state."""
+    train(Path(str(tmp_path) + "/${run_id:}"), "stage_only=a", "trainer.devices=2", "+schedule.stages.0.cp=2",
+          "parallel.layout=zigzag", "trainer.keep_checkpoints=true")
     runs = list(tmp_path.iterdir())
-    assert len(runs) == 1 and (runs[0] / "b" / "final.safetensors").exists(), runs
+    assert len(runs) == 1 and (runs[0] / "a" / "final.safetensors").exists(), runs
+    got = losses(runs[0])
+    assert sorted(got) == sorted(reference) and len(got) == 10
+    meta = torch.load(runs[0] / "a" / "checkpoints" / "last.ckpt" / "meta.pt", weights_only=False)
+    assert set(meta["rng_states"]) == {"0", "1"}
+    for step, loss in reference.items():
+        assert got[step] == pytest.approx(loss, rel=1e-5), (step, got[step], loss)
 
 
 def test_stage_hand_over(tmp_path):
