@@ -27,7 +27,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from eval.needle import CITIES, DEFAULT_HAYSTACK, NEEDLE, QUESTION, read_documents  # noqa: E402
+from eval.needle import (CITIES, DEFAULT_HAYSTACK, NEEDLE, QUESTION, Haystack, build_prompt,  # noqa: E402
+                         make_needles, number_range, question_for, read_documents)
+
+DEFAULT_TOKENIZER = ROOT / "data" / "sample" / "tokenizer.model"
 
 HELDOUT_SEED = 10**6  # held-out examples use seeds from here on: never trained on
 
@@ -60,6 +63,27 @@ def example(seed: int, words: list[str], needles: int, ask: int, digits: int, fi
     return row
 
 
+def chat_example(seed: int, tokenizer, haystack: Haystack, lengths: tuple[int, int], needles: int, ask: int,
+                 digits: int) -> dict:
+    """One prompt exactly as eval/needle.py builds it (LWM's chat form, `length` tokens in all with
+    BOS), at a random length in `lengths` and a random depth, over haystack text from a random
+    point; the answer is the asked numbers."""
+    rng = random.Random(seed)
+    length, depth = rng.randint(*lengths), rng.uniform(0, 100)
+    items = make_needles(rng, depth, needles, ask, digits)
+    order = list(range(needles))
+    rng.shuffle(order)
+    prompt = build_prompt(tokenizer, haystack, length, items, question_for(items, order),
+                          text_from=rng.randrange(len(haystack)))
+    text = tokenizer.decode(prompt.ids[1:])  # the data pipeline puts BOS back
+    if tokenizer.encode(text) != prompt.ids[1:]:
+        raise ValueError(f"seed {seed}: the prompt's text does not encode back to its ids; this needs a tokenizer "
+                         "that splits at whitespace (as the bundled one and LLaMA's do)")
+    answer = ", ".join(str(i.number) for i in items if i.asked) + "."
+    return {"prompt": text, "answer": answer, "fields": "[prompt],answer", "length": length,
+            "depths": [round(i.placed_depth, 1) for i in items]}
+
+
 def write(path: Path, rows) -> None:
     tmp = path.with_suffix(".tmp")
     with open(tmp, "w") as f:
@@ -78,6 +102,11 @@ def main(argv=None) -> int:
     p.add_argument("--digits", type=int, default=1)
     p.add_argument("--filler", type=int, default=6, help="at most this many words of text before each needle")
     p.add_argument("--haystack", type=Path, default=DEFAULT_HAYSTACK)
+    p.add_argument("--form", choices=["plain", "chat"], default="plain",
+                   help="plain: context, question, answer; chat: eval/needle.py's prompts (LWM's chat form)")
+    p.add_argument("--lengths", type=int, nargs=2, default=[128, 512], metavar=("LOW", "HIGH"),
+                   help="chat: whole-prompt lengths in tokens, uniform in [LOW, HIGH]")
+    p.add_argument("--tokenizer", type=Path, default=DEFAULT_TOKENIZER, help="chat: the sentencepiece model")
     args = p.parse_args(argv)
     if not 1 <= args.ask <= args.needles <= len(CITIES):
         p.error(f"need 1 <= --ask ({args.ask}) <= --needles ({args.needles}) <= {len(CITIES)}")
@@ -88,7 +117,25 @@ def main(argv=None) -> int:
     words = words_of(args.haystack)
     if len(words) <= args.filler:
         p.error(f"--haystack {args.haystack} has {len(words)} words, fewer than --filler {args.filler}")
-    make = lambda seed: example(seed, words, args.needles, args.ask, args.digits, args.filler)  # noqa: E731
+    if args.needles > len(number_range(args.digits)):
+        p.error(f"--needles {args.needles} need distinct numbers; --digits {args.digits} give {len(number_range(args.digits))}")
+    if args.form == "chat":
+        from lwm.data.text_tokenizer import TextTokenizer
+
+        if not args.tokenizer.is_file():
+            p.error(f"--tokenizer {args.tokenizer} does not exist")
+        if not 1 <= args.lengths[0] <= args.lengths[1]:
+            p.error(f"--lengths {args.lengths[0]} {args.lengths[1]}: need 1 <= LOW <= HIGH")
+        tokenizer = TextTokenizer(args.tokenizer)
+        haystack = Haystack.from_file(tokenizer, args.haystack, args.lengths[1] + 4096)
+        try:
+            chat_example(0, tokenizer, haystack, (args.lengths[0],) * 2, args.needles, args.ask, args.digits)
+        except ValueError as e:  # the shortest prompt cannot hold the template and needles
+            p.error(f"--lengths {args.lengths[0]}: {e}")
+        make = lambda seed: chat_example(seed, tokenizer, haystack, tuple(args.lengths), args.needles,  # noqa: E731
+                                         args.ask, args.digits)
+    else:
+        make = lambda seed: example(seed, words, args.needles, args.ask, args.digits, args.filler)  # noqa: E731
     args.out.mkdir(parents=True, exist_ok=True)
     write(args.out / "train.jsonl", (make(s) for s in range(args.n)))
     write(args.out / "heldout.jsonl", (make(HELDOUT_SEED + s) for s in range(args.heldout)))

@@ -5,7 +5,7 @@
     torchrun --nproc_per_node 2 eval/needle.py --model ...             # prompt and KV cache split over 2 ranks
 
 The needle "The special magic {city} number is: {number}." (a random city and 7-digit number per
-trial, seeded) goes into a haystack of real text (any text file, or JSON lines with a "text" field
+trial, seeded; `--digits` for shorter ones) goes into a haystack of real text (any text file, or JSON lines with a "text" field
 like PG19; default the bundled data/sample/text.jsonl, repeated if short) at a depth from 0% (the
 start) to 100% (the end), moved back to the sentence break before that point. The model sees LWM's
 chat prompt with the whole context and the question in the user turn:
@@ -137,12 +137,15 @@ class Haystack:
     def __len__(self) -> int:
         return len(self.ids)
 
-    def window(self, n: int) -> int:
+    def window(self, n: int, after: int = 0) -> int:
         """The start of n haystack tokens that begin a sentence and end before a word start (so the
-        question after them starts a new word); the first sentence start that allows it."""
+        question after them starts a new word); the first sentence start from `after` on that
+        allows it (from the beginning when none does)."""
         if n > len(self.ids) - 1:
             raise ValueError(f"haystack {self.name} has {len(self.ids)} tokens, {n + 1} needed")
         starts = self.sentence_start[self.sentence_start + n < len(self.ids)]
+        if (starts >= after).any():
+            starts = starts[starts >= after]
         if len(starts) == 0:
             return 0
         ok = starts[self.word_start[starts + n]]
@@ -188,9 +191,16 @@ def needle_depths(depth: float, n: int) -> list[float]:
     return [depth + k * (100 - depth) / n for k in range(n)]
 
 
-def make_needles(rng: random.Random, depth: float, n: int, ask: int) -> list[Needle]:
+def number_range(digits: int) -> range:
+    """The needles' numbers: `digits` digits, no leading zero (one digit: 0-9)."""
+    if digits < 1:
+        raise ValueError(f"digits must be >= 1, got {digits}")
+    return range(10 ** (digits - 1) if digits > 1 else 0, 10**digits)
+
+
+def make_needles(rng: random.Random, depth: float, n: int, ask: int, digits: int = 7) -> list[Needle]:
     cities = rng.sample(CITIES, n)
-    numbers = rng.sample(range(1_000_000, 10_000_000), n)
+    numbers = rng.sample(number_range(digits), n)
     asked = set(rng.sample(range(n), ask))
     return [Needle(c, x, d, asked=k in asked) for k, (c, x, d) in enumerate(zip(cities, numbers, needle_depths(depth, n)))]
 
@@ -232,9 +242,11 @@ class Prompt:
         return tokenizer.decode(self.ids[self.context.start : self.context.stop + len(after)])
 
 
-def build_prompt(tokenizer, haystack: Haystack, length: int, needles: list[Needle], question: str) -> Prompt:
+def build_prompt(tokenizer, haystack: Haystack, length: int, needles: list[Needle], question: str,
+                 text_from: int = 0) -> Prompt:
     """A prompt of exactly `length` ids with the needles at their depths (moved back to sentence
-    breaks; 0% is the start of the context, 100% its end)."""
+    breaks; 0% is the start of the context, 100% its end). The haystack text is the first window
+    from token `text_from` on (training data varies it; the evaluation always starts at 0)."""
     before, after = template(tokenizer, question)
     needle_ids = [tokenizer.encode(n.text) for n in needles]
     fixed = len(before) + len(after) + sum(map(len, needle_ids))
@@ -242,7 +254,7 @@ def build_prompt(tokenizer, haystack: Haystack, length: int, needles: list[Needl
     if n < 0:
         raise ValueError(f"length {length} is shorter than the prompt without any haystack ({fixed} tokens: "
                          f"template, {len(needles)} needle(s) and the question)")
-    start = haystack.window(n)
+    start = haystack.window(n, text_from)
     breaks = haystack.breaks(start, n)
     hay = haystack.ids[start : start + n].tolist()
     offsets = []
@@ -333,7 +345,7 @@ def summarize(records: list[dict], lengths, depths) -> dict:
 
 def run_needle(generator, tokenizer, vocab, lengths: Sequence[int], depths: Sequence[float], trials: int = 1, *,
                needles: int = 1, ask: int | None = None, haystack=None, max_new_tokens: int = 16, seed: int = 0,
-               progress: bool = False, on_trial: Callable[[dict, list[dict]], None] | None = None) -> dict:
+               digits: int = 7, progress: bool = False, on_trial: Callable[[dict, list[dict]], None] | None = None) -> dict:
     """Run the grid lengths x depths x trials and return {"config", "trials", "cells", "accuracy", ...}.
 
     generator: anything with generate(prompt_ids, GenerationConfig) -> new ids (lwm.infer.Generator);
@@ -344,6 +356,8 @@ def run_needle(generator, tokenizer, vocab, lengths: Sequence[int], depths: Sequ
 
     lengths, depths = [int(n) for n in lengths], [float(d) for d in depths]
     check_grid(lengths, depths, trials, needles, ask)
+    if needles > len(number_range(digits)):
+        raise ValueError(f"{needles} needles need distinct numbers; {digits} digit(s) give {len(number_range(digits))}")
     ask = needles if ask is None else ask
     if tokenizer.vocab_size != vocab.text_size:
         raise ValueError(f"the tokenizer has {tokenizer.vocab_size} text ids but the vocabulary {vocab.text_size}")
@@ -363,7 +377,7 @@ def run_needle(generator, tokenizer, vocab, lengths: Sequence[int], depths: Sequ
     records: list[dict] = []
     for length, depth, trial in grid:
         rng = trial_rng(seed, length, depth, trial)
-        items = make_needles(rng, depth, needles, ask)
+        items = make_needles(rng, depth, needles, ask, digits)
         order = list(range(needles))
         rng.shuffle(order)  # the order the asked cities are named in the question
         question = question_for(items, order)
@@ -398,7 +412,7 @@ def run_needle(generator, tokenizer, vocab, lengths: Sequence[int], depths: Sequ
     if bar is not None:
         bar.close()
     return {"config": {"lengths": lengths, "depths": depths, "trials": trials, "needles": needles, "ask": ask,
-                       "max_new_tokens": max_new_tokens, "seed": seed, "haystack": haystack.name,
+                       "max_new_tokens": max_new_tokens, "seed": seed, "digits": digits, "haystack": haystack.name,
                        "needle": NEEDLE, "question": QUESTION if ask == 1 else QUESTION_MANY,
                        "instruction": INSTRUCTION},
             "trials": records, **summarize(records, lengths, depths)}
@@ -450,6 +464,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path("results/needle"))
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--digits", type=int, default=7, help="digits of the needles' numbers (LWM's: 7)")
     return p
 
 
@@ -470,6 +485,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:  # every check that needs no weights comes before loading them
         check_grid(args.lengths, args.depths, args.trials, args.needles, args.ask)
+        number_range(args.digits)
         if args.max_new_tokens < 1:
             raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
         if not Path(args.model).exists():
@@ -508,7 +524,7 @@ def main(argv: list[str] | None = None) -> int:
         f"process(es), {device}", file=sys.stderr)
     results = run_needle(gen, loaded.tokenizer, loaded.vocab, args.lengths, args.depths, args.trials,
                          needles=args.needles, ask=args.ask, haystack=haystack, max_new_tokens=args.max_new_tokens,
-                         seed=args.seed, progress=rank == 0, on_trial=save)
+                         seed=args.seed, digits=args.digits, progress=rank == 0, on_trial=save)
     results["config"] = {**run_info, **results["config"], "complete": True}
     if rank == 0:
         path, png = write_results(results, args.out, title)

@@ -365,3 +365,50 @@ def test_min_length_is_enough(tok, hay):
             p = nd.build_prompt(tok, hay, shortest, items, nd.question_for(items))
             assert len(p.ids) == shortest
     assert np.all(np.diff(hay.sentence_start) > 0)
+
+
+def test_digits_and_haystack_start(tok, hay):
+    """--digits: every needle's number has that many digits (one digit: 0-9), and an oracle still
+    scores 1; text_from moves the haystack window, not the prompt's length or its needle."""
+    for digits in (1, 2, 7):
+        res = nd.run_needle(Oracle(tok), tok, Vocab(tok.vocab_size), [200], [0, 50, 100], trials=4, haystack=hay,
+                            digits=digits)
+        assert res["accuracy"] == 1.0 and res["config"]["digits"] == digits
+        assert all(len(str(r["number"])) == digits for r in res["trials"])
+    with pytest.raises(ValueError, match="digits must be >= 1, got 0"):
+        nd.number_range(0)
+    with pytest.raises(ValueError, match="12 needles need distinct numbers; 1 digit"):
+        nd.run_needle(Oracle(tok), tok, Vocab(tok.vocab_size), [400], [0], needles=12, haystack=hay, digits=1)
+    items = nd.make_needles(random.Random(0), 50, 1, 1)
+    first = nd.build_prompt(tok, hay, 300, items, nd.question_for(items))
+    later = nd.build_prompt(tok, hay, 300, items, nd.question_for(items), text_from=2000)
+    assert len(first.ids) == len(later.ids) == 300 and first.ids != later.ids
+    start = later.context.start
+    assert later.ids[start : start + 20] != first.ids[start : start + 20]
+    assert tok.decode(later.ids).count(items[0].text) == 1
+
+
+def test_chat_training_examples_are_the_evaluation_prompts(tmp_path, tok):
+    """data/make_retrieval.py --form chat: each prompt is eval/needle.py's (LWM's chat form, its
+    template and question, the stated length with BOS), its answer the asked number; seeded, and
+    the held-out file disjoint from the training one."""
+    sys.path.insert(0, str(ROOT / "data"))
+    import make_retrieval
+
+    args = ["--form", "chat", "--lengths", "120", "300", "--needles", "1", "--ask", "1", "--n", "30", "--heldout", "10"]
+    make_retrieval.main(["--out", str(tmp_path / "a"), *args])
+    make_retrieval.main(["--out", str(tmp_path / "b"), *args])
+    rows = [json.loads(line) for line in open(tmp_path / "a" / "train.jsonl")]
+    assert (tmp_path / "a" / "train.jsonl").read_text() == (tmp_path / "b" / "train.jsonl").read_text()
+    held = [json.loads(line) for line in open(tmp_path / "a" / "heldout.jsonl")]
+    assert len(rows) == 30 and len(held) == 10 and not {r["prompt"] for r in rows} & {r["prompt"] for r in held}
+    for r in rows:
+        ids = [tok.bos_id, *tok.encode(r["prompt"])]  # what the data pipeline trains on
+        assert len(ids) == r["length"] and 120 <= r["length"] <= 300
+        city = r["prompt"].split("What is the special magic ")[1].split(" number?")[0]
+        before, after = nd.template(tok, nd.QUESTION.format(city=city))  # the evaluation's template
+        assert ids[: len(before)] == before and ids[-len(after):] == after
+        number = r["answer"].removesuffix(".")
+        assert len(number) == 1 and r["fields"] == "[prompt],answer"
+        assert tok.decode(ids).count(nd.NEEDLE.format(city=city, number=number)) == 1
+    assert len({r["prompt"][60:160] for r in rows}) > 20  # the haystack text starts at varied places
