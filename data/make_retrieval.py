@@ -11,6 +11,18 @@ haystack of the bundled text, several of them asked for, each answer trained.
 Needle and question are eval/needle.py's sentences; the numbers are shorter (`--digits`, 1 by
 default: ten answers, chance 10%). Before each needle and after the last go 0 to `--filler` words
 of the bundled text, so needles sit at varying depths.
+
+`--form chat` writes eval/needle.py's own prompts instead (LWM's chat form: system line, the
+context and the question in the user turn, LWM's instruction, "ASSISTANT:"), each of a random
+whole-prompt length in `--lengths` with its needle at a random depth, so what is trained is what
+the needle evaluation asks:
+
+    {"prompt": "You are a helpful assistant. USER: ... What is the special magic Oslo number? Don't
+     give information ... ASSISTANT:", "answer": "2.", "fields": "[prompt],answer", "length": 117,
+     "depths": [41.3]}
+
+    python data/make_retrieval.py --form chat --out data/needle_demo/s512 --lengths 128 512
+
 Writes OUT/train.jsonl (seeds 0 .. n-1) and OUT/heldout.jsonl (`--heldout` examples from a
 disjoint seed range), deterministic.
 """
@@ -27,8 +39,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from eval.needle import (CITIES, DEFAULT_HAYSTACK, NEEDLE, QUESTION, Haystack, build_prompt,  # noqa: E402
-                         make_needles, number_range, question_for, read_documents)
+from eval.needle import (CITIES, DEFAULT_HAYSTACK, INSTRUCTION, NEEDLE, QUESTION, Haystack,  # noqa: E402
+                         build_prompt, make_needles, number_range, question_for, read_documents)
 
 DEFAULT_TOKENIZER = ROOT / "data" / "sample" / "tokenizer.model"
 
@@ -64,17 +76,18 @@ def example(seed: int, words: list[str], needles: int, ask: int, digits: int, fi
 
 
 def chat_example(seed: int, tokenizer, haystack: Haystack, lengths: tuple[int, int], needles: int, ask: int,
-                 digits: int) -> dict:
+                 digits: int, instruction: str = INSTRUCTION) -> dict:
     """One prompt exactly as eval/needle.py builds it (LWM's chat form, `length` tokens in all with
     BOS), at a random length in `lengths` and a random depth, over haystack text from a random
-    point; the answer is the asked numbers."""
+    point; the answer is the asked numbers. instruction="": the prompt without LWM's instruction
+    after the question."""
     rng = random.Random(seed)
     length, depth = rng.randint(*lengths), rng.uniform(0, 100)
     items = make_needles(rng, depth, needles, ask, digits)
     order = list(range(needles))
     rng.shuffle(order)
     prompt = build_prompt(tokenizer, haystack, length, items, question_for(items, order),
-                          text_from=rng.randrange(len(haystack)))
+                          text_from=rng.randrange(len(haystack)), instruction=instruction)
     text = tokenizer.decode(prompt.ids[1:])  # the data pipeline puts BOS back
     if tokenizer.encode(text) != prompt.ids[1:]:
         raise ValueError(f"seed {seed}: the prompt's text does not encode back to its ids; this needs a tokenizer "
@@ -107,6 +120,9 @@ def main(argv=None) -> int:
     p.add_argument("--lengths", type=int, nargs=2, default=[128, 512], metavar=("LOW", "HIGH"),
                    help="chat: whole-prompt lengths in tokens, uniform in [LOW, HIGH]")
     p.add_argument("--tokenizer", type=Path, default=DEFAULT_TOKENIZER, help="chat: the sentencepiece model")
+    p.add_argument("--no-instruction", action="store_true",
+                   help="chat: leave out LWM's instruction after the question (a curriculum's first step: a small "
+                        "model learns the retrieval with the question next to the answer, then the full form)")
     args = p.parse_args(argv)
     if not 1 <= args.ask <= args.needles <= len(CITIES):
         p.error(f"need 1 <= --ask ({args.ask}) <= --needles ({args.needles}) <= {len(CITIES)}")
@@ -129,11 +145,13 @@ def main(argv=None) -> int:
         tokenizer = TextTokenizer(args.tokenizer)
         haystack = Haystack.from_file(tokenizer, args.haystack, args.lengths[1] + 4096)
         try:
-            chat_example(0, tokenizer, haystack, (args.lengths[0],) * 2, args.needles, args.ask, args.digits)
+            chat_example(0, tokenizer, haystack, (args.lengths[0],) * 2, args.needles, args.ask, args.digits,
+                         "" if args.no_instruction else INSTRUCTION)
         except ValueError as e:  # the shortest prompt cannot hold the template and needles
             p.error(f"--lengths {args.lengths[0]}: {e}")
+        instruction = "" if args.no_instruction else INSTRUCTION
         make = lambda seed: chat_example(seed, tokenizer, haystack, tuple(args.lengths), args.needles,  # noqa: E731
-                                         args.ask, args.digits)
+                                         args.ask, args.digits, instruction)
     else:
         make = lambda seed: example(seed, words, args.needles, args.ask, args.digits, args.filler)  # noqa: E731
     args.out.mkdir(parents=True, exist_ok=True)

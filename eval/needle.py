@@ -213,9 +213,10 @@ def question_for(needles: Sequence[Needle], order: Sequence[int] | None = None) 
     return QUESTION_MANY.format(cities=", ".join(names[:-1]) + " and " + names[-1])
 
 
-def template(tokenizer, question: str) -> tuple[list[int], list[int]]:
+def template(tokenizer, question: str, instruction: str = INSTRUCTION) -> tuple[list[int], list[int]]:
     """The prompt's ids before and after the context: [BOS] "{system} USER:" | context |
-    "{question} {instruction}" "ASSISTANT:" (chat_prompt's fields with the context first in the user turn)."""
+    "{question} {instruction}" "ASSISTANT:" (chat_prompt's fields with the context first in the user
+    turn). An empty instruction leaves it out (a training curriculum's first step)."""
     from lwm.infer.prompt import chat_fields
 
     marker = "\x00"
@@ -225,7 +226,8 @@ def template(tokenizer, question: str) -> tuple[list[int], list[int]]:
         raise RuntimeError(f"the chat template changed: the question is no longer last in {user!r}")
     head = user[: -len(marker)].rstrip(" ")  # "You are a helpful assistant. USER:"
     before = [tokenizer.bos_id, *tokenizer.encode(head)]
-    after = tokenizer.encode(f"{question} {INSTRUCTION}") + tokenizer.encode(fields["assistant"])
+    user_end = f"{question} {instruction}" if instruction else question
+    after = tokenizer.encode(user_end) + tokenizer.encode(fields["assistant"])
     return before, after
 
 
@@ -243,11 +245,11 @@ class Prompt:
 
 
 def build_prompt(tokenizer, haystack: Haystack, length: int, needles: list[Needle], question: str,
-                 text_from: int = 0) -> Prompt:
+                 text_from: int = 0, instruction: str = INSTRUCTION) -> Prompt:
     """A prompt of exactly `length` ids with the needles at their depths (moved back to sentence
     breaks; 0% is the start of the context, 100% its end). The haystack text is the first window
     from token `text_from` on (training data varies it; the evaluation always starts at 0)."""
-    before, after = template(tokenizer, question)
+    before, after = template(tokenizer, question, instruction)
     needle_ids = [tokenizer.encode(n.text) for n in needles]
     fixed = len(before) + len(after) + sum(map(len, needle_ids))
     n = length - fixed

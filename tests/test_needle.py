@@ -412,3 +412,8 @@ def test_chat_training_examples_are_the_evaluation_prompts(tmp_path, tok):
         assert len(number) == 1 and r["fields"] == "[prompt],answer"
         assert tok.decode(ids).count(nd.NEEDLE.format(city=city, number=number)) == 1
     assert len({r["prompt"][60:160] for r in rows}) > 20  # the haystack text starts at varied places
+    make_retrieval.main(["--out", str(tmp_path / "cue"), *args, "--no-instruction"])
+    for r in map(json.loads, open(tmp_path / "cue" / "train.jsonl")):
+        city = r["prompt"].split("What is the special magic ")[1].split(" number?")[0]
+        assert r["prompt"].endswith(f"What is the special magic {city} number? ASSISTANT:")
+        assert len(tok.encode(r["prompt"])) + 1 == r["length"] and nd.INSTRUCTION not in r["prompt"]
