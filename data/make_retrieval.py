@@ -23,6 +23,9 @@ the needle evaluation asks:
 
     python data/make_retrieval.py --form chat --out data/needle_demo/s512 --lengths 128 512
 
+`--numberless` drops the haystack's sentences that hold a digit (the bundled text is full of
+numbers a small model takes for the needle's) and writes the text it used to OUT/haystack.txt.
+
 Writes OUT/train.jsonl (seeds 0 .. n-1) and OUT/heldout.jsonl (`--heldout` examples from a
 disjoint seed range), deterministic.
 """
@@ -32,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import sys
 from pathlib import Path
 
@@ -97,6 +101,19 @@ def chat_example(seed: int, tokenizer, haystack: Haystack, lengths: tuple[int, i
             "depths": [round(i.placed_depth, 1) for i in items]}
 
 
+def numberless(path: Path) -> str:
+    """The haystack's text without its sentences that hold a digit: the bundled text is dense in
+    numbers ("a road of 504 miles", "on day 22"), which a small model confuses with the needle's."""
+    docs = []
+    for doc in read_documents(path):
+        kept = [s for s in re.split(r"(?<=[.!?])\s+", doc.strip()) if s and not re.search(r"\d", s)]
+        if kept:
+            docs.append(" ".join(kept))
+    if not docs:
+        raise ValueError(f"haystack {path} has no sentence without a digit")
+    return "\n\n".join(docs)
+
+
 def write(path: Path, rows) -> None:
     tmp = path.with_suffix(".tmp")
     with open(tmp, "w") as f:
@@ -120,6 +137,9 @@ def main(argv=None) -> int:
     p.add_argument("--lengths", type=int, nargs=2, default=[128, 512], metavar=("LOW", "HIGH"),
                    help="chat: whole-prompt lengths in tokens, uniform in [LOW, HIGH]")
     p.add_argument("--tokenizer", type=Path, default=DEFAULT_TOKENIZER, help="chat: the sentencepiece model")
+    p.add_argument("--numberless", action="store_true",
+                   help="drop the haystack's sentences that hold a digit; the text used is written to OUT/haystack.txt "
+                        "(give it to eval/needle.py --haystack)")
     p.add_argument("--no-instruction", action="store_true",
                    help="chat: leave out LWM's instruction after the question (a curriculum's first step: a small "
                         "model learns the retrieval with the question next to the answer, then the full form)")
@@ -130,6 +150,14 @@ def main(argv=None) -> int:
         p.error("--digits, --n and --heldout must be positive and --filler >= 0")
     if not args.haystack.is_file():
         p.error(f"--haystack {args.haystack} does not exist")
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.numberless:
+        try:
+            text = numberless(args.haystack)
+        except ValueError as e:
+            p.error(str(e))
+        args.haystack = args.out / "haystack.txt"
+        args.haystack.write_text(text)
     words = words_of(args.haystack)
     if len(words) <= args.filler:
         p.error(f"--haystack {args.haystack} has {len(words)} words, fewer than --filler {args.filler}")
@@ -154,7 +182,6 @@ def main(argv=None) -> int:
                                          args.ask, args.digits, instruction)
     else:
         make = lambda seed: example(seed, words, args.needles, args.ask, args.digits, args.filler)  # noqa: E731
-    args.out.mkdir(parents=True, exist_ok=True)
     write(args.out / "train.jsonl", (make(s) for s in range(args.n)))
     write(args.out / "heldout.jsonl", (make(HELDOUT_SEED + s) for s in range(args.heldout)))
     print(f"wrote {args.n} training and {args.heldout} held-out examples to {args.out}")

@@ -417,3 +417,9 @@ def test_chat_training_examples_are_the_evaluation_prompts(tmp_path, tok):
         city = r["prompt"].split("What is the special magic ")[1].split(" number?")[0]
         assert r["prompt"].endswith(f"What is the special magic {city} number? ASSISTANT:")
         assert len(tok.encode(r["prompt"])) + 1 == r["length"] and nd.INSTRUCTION not in r["prompt"]
+    make_retrieval.main(["--out", str(tmp_path / "bare"), *args, "--numberless"])
+    hay = (tmp_path / "bare" / "haystack.txt").read_text()
+    assert len(hay) > 10_000 and not any(c.isdigit() for c in hay)
+    for r in map(json.loads, open(tmp_path / "bare" / "train.jsonl")):
+        digits = [c for c in r["prompt"] if c.isdigit()]
+        assert digits == [r["answer"][0]]  # the needle's number is the only one left
