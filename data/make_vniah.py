@@ -7,10 +7,23 @@ chance 1/6), with a white ring so it reads as a card and not as a background, pe
 a small dark shape at a random place, so that no two needle frames are alike.
 
     python data/make_vniah.py --probe        # can the codes tell the needle's color? (seconds)
+    python data/make_vniah.py --out data/vniah --n 4000 --frames 2 6   # training / held-out examples
 
 The probe encodes needle frames of every color and haystack frames with the VQGAN, takes each
 frame's histogram over the codebook, and classifies held-out frames by the nearest class mean
 (cosine): 7 classes, the six colors and "no needle". It prints the held-out accuracy per class.
+
+`--out` writes examples in the sample QA's chat form (the question before the video):
+OUT/codes (tokens/<id>.npy and manifest.*.jsonl, as lwm-tokenize writes them), OUT/train.jsonl and
+OUT/heldout.jsonl, one line per example:
+
+    {"vision": "vniah_000012", "user": "You are a helpful assistant. USER: What color is the card
+     in the video?", "assistant": "ASSISTANT:", "answer": "Red.", "frames": 5, "depth": 50.0,
+     "fields": "[user+vision+assistant],answer"}
+
+Each video has LOW to HIGH frames (`--frames`), one of them the needle, at a random depth. The
+frames come from pools encoded once (a frame's codes do not depend on its neighbours); the
+held-out examples draw from pools of their own frames.
 """
 
 from __future__ import annotations
@@ -101,6 +114,56 @@ def probe(vqgan, train_per_class: int = 20, test_per_class: int = 50, seed: int 
             "train_per_class": train_per_class, "test_per_class": test_per_class}
 
 
+QUESTION = "What color is the card in the video?"
+
+
+def code_pool(vqgan, per_class: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(codes (N, tokens_per_frame) uint16, labels (N,)) of labelled_frames(per_class, seed)."""
+    import torch
+
+    frames, labels = labelled_frames(per_class, seed)
+    with torch.no_grad():
+        codes = vqgan.encode(torch.from_numpy(frames), batch_size=32).numpy()
+    return codes.astype(np.uint16), labels
+
+
+def examples(codes, labels, n: int, frames: tuple[int, int], seed: int, prefix: str, out: Path) -> list[dict]:
+    """n examples: each video frames[0] to frames[1] frames of the pool, one of them a needle, its
+    codes written to out/tokens/<id>.npy; returns the JSON lines."""
+    from lwm.infer.prompt import CHAT_SPEC, chat_fields
+
+    rng = np.random.default_rng(seed)
+    hay = np.flatnonzero(labels == len(NEEDLE_COLORS))
+    needles = np.flatnonzero(labels < len(NEEDLE_COLORS))
+    rows, manifest = [], []
+    for i in range(n):
+        count = int(rng.integers(frames[0], frames[1] + 1))
+        needle = int(rng.choice(needles))
+        at = int(rng.integers(count))  # the needle's frame index
+        order = list(rng.choice(hay, count - 1, replace=len(hay) < count - 1))
+        order.insert(at, needle)
+        vid = f"{prefix}_{i:06d}"
+        np.save(out / "tokens" / f"{vid}.npy", codes[order])
+        manifest.append({"id": vid, "frames": count, "timestamps": [float(t) for t in range(count)]})
+        color = NEEDLE_COLORS[labels[needle]]
+        rows.append({"vision": vid, **chat_fields(QUESTION), "answer": f"{color.capitalize()}.", "frames": count,
+                     "depth": round(100 * at / max(count - 1, 1), 1), "fields": CHAT_SPEC})
+    with open(out / f"manifest.{prefix}.jsonl", "w") as f:
+        f.writelines(json.dumps(m) + "\n" for m in manifest)
+    return rows
+
+
+def write_examples(vqgan, out: Path, n: int, heldout: int, frames: tuple[int, int], seed: int, pool: int = 60) -> None:
+    """Training and held-out examples; `pool` frames per class for training, a third as many held out."""
+    (out / "codes" / "tokens").mkdir(parents=True, exist_ok=True)
+    for name, count, pool_seed in (("train", n, seed), ("heldout", heldout, seed + 10**6)):
+        codes, labels = code_pool(vqgan, pool if name == "train" else max(1, pool // 3), pool_seed)
+        rows = examples(codes, labels, count, frames, pool_seed, f"vniah_{name}", out / "codes")
+        with open(out / f"{name}.jsonl", "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+    print(f"wrote {n} training and {heldout} held-out examples ({frames[0]}-{frames[1]} frames) to {out}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--probe", action="store_true", help="run the codes probe and print its accuracy")
@@ -108,17 +171,29 @@ def main(argv=None) -> int:
     p.add_argument("--train-per-class", type=int, default=20)
     p.add_argument("--test-per-class", type=int, default=50)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, help="write training and held-out examples here")
+    p.add_argument("--n", type=int, default=4000, help="--out: training examples")
+    p.add_argument("--heldout", type=int, default=200, help="--out: held-out examples")
+    p.add_argument("--frames", type=int, nargs=2, default=[2, 6], metavar=("LOW", "HIGH"),
+                   help="--out: frames per video (the needle included), uniform in [LOW, HIGH]")
     args = p.parse_args(argv)
-    if not args.probe:
-        p.error("nothing to do: --probe is the only action so far")
+    if not args.probe and args.out is None:
+        p.error("nothing to do: give --probe and/or --out")
+    if not 1 <= args.frames[0] <= args.frames[1]:
+        p.error(f"--frames {args.frames[0]} {args.frames[1]}: need 1 <= LOW <= HIGH")
+    if args.n < 1 or args.heldout < 1:
+        p.error("--n and --heldout must be positive")
     if not args.checkpoint.is_file():
         p.error(f"--checkpoint {args.checkpoint} does not exist")
     if args.train_per_class < 1 or args.test_per_class < 1:
         p.error("--train-per-class and --test-per-class must be positive")
     from lwm.vision.checkpoint import load_vqgan
 
-    result = probe(load_vqgan(args.checkpoint).eval(), args.train_per_class, args.test_per_class, args.seed)
-    print(json.dumps(result, indent=2))
+    vqgan = load_vqgan(args.checkpoint).eval()
+    if args.probe:
+        print(json.dumps(probe(vqgan, args.train_per_class, args.test_per_class, args.seed), indent=2))
+    if args.out is not None:
+        write_examples(vqgan, args.out, args.n, args.heldout, tuple(args.frames), args.seed)
     return 0
 
 

@@ -39,3 +39,31 @@ def test_needle_frames_vary_and_bad_colors_are_named():
         make_vniah.needle_frame("gray", rng)
     frames, labels = make_vniah.labelled_frames(3, seed=0)
     assert frames.shape == (21, 64, 64, 3) and labels.tolist() == [c for c in range(7) for _ in range(3)]
+
+
+def test_examples_hold_one_needle_whose_color_is_the_answer(tmp_path, vqgan):
+    """--out: every video has its frame count and a needle frame at the stated depth (the probe,
+    fitted on other frames, reads it as the answer's color), and the rows are in the sample QA's
+    chat form."""
+    import json
+
+    from lwm.data.codes import CodeStore
+
+    make_vniah.write_examples(vqgan, tmp_path, n=12, heldout=4, frames=(2, 4), seed=0, pool=6)
+    train_x, train_y = make_vniah.labelled_frames(10, seed=5)
+    hists = make_vniah.code_histograms(vqgan, train_x)
+    store = CodeStore(tmp_path / "codes")
+    names = [*make_vniah.NEEDLE_COLORS, make_vniah.NO_NEEDLE]
+    for split, n in (("train", 12), ("heldout", 4)):
+        rows = [json.loads(line) for line in open(tmp_path / f"{split}.jsonl")]
+        assert len(rows) == n
+        for r in rows:
+            codes = store.load(r["vision"])  # (frames, 256)
+            assert codes.shape == (r["frames"], 256) and 2 <= r["frames"] <= 4
+            assert r["fields"] == "[user+vision+assistant],answer" and r["user"].endswith(make_vniah.QUESTION)
+            hist = np.zeros((len(codes), vqgan.config.n_codes), np.float32)
+            np.add.at(hist, (np.arange(len(codes))[:, None], codes), 1.0)
+            hist /= np.linalg.norm(hist, axis=1, keepdims=True)
+            pred = [names[c] for c in make_vniah.nearest_centroid(hists, train_y, hist)]
+            at = round(r["depth"] / 100 * (r["frames"] - 1))
+            assert pred[at] == r["answer"].removesuffix(".").lower(), (pred, r)
