@@ -12,7 +12,6 @@ tokens/s after it.
 from __future__ import annotations
 
 import argparse
-import resource
 import sys
 import time
 from pathlib import Path
@@ -20,7 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import command_line, host_line, publish, sync  # noqa: E402
+from report import command_line, host_line, peak_mib, publish, sync  # noqa: E402
 
 N_DECODE = 32
 
@@ -35,10 +34,6 @@ def _model(device="cpu", dtype=torch.float32):
     return Transformer(config).to(device=device, dtype=dtype).eval(), vocab
 
 
-def _peak_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
 def _measure(rank: int, world: int, length: int, threads: int) -> dict:
     import torch.distributed as dist
 
@@ -50,7 +45,7 @@ def _measure(rank: int, world: int, length: int, threads: int) -> dict:
     gen = Generator(model, vocab, group=dist.group.WORLD if world > 1 else None)
     gen.prefill(prompt[:256])  # warm-up: first-call kernel setup is not part of the measurement
     gen.release()
-    before = _peak_mib()
+    before = peak_mib()
     if world > 1:
         dist.barrier()
     start = time.perf_counter()
@@ -63,7 +58,7 @@ def _measure(rank: int, world: int, length: int, threads: int) -> dict:
         gen.extend([t + 5])
     decode_s = time.perf_counter() - start
     cache_bytes = sum(2 * layer.cache.keys.numel() * layer.cache.keys.element_size() for layer in gen.cache.layers)
-    return {"prefill_s": prefill_s, "decode_s": decode_s, "peak_mib": _peak_mib(), "model_mib": before,
+    return {"prefill_s": prefill_s, "decode_s": decode_s, "peak_mib": peak_mib(), "model_mib": before,
             "cache_mib": cache_bytes / 2**20}
 
 
@@ -105,7 +100,7 @@ def longest_prefill(device: str, lengths: list[int], chunk: int) -> list[dict]:
                 gen.extend([t + 5])
             sync(device)
             decode_s = time.perf_counter() - start
-            peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else _peak_mib() / 1024
+            peak = peak_mib(device) / 1024
             rows.append({"length": length, "prefill_s": prefill_s, "decode_tps": N_DECODE / decode_s, "peak_gib": peak})
         except torch.OutOfMemoryError:
             rows.append({"length": length, "prefill_s": None})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import platform
 import re
+import resource
 import sys
 from pathlib import Path
 
@@ -29,6 +30,13 @@ def sync(device) -> None:
     """Wait for queued GPU work, so that a wall-clock time covers it."""
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize()
+
+
+def peak_mib(device="cpu") -> float:
+    """Peak memory so far: the device's peak allocation on a GPU, the process's peak RSS on CPU."""
+    if torch.device(device).type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def peak_tflops(device) -> float | None:

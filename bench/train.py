@@ -22,7 +22,6 @@ import os
 import statistics
 import subprocess
 import sys
-import resource
 import tempfile
 import time
 from pathlib import Path
@@ -30,7 +29,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import command_line, host_line, peak_tflops, publish, sync  # noqa: E402
+from report import command_line, host_line, peak_mib, peak_tflops, publish, sync  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -48,12 +47,6 @@ def run(cp: int, steps: int, out: Path) -> dict:
         "peak_mib": max(float(r["perf/peak_mem_mib"]) for r in rows),
         "steps": len(rows),
     }
-
-
-def _peak_mib(device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def model_flops_per_token(config, seq_len: int) -> float:
@@ -103,7 +96,7 @@ def layer_step(preset: str, layers: int, seq_len: int, steps: int, device_type: 
         step()
     sync(device)
     secs = (time.perf_counter() - start) / steps
-    return {"step_s": secs, "peak_mib": _peak_mib(device), "flops_per_token": model_flops_per_token(config, seq_len),
+    return {"step_s": secs, "peak_mib": peak_mib(device), "flops_per_token": model_flops_per_token(config, seq_len),
             "params": sum(p.numel() for p in model.parameters())}
 
 

@@ -80,15 +80,23 @@ def labelled_frames(per_class: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return frames, labels
 
 
-def code_histograms(vqgan, frames: np.ndarray) -> np.ndarray:
-    """(N, n_codes) float: each frame's codes counted, L2-normalized."""
+def encode(vqgan, frames: np.ndarray) -> np.ndarray:
+    """(N, SIZE, SIZE, 3) uint8 frames -> (N, tokens_per_frame) codes."""
     import torch
 
     with torch.no_grad():
-        codes = vqgan.encode(torch.from_numpy(frames), batch_size=32).numpy()  # (N, tokens_per_frame)
-    hist = np.zeros((len(codes), vqgan.config.n_codes), np.float32)
+        return vqgan.encode(torch.from_numpy(frames), batch_size=32).numpy()
+
+
+def histograms(codes: np.ndarray, n_codes: int) -> np.ndarray:
+    """(N, tokens_per_frame) codes -> (N, n_codes) float: each frame's codes counted, L2-normalized."""
+    hist = np.zeros((len(codes), n_codes), np.float32)
     np.add.at(hist, (np.arange(len(codes))[:, None], codes), 1.0)
     return hist / np.linalg.norm(hist, axis=1, keepdims=True)
+
+
+def code_histograms(vqgan, frames: np.ndarray) -> np.ndarray:
+    return histograms(encode(vqgan, frames), vqgan.config.n_codes)
 
 
 def nearest_centroid(train_x, train_y, test_x) -> np.ndarray:
@@ -119,12 +127,8 @@ QUESTION = "What color is the card in the video?"
 
 def code_pool(vqgan, per_class: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """(codes (N, tokens_per_frame) uint16, labels (N,)) of labelled_frames(per_class, seed)."""
-    import torch
-
     frames, labels = labelled_frames(per_class, seed)
-    with torch.no_grad():
-        codes = vqgan.encode(torch.from_numpy(frames), batch_size=32).numpy()
-    return codes.astype(np.uint16), labels
+    return encode(vqgan, frames).astype(np.uint16), labels
 
 
 def examples(codes, labels, n: int, frames: tuple[int, int], seed: int, prefix: str, out: Path) -> list[dict]:

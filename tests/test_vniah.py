@@ -61,9 +61,7 @@ def test_examples_hold_one_needle_whose_color_is_the_answer(tmp_path, vqgan):
             codes = store.load(r["vision"])  # (frames, 256)
             assert codes.shape == (r["frames"], 256) and 2 <= r["frames"] <= 4
             assert r["fields"] == "[user+vision+assistant],answer" and r["user"].endswith(make_vniah.QUESTION)
-            hist = np.zeros((len(codes), vqgan.config.n_codes), np.float32)
-            np.add.at(hist, (np.arange(len(codes))[:, None], codes), 1.0)
-            hist /= np.linalg.norm(hist, axis=1, keepdims=True)
+            hist = make_vniah.histograms(codes, vqgan.config.n_codes)
             pred = [names[c] for c in make_vniah.nearest_centroid(hists, train_y, hist)]
             at = round(r["depth"] / 100 * (r["frames"] - 1))
             assert pred[at] == r["answer"].removesuffix(".").lower(), (pred, r)
