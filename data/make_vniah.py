@@ -14,10 +14,10 @@ frame's histogram over the codebook, and classifies held-out frames by the neare
 (cosine): 7 classes, the six colors and "no needle". It prints the held-out accuracy per class.
 
 `--out` writes examples in the sample QA's chat form (the question before the video):
-OUT/codes (tokens/<id>.npy and manifest.*.jsonl, as lwm-tokenize writes them), OUT/train.jsonl and
+OUT/codes (or --codes; tokens/<id>.npy and manifest.*.jsonl, as lwm-tokenize writes them), OUT/train.jsonl and
 OUT/heldout.jsonl, one line per example:
 
-    {"vision": "vniah_000012", "user": "You are a helpful assistant. USER: What color is the card
+    {"vision": "vniah_f6_train_000012", "user": "You are a helpful assistant. USER: What color is the card
      in the video?", "assistant": "ASSISTANT:", "answer": "Red.", "frames": 5, "depth": 50.0,
      "fields": "[user+vision+assistant],answer"}
 
@@ -147,22 +147,37 @@ def examples(codes, labels, n: int, frames: tuple[int, int], seed: int, prefix: 
         order = list(rng.choice(hay, count - 1, replace=len(hay) < count - 1))
         order.insert(at, needle)
         vid = f"{prefix}_{i:06d}"
-        np.save(out / "tokens" / f"{vid}.npy", codes[order])
-        manifest.append({"id": vid, "frames": count, "timestamps": [float(t) for t in range(count)]})
+        manifest.append(save_video(out, vid, codes[order]))
         color = NEEDLE_COLORS[labels[needle]]
         rows.append({"vision": vid, **chat_fields(QUESTION), "answer": f"{color.capitalize()}.", "frames": count,
                      "depth": round(100 * at / max(count - 1, 1), 1), "fields": CHAT_SPEC})
-    with open(out / f"manifest.{prefix}.jsonl", "w") as f:
-        f.writelines(json.dumps(m) + "\n" for m in manifest)
+    write_manifest(out, prefix, manifest)
     return rows
 
 
-def write_examples(vqgan, out: Path, n: int, heldout: int, frames: tuple[int, int], seed: int, pool: int = 60) -> None:
-    """Training and held-out examples; `pool` frames per class for training, a third as many held out."""
-    (out / "codes" / "tokens").mkdir(parents=True, exist_ok=True)
+def save_video(out: Path, vid: str, codes: np.ndarray) -> dict:
+    """Write one video's codes (T, tokens_per_frame) to out/tokens/<vid>.npy, at 1 fps; returns its
+    manifest line."""
+    np.save(out / "tokens" / f"{vid}.npy", codes)
+    return {"id": vid, "frames": len(codes), "timestamps": [float(t) for t in range(len(codes))]}
+
+
+def write_manifest(out: Path, prefix: str, manifest: list[dict]) -> None:
+    with open(out / f"manifest.{prefix}.jsonl", "w") as f:
+        f.writelines(json.dumps(m) + "\n" for m in manifest)
+
+
+def write_examples(vqgan, out: Path, n: int, heldout: int, frames: tuple[int, int], seed: int, pool: int = 60,
+                   codes_dir: Path | None = None) -> None:
+    """Training and held-out examples; `pool` frames per class for training, a third as many held out.
+    codes_dir: where the videos' codes go (default out/codes; several sets may share one); the
+    video ids start with out's name, so they do not collide there."""
+    codes_dir = codes_dir or out / "codes"
+    (codes_dir / "tokens").mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     for name, count, pool_seed in (("train", n, seed), ("heldout", heldout, seed + 10**6)):
         codes, labels = code_pool(vqgan, pool if name == "train" else max(1, pool // 3), pool_seed)
-        rows = examples(codes, labels, count, frames, pool_seed, f"vniah_{name}", out / "codes")
+        rows = examples(codes, labels, count, frames, pool_seed, f"vniah_{out.name}_{name}", codes_dir)
         with open(out / f"{name}.jsonl", "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)
     print(f"wrote {n} training and {heldout} held-out examples ({frames[0]}-{frames[1]} frames) to {out}")
@@ -176,6 +191,7 @@ def main(argv=None) -> int:
     p.add_argument("--test-per-class", type=int, default=50)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, help="write training and held-out examples here")
+    p.add_argument("--codes", type=Path, help="--out: write the videos' codes here (default OUT/codes)")
     p.add_argument("--n", type=int, default=4000, help="--out: training examples")
     p.add_argument("--heldout", type=int, default=200, help="--out: held-out examples")
     p.add_argument("--frames", type=int, nargs=2, default=[2, 6], metavar=("LOW", "HIGH"),
@@ -197,7 +213,7 @@ def main(argv=None) -> int:
     if args.probe:
         print(json.dumps(probe(vqgan, args.train_per_class, args.test_per_class, args.seed), indent=2))
     if args.out is not None:
-        write_examples(vqgan, args.out, args.n, args.heldout, tuple(args.frames), args.seed)
+        write_examples(vqgan, args.out, args.n, args.heldout, tuple(args.frames), args.seed, codes_dir=args.codes)
     return 0
 
 

@@ -347,13 +347,16 @@ def summarize(records: list[dict], lengths, depths) -> dict:
 
 def run_needle(generator, tokenizer, vocab, lengths: Sequence[int], depths: Sequence[float], trials: int = 1, *,
                needles: int = 1, ask: int | None = None, haystack=None, max_new_tokens: int = 16, seed: int = 0,
-               digits: int = 7, progress: bool = False, on_trial: Callable[[dict, list[dict]], None] | None = None) -> dict:
+               digits: int = 7, instruction: str = INSTRUCTION, progress: bool = False,
+               on_trial: Callable[[dict, list[dict]], None] | None = None) -> dict:
     """Run the grid lengths x depths x trials and return {"config", "trials", "cells", "accuracy", ...}.
 
     generator: anything with generate(prompt_ids, GenerationConfig) -> new ids (lwm.infer.Generator);
     every rank of a context-parallel group calls this with the same arguments. haystack: a path, a
     Haystack, or None for the bundled sample. on_trial(record, records so far) is called after each
-    trial. A trial that raises is recorded with its error (score None) and the run goes on."""
+    trial. A trial that raises is recorded with its error (score None) and the run goes on.
+    instruction: what follows the question ("" leaves LWM's instruction out, as a curriculum's first
+    step trains)."""
     from lwm.infer import GenerationConfig
 
     lengths, depths = [int(n) for n in lengths], [float(d) for d in depths]
@@ -388,7 +391,7 @@ def run_needle(generator, tokenizer, vocab, lengths: Sequence[int], depths: Sequ
             record.update(city=items[0].city, number=items[0].number)
         start = time.perf_counter()
         try:
-            prompt = build_prompt(tokenizer, haystack, length, items, question)
+            prompt = build_prompt(tokenizer, haystack, length, items, question, instruction=instruction)
             record["prompt_tokens"] = len(prompt.ids)
             out = generator.generate(prompt.ids, config)
             answer = tokenizer.decode([t for t in out if t < vocab.text_size])
@@ -416,7 +419,7 @@ def run_needle(generator, tokenizer, vocab, lengths: Sequence[int], depths: Sequ
     return {"config": {"lengths": lengths, "depths": depths, "trials": trials, "needles": needles, "ask": ask,
                        "max_new_tokens": max_new_tokens, "seed": seed, "digits": digits, "haystack": haystack.name,
                        "needle": NEEDLE, "question": QUESTION if ask == 1 else QUESTION_MANY,
-                       "instruction": INSTRUCTION},
+                       "instruction": instruction},
             "trials": records, **summarize(records, lengths, depths)}
 
 
@@ -467,6 +470,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--digits", type=int, default=7, help="digits of the needles' numbers (LWM's: 7)")
+    p.add_argument("--no-instruction", action="store_true",
+                   help="leave LWM's instruction after the question out (as data/make_retrieval.py --no-instruction)")
     return p
 
 
@@ -526,7 +531,8 @@ def main(argv: list[str] | None = None) -> int:
         f"process(es), {device}", file=sys.stderr)
     results = run_needle(gen, loaded.tokenizer, loaded.vocab, args.lengths, args.depths, args.trials,
                          needles=args.needles, ask=args.ask, haystack=haystack, max_new_tokens=args.max_new_tokens,
-                         seed=args.seed, digits=args.digits, progress=rank == 0, on_trial=save)
+                         seed=args.seed, digits=args.digits, instruction="" if args.no_instruction else INSTRUCTION,
+                         progress=rank == 0, on_trial=save)
     results["config"] = {**run_info, **results["config"], "complete": True}
     if rank == 0:
         path, png = write_results(results, args.out, title)

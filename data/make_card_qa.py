@@ -1,0 +1,134 @@
+"""Video QA whose answers the tiny VQGAN's codes carry: four-option questions (Video-MME style, chance
+25%) about the color cards of data/make_vniah.py hidden among sample-style haystack frames.
+
+    python data/make_card_qa.py --out data/card_qa/f6 --frames 3 6 --n 4000
+    python eval/video_qa.py --model M --data data/card_qa/f6/qa.jsonl --codes data/card_qa/f6/codes
+
+Each video has LOW to HIGH frames at 1 fps; one to four of them are cards of distinct colors, at
+random frames. Two questions per video:
+
+    count  "How many cards are in the video?"               One. / Two. / Three. / Four.
+    first  "What color is the first card in the video?"     the first card's color and three others
+
+A nearest-centroid probe on the codes tells the cards' colors and "no card" apart on held-out
+frames (`python data/make_vniah.py --probe`: 99.1%), so both answers are readable from the codes;
+what the model has to learn is counting the cards and finding the first.
+
+Writes OUT/codes (or --codes; tokens/<id>.npy and manifest.*.jsonl, as lwm-tokenize writes them),
+OUT/train.jsonl (every question twice, as the sample QA: the bare question answered with the
+option's text, and the question with its options answered with the letter, in the chat form) and
+OUT/qa.jsonl (held-out videos from frames of their own, in eval/video_qa.py's form):
+
+    {"vision": "cardqa_f6_heldout_000003", "id": "cardqa_f6_heldout_000003_count", "question": "How many
+     cards are in the video?", "options": ["A. Three.", "B. One.", "C. Four.", "D. Two."],
+     "answer": "D", "duration": 5, "task_type": "count", "cards": ["red", "cyan"], "card_frames": [0, 3]}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+_HERE = str(Path(__file__).resolve().parent)
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
+
+from make_vniah import DEFAULT_CHECKPOINT, NEEDLE_COLORS, code_pool, save_video, write_manifest  # noqa: E402
+from sample_lib.language import LETTERS, choice_question  # noqa: E402
+
+COUNTS = ("One.", "Two.", "Three.", "Four.")
+QUESTIONS = {"count": "How many cards are in the video?", "first": "What color is the first card in the video?"}
+HELDOUT_SEED = 10**6  # held-out videos and their frame pools use seeds from here on
+
+
+def questions(cards: list[str], rng: np.random.Generator) -> list[tuple[str, list[str], str]]:
+    """(task, options ["A. ...", ...], answer letter) of each question about a video's cards."""
+    answers = {"count": (COUNTS[len(cards) - 1], list(COUNTS)),
+               "first": (f"{cards[0].capitalize()}.", [f"{c.capitalize()}." for c in NEEDLE_COLORS])}
+    out = []
+    for task, (answer, pool) in answers.items():
+        others = [a for a in pool if a != answer]
+        picked = [others[int(k)] for k in rng.choice(len(others), len(LETTERS) - 1, replace=False)] + [answer]
+        texts = [picked[int(k)] for k in rng.permutation(len(picked))]
+        out.append((task, [f"{letter}. {t}" for letter, t in zip(LETTERS, texts)], LETTERS[texts.index(answer)]))
+    return out
+
+
+def videos(codes, labels, n: int, frames: tuple[int, int], seed: int, prefix: str, out: Path):
+    """n videos of the pool's frames; yields (video id, card colors in order, card frame indices),
+    each video's codes written to out/tokens/<id>.npy."""
+    rng = np.random.default_rng(seed)
+    hay = np.flatnonzero(labels == len(NEEDLE_COLORS))
+    manifest = []
+    for i in range(n):
+        count = int(rng.integers(frames[0], frames[1] + 1))
+        k = int(rng.integers(1, min(len(COUNTS), count) + 1))
+        colors = rng.choice(len(NEEDLE_COLORS), k, replace=False)
+        at = np.sort(rng.choice(count, k, replace=False))
+        order = rng.choice(hay, count, replace=len(hay) < count)
+        for c, t in zip(colors, at):
+            order[t] = int(rng.choice(np.flatnonzero(labels == c)))
+        vid = f"{prefix}_{i:06d}"
+        manifest.append(save_video(out, vid, codes[order]))
+        yield vid, [NEEDLE_COLORS[c] for c in colors], [int(t) for t in at], count, rng
+    write_manifest(out, prefix, manifest)
+
+
+def write(vqgan, out: Path, n: int, heldout: int, frames: tuple[int, int], seed: int = 0, pool: int = 60,
+          codes_dir: Path | None = None) -> None:
+    """codes_dir: where the videos' codes go (default out/codes; several sets may share one)."""
+    from lwm.infer.prompt import CHAT_SPEC, chat_fields
+
+    codes_dir = codes_dir or out / "codes"
+    (codes_dir / "tokens").mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    codes, labels = code_pool(vqgan, pool, seed)
+    with open(out / "train.jsonl", "w") as f:
+        for vid, cards, _, _, rng in videos(codes, labels, n, frames, seed, f"cardqa_{out.name}_train", codes_dir):
+            for task, options, letter in questions(cards, rng):
+                answer = options[LETTERS.index(letter)][3:]
+                for question, reply in ((QUESTIONS[task], answer), (choice_question(QUESTIONS[task], options), f"{letter}.")):
+                    f.write(json.dumps({"vision": vid, **chat_fields(question), "answer": reply, "task_type": task,
+                                        "fields": CHAT_SPEC}) + "\n")
+    codes, labels = code_pool(vqgan, max(1, pool // 3), HELDOUT_SEED + seed)
+    with open(out / "qa.jsonl", "w") as f:
+        for vid, cards, at, count, rng in videos(codes, labels, heldout, frames, HELDOUT_SEED + seed,
+                                                 f"cardqa_{out.name}_heldout", codes_dir):
+            for task, options, letter in questions(cards, rng):
+                f.write(json.dumps({"vision": vid, "id": f"{vid}_{task}", "question": QUESTIONS[task],
+                                    "options": options, "answer": letter, "duration": count, "task_type": task,
+                                    "cards": cards, "card_frames": at}) + "\n")
+    print(f"wrote {n} training videos ({2 * len(QUESTIONS) * n} rows) and {heldout} held-out videos "
+          f"({len(QUESTIONS) * heldout} questions), {frames[0]}-{frames[1]} frames, to {out}")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--codes", type=Path, help="write the videos' codes here (default OUT/codes)")
+    p.add_argument("--n", type=int, default=4000, help="training videos")
+    p.add_argument("--heldout", type=int, default=100, help="held-out videos (two questions each)")
+    p.add_argument("--frames", type=int, nargs=2, default=[3, 6], metavar=("LOW", "HIGH"),
+                   help="frames per video, uniform in [LOW, HIGH]")
+    p.add_argument("--checkpoint", type=Path, default=DEFAULT_CHECKPOINT, help="the VQGAN (safetensors + json)")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    if not 1 <= args.frames[0] <= args.frames[1]:
+        p.error(f"--frames {args.frames[0]} {args.frames[1]}: need 1 <= LOW <= HIGH")
+    if args.n < 1 or args.heldout < 1:
+        p.error("--n and --heldout must be positive")
+    if not args.checkpoint.is_file():
+        p.error(f"--checkpoint {args.checkpoint} does not exist")
+    from lwm.vision.checkpoint import load_vqgan
+
+    write(load_vqgan(args.checkpoint).eval(), args.out, args.n, args.heldout, tuple(args.frames), args.seed,
+          codes_dir=args.codes)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

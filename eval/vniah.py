@@ -1,0 +1,273 @@
+"""Visual needle in a video haystack (LongVA's V-NIAH idea): can the model find one frame anywhere in
+a video? A grid of video lengths (frames) x needle depths, several trials per cell.
+
+    python eval/vniah.py --model runs/vniah/f24 --frames 2 6 12 24 --depths 0 25 50 75 100 --trials 6 --out results/vniah
+    torchrun --nproc_per_node 2 eval/vniah.py --model ...        # prompt and KV cache split over 2 ranks
+
+Each trial is a video of N frames at 1 fps: N - 1 haystack frames (sample-style scenes) and one
+needle, a color card of data/make_vniah.py (six colors: chance 1/6), at frame round(depth * (N - 1)).
+The frames come from a pool made and encoded with the VQGAN (--vqgan) for this evaluation, from
+seeds that data/make_vniah.py never trains on. The prompt is the training data's chat form, the
+question before the video:
+
+    [BOS] "You are a helpful assistant. USER: What color is the card in the video?" <vision> frames </vision> "ASSISTANT:"
+
+Scored two ways in every trial:
+  generated  greedy generation (text only); right when the first color named is the needle's
+  ll         the log-likelihood of each of the six answers ("Red.", ...) after the prompt; right
+             when the needle's is the most likely
+
+Writes OUT/vniah.json (config; one record per trial in Video-MME's field names where they fit:
+video_id, duration, question, options, answer, task_type; accuracy per cell and method) and
+OUT/vniah_heatmap.png (generated) and OUT/vniah_heatmap_ll.png: depth rows x frames columns. A trial
+that fails (out of memory, say) is recorded with its error and the run goes on; a stopped run keeps
+what it did (vniah.json is rewritten at most every 30 s). Exit status: 0, 1 if some trial failed,
+2 for bad input. Only rank 0 writes and prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+for _p in (ROOT, ROOT / "data"):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+
+from eval.plots import grid_table, heatmap  # noqa: E402
+from make_vniah import NEEDLE_COLORS, QUESTION, code_pool  # noqa: E402
+
+METHODS = ("generated", "ll")
+EVAL_SEED = 3 * 10**6  # the frame pools: make_vniah trains on seed 0.. and holds out 10**6..
+ANSWERS = [f"{c.capitalize()}." for c in NEEDLE_COLORS]
+_COLOR_WORD = re.compile(r"\b(" + "|".join(NEEDLE_COLORS) + r")\b", re.IGNORECASE)
+
+
+def check_grid(frames: Sequence[int], depths: Sequence[float], trials: int, pool: int) -> None:
+    if not frames or any(int(n) < 1 for n in frames):
+        raise ValueError(f"--frames must be positive frame counts, got {list(frames)}")
+    if not depths or any(not 0 <= float(d) <= 100 for d in depths):
+        raise ValueError(f"--depths must be percentages in [0, 100], got {list(depths)}")
+    if trials < 1:
+        raise ValueError(f"--trials must be >= 1, got {trials}")
+    if pool < 1:
+        raise ValueError(f"--pool must be >= 1, got {pool}")
+
+
+def first_color(text: str) -> str | None:
+    """The first needle color named in `text` (lowercase), or None."""
+    m = _COLOR_WORD.search(text)
+    return m.group(1).lower() if m else None
+
+
+def trial_video(codes: np.ndarray, labels: np.ndarray, frames: int, depth: float, seed: int,
+                trial: int) -> tuple[np.ndarray, str, int]:
+    """(codes (frames, tokens_per_frame), the needle's color, its frame index) of one trial: the same
+    on every rank and every run."""
+    rng = np.random.default_rng([seed, frames, int(round(depth * 1000)), trial])
+    hay = np.flatnonzero(labels == len(NEEDLE_COLORS))
+    needle = int(rng.choice(np.flatnonzero(labels < len(NEEDLE_COLORS))))
+    at = int(round(depth / 100 * (frames - 1)))
+    order = list(rng.choice(hay, frames - 1, replace=len(hay) < frames - 1))
+    order.insert(at, needle)
+    return codes[order], NEEDLE_COLORS[labels[needle]], at
+
+
+def score_trial(generator, tokenizer, vocab, codes: np.ndarray, color: str, methods: Sequence[str],
+                max_new_tokens: int) -> dict:
+    """One prompt scored by each method -> {"generated": {...}, "ll": {...}, "prompt_tokens": n}."""
+    from lwm.infer import GenerationConfig
+    from lwm.infer.prompt import chat_prompt
+
+    prompt = chat_prompt(tokenizer, vocab, QUESTION, codes)
+    out: dict = {"prompt_tokens": len(prompt)}
+    if "generated" in methods:
+        ids = generator.generate(prompt, GenerationConfig(max_new_tokens=max_new_tokens,
+                                                          stop_tokens=[tokenizer.eos_id], restrict="text"))
+        text = tokenizer.decode(ids)
+        out["generated"] = {"output": text, "predicted": first_color(text), "correct": first_color(text) == color}
+    if "ll" in methods:
+        scores = generator.score(prompt, [tokenizer.encode(a) for a in ANSWERS])
+        best = NEEDLE_COLORS[int(np.argmax(scores))]
+        out["ll"] = {"scores": [round(s, 4) for s in scores], "predicted": best, "correct": best == color}
+    return out
+
+
+def summarize(records: list[dict], frames, depths, methods) -> dict:
+    """Accuracy per (frames, depth) cell and overall, per method, over the trials that ran."""
+    def acc(rs, m):
+        ok = [r[m]["correct"] for r in rs if r["error"] is None]
+        return float(np.mean(ok)) if ok else None
+
+    cells = []
+    for n in frames:
+        for d in depths:
+            rs = [r for r in records if r["frames"] == n and r["depth"] == d]
+            cells.append({"frames": n, "depth": d, "trials": len(rs),
+                          "failed": sum(r["error"] is not None for r in rs), **{m: acc(rs, m) for m in methods}})
+    return {"cells": cells, "accuracy": {m: acc(records, m) for m in methods}, "trials_run": len(records),
+            "trials_failed": sum(r["error"] is not None for r in records)}
+
+
+def run_vniah(generator, tokenizer, vocab, vqgan, frames: Sequence[int], depths: Sequence[float], trials: int = 1, *,
+              methods: Sequence[str] = METHODS, pool: int = 20, seed: int = 0, max_new_tokens: int = 4,
+              progress: bool = False, on_trial: Callable[[dict, list[dict]], None] | None = None) -> dict:
+    """Run the grid frames x depths x trials -> {"config", "trials", "cells", "accuracy", ...}.
+
+    generator: lwm.infer.Generator (every rank of a context-parallel group calls this with the same
+    arguments); vqgan encodes the frame pools (`pool` frames per color and of the haystack)."""
+    frames, depths = [int(n) for n in frames], [float(d) for d in depths]
+    check_grid(frames, depths, trials, pool)
+    bad = [m for m in methods if m not in METHODS]
+    if bad or not methods:
+        raise ValueError(f"methods must be a non-empty subset of {METHODS}, got {list(methods)}")
+    if tokenizer.vocab_size != vocab.text_size:
+        raise ValueError(f"the tokenizer has {tokenizer.vocab_size} text ids but the vocabulary {vocab.text_size}")
+    if vqgan.config.n_codes > vocab.n_vision_codes:
+        raise ValueError(f"the VQGAN has {vqgan.config.n_codes} codes but the model's vocabulary holds {vocab.n_vision_codes}")
+    codes, labels = code_pool(vqgan, pool, EVAL_SEED + seed)
+    grid = [(n, d, t) for n in frames for d in depths for t in range(trials)]
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(grid), desc="vniah", unit="trial", dynamic_ncols=True)
+    records: list[dict] = []
+    for n, d, t in grid:
+        video, color, at = trial_video(codes, labels, n, d, EVAL_SEED + seed, t)
+        rec = {"video_id": f"vniah_{n}f_{d:g}_{t}", "duration": n, "frames": n, "depth": d, "trial": t,
+               "needle_frame": at, "task_type": "needle color", "question": QUESTION, "options": ANSWERS,
+               "answer": f"{color.capitalize()}.", "error": None}
+        start = time.perf_counter()
+        try:
+            rec.update(score_trial(generator, tokenizer, vocab, video, color, methods, max_new_tokens))
+        except Exception as e:  # recorded; the grid goes on (an out-of-memory at one length, say)
+            rec["error"] = f"{type(e).__name__}: {e}"
+        rec["seconds"] = round(time.perf_counter() - start, 3)
+        records.append(rec)
+        if on_trial is not None:
+            on_trial(rec, records)
+        if bar is not None:
+            done = [r[methods[0]]["correct"] for r in records if r["error"] is None]
+            bar.set_postfix(acc=f"{np.mean(done):.2f}" if done else "n/a", failed=len(records) - len(done))
+            bar.update()
+    if bar is not None:
+        bar.close()
+    return {"config": {"frames": frames, "depths": depths, "trials": trials, "methods": list(methods), "pool": pool,
+                       "seed": seed, "max_new_tokens": max_new_tokens, "question": QUESTION, "answers": ANSWERS,
+                       "chance": 1 / len(ANSWERS)},
+            "trials": records, **summarize(records, frames, depths, methods)}
+
+
+def accuracy_grid(results: dict, method: str) -> list[list[float | None]]:
+    """Accuracy of `method` as depth rows x frames columns."""
+    cells = {(c["frames"], c["depth"]): c[method] for c in results["cells"]}
+    cfg = results["config"]
+    return [[cells.get((n, d)) for n in cfg["frames"]] for d in cfg["depths"]]
+
+
+def write_results(results: dict, out: Path, title: str = "Visual needle in a haystack") -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "vniah.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(results, indent=1))
+    tmp.replace(path)
+    cfg, written = results["config"], [path]
+    for m in cfg["methods"]:
+        name = "vniah_heatmap.png" if m == "generated" else f"vniah_heatmap_{m}.png"
+        written.append(heatmap(accuracy_grid(results, m), [f"{d:g}" for d in cfg["depths"]],
+                               [str(n) for n in cfg["frames"]], out / name,
+                               title=f"{title} ({'generated answer' if m == 'generated' else 'answer log-likelihood'})",
+                               xlabel="video length (frames, 1 fps)", ylabel="needle depth (%)"))
+    return written
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from lwm.infer.prompt import DEFAULT_VQGAN
+    from lwm.infer.runtime import add_model_args
+
+    p = argparse.ArgumentParser(description="Visual needle in a video haystack over video lengths x needle depths",
+                                epilog="Exit status: 0, 1 if some trial failed (recorded in vniah.json), 2 for bad input.")
+    add_model_args(p)
+    p.add_argument("--vqgan", type=Path, default=DEFAULT_VQGAN, help="the VQGAN that encodes the frames (safetensors)")
+    p.add_argument("--frames", type=int, nargs="+", default=[2, 4, 6], help="video lengths in frames (1 fps)")
+    p.add_argument("--depths", type=float, nargs="+", default=[0, 25, 50, 75, 100], help="needle depths, percent")
+    p.add_argument("--trials", type=int, default=4, help="trials per cell (another needle and haystack each)")
+    p.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    p.add_argument("--pool", type=int, default=20, help="frames per color and of the haystack, encoded once")
+    p.add_argument("--max-new-tokens", type=int, default=4)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=Path("results/vniah"))
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    import torch
+
+    from lwm.infer.runtime import load_generator, require_paths, start
+    from lwm.vision.checkpoint import load_vqgan
+
+    require_paths(parser, args, "--model", "--tokenizer", "--vqgan")
+    try:  # every check that needs no weights comes before loading them
+        check_grid(args.frames, args.depths, args.trials, args.pool)
+        if args.max_new_tokens < 1:
+            raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    except ValueError as e:
+        parser.error(str(e))
+    runtime = start(args.device)
+    rank = runtime.rank
+    try:
+        vqgan = load_vqgan(args.vqgan).eval()
+        loaded, gen = load_generator(args, runtime)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"vniah: {e}", file=sys.stderr)
+        return 2
+    run_info = {"model": str(args.model), "tokenizer": str(loaded.tokenizer.path), "vqgan": str(args.vqgan),
+                "device": runtime.device, "world_size": runtime.world, "layout": args.layout,
+                "dtype": str(next(loaded.model.parameters()).dtype).replace("torch.", "")}
+    last_save = [0.0]
+
+    def save(record, records):  # a stopped run keeps what it did (rewritten at most every 30 s)
+        if rank == 0 and time.monotonic() - last_save[0] >= 30:
+            last_save[0] = time.monotonic()
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "vniah.json").write_text(json.dumps({"config": {**run_info, "complete": False},
+                                                             "trials": records}, indent=1))
+
+    if rank == 0:
+        print(f"vniah: {len(args.frames)} lengths x {len(args.depths)} depths x {args.trials} trials on "
+              f"{runtime.world} process(es), {runtime.device}", file=sys.stderr)
+    results = run_vniah(gen, loaded.tokenizer, loaded.vocab, vqgan, args.frames, args.depths, args.trials,
+                        methods=args.methods, pool=args.pool, seed=args.seed, max_new_tokens=args.max_new_tokens,
+                        progress=rank == 0, on_trial=save)
+    results["config"] = {**run_info, **results["config"], "complete": True}
+    if rank == 0:
+        written = write_results(results, args.out)
+        for m in args.methods:
+            print(f"{m}:")
+            print(grid_table(accuracy_grid(results, m), [f"{d:g}" for d in results["config"]["depths"]],
+                             [str(n) for n in results["config"]["frames"]], corner="depth \\ frames"))
+        accs = ", ".join(f"{m} {'n/a' if a is None else f'{a:.3f}'}" for m, a in results["accuracy"].items())
+        print(f"accuracy {accs} (chance {1 / len(ANSWERS):.3f}) over {results['trials_run']} trials "
+              f"({results['trials_failed']} failed); wrote {', '.join(str(p) for p in written)}")
+        for r in results["trials"]:
+            if r["error"]:
+                print(f"failed: {r['frames']} frames depth {r['depth']:g} trial {r['trial']}: {r['error']}",
+                      file=sys.stderr)
+    if runtime.group is not None:
+        torch.distributed.destroy_process_group()
+    return 1 if results["trials_failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

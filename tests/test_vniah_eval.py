@@ -1,0 +1,187 @@
+"""eval/vniah.py (frames x depth grid of visual needles) and data/make_card_qa.py (video QA about the
+cards). References: a nearest-centroid probe on the codes, fitted on frames of other seeds, reads
+the needle (or the cards) back from the prompt or the written videos."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+for p in (ROOT, ROOT / "data"):
+    sys.path.insert(0, str(p))
+
+import make_card_qa  # noqa: E402
+import make_vniah  # noqa: E402
+
+from eval import vniah  # noqa: E402
+from lwm.data import TextTokenizer, Vocab  # noqa: E402
+from lwm.vision.checkpoint import load_vqgan  # noqa: E402
+
+TOKENIZER = ROOT / "data" / "sample" / "tokenizer.model"
+NAMES = [*make_vniah.NEEDLE_COLORS, make_vniah.NO_NEEDLE]
+
+
+@pytest.fixture(scope="module")
+def vqgan():
+    return load_vqgan(make_vniah.DEFAULT_CHECKPOINT).eval()
+
+
+@pytest.fixture(scope="module")
+def reader(vqgan):
+    """Frame codes (N, 256) -> class names, by a probe fitted on frames never used for evaluation."""
+    x, y = make_vniah.labelled_frames(10, seed=7)
+    hists = make_vniah.code_histograms(vqgan, x)
+    return lambda codes: [NAMES[c] for c in make_vniah.nearest_centroid(hists, y, make_vniah.histograms(
+        np.asarray(codes), vqgan.config.n_codes))]
+
+
+def test_trial_videos_put_the_needle_at_the_depth_and_repeat():
+    codes, labels = np.arange(70)[:, None].repeat(4, 1), np.repeat(np.arange(7), 10)
+    for frames, depth in ((1, 50.0), (5, 0.0), (5, 50.0), (5, 100.0), (9, 25.0)):
+        video, color, at = vniah.trial_video(codes, labels, frames, depth, seed=0, trial=0)
+        assert video.shape == (frames, 4) and at == round(depth / 100 * (frames - 1))
+        kinds = labels[video[:, 0]]
+        assert kinds[at] < 6 and make_vniah.NEEDLE_COLORS[kinds[at]] == color
+        assert (np.delete(kinds, at) == 6).all()  # every other frame is haystack
+        again = vniah.trial_video(codes, labels, frames, depth, seed=0, trial=0)
+        assert np.array_equal(again[0], video) and again[1:] == (color, at)
+    many = {vniah.trial_video(codes, labels, 5, 50.0, seed=0, trial=t)[0].tobytes() for t in range(8)}
+    assert len(many) == 8
+
+
+class Reader:
+    """A stand-in model that reads the needle from the prompt's codes with the probe and answers
+    with its color (or, wrong=True, with a color that is not it)."""
+
+    def __init__(self, tok, vocab, read, wrong=False):
+        self.tok, self.vocab, self.read, self.wrong, self.frames = tok, vocab, read, wrong, []
+
+    def _color(self, ids):
+        ids = np.asarray(ids)
+        codes = ids[(ids >= self.vocab.vision_offset) & (ids < self.vocab.eof)] - self.vocab.vision_offset
+        frames = codes.reshape(-1, 256)
+        self.frames.append(len(frames))
+        found = [c for c in self.read(frames) if c != make_vniah.NO_NEEDLE]
+        color = found[0] if found else "red"
+        if self.wrong:
+            color = make_vniah.NEEDLE_COLORS[(make_vniah.NEEDLE_COLORS.index(color) + 1) % 6]
+        return color
+
+    def generate(self, ids, config):
+        return self.tok.encode(f"{self._color(ids).capitalize()}.")
+
+    def score(self, ids, conts):
+        want = self.tok.encode(f"{self._color(ids).capitalize()}.")
+        return [0.0 if list(c) == want else -1.0 for c in conts]
+
+
+def test_grid_scores_both_methods(vqgan, reader):
+    tok = TextTokenizer(TOKENIZER)
+    vocab = Vocab(tok.vocab_size)
+    frames, depths = [1, 3, 6], [0, 50, 100]
+    right = Reader(tok, vocab, reader)
+    res = vniah.run_vniah(right, tok, vocab, vqgan, frames, depths, trials=2, pool=8)
+    assert res["trials_failed"] == 0 and len(res["trials"]) == 18
+    assert right.frames == [n for n in frames for _ in depths for _ in range(2) for _ in range(2)]  # once per method
+    assert res["accuracy"] == {"generated": 1.0, "ll": 1.0}
+    assert [(c["frames"], c["depth"]) for c in res["cells"]] == [(n, d) for n in frames for d in (0.0, 50.0, 100.0)]
+    for r in res["trials"]:
+        assert r["generated"]["output"] == r["answer"] and r["ll"]["predicted"] == r["answer"][:-1].lower()
+        assert {"video_id", "duration", "question", "options", "answer", "task_type"} <= set(r)
+    wrong = vniah.run_vniah(Reader(tok, vocab, reader, wrong=True), tok, vocab, vqgan, frames, depths, trials=2, pool=8)
+    assert wrong["accuracy"] == {"generated": 0.0, "ll": 0.0}
+    assert vniah.first_color("It is Cyan, not red.") == "cyan" and vniah.first_color("I see a card.") is None
+    with pytest.raises(ValueError, match="--frames must be positive"):
+        vniah.run_vniah(right, tok, vocab, vqgan, [0, 2], depths)
+    with pytest.raises(ValueError, match="methods must be"):
+        vniah.run_vniah(right, tok, vocab, vqgan, frames, depths, methods=["letter"])
+
+
+@pytest.fixture(scope="module")
+def stage_model(tmp_path_factory) -> Path:
+    import torch
+    from safetensors.torch import save_file
+
+    from lwm.model import ModelConfig, Transformer
+
+    torch.manual_seed(0)
+    config = ModelConfig.from_preset("debug", vocab_size=Vocab(TextTokenizer(TOKENIZER).vocab_size).size)
+    out = tmp_path_factory.mktemp("vniah_model") / "f6"
+    out.mkdir()
+    from dataclasses import asdict
+
+    (out / "model_config.json").write_text(json.dumps(asdict(config)))
+    save_file(Transformer(config).state_dict(), out / "final.safetensors")
+    return out
+
+
+ARGS = ["--tokenizer", str(TOKENIZER), "--frames", "1", "3", "--depths", "0", "100", "--trials", "1", "--pool", "4",
+        "--device", "cpu"]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+
+
+def run_cli(launcher, args):
+    return subprocess.run([*launcher, str(ROOT / "eval" / "vniah.py"), *args], cwd=ROOT, env=ENV,
+                          capture_output=True, text=True, timeout=180)
+
+
+def test_command_one_process_and_torchrun_agree(stage_model, tmp_path):
+    one = run_cli([sys.executable], ["--model", str(stage_model), "--out", str(tmp_path / "one"), *ARGS])
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert "| depth \\ frames |" in one.stdout and "chance 0.167" in one.stdout
+    res = json.loads((tmp_path / "one" / "vniah.json").read_text())
+    assert res["config"]["complete"] and res["config"]["frames"] == [1, 3] and len(res["trials"]) == 4
+    assert all(r["error"] is None for r in res["trials"])
+    assert (tmp_path / "one" / "vniah_heatmap.png").stat().st_size > 1000
+    assert (tmp_path / "one" / "vniah_heatmap_ll.png").stat().st_size > 1000
+    two = run_cli([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"],
+                  ["--model", str(stage_model), "--out", str(tmp_path / "two"), *ARGS])
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert two.stdout.count("accuracy generated") == 1  # rank 0 only
+    cp2 = json.loads((tmp_path / "two" / "vniah.json").read_text())
+    assert cp2["config"]["world_size"] == 2
+    key = lambda r: (r["frames"], r["depth"], r["answer"], r["generated"]["output"], r["ll"]["predicted"])  # noqa: E731
+    assert [key(r) for r in cp2["trials"]] == [key(r) for r in res["trials"]]
+    for a, b in zip(cp2["trials"], res["trials"]):
+        assert np.allclose(a["ll"]["scores"], b["ll"]["scores"], atol=1e-3)
+
+
+def test_command_bad_input(stage_model, tmp_path):
+    bad = run_cli([sys.executable], ["--model", str(stage_model), "--out", str(tmp_path), *ARGS, "--frames", "0"])
+    assert bad.returncode == 2 and "--frames must be positive frame counts, got [0]" in bad.stderr
+    missing = run_cli([sys.executable], ["--model", str(tmp_path / "nope"), *ARGS])
+    assert missing.returncode == 2 and f"--model {tmp_path / 'nope'} does not exist" in missing.stderr
+
+
+def test_card_qa_answers_are_what_the_videos_show(tmp_path, vqgan):
+    """Every question's answer letter points at the option the video holds: each frame is looked up
+    in the frame pool (remade from its seed) to learn what it shows; the count of cards and the
+    first card's color are the answers. The held-out rows load in eval/video_qa.py."""
+    from eval.video_qa import VideoSource, read_items
+
+    make_card_qa.write(vqgan, tmp_path, n=6, heldout=6, frames=(3, 6), pool=6)
+    train = [json.loads(line) for line in open(tmp_path / "train.jsonl")]
+    assert len(train) == 6 * 4 and {r["task_type"] for r in train} == {"count", "first"}
+    assert sum(r["answer"] in make_card_qa.COUNTS for r in train) == 6  # the bare count question, once per video
+    items = read_items(tmp_path / "qa.jsonl")
+    assert len(items) == 12 and all(it.error is None for it in items)
+    pool, labels = make_vniah.code_pool(vqgan, 2, make_card_qa.HELDOUT_SEED)  # the held-out pool: 6 // 3 per class
+    source = VideoSource(tmp_path / "codes")
+    for item in items:
+        codes, info = source.load(item)
+        assert 3 <= len(codes) <= 6 and info["codes_from"] == "cache"
+        rows = [int(np.flatnonzero((pool == frame).all(1))[0]) for frame in codes]  # each frame is a pool frame
+        cards = [NAMES[labels[r]] for r in rows if labels[r] < 6]
+        answer = item.options[item.answer_index]  # the option's text, its letter taken off
+        assert len(item.options) == 4 and len(set(item.options)) == 4 and len(set(cards)) == len(cards)
+        if item.task == "count":
+            assert answer == make_card_qa.COUNTS[len(cards) - 1], (answer, cards)
+        else:
+            assert answer == f"{cards[0].capitalize()}.", (answer, cards)
