@@ -1,7 +1,7 @@
 """Train an LWM-style model: python train.py [group=option ...] [key=value ...]
 
-With no arguments: the tiny model on the bundled sample data through the tiny progressive schedule
-on CPU. See conf/ for the groups (model, data, parallel, schedule, trainer, optim, experiment) and
+With no arguments: the debug model learns LWM's needle on the bundled sample data through the quick
+progressive schedule on CPU (128 -> 512 -> 2K tokens), then the needle grid is printed. See conf/ for the groups (model, data, parallel, schedule, trainer, optim, experiment) and
 the README for multi-GPU, torchrun and SLURM launches.
 """
 
@@ -17,14 +17,14 @@ from omegaconf import DictConfig, OmegaConf
 def main(cfg: DictConfig) -> None:
     from lwm.train.console import is_rank0, quiet_lightning, say
     from lwm.train.entry import ensure_sample_data, to_run_config
-    from lwm.train.run import check_data_files, run_schedule, validate
+    from lwm.train.run import check_files, run_schedule, validate
 
     try:
         run = to_run_config(cfg)
         validate(run)
         if run.data.sample and is_rank0():
             ensure_sample_data(run.data)
-            check_data_files(run.data)
+            check_files(run)
     except (ValueError, TypeError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -35,7 +35,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def run(cp: int, steps: int, out: Path) -> dict:
-    cmd = [sys.executable, "train.py", f"trainer.out_dir={out}", "stage_only=s8k", "export=false", "trainer.log_every=1",
+    cmd = [sys.executable, "train.py", f"trainer.out_dir={out}", "model=tiny", "schedule=tiny", "stage_only=s8k",
+           "export=false", "evaluate.lengths=null", "trainer.log_every=1",
            f"trainer.devices={cp}", f"+schedule.stages.2.cp={cp}", f"+stop_at_step={steps}"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
     if proc.returncode != 0:

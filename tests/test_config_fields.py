@@ -57,7 +57,7 @@ from lwm.train.run import run_schedule, stage_model_config, validate
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
-DEBUG = ["model=debug", "schedule=debug", "trainer.log_every=1", "export=false"]
+DEBUG = ["model=debug", "schedule=debug", "trainer.log_every=1", "export=false", "evaluate.lengths=null"]
 
 
 def run_config(out, *overrides):

@@ -32,7 +32,11 @@ def test_debug_model_learns_retrieval_from_chance_to_90_percent(tmp_path):
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = to_run_config(compose("train", overrides=[
             "+experiment=retrieval", f"trainer.out_dir={tmp_path / 'run'}",
-            f"data.sources.retrieval.path={data / 'train.jsonl'}", f"probe.path={data / 'heldout.jsonl'}"]))
+            f"data.sources.retrieval.path={data / 'train.jsonl'}", f"probe.path={data / 'heldout.jsonl'}",
+            # evaluate.*: eval/needle.py on the trained weights after the run, each field on its command line
+            "evaluate.lengths=[128]", "evaluate.depths=[0,100]", "evaluate.trials=2", "evaluate.digits=1",
+            "evaluate.instruction=false", "evaluate.max_new_tokens=3",
+            f"evaluate.haystack={ROOT / 'data' / 'sample' / 'text.jsonl'}"]))
     with contextlib.chdir(ROOT):  # the bundled tokenizer's path is relative to the repository
         run_schedule(cfg)
     probe = json.loads((tmp_path / "run" / "s128" / "probe.json").read_text())
@@ -44,3 +48,10 @@ def test_debug_model_learns_retrieval_from_chance_to_90_percent(tmp_path):
     val = [(int(r["step"]), float(r["val/loss"])) for r in rows if r.get("val/loss")]
     first_train = next(float(r["train/loss"]) for r in rows if r.get("train/loss"))
     assert len(val) == 1 and val[0][1] < first_train / 5, (val, first_train)
+    # evaluate: the needle grid ran on the last stage's weights with the fields as given
+    needle = json.loads((tmp_path / "run" / "needle" / "needle.json").read_text())
+    c = needle["config"]
+    assert c["complete"] and c["model"] == str(tmp_path / "run" / "s128") and c["lengths"] == [128]
+    assert c["depths"] == [0.0, 100.0] and c["trials"] == 2 and c["digits"] == 1 and c["instruction"] == ""
+    assert c["max_new_tokens"] == 3 and c["haystack"].endswith("text.jsonl") and len(needle["trials"]) == 4
+    assert (tmp_path / "run" / "needle" / "needle_heatmap.png").is_file()

@@ -19,7 +19,7 @@ from lwm.train.run import validate
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
-DEBUG = ["model=debug", "schedule=debug", "trainer.log_every=1", "export=false"]
+DEBUG = ["model=debug", "schedule=debug", "trainer.log_every=1", "export=false", "evaluate.lengths=null"]
 
 
 def train(out: Path, *overrides: str, launcher: list[str] | None = None, check: bool = True) -> subprocess.CompletedProcess:
@@ -66,7 +66,7 @@ def test_default_run_config_is_valid():
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         run = to_run_config(compose("train"))
     validate(run)
-    assert [s.seq_len for s in run.schedule.stages] == [512, 2048, 8192]
+    assert [s.seq_len for s in run.schedule.stages] == [128, 512, 2048] == run.evaluate.lengths
     assert len({s.rope_theta for s in run.schedule.stages}) == 3 and run.model.vocab_size == 12352
 
 

@@ -10,6 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lwm.model import ModelConfig
 from lwm.train.config import OptimConfig, ParallelConfig, ScheduleConfig, TrainerConfig
+from lwm.train.evaluate import NeedleEvalConfig
 from lwm.train.probe import ProbeConfig
 from lwm.train.console import say
 from lwm.train.run import DataSpec, RunConfig
@@ -49,12 +50,31 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
         export=bool(c.get("export", True)),
         stop_at_step=c.get("stop_at_step"),
         probe=ProbeConfig(**(c.get("probe") or {})),
+        evaluate=NeedleEvalConfig(**(c.get("evaluate") or {})),
     )
 
 
+# The sample's needle sets (data/make_retrieval.py): LWM's needle and question in the chat form, 1-digit
+# numbers, the bundled text without its numbers, LWM's instruction left out (what a small model learns
+# in minutes); name -> (shortest, longest whole prompt in tokens, training examples).
+SAMPLE_NEEDLES = {"128": (90, 128, 6000), "512": (128, 512, 3000), "2k": (512, 2048, 1000)}
+
+
+def ensure_sample_needles(root: Path = ROOT / "data" / "sample" / "needles") -> None:
+    """Make the sample's needle sets that are missing (root/<name>/train.jsonl, heldout.jsonl, haystack.txt)."""
+    for name, (low, high, n) in SAMPLE_NEEDLES.items():
+        if (root / name / "heldout.jsonl").is_file():
+            continue
+        subprocess.run([sys.executable, str(ROOT / "data" / "make_retrieval.py"), "--form", "chat", "--needles", "1",
+                        "--ask", "1", "--numberless", "--no-instruction", "--lengths", str(low), str(high),
+                        "--n", str(n), "--out", str(root / name)], check=True)
+
+
 def ensure_sample_data(data: DataSpec) -> None:
-    """Make data/sample and tokenize its videos once (both skip what is already there)."""
+    """Make data/sample (videos, texts, needle sets) and tokenize its videos once (each skips what is
+    already there)."""
     subprocess.run([sys.executable, str(ROOT / "data" / "make_sample.py")], check=True)
+    ensure_sample_needles()
     codes = Path(data.codes)
     if list(codes.glob("manifest*.jsonl")) and not (codes / "failures.jsonl").read_text().strip():
         return

@@ -25,6 +25,7 @@ from lwm.data import DataConfig, LWMDataModule, Source
 from lwm.model import ModelConfig
 from lwm.train.callbacks import MetricHistory, PeakMemory, StageCheckpoint, StageProgress, Throughput
 from lwm.train.console import say
+from lwm.train.evaluate import NeedleEvalConfig, evaluate_needles
 from lwm.train.config import OptimConfig, ParallelConfig, ScheduleConfig, StageConfig, TrainerConfig
 from lwm.train.module import LWMModule
 from lwm.train.probe import AnswerProbe, ProbeConfig
@@ -76,6 +77,7 @@ class RunConfig:
     export: bool = True
     stop_at_step: int | None = None  # stop a stage early (a job's time limit; tests of resume)
     probe: ProbeConfig = field(default_factory=ProbeConfig)  # held-out answers scored at each stage's start and end
+    evaluate: NeedleEvalConfig = field(default_factory=NeedleEvalConfig)  # a needle grid after the last stage
 
 
 def global_rank() -> int:
@@ -101,9 +103,16 @@ def validate(cfg: RunConfig) -> None:
         raise FileNotFoundError(f"resume=true: trainer.out_dir {cfg.trainer.out_dir} does not exist; "
                                 "name the folder of the run to continue (trainer.out_dir=runs/X resume=true)")
     if not cfg.data.sample:  # the sample data is made on first use, then checked
-        check_data_files(cfg.data)
+        check_files(cfg)
+
+
+def check_files(cfg: RunConfig) -> None:
+    """Every file the run reads exists: data, probe, the evaluation's haystack."""
+    check_data_files(cfg.data)
     if cfg.probe.path is not None and not Path(cfg.probe.path).is_file():
         raise FileNotFoundError(f"probe.path {cfg.probe.path} does not exist")
+    if cfg.evaluate.lengths is not None and cfg.evaluate.haystack is not None and not Path(cfg.evaluate.haystack).is_file():
+        raise FileNotFoundError(f"evaluate.haystack {cfg.evaluate.haystack} does not exist")
 
 
 def check_data_files(data: DataSpec) -> None:
@@ -230,4 +239,9 @@ def run_schedule(cfg: RunConfig) -> dict[str, Path]:
         from lwm.train.export import export_weights
 
         where["hf"] = export_weights(finished, stage_model_config(model_config, last), out / "hf", cfg.data.tokenizer)
+    if cfg.evaluate.lengths is not None and finished is not None and global_rank() == 0:
+        device = "cpu" if cfg.trainer.accelerator == "cpu" else None
+        needle = evaluate_needles(cfg.evaluate, finished.parent, cfg.data.tokenizer, out / "needle", device)
+        if needle is not None:
+            where["needle"] = needle
     return where
