@@ -17,6 +17,8 @@ Shown elsewhere (tests/test_train.py unless named):
   trainer.out_dir        every run
   model.preset           tests/test_config.py, test_every_config_composes
   probe.path, probe.examples  tests/test_learning.py (200 held-out answers scored at the stage's start and end)
+  evaluate.*             tests/test_learning.py (eval/needle.py after the run, every field in its needle.json);
+                         evaluate.lengths=null in every other test run (no needle/ folder)
   data.holdout           tests/test_data.py (held-out examples never trained on), tests/test_learning.py
   parallel.document_mask, data.positions
                          tests/test_documents.py (the packed batch equals its examples one by one;

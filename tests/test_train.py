@@ -155,6 +155,7 @@ def test_output_one_line_per_stage_and_one_checkpoint(tmp_path):
     for noise in ("Seed set to", "GPU available", "Tip:", "v_num", "LeafSpec"):
         assert noise not in text, noise
     assert (tmp_path / "config.yaml").exists() and not list(tmp_path.glob("**/hydra"))
+    assert not (tmp_path / "needle").exists()  # evaluate.lengths=null: no evaluation after the run
     for stage in "ab":
         assert (tmp_path / stage / "final.safetensors").exists() and not (tmp_path / stage / "checkpoints").exists()
     train(tmp_path / "keep", "stage_only=a", "trainer.checkpoint_every=3", "trainer.keep_checkpoints=true")
