@@ -424,7 +424,7 @@ def test_data_seed_weighting_and_stage_sources(sample, tmp_path):
     stage = run.schedule.stages[0]
     assert [s.path for s in spec.for_stage(stage, 1).sources] == ["data/sample/text.jsonl"]  # sources: [text]
     all_sources = StageConfig("s", seq_len=8, rope_theta=1e4, steps=1, lr=1e-3)
-    assert len(spec.for_stage(all_sources, 1).sources) == 3  # no stage sources: all of conf/data
+    assert len(spec.for_stage(all_sources, 1).sources) == len(spec.sources) == 6  # no stage sources: all of conf/data
     _, a = first_sequences(spec)
     spec.seed = 1
     _, b = first_sequences(spec)

@@ -85,6 +85,8 @@ def test_default_run_config_is_valid():
         (["data=custom", "data.tokenizer=data/sample/tokenizer.model", "data.sources={text: {pth: x}}"],
          r"data.sources.text \{'pth': 'x'\} is not a source"),
         (["resume=true"], "resume=true: trainer.out_dir .* does not exist"),
+        (["evaluate.lengths=[128]", "evaluate.haystack=/no/such.txt"], "evaluate.haystack /no/such.txt does not exist"),
+        (["evaluate.trials=0"], r"evaluate.trials must be >= 1, got 0"),
     ],
 )
 def test_bad_input_is_refused_before_the_run(tmp_path, overrides, message, monkeypatch, capsys):

@@ -102,15 +102,15 @@ def validate(cfg: RunConfig) -> None:
     if cfg.resume and not Path(cfg.trainer.out_dir).is_dir():
         raise FileNotFoundError(f"resume=true: trainer.out_dir {cfg.trainer.out_dir} does not exist; "
                                 "name the folder of the run to continue (trainer.out_dir=runs/X resume=true)")
-    if not cfg.data.sample:  # the sample data is made on first use, then checked
+    if cfg.probe.path is not None and not Path(cfg.probe.path).is_file():
+        raise FileNotFoundError(f"probe.path {cfg.probe.path} does not exist")
+    if not cfg.data.sample:  # the sample data (and its needle sets) is made on first use, then checked
         check_files(cfg)
 
 
 def check_files(cfg: RunConfig) -> None:
-    """Every file the run reads exists: data, probe, the evaluation's haystack."""
+    """The data files and the evaluation's haystack exist."""
     check_data_files(cfg.data)
-    if cfg.probe.path is not None and not Path(cfg.probe.path).is_file():
-        raise FileNotFoundError(f"probe.path {cfg.probe.path} does not exist")
     if cfg.evaluate.lengths is not None and cfg.evaluate.haystack is not None and not Path(cfg.evaluate.haystack).is_file():
         raise FileNotFoundError(f"evaluate.haystack {cfg.evaluate.haystack} does not exist")
 
