@@ -37,7 +37,8 @@ _HERE = str(Path(__file__).resolve().parent)
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
-from make_vniah import DEFAULT_CHECKPOINT, NEEDLE_COLORS, code_pool, save_video, write_manifest  # noqa: E402
+from make_vniah import (DEFAULT_CHECKPOINT, NEEDLE_COLORS, check_set_args, code_pool, save_video,  # noqa: E402
+                        write_manifest)
 from sample_lib.language import LETTERS, choice_question  # noqa: E402
 
 COUNTS = ("One.", "Two.", "Three.", "Four.")
@@ -117,12 +118,7 @@ def main(argv=None) -> int:
     p.add_argument("--checkpoint", type=Path, default=DEFAULT_CHECKPOINT, help="the VQGAN (safetensors + json)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    if not 1 <= args.frames[0] <= args.frames[1]:
-        p.error(f"--frames {args.frames[0]} {args.frames[1]}: need 1 <= LOW <= HIGH")
-    if args.n < 1 or args.heldout < 1:
-        p.error("--n and --heldout must be positive")
-    if not args.checkpoint.is_file():
-        p.error(f"--checkpoint {args.checkpoint} does not exist")
+    check_set_args(p, args)
     from lwm.vision.checkpoint import load_vqgan
 
     write(load_vqgan(args.checkpoint).eval(), args.out, args.n, args.heldout, tuple(args.frames), args.seed,

@@ -183,6 +183,16 @@ def write_examples(vqgan, out: Path, n: int, heldout: int, frames: tuple[int, in
     print(f"wrote {n} training and {heldout} held-out examples ({frames[0]}-{frames[1]} frames) to {out}")
 
 
+def check_set_args(p: argparse.ArgumentParser, args) -> None:
+    """--frames, --n, --heldout and --checkpoint of a command that writes a video set."""
+    if not 1 <= args.frames[0] <= args.frames[1]:
+        p.error(f"--frames {args.frames[0]} {args.frames[1]}: need 1 <= LOW <= HIGH")
+    if args.n < 1 or args.heldout < 1:
+        p.error("--n and --heldout must be positive")
+    if not args.checkpoint.is_file():
+        p.error(f"--checkpoint {args.checkpoint} does not exist")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--probe", action="store_true", help="run the codes probe and print its accuracy")
@@ -199,12 +209,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if not args.probe and args.out is None:
         p.error("nothing to do: give --probe and/or --out")
-    if not 1 <= args.frames[0] <= args.frames[1]:
-        p.error(f"--frames {args.frames[0]} {args.frames[1]}: need 1 <= LOW <= HIGH")
-    if args.n < 1 or args.heldout < 1:
-        p.error("--n and --heldout must be positive")
-    if not args.checkpoint.is_file():
-        p.error(f"--checkpoint {args.checkpoint} does not exist")
+    check_set_args(p, args)
     if args.train_per_class < 1 or args.test_per_class < 1:
         p.error("--train-per-class and --test-per-class must be positive")
     from lwm.vision.checkpoint import load_vqgan

@@ -54,7 +54,7 @@ if __package__ in (None, ""):  # run as a script: make `eval` and `lwm` importab
     sys.path.insert(0, str(ROOT))
 
 from eval.plots import grid_table, heatmap, human_count  # noqa: E402
-from lwm.io import JsonlError, records  # noqa: E402
+from lwm.io import JsonlError, records, write_atomic  # noqa: E402
 
 # lwm.infer and lwm.data are imported where used: importing lwm.data takes seconds (it loads
 # Lightning), and `--help` or a bad argument should not wait for that.
@@ -364,8 +364,7 @@ def run_needle(generator, tokenizer, vocab, lengths: Sequence[int], depths: Sequ
     if needles > len(number_range(digits)):
         raise ValueError(f"{needles} needles need distinct numbers; {digits} digit(s) give {len(number_range(digits))}")
     ask = needles if ask is None else ask
-    if tokenizer.vocab_size != vocab.text_size:
-        raise ValueError(f"the tokenizer has {tokenizer.vocab_size} text ids but the vocabulary {vocab.text_size}")
+    vocab.check_tokenizer(tokenizer)
     check_lengths(tokenizer, lengths, needles, ask)
     if not isinstance(haystack, Haystack):
         path = Path(haystack) if haystack is not None else DEFAULT_HAYSTACK
@@ -443,10 +442,7 @@ def accuracy_grid(results: dict) -> list[list[float | None]]:
 
 def write_results(results: dict, out: Path, title: str = "Needle in a haystack") -> tuple[Path, Path]:
     out.mkdir(parents=True, exist_ok=True)
-    path = out / "needle.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(results, indent=1))
-    tmp.replace(path)
+    path = write_atomic(out / "needle.json", json.dumps(results, indent=1))
     cfg = results["config"]
     png = heatmap(accuracy_grid(results), [f"{d:g}" for d in cfg["depths"]], [human_count(n) for n in cfg["lengths"]],
                   out / "needle_heatmap.png", title=title, xlabel="context length (tokens)", ylabel="depth (%)")

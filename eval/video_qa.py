@@ -65,7 +65,7 @@ if __package__ in (None, ""):  # run as a script: make `eval` and `lwm` importab
 
 from eval.plots import markdown_table  # noqa: E402
 from lwm.infer.prompt import DEFAULT_VQGAN  # noqa: E402
-from lwm.io import JsonlAppender, JsonlError, lines  # noqa: E402
+from lwm.io import JsonlAppender, JsonlError, lines, write_atomic  # noqa: E402
 from lwm.parallel.comm import group_size_and_rank  # noqa: E402
 
 # The rest of lwm.infer (and lwm.data under it) is imported where used: a usage error should not
@@ -583,18 +583,12 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def write_outputs(result: dict, out_dir) -> tuple[Path, Path]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     js, md = out_dir / "video_qa.json", out_dir / "video_qa.md"
-    _write_atomic(js, json.dumps(result, indent=1, default=_jsonable) + "\n")
-    _write_atomic(md, markdown(result))
+    write_atomic(js, json.dumps(result, indent=1, default=_jsonable) + "\n")
+    write_atomic(md, markdown(result))
     return js, md
 
 

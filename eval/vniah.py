@@ -43,6 +43,7 @@ for _p in (ROOT, ROOT / "data"):
         sys.path.insert(0, str(_p))
 
 from eval.plots import grid_table, heatmap  # noqa: E402
+from lwm.io import write_atomic  # noqa: E402
 from make_vniah import NEEDLE_COLORS, QUESTION, code_pool  # noqa: E402
 
 METHODS = ("generated", "ll")
@@ -129,8 +130,7 @@ def run_vniah(generator, tokenizer, vocab, vqgan, frames: Sequence[int], depths:
     bad = [m for m in methods if m not in METHODS]
     if bad or not methods:
         raise ValueError(f"methods must be a non-empty subset of {METHODS}, got {list(methods)}")
-    if tokenizer.vocab_size != vocab.text_size:
-        raise ValueError(f"the tokenizer has {tokenizer.vocab_size} text ids but the vocabulary {vocab.text_size}")
+    vocab.check_tokenizer(tokenizer)
     if vqgan.config.n_codes > vocab.n_vision_codes:
         raise ValueError(f"the VQGAN has {vqgan.config.n_codes} codes but the model's vocabulary holds {vocab.n_vision_codes}")
     codes, labels = code_pool(vqgan, pool, EVAL_SEED + seed)
@@ -176,10 +176,7 @@ def accuracy_grid(results: dict, method: str) -> list[list[float | None]]:
 
 def write_results(results: dict, out: Path, title: str = "Visual needle in a haystack") -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
-    path = out / "vniah.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(results, indent=1))
-    tmp.replace(path)
+    path = write_atomic(out / "vniah.json", json.dumps(results, indent=1))
     cfg, written = results["config"], [path]
     for m in cfg["methods"]:
         name = "vniah_heatmap.png" if m == "generated" else f"vniah_heatmap_{m}.png"

@@ -149,6 +149,15 @@ def append_jsonl(path: str | Path, record: Any, default: Callable[[Any], Any] | 
 _FILLS = ("", "0", ":0", '"":0', "e", "ue", "rue", "se", "lse", "alse", "l", "ll", "ull")
 
 
+def write_atomic(path: str | Path, text: str) -> Path:
+    """Write `text` to `path` through a temporary file and a rename: a reader never sees half of it."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+    return path
+
+
 def _cut_short(text: str) -> bool:
     """Whether `text` is a JSON object or array cut short: a proper prefix of one."""
     text = text.strip()

@@ -66,8 +66,7 @@ class PackedStream:
         strict: bool = False,
         holdout: int = 0,
     ):
-        if text_tokenizer.vocab_size != vocab.text_size:
-            raise ValueError(f"text tokenizer has {text_tokenizer.vocab_size} ids but the vocabulary expects {vocab.text_size}")
+        vocab.check_tokenizer(text_tokenizer)
         if not 0 <= dp_rank < dp_size:
             raise ValueError(f"dp_rank {dp_rank} is outside [0, dp_size {dp_size})")
         if batch_size <= 0:

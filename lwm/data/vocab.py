@@ -62,6 +62,11 @@ class Vocab:
     def size(self) -> int:
         return -(-self.used_size // self.pad_multiple) * self.pad_multiple
 
+    def check_tokenizer(self, tokenizer) -> None:
+        """A text tokenizer must have exactly the vocabulary's text ids."""
+        if tokenizer.vocab_size != self.text_size:
+            raise ValueError(f"text tokenizer has {tokenizer.vocab_size} ids but the vocabulary expects {self.text_size}")
+
     def video_tokens(self, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(T, 256) codes -> ids [<vision> f1 <eof> ... fT <eov> </vision>] and a vision mask that
         is True on the codes and the <eof>/<eov> that close each frame (the markers count as text)."""
