@@ -409,9 +409,9 @@ def _prepare(item: Item, source) -> dict:
 
 
 def evaluate_item(item: Item, generator, tokenizer, vocab, source, methods=METHODS, buckets: Buckets = Buckets(),
-                  max_new_tokens: int = 32, letter_tokens: int = 8) -> dict:
+                  max_new_tokens: int = 32, letter_tokens: int = 8, prompt_style: str = "native") -> dict:
     """One item -> its record. Every rank of the generator's group calls this; the group's first rank
-    reads the video and the others get the codes from it."""
+    reads the video and the others get the codes from it. prompt_style: lwm.infer.prompt's."""
     from lwm.infer.prompt import chat_prompt
     from lwm.infer.sampling import GenerationConfig
 
@@ -431,7 +431,7 @@ def evaluate_item(item: Item, generator, tokenizer, vocab, source, methods=METHO
         return rec
     codes, eos = prepared["codes"], tokenizer.eos_id
     try:
-        prompt = chat_prompt(tokenizer, vocab, item.question, codes)
+        prompt = chat_prompt(tokenizer, vocab, item.question, codes, style=prompt_style)
         rec["prompt_tokens"] = len(prompt)
         if item.options is None:
             out = generator.generate(prompt, GenerationConfig(max_new_tokens=max_new_tokens, stop_tokens=[eos], restrict="text"))
@@ -448,7 +448,7 @@ def evaluate_item(item: Item, generator, tokenizer, vocab, source, methods=METHO
                          "correct": best == item.answer_index, "predicted_per_token": LETTERS[best_norm],
                          "correct_per_token": best_norm == item.answer_index}
         if "letter" in methods:
-            lprompt = chat_prompt(tokenizer, vocab, letter_question(item.question, item.options), codes)
+            lprompt = chat_prompt(tokenizer, vocab, letter_question(item.question, item.options), codes, style=prompt_style)
             out = generator.generate(lprompt, GenerationConfig(max_new_tokens=letter_tokens, stop_tokens=[eos], restrict="text"))
             text = tokenizer.decode(out)
             pick = first_letter(text, len(item.options))
@@ -500,7 +500,7 @@ def summarize(records: list[dict], buckets: Buckets = Buckets()) -> dict:
 
 
 def run_video_qa(generator, tokenizer, vocab, items: list[Item], source=None, *, methods=METHODS,
-                 buckets: Buckets = Buckets(), max_new_tokens: int = 32, letter_tokens: int = 8,
+                 buckets: Buckets = Buckets(), max_new_tokens: int = 32, letter_tokens: int = 8, prompt_style: str = "native",
                  on_record=None, progress: bool = True, config: dict | None = None) -> dict:
     """Evaluate the items -> {"config", "summary", "records", "complete"}. generator: a
     lwm.infer.Generator (or anything with .score/.generate and .group); source: a VideoSource (or
@@ -519,7 +519,8 @@ def run_video_qa(generator, tokenizer, vocab, items: list[Item], source=None, *,
     bar = tqdm(items, desc="video QA", unit="q", disable=not progress or rank != 0, dynamic_ncols=True, mininterval=1.0)
     try:
         for item in bar:
-            rec = evaluate_item(item, generator, tokenizer, vocab, source, methods, buckets, max_new_tokens, letter_tokens)
+            rec = evaluate_item(item, generator, tokenizer, vocab, source, methods, buckets, max_new_tokens, letter_tokens,
+                                prompt_style)
             records.append(rec)
             if rank == 0:
                 if on_record is not None:
@@ -645,8 +646,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--codes", help="an lwm-tokenize output folder with cached codes")
     p.add_argument("--ids", choices=["auto", "hashed", "stem"], default="auto",
                    help="how cached codes are named (lwm-tokenize --ids); auto tries both")
-    p.add_argument("--vqgan", default=str(DEFAULT_VQGAN),
-                   help="VQGAN checkpoint (tiny preset) for videos not in the cache (default: the bundled tiny VQGAN)")
+    p.add_argument("--vqgan", help="VQGAN checkpoint (tiny preset) or diffusers folder for videos not in the cache "
+                                   "(default: the model folder's vqgan/, else the bundled tiny VQGAN)")
     p.add_argument("--fps", type=_positive(float), default=1.0, help="frames per second (default 1)")
     p.add_argument("--max-frames", type=_positive(int), help="at most this many frames, spread evenly")
     p.add_argument("--methods", type=_csv, default=list(METHODS), help="multiple-choice scoring: ll, letter or ll,letter")
@@ -684,8 +685,8 @@ def main(argv: list[str] | None = None) -> int:
         _usage_error(parser, f"--video-dir {args.video_dir}: no such folder")
     if args.codes and not (Path(args.codes) / "tokens").is_dir():
         _usage_error(parser, f"--codes {args.codes}: no tokens/ folder (expected the output of lwm-tokenize)")
-    if not args.codes and not Path(args.vqgan).is_file():
-        _usage_error(parser, f"--vqgan {args.vqgan}: no such file (needed to tokenize videos; or pass --codes)")
+    if args.vqgan is not None and not Path(args.vqgan).exists():
+        _usage_error(parser, f"--vqgan {args.vqgan}: no such file or folder")
     bad = [m for m in args.methods if m not in METHODS]
     if bad or not args.methods:
         _usage_error(parser, f"--methods: expected ll, letter or ll,letter, got {','.join(args.methods)!r}")
@@ -724,6 +725,7 @@ def main(argv: list[str] | None = None) -> int:
         loaded, generator = load_generator(args, runtime)
     except (FileNotFoundError, ValueError) as e:
         _usage_error(parser, str(e))
+    args.vqgan = str(args.vqgan or loaded.vqgan or DEFAULT_VQGAN)
     source = VideoSource(args.codes, args.vqgan, fps=args.fps, max_frames=args.max_frames, ids=args.ids, device=device) \
         if _rank() == 0 else None
     world = runtime.world
@@ -740,7 +742,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = run_video_qa(generator, loaded.tokenizer, loaded.vocab, items, source, methods=tuple(args.methods),
                               buckets=buckets, max_new_tokens=args.max_new_tokens, letter_tokens=args.letter_tokens,
-                              on_record=log, progress=not args.no_progress, config=config)
+                              prompt_style=loaded.prompt, on_record=log, progress=not args.no_progress, config=config)
     finally:
         if log is not None:
             log.close()

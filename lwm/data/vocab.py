@@ -67,9 +67,12 @@ class Vocab:
         if tokenizer.vocab_size != self.text_size:
             raise ValueError(f"text tokenizer has {tokenizer.vocab_size} ids but the vocabulary expects {self.text_size}")
 
-    def video_tokens(self, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def video_tokens(self, codes: np.ndarray, markers: tuple[list[int], list[int]] | None = None
+                     ) -> tuple[np.ndarray, np.ndarray]:
         """(T, 256) codes -> ids [<vision> f1 <eof> ... fT <eov> </vision>] and a vision mask that
-        is True on the codes and the <eof>/<eov> that close each frame (the markers count as text)."""
+        is True on the codes and the <eof>/<eov> that close each frame (the markers count as text).
+        markers: text ids to write in place of the <vision> and </vision> ids (LWM's released
+        models read the markers as text)."""
         codes = np.asarray(codes)
         if codes.ndim != 2 or codes.shape[0] == 0:
             raise ValueError(f"codes must be (frames, tokens per frame) with at least one frame, got shape {codes.shape}")
@@ -80,9 +83,10 @@ class Vocab:
         frames[:, :n] = codes.astype(np.int64) + self.vision_offset
         frames[:, n] = self.eof
         frames[-1, n] = self.eov
-        ids = np.concatenate([[self.vision_start], frames.reshape(-1), [self.vision_end]])  # (T*(n+1) + 2,)
-        mask = np.ones_like(ids, dtype=bool)
-        mask[0] = mask[-1] = False
+        start, end = markers if markers is not None else ([self.vision_start], [self.vision_end])
+        ids = np.concatenate([np.asarray(start, np.int64), frames.reshape(-1), np.asarray(end, np.int64)])  # (T*(n+1) + markers,)
+        mask = np.zeros_like(ids, dtype=bool)
+        mask[len(start) : len(ids) - len(end)] = True
         return ids, mask
 
     def is_vision(self, ids: np.ndarray) -> np.ndarray:

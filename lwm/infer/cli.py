@@ -6,7 +6,8 @@
 
 The video is read at --fps (at most --max-frames frames) and tokenized with --vqgan, or taken from
 cached codes (--codes DIR --video-id ID, the output of lwm-tokenize). Prompts use LWM's chat form
-(question before the video) unless --raw. Only rank 0 prints.
+(question before the video) unless --raw, written as the model folder's lwm.json says (LWM's own
+form for models converted by lwm-convert-lwm). Only rank 0 prints.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--video-id", help="the video's id in --codes")
     p.add_argument("--fps", type=float, default=1.0)
     p.add_argument("--max-frames", type=int)
-    p.add_argument("--vqgan", default=str(DEFAULT_VQGAN),
-                   help="VQGAN checkpoint (tiny preset) or diffusers folder (default: the bundled tiny VQGAN)")
+    p.add_argument("--vqgan", help="VQGAN checkpoint (tiny preset) or diffusers folder (default: the model folder's "
+                                   "vqgan/, else the bundled tiny VQGAN)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-k", type=int)
@@ -50,12 +51,13 @@ def prompt_ids(args, loaded) -> list[int]:
 
         codes = CodeStore(args.codes).load(args.video_id, max_frames=args.max_frames, fps=args.fps)
     elif args.video:
-        codes = video_codes(args.video, load_vqgan(args.vqgan).to(args.device), fps=args.fps, max_frames=args.max_frames)
+        vqgan = args.vqgan or loaded.vqgan or DEFAULT_VQGAN
+        codes = video_codes(args.video, load_vqgan(vqgan).to(args.device), fps=args.fps, max_frames=args.max_frames)
     if args.raw:
         if codes is not None:
             raise ValueError("--raw takes text only; a video goes in the chat form")
         return [loaded.tokenizer.bos_id, *loaded.tokenizer.encode(args.prompt)]
-    return chat_prompt(loaded.tokenizer, loaded.vocab, args.prompt, codes)
+    return chat_prompt(loaded.tokenizer, loaded.vocab, args.prompt, codes, style=loaded.prompt)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

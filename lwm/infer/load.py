@@ -10,6 +10,7 @@ import torch
 
 from lwm.data.text_tokenizer import TextTokenizer
 from lwm.data.vocab import Vocab
+from lwm.interop.bundle import BundleInfo, read_bundle_info
 from lwm.model import Transformer
 
 
@@ -18,6 +19,8 @@ class Loaded:
     model: Transformer
     vocab: Vocab
     tokenizer: TextTokenizer
+    prompt: str = "native"  # how prompts are written for this model (lwm.interop.bundle)
+    vqgan: Path | None = None  # the VQGAN folder that comes with the model, if any
 
 
 def find_tokenizer(source: Path, tokenizer) -> Path:
@@ -33,15 +36,19 @@ def find_tokenizer(source: Path, tokenizer) -> Path:
 
 
 def load_model(source, tokenizer=None, device="cpu", dtype: torch.dtype | None = None) -> Loaded:
-    """source: a Hugging Face LLaMA folder (config.json), a training stage folder, a
-    final.safetensors or a Lightning checkpoint. tokenizer: the sentencepiece model; found in the
-    folder (or the run's hf/ export) when not given."""
+    """source: a Hugging Face LLaMA folder (config.json; with lwm.json, its prompt style and VQGAN),
+    a training stage folder, a final.safetensors or a Lightning checkpoint. tokenizer: the
+    sentencepiece model; found in the folder (or the run's hf/ export) when not given. A text-only
+    LLaMA (as many rows as text ids) gets zero-initialized vision rows; text generation restricted
+    to text (lwm-generate's default) is unchanged by them."""
     source = Path(source)
     if not source.exists():
         raise FileNotFoundError(f"model {source} does not exist")
+    info = BundleInfo()
     if source.is_dir() and (source / "config.json").exists():
         from lwm.interop.hf import from_hf
 
+        info = read_bundle_info(source)
         model = from_hf(source, dtype=dtype)
     else:
         from lwm.interop.checkpoint import load_stage
@@ -52,8 +59,22 @@ def load_model(source, tokenizer=None, device="cpu", dtype: torch.dtype | None =
         model.load_state_dict(weights, strict=True, assign=True)
     text = TextTokenizer(find_tokenizer(source, tokenizer))
     vocab = Vocab(text.vocab_size)
+    if model.config.vocab_size == text.vocab_size:
+        model = with_vision_rows(model, vocab)
     if vocab.used_size > model.config.vocab_size:
         raise ValueError(f"tokenizer has {text.vocab_size} text ids (vocabulary of {vocab.used_size} with vision and "
                          f"specials) but the model {source} has only {model.config.vocab_size} rows")
     model = model.to(device=device, dtype=dtype) if dtype is not None else model.to(device)
-    return Loaded(model.eval(), vocab, text)
+    return Loaded(model.eval(), vocab, text, info.prompt, info.vqgan)
+
+
+def with_vision_rows(model: Transformer, vocab: Vocab) -> Transformer:
+    """A text-only model grown to the vocabulary's rows, the new embedding and output rows zero."""
+    state = model.state_dict()
+    for key in ("embed.weight", "output.weight"):
+        rows = state[key]
+        state[key] = torch.cat([rows, rows.new_zeros(vocab.size - rows.shape[0], rows.shape[1])])
+    with torch.device("meta"):
+        grown = Transformer(model.config.replace(vocab_size=vocab.size))
+    grown.load_state_dict(state, strict=True, assign=True)
+    return grown

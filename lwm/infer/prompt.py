@@ -6,6 +6,14 @@ from cached codes).
 The question comes before the video. Training examples use the same pieces (`chat_fields`) with
 the spec "[user+vision+assistant],answer", so a prompt built here is exactly the prefix the model
 was trained on.
+
+LWM's released models (converted by lwm-convert-lwm, prompt style "lwm") were trained on LWM's own
+form, which `chat_prompt(..., style="lwm")` writes token for token as LWM's vision_chat.py does:
+each piece below is encoded on its own by LLaMA's Hugging Face tokenizer (transformers'
+LlamaTokenizer, legacy mode), which puts BOS before every piece (and reads the literal "<s>" as one
+more BOS); <vision> and </vision> are text.
+
+    "<s>You are a helpful assistant. USER: {question}\n" "<vision>" frames "</vision>" " ASSISTANT:"
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import torch
 import lwm
 from lwm.data.text_tokenizer import TextTokenizer
 from lwm.data.vocab import Vocab
+from lwm.interop.bundle import PROMPT_STYLES
 
 # data/ is in the repository, not the package (installed editable): found from the package's
 # location, so the default works from any working directory
@@ -33,10 +42,27 @@ def chat_fields(question: str) -> dict[str, str]:
     return {"user": f"{SYSTEM} USER: {question}", "assistant": "ASSISTANT:"}
 
 
-def chat_prompt(tokenizer: TextTokenizer, vocab: Vocab, question: str, codes: np.ndarray | None = None) -> list[int]:
-    """Token ids of a chat prompt; codes (T, 256) of the video's frames, or None for text only."""
+def _lwm_chat_prompt(tokenizer: TextTokenizer, vocab: Vocab, question: str, codes: np.ndarray | None) -> list[int]:
+    # One Hugging Face encode call: BOS, then the text, whose leading space (" ASSISTANT:") the
+    # tokenizer folds into the first word's word-start marker.
+    piece = lambda text: [tokenizer.bos_id, *tokenizer.encode(text.removeprefix(" "))]  # noqa: E731
+    if codes is None:  # LWM's text chat form
+        return piece(f"{SYSTEM} USER: {question} ASSISTANT:")
+    markers = (piece("<vision>"), piece("</vision>"))
+    video = vocab.video_tokens(codes, markers)[0].tolist()
+    return [tokenizer.bos_id, *piece(f"{SYSTEM} USER: {question}\n"), *video, *piece(" ASSISTANT:")]
+
+
+def chat_prompt(tokenizer: TextTokenizer, vocab: Vocab, question: str, codes: np.ndarray | None = None,
+                style: str = "native") -> list[int]:
+    """Token ids of a chat prompt; codes (T, 256) of the video's frames, or None for text only.
+    style: "native" (this project's models) or "lwm" (LWM's released models, see above)."""
     if not isinstance(question, str) or not question.strip():
         raise ValueError(f"the question must be non-empty text, got {question!r}")
+    if style not in PROMPT_STYLES:
+        raise ValueError(f"prompt style must be one of {PROMPT_STYLES}, got {style!r}")
+    if style == "lwm":
+        return _lwm_chat_prompt(tokenizer, vocab, question, codes)
     fields = chat_fields(question)
     ids = [tokenizer.bos_id, *tokenizer.encode(fields["user"])]
     if codes is not None:
@@ -45,12 +71,17 @@ def chat_prompt(tokenizer: TextTokenizer, vocab: Vocab, question: str, codes: np
 
 
 def load_vqgan(checkpoint: str | Path | None = DEFAULT_VQGAN, preset: str = "tiny"):
-    """A VQGAN for on-the-fly tokenization: a preset with a checkpoint (None: random weights), or a
-    diffusers folder."""
+    """A VQGAN for on-the-fly tokenization: a diffusers folder, a checkpoint with its config beside it
+    (lwm.vision.checkpoint), a bare state dict for `preset`, or None: the preset's random weights."""
+    from lwm.vision.checkpoint import config_path
+    from lwm.vision.checkpoint import load_vqgan as load_checkpoint
     from lwm.vision.tokenize import load_tokenizer
 
-    return load_tokenizer(str(checkpoint) if checkpoint and Path(checkpoint).is_dir() else preset,
-                          None if checkpoint is None or Path(checkpoint).is_dir() else Path(checkpoint))[0]
+    if checkpoint is not None and Path(checkpoint).is_dir():
+        return load_tokenizer(str(checkpoint), None)[0]
+    if checkpoint is not None and config_path(checkpoint).is_file():
+        return load_checkpoint(checkpoint)
+    return load_tokenizer(preset, None if checkpoint is None else Path(checkpoint))[0]
 
 
 @torch.no_grad()

@@ -189,33 +189,41 @@ def from_hf(path_or_model, *, extend_vocab: bool = False, dtype: torch.dtype | N
 # ---------------------------------------------------------------------------------------- export
 
 
-def _write_tokenizer(tokenizer_model: Path, vocab_size: int, out_dir: Path) -> None:
+def _write_tokenizer(tokenizer_model: Path, vocab_size: int, out_dir: Path, prompt: str = "native") -> None:
+    """A LlamaTokenizer whose added tokens sit at lwm.data.Vocab's ids: the vision codes, then <eof>
+    <eov> <vision> </vision>. For prompt style "lwm" the last two are left out, since LWM writes
+    <vision> and </vision> as text; for a text-only model (vocab_size = text ids) nothing is added."""
     import sentencepiece as spm
     from transformers import LlamaTokenizer
 
     text_size = spm.SentencePieceProcessor(model_file=str(tokenizer_model)).get_piece_size()
     vocab = Vocab(text_size)
-    if vocab.size != vocab_size:
+    if vocab_size not in (vocab.size, text_size):
         raise ValueError(
             f"tokenizer {tokenizer_model} has {text_size} text ids, which makes a vocabulary of {vocab.size} "
-            f"rows, but the model has vocab_size {vocab_size}"
+            f"rows, but the model has vocab_size {vocab_size} (a text-only model would have {text_size})"
         )
     with tempfile.TemporaryDirectory() as tmp:
         shutil.copy(tokenizer_model, Path(tmp) / "tokenizer.model")  # the converter reads this name
         tok = LlamaTokenizer.from_pretrained(tmp, add_bos_token=True, add_eos_token=False)
-    n_vision = tok.add_tokens(vocab.added_tokens()[: vocab.n_vision_codes], special_tokens=False)
-    n_special = tok.add_tokens(list(SPECIAL_TOKENS), special_tokens=True)
-    ids = tok.convert_tokens_to_ids([vocab.added_tokens()[0], SPECIAL_TOKENS[-1]])
-    if n_vision + n_special != vocab.used_size - text_size or ids != [vocab.vision_offset, vocab.vision_end]:
-        raise RuntimeError(f"added tokens landed at {ids}, expected {[vocab.vision_offset, vocab.vision_end]}")
+    if vocab_size != text_size:
+        specials = list(SPECIAL_TOKENS[:2] if prompt == "lwm" else SPECIAL_TOKENS)
+        n_vision = tok.add_tokens(vocab.added_tokens()[: vocab.n_vision_codes], special_tokens=False)
+        n_special = tok.add_tokens(specials, special_tokens=True)
+        ids = tok.convert_tokens_to_ids([vocab.added_tokens()[0], specials[-1]])
+        want = [vocab.vision_offset, vocab.eof + len(specials) - 1]
+        if n_vision + n_special != vocab.n_vision_codes + len(specials) or ids != want:
+            raise RuntimeError(f"added tokens landed at {ids}, expected {want}")
     tok.save_pretrained(out_dir)
     shutil.copy(tokenizer_model, out_dir / "tokenizer.model")  # for sentencepiece users of the folder
 
 
-def to_hf(model: Transformer, out_dir, tokenizer_model=None, dtype: torch.dtype | None = None, max_shard_size: str = "5GB") -> Path:
+def to_hf(model: Transformer, out_dir, tokenizer_model=None, dtype: torch.dtype | None = None, max_shard_size: str = "5GB",
+          prompt: str = "native", generation: dict | None = None) -> Path:
     """Write `model` as a Hugging Face LlamaForCausalLM folder (config, safetensors shards,
-    generation config; with a sentencepiece `tokenizer_model`, a tokenizer whose added tokens
-    are the vision codes and special tokens at the ids of lwm.data.Vocab)."""
+    generation config with `generation`'s extra fields; with a sentencepiece `tokenizer_model`, a
+    tokenizer whose added tokens are the vision codes and special tokens at the ids of
+    lwm.data.Vocab, as `prompt` style writes them)."""
     from huggingface_hub import save_torch_state_dict
     from transformers import GenerationConfig
 
@@ -225,8 +233,8 @@ def to_hf(model: Transformer, out_dir, tokenizer_model=None, dtype: torch.dtype 
     dtype = dtype or next(iter(state.values())).dtype
     hf_config = config_to_hf(model.config, dtype=dtype)
     if tokenizer_model is not None:
-        _write_tokenizer(Path(tokenizer_model), model.config.vocab_size, out_dir)
+        _write_tokenizer(Path(tokenizer_model), model.config.vocab_size, out_dir, prompt)
     hf_config.save_pretrained(out_dir)
-    GenerationConfig(bos_token_id=1, eos_token_id=2).save_pretrained(out_dir)
+    GenerationConfig(bos_token_id=1, eos_token_id=2, **(generation or {})).save_pretrained(out_dir)
     save_torch_state_dict(to_hf_state_dict(state), out_dir, max_shard_size=max_shard_size)
     return out_dir

@@ -1,10 +1,14 @@
 """Export a stage's weights or any training checkpoint as a Hugging Face LLaMA folder.
 
     python -m lwm.train.export runs/X/s8k --out runs/X/hf-s8k [--tokenizer data/sample/tokenizer.model]
+        [--vqgan data/checkpoints/vqgan_tiny.safetensors]
 
 The argument is a stage folder (its final.safetensors, else its checkpoints/last.ckpt), a
 final.safetensors, or a Lightning checkpoint (a .ckpt file, or a sharded checkpoint folder).
-The model's shape and RoPE theta come from the stage folder's model_config.json.
+The model's shape and RoPE theta come from the stage folder's model_config.json. With --vqgan (the
+VQGAN that made the run's codes: our safetensors checkpoint or a diffusers folder) the folder gets
+it as vqgan/ and an lwm.json (lwm.interop.bundle), so that `lwm-generate --model OUT --video clip.mp4`
+and eval/video_qa.py need nothing else.
 """
 
 from __future__ import annotations
@@ -16,13 +20,14 @@ from pathlib import Path
 
 import torch
 
+from lwm.interop.bundle import write_bundle_info
 from lwm.interop.checkpoint import resolve
 from lwm.interop.hf import to_hf
 from lwm.model import ModelConfig, Transformer
 
 
-def export_weights(weights, model_config: ModelConfig, out_dir, tokenizer_model=None) -> Path:
-    """weights: a path to a safetensors file or a state dict."""
+def export_weights(weights, model_config: ModelConfig, out_dir, tokenizer_model=None, vqgan=None) -> Path:
+    """weights: a path to a safetensors file or a state dict; vqgan: a VQGAN checkpoint or folder to bundle."""
     if not isinstance(weights, dict):
         from safetensors.torch import load_file
 
@@ -30,7 +35,12 @@ def export_weights(weights, model_config: ModelConfig, out_dir, tokenizer_model=
     with torch.device("meta"):
         model = Transformer(model_config)
     model.load_state_dict(weights, strict=True, assign=True)
-    return to_hf(model, out_dir, tokenizer_model=tokenizer_model)
+    out = to_hf(model, out_dir, tokenizer_model=tokenizer_model)
+    if vqgan is not None:
+        from lwm.infer.prompt import load_vqgan
+
+        write_bundle_info(out, "native", load_vqgan(vqgan), vqgan_source=str(vqgan))
+    return out
 
 
 def main(argv=None) -> int:
@@ -38,12 +48,14 @@ def main(argv=None) -> int:
     parser.add_argument("source", type=Path, help="stage folder, final.safetensors, or a Lightning checkpoint")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--tokenizer", type=Path, help="the sentencepiece model, to write a tokenizer too")
+    parser.add_argument("--vqgan", type=Path, help="the run's VQGAN (safetensors checkpoint or diffusers folder), bundled as vqgan/")
     args = parser.parse_args(argv)
-    if not args.source.exists():
-        parser.error(f"{args.source} does not exist")
+    for name, path in (("source", args.source), ("--vqgan", args.vqgan), ("--tokenizer", args.tokenizer)):
+        if path is not None and not path.exists():
+            parser.error(f"{name} {path} does not exist")
     weights, stage_dir = resolve(args.source)
     config = ModelConfig(**json.loads((stage_dir / "model_config.json").read_text()))
-    print(f"exported to {export_weights(weights, config, args.out, args.tokenizer)}")
+    print(f"exported to {export_weights(weights, config, args.out, args.tokenizer, args.vqgan)}")
     return 0
 
 

@@ -1,0 +1,164 @@
+"""LWM's Jax checkpoints, read without jax or flax: the streaming parameter files and the model config.
+
+A checkpoint file is a stream of msgpack objects, one per parameter leaf: `[key, value]`, the key
+the leaf's path in the parameter tree (a list of strings), the value the bytes Flax's serializer
+writes for one array: msgpack ExtType 1 holding `[shape, dtype name, C-order bytes]`, or, for a
+leaf over 1 GiB, a map `{"__msgpack_chunked_array__": true, "shape": {"0": .., ...}, "chunks":
+{"0": <ExtType 1>, ...}}` of 1-D chunks. LWM names checkpoints with a load string:
+
+    params::PATH              the parameters alone (what LWM's released checkpoints are)
+    trainstate_params::PATH   the parameters inside a saved train state (keys under params/params)
+    trainstate::PATH          the same file read as a whole train state; only the parameters are kept
+
+Leaves are read one at a time, so memory holds one leaf (plus what the caller keeps).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgpack
+import numpy as np
+import torch
+
+LOAD_TYPES = ("params", "trainstate_params", "trainstate")
+_NDARRAY, _NPSCALAR = 1, 3  # Flax's msgpack extension codes
+_TORCH_ONLY = {"bfloat16": torch.bfloat16}  # dtypes numpy has no name for
+_READ_SIZE = 64 * 2**20
+
+
+def parse_load_string(load: str) -> tuple[str, Path]:
+    """'params::PATH' -> ('params', PATH); a bare path is read as params."""
+    kind, sep, path = str(load).partition("::")
+    if not sep:
+        kind, path = "params", str(load)
+    if kind not in LOAD_TYPES:
+        raise ValueError(f"checkpoint {load!r}: unknown load type {kind!r}; expected one of "
+                         f"{[t + '::PATH' for t in LOAD_TYPES]}")
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    return kind, Path(path)
+
+
+def _array(data: bytes, where: str) -> torch.Tensor:
+    shape, dtype, buffer = msgpack.unpackb(data, raw=True)
+    name = dtype.decode() if isinstance(dtype, bytes) else str(dtype)
+    if name in _TORCH_ONLY:
+        flat = torch.frombuffer(bytearray(buffer), dtype=_TORCH_ONLY[name])
+    else:
+        try:
+            flat = torch.from_numpy(np.frombuffer(buffer, dtype=np.dtype(name)).copy())
+        except TypeError as e:
+            raise ValueError(f"{where}: unsupported dtype {name!r}") from e
+    return flat.reshape([int(s) for s in shape])
+
+
+def _leaf(value, where: str) -> torch.Tensor | None:
+    """A leaf's serialized bytes -> its tensor (None for what is not an array, e.g. a step counter)."""
+    obj = msgpack.unpackb(value, raw=False, strict_map_key=False,
+                          ext_hook=lambda code, data: msgpack.ExtType(code, data))
+    if isinstance(obj, msgpack.ExtType):
+        return _array(obj.data, where) if obj.code in (_NDARRAY, _NPSCALAR) else None
+    if isinstance(obj, dict) and obj.get("__msgpack_chunked_array__"):
+        shape = [int(obj["shape"][str(i)]) for i in range(len(obj["shape"]))]
+        chunks = [_array(obj["chunks"][str(i)].data, where) for i in range(len(obj["chunks"]))]
+        return torch.cat(chunks).reshape(shape)
+    return None
+
+
+def read_params(load: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield ('transformer/wte/embedding', tensor), ... for each parameter leaf of an LWM checkpoint,
+    in file order, as stored (bf16 stays bf16)."""
+    kind, path = parse_load_string(load)
+    prefix = () if kind == "params" else ("params", "params")
+    with open(path, "rb") as f:
+        unpacker = msgpack.Unpacker(f, read_size=_READ_SIZE, max_buffer_size=0, raw=False, strict_map_key=False,
+                                    ext_hook=lambda code, data: msgpack.ExtType(code, data))
+        try:
+            for record in unpacker:
+                if not (isinstance(record, (list, tuple)) and len(record) == 2 and isinstance(record[0], (list, tuple))):
+                    raise ValueError(f"{path} is not an LWM streaming checkpoint: a record is not [key, value]")
+                key, value = tuple(str(k) for k in record[0]), record[1]
+                if key[: len(prefix)] != prefix:
+                    continue  # optimizer state and step of a train state
+                name = "/".join(key[len(prefix):])
+                tensor = _leaf(value, f"{path}: {name}") if isinstance(value, bytes) else None
+                if tensor is not None:
+                    yield name, tensor
+        except (msgpack.exceptions.UnpackException, msgpack.exceptions.ExtraData) as e:
+            raise ValueError(f"{path} is not an LWM streaming checkpoint ({type(e).__name__}: {e})") from e
+
+
+# ---------------------------------------------------------------------------------------- config
+
+# LWM's named model shapes (its lwm/llama.py), all LLaMA with a 32000-id text vocabulary.
+_SHAPES = {  # hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, max_sequence_length, rms_norm_eps
+    "200m": (1024, 2048, 14, 8, 2048, 1e-6),
+    "1b": (2048, 5504, 22, 16, 2048, 1e-6),
+    "3b": (3200, 8640, 26, 32, 2048, 1e-6),
+    "7b": (4096, 11008, 32, 32, 4096, 1e-6),
+    "13b": (5120, 13824, 40, 40, 2048, 1e-6),
+    "30b": (6656, 17920, 60, 52, 2048, 1e-6),
+    "65b": (8192, 22016, 80, 64, 2048, 1e-5),
+    "debug": (256, 256, 2, 2, 2048, 1e-6),
+}
+PRESETS = {name: dict(hidden_size=d, intermediate_size=f, num_hidden_layers=n, num_attention_heads=h,
+                      max_sequence_length=s, rms_norm_eps=eps, vocab_size=32000)
+           for name, (d, f, n, h, s, eps) in _SHAPES.items()}
+
+
+@dataclass(frozen=True)
+class LWMConfig:
+    """The fields of LWM's model config that shape the weights and the forward pass."""
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    vocab_size: int = 32000
+    vision_vocab_size: int = 8448
+    max_sequence_length: int = 4096
+    rms_norm_eps: float = 1e-6
+    theta: float = 10000.0
+    param_scan_axis: int = 0
+    tie_word_embeddings: bool = False
+    tie_vision_embeddings: bool = False
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+
+def load_lwm_config(config: str | Path | dict) -> LWMConfig:
+    """LWM's model config: a preset name ('7b', ...), a JSON file (what LWM's --load_llama_config
+    json::PATH reads; 'json::' may be given) or a dict. Fields LWM has that do not change the
+    weights or the forward pass (remat, scan chunk sizes, dropout, ...) are ignored."""
+    if isinstance(config, dict):
+        raw, where = dict(config), "config"
+    elif str(config) in PRESETS:
+        raw, where = dict(PRESETS[str(config)]), f"preset {config}"
+    else:
+        path = Path(str(config).removeprefix("json::"))
+        if not path.is_file():
+            raise FileNotFoundError(f"--config {config}: neither one of LWM's presets {sorted(PRESETS)} nor a JSON file")
+        try:
+            raw = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--config {path} is not JSON: {e}") from e
+        where = str(path)
+    required = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+    missing = [k for k in required if k not in raw]
+    if missing:
+        raise ValueError(f"{where} lacks {missing}, which LWM's model config needs")
+    fields = {k: raw[k] for k in LWMConfig.__dataclass_fields__ if k in raw}
+    cfg = LWMConfig(**fields)
+    if cfg.hidden_size % cfg.num_attention_heads:
+        raise ValueError(f"{where}: hidden_size {cfg.hidden_size} is not divisible by num_attention_heads "
+                         f"{cfg.num_attention_heads}")
+    if cfg.tie_word_embeddings or cfg.tie_vision_embeddings:
+        raise ValueError(f"{where}: tied embeddings are not supported (LWM's released models untie them)")
+    if cfg.param_scan_axis not in (0, 1):
+        raise ValueError(f"{where}: param_scan_axis must be 0 or 1, got {cfg.param_scan_axis}")
+    return cfg

@@ -1,0 +1,345 @@
+"""lwm-convert-lwm on checkpoints written in LWM's format by this file's own writer (tux's streaming
+msgpack records, Flax's array encoding; scanned and unscanned layers, fp32 and bf16, chunked
+records, params / trainstate load strings). The reference is an independent NumPy (float64)
+forward written from LWM's lwm/llama.py and lwm/vision_llama.py: vision positions embedded with
+vte, the rest with wte, RoPE on adjacent pairs via complex numbers, text and vision logits from the
+same hidden state. Tolerances: fp32 logits atol 1e-5; greedy tokens equal."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgpack
+import numpy as np
+import pytest
+import torch
+
+from lwm.interop.convert_lwm import convert_lwm
+from lwm.interop.lwm_jax import LWM_VISION_IDS, convert_params
+from lwm.interop.lwm_params import LWMConfig, load_lwm_config, read_params
+from lwm.model import Transformer
+
+ROOT = Path(__file__).resolve().parent.parent
+TOKENIZER = ROOT / "data" / "sample" / "tokenizer.model"  # 4096 text ids
+CFG = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4, vocab_size=4096,
+           vision_vocab_size=8448, max_sequence_length=512, rms_norm_eps=1e-6, theta=5000.0)
+LAYER = {"attention/wq/kernel": "DD", "attention/wk/kernel": "DD", "attention/wv/kernel": "DD", "attention/wo/kernel": "DD",
+         "feed_forward/w1/kernel": "DF", "feed_forward/w3/kernel": "DF", "feed_forward/w2/kernel": "FD",
+         "attention_norm/kernel": "D", "ffn_norm/kernel": "D"}
+
+
+# ---------------------------------------------------------------------------------------- LWM's format, written here
+
+
+def random_params(cfg: dict, vision: bool = True, seed: int = 0) -> dict[str, np.ndarray]:
+    """Per-layer Flax parameters, '/'-joined keys, float32."""
+    rng = np.random.default_rng(seed)
+    size = {"D": cfg["hidden_size"], "F": cfg["intermediate_size"]}
+    p = {"transformer/wte/embedding": rng.normal(0, 0.5, (cfg["vocab_size"], size["D"])),
+         "transformer/ln_f/kernel": rng.normal(1, 0.2, size["D"]),
+         "lm_head/kernel": rng.normal(0, 0.12, (size["D"], cfg["vocab_size"]))}
+    if vision:
+        p["transformer/vte/embedding"] = rng.normal(0, 0.5, (cfg["vision_vocab_size"], size["D"]))
+        p["vision_head/kernel"] = rng.normal(0, 0.12, (size["D"], cfg["vision_vocab_size"]))
+    for i in range(cfg["num_hidden_layers"]):
+        for leaf, dims in LAYER.items():
+            shape = tuple(size[d] for d in dims)
+            p[f"transformer/h/{i}/{leaf}"] = rng.normal(1, 0.2, shape) if dims == "D" else rng.normal(0, 0.2, shape)
+    return {k: v.astype(np.float32) for k, v in p.items()}
+
+
+def scanned(params: dict, n_layers: int) -> dict:
+    """Per-layer leaves stacked on a leading layer axis, as nn.scan stores them."""
+    out = {k: v for k, v in params.items() if "/h/" not in k}
+    for leaf in LAYER:
+        out[f"transformer/h/scan_decoder/{leaf}"] = np.stack([params[f"transformer/h/{i}/{leaf}"] for i in range(n_layers)])
+    return out
+
+
+def bf16_round(params: dict) -> dict:
+    return {k: torch.from_numpy(v).to(torch.bfloat16).float().numpy() for k, v in params.items()}
+
+
+def _array_bytes(a: np.ndarray, dtype: str) -> msgpack.ExtType:
+    if dtype == "bfloat16":
+        raw = torch.from_numpy(np.ascontiguousarray(a)).to(torch.bfloat16).view(torch.int16).numpy().tobytes()
+    else:
+        raw = np.ascontiguousarray(a, dtype=dtype).tobytes()
+    return msgpack.ExtType(1, msgpack.packb((list(a.shape), dtype, raw), use_bin_type=True))
+
+
+def leaf_bytes(a: np.ndarray, dtype: str, chunk_bytes: int) -> bytes:
+    """What flax.serialization.to_bytes writes for one array leaf (chunked above chunk_bytes)."""
+    itemsize = 2 if dtype == "bfloat16" else np.dtype(dtype).itemsize
+    if a.size * itemsize <= chunk_bytes:
+        return msgpack.packb(_array_bytes(a, dtype))
+    flat, per = a.reshape(-1), max(1, chunk_bytes // itemsize)
+    chunks = {str(j): _array_bytes(flat[s : s + per], dtype) for j, s in enumerate(range(0, flat.size, per))}
+    return msgpack.packb({"__msgpack_chunked_array__": True, "shape": {str(j): n for j, n in enumerate(a.shape)},
+                          "chunks": chunks})
+
+
+def write_lwm(path: Path, params: dict, dtype: str = "float32", chunk_bytes: int = 2**30, prefix=(),
+              extra: dict | None = None) -> Path:
+    """tux's StreamingCheckpointer layout: one msgpack [key, to_bytes(leaf)] record per leaf."""
+    packer = msgpack.Packer()
+    with open(path, "wb") as f:
+        for key, value in params.items():
+            f.write(packer.pack((list(prefix) + key.split("/"), leaf_bytes(value, dtype, chunk_bytes))))
+        for key, value in (extra or {}).items():
+            f.write(packer.pack((key.split("/"), leaf_bytes(value, "float32", chunk_bytes))))
+    return path
+
+
+# ---------------------------------------------------------------------------------------- LWM's forward, in NumPy
+
+
+def _rms(x, w, eps):
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
+
+
+def _rope(x, positions, theta):
+    """x (S, H, hd): rotate each adjacent pair (2i, 2i+1) as one complex number."""
+    hd = x.shape[-1]
+    freqs = 1.0 / theta ** (np.arange(0, hd, 2) / hd)
+    cis = np.exp(1j * np.outer(positions, freqs))[:, None, :]  # (S, 1, hd/2)
+    z = (x[..., 0::2] + 1j * x[..., 1::2]) * cis
+    return np.stack([z.real, z.imag], -1).reshape(x.shape)
+
+
+def lwm_forward(p: dict, cfg: dict, ids: np.ndarray, vision: np.ndarray):
+    """(S,) ids and vision mask -> (text logits (S, V), vision logits (S, Vv)), float64."""
+    p = {k: v.astype(np.float64) for k, v in p.items()}
+    D, H, eps = cfg["hidden_size"], cfg["num_attention_heads"], cfg["rms_norm_eps"]
+    hd, S = D // H, len(ids)
+    x = np.where(vision[:, None], p["transformer/vte/embedding"][np.where(vision, ids, 0)] if vision.any() else 0.0,
+                 p["transformer/wte/embedding"][np.where(vision, 0, ids)])
+    causal = np.tril(np.ones((S, S), bool))
+    for i in range(cfg["num_hidden_layers"]):
+        w = lambda leaf: p[f"transformer/h/{i}/{leaf}"]  # noqa: E731
+        h = _rms(x, w("attention_norm/kernel"), eps)
+        q, k, v = ((h @ w(f"attention/{n}/kernel")).reshape(S, H, hd) for n in ("wq", "wk", "wv"))
+        q, k = _rope(q, np.arange(S), cfg["theta"]), _rope(k, np.arange(S), cfg["theta"])
+        att = np.einsum("shd,thd->hst", q, k) / np.sqrt(hd)
+        att = np.where(causal, att, -np.inf)
+        att = np.exp(att - att.max(-1, keepdims=True))
+        att /= att.sum(-1, keepdims=True)
+        x = x + np.einsum("hst,thd->shd", att, v).reshape(S, D) @ w("attention/wo/kernel")
+        h = _rms(x, w("ffn_norm/kernel"), eps)
+        g = h @ w("feed_forward/w1/kernel")
+        x = x + (g / (1 + np.exp(-g)) * (h @ w("feed_forward/w3/kernel"))) @ w("feed_forward/w2/kernel")
+    x = _rms(x, p["transformer/ln_f/kernel"], eps)
+    return x @ p["lm_head/kernel"], (x @ p["vision_head/kernel"] if "vision_head/kernel" in p else None)
+
+
+def lwm_greedy_text(p: dict, cfg: dict, ids: list[int], vision: list[bool], n: int) -> list[int]:
+    """LWM's text sampling, greedy: argmax of the text logits, the whole sequence each step."""
+    ids, vision, out = list(ids), list(vision), []
+    for _ in range(n):
+        text, _ = lwm_forward(p, cfg, np.array(ids), np.array(vision))
+        out.append(int(text[-1].argmax()))
+        ids.append(out[-1])
+        vision.append(False)
+    return out
+
+
+def sample_sequence(cfg: dict, n_frames: int = 2, tokens_per_frame: int = 5, seed: int = 1):
+    """LWM-form ids and vision mask: text, then frames of codes each closed by 8192 (8193 last), then text."""
+    rng = np.random.default_rng(seed)
+    ids, vision = list(rng.integers(3, cfg["vocab_size"], 7)), [False] * 7
+    for f in range(n_frames):
+        ids += list(rng.integers(0, 8192, tokens_per_frame)) + [8193 if f == n_frames - 1 else 8192]
+        vision += [True] * (tokens_per_frame + 1)
+    ids += list(rng.integers(3, cfg["vocab_size"], 4))
+    vision += [False] * 4
+    return np.array(ids), np.array(vision)
+
+
+def ours(ids: np.ndarray, vision: np.ndarray, text_size: int) -> torch.Tensor:
+    """LWM's (ids, vision mask) -> our ids: vision id c sits at text_size + c."""
+    return torch.from_numpy(np.where(vision, text_size + ids, ids))[None]
+
+
+def converted(params: dict, cfg: dict, **write) -> tuple[Transformer, list[str]]:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_lwm(Path(tmp) / "params", params, **write)
+        state, model_config, notes = convert_params(read_params(f"params::{path}"), load_lwm_config(cfg), torch.float32)
+    with torch.device("meta"):
+        model = Transformer(model_config)
+    model.load_state_dict(state, strict=True, assign=True)
+    return model.eval(), notes
+
+
+# ---------------------------------------------------------------------------------------- tests
+
+
+def assert_logits_match(model, params, cfg, ids, vision, atol=1e-5):
+    text_ref, vision_ref = lwm_forward(params, cfg, ids, vision)
+    V = cfg["vocab_size"]
+    with torch.no_grad():
+        logits = model(ours(ids, vision, V))[0].double().numpy()  # (S, rows)
+    np.testing.assert_allclose(logits[:, :V], text_ref, atol=atol, rtol=0)
+    if vision_ref is not None:
+        np.testing.assert_allclose(logits[:, V : V + LWM_VISION_IDS], vision_ref[:, :LWM_VISION_IDS], atol=atol, rtol=0)
+
+
+@pytest.mark.parametrize("layout,dtype,chunk_bytes", [("scanned", "float32", 2**30), ("unscanned", "float32", 2**30),
+                                                      ("scanned", "bfloat16", 4096), ("unscanned", "bfloat16", 1000)])
+def test_converted_logits_equal_lwm_forward(layout, dtype, chunk_bytes):
+    """Text and vision logits of the converted model equal LWM's forward (fp32, atol 1e-5); bf16
+    checkpoints are compared with the reference on the bf16-rounded weights; chunk_bytes small enough
+    that large leaves come as chunked records."""
+    params = random_params(CFG)
+    ref = bf16_round(params) if dtype == "bfloat16" else params
+    stored = scanned(params, CFG["num_hidden_layers"]) if layout == "scanned" else params
+    model, notes = converted(stored, CFG, dtype=dtype, chunk_bytes=chunk_bytes)
+    ids, vision = sample_sequence(CFG)
+    assert_logits_match(model, ref, CFG, ids, vision)
+    assert "8194..8447" in notes[0] and "dropped" in notes[0]
+    if chunk_bytes < 2**30:  # the chunked records really were chunked
+        raw = open(write_lwm(Path(__import__("tempfile").mkdtemp()) / "p", {"x": params["lm_head/kernel"]}, dtype,
+                             chunk_bytes), "rb").read()
+        assert b"__msgpack_chunked_array__" in raw
+
+
+def test_train_state_load_strings_and_scan_axis_1(tmp_path):
+    """trainstate_params:: and trainstate:: read the parameters under params/params and skip the
+    optimizer state and step; param_scan_axis 1 stacks layers on the second axis."""
+    params = random_params(CFG)
+    stacked = scanned(params, CFG["num_hidden_layers"])
+    extra = {"opt_state/1/0/mu/lm_head/kernel": np.ones((3, 3), np.float32), "step": np.array(7, np.int32)}
+    path = write_lwm(tmp_path / "trainstate", stacked, prefix=("params", "params"), extra=extra)
+    for kind in ("trainstate_params", "trainstate"):
+        names = [name for name, _ in read_params(f"{kind}::{path}")]
+        assert names == list(stacked)
+    axis1 = {k: (np.moveaxis(v, 0, 1) if "scan_decoder" in k else v) for k, v in stacked.items()}  # norms too: (D, L)
+    model, _ = converted(axis1, {**CFG, "param_scan_axis": 1})
+    ids, vision = sample_sequence(CFG, seed=3)
+    assert_logits_match(model, params, CFG, ids, vision)
+
+
+def test_text_only_checkpoint_is_a_plain_llama(tmp_path):
+    """Without vte / vision_head the result keeps the text vocabulary (LWM-Text's Hugging Face form)."""
+    params = random_params(CFG, vision=False)
+    model, notes = converted(params, CFG)
+    assert model.config.vocab_size == CFG["vocab_size"] and notes == []
+    ids, vision = sample_sequence(CFG, n_frames=0)
+    assert_logits_match(model, params, CFG, ids, vision)
+
+
+def test_the_folder_loads_in_transformers_and_lwm_and_prompts_as_lwm_does(tmp_path):
+    """The converted folder: AutoModelForCausalLM loads it with no missing or unexpected keys and
+    gives our logits; AutoTokenizer loads; lwm.infer.load_model writes LWM's prompt, which is what
+    LWM's vision_chat.py builds with Hugging Face's LLaMA tokenizer, piece by piece."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaTokenizer
+
+    from lwm.infer.load import load_model
+    from lwm.infer.prompt import chat_prompt
+
+    params = random_params(CFG)
+    path = write_lwm(tmp_path / "params", scanned(params, CFG["num_hidden_layers"]), dtype="bfloat16")
+    out = convert_lwm(f"params::{path}", CFG, tmp_path / "hf", tokenizer=TOKENIZER, dtype=torch.float32)
+    hf, info = AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
+    assert all(not info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+    loaded = load_model(out)
+    assert loaded.prompt == "lwm" and loaded.vqgan is None
+    ids, vision = sample_sequence(CFG)
+    x = ours(ids, vision, CFG["vocab_size"])
+    with torch.no_grad():
+        torch.testing.assert_close(hf(x).logits, loaded.model(x), atol=1e-5, rtol=0)
+    assert_logits_match(loaded.model, bf16_round(params), CFG, ids, vision)
+    suppressed = hf.generation_config.suppress_tokens
+    assert suppressed[0] == CFG["vocab_size"] and suppressed[-1] == loaded.model.config.vocab_size - 1
+
+    # LWM's construct_input: each piece through the Hugging Face tokenizer (BOS on each), codes + 8192/8193
+    (tmp_path / "spm").mkdir()
+    shutil.copy(TOKENIZER, tmp_path / "spm" / "tokenizer.model")
+    lwm_tok = LlamaTokenizer.from_pretrained(tmp_path / "spm", add_bos_token=True, add_eos_token=False, legacy=True)
+    codes = np.random.default_rng(0).integers(0, 8192, (2, 256))
+    vision_ids = [c for f, frame in enumerate(codes) for c in [*frame, 8193 if f == len(codes) - 1 else 8192]]
+    question = "What is in the video?"
+    expected = (lwm_tok.encode(f"<s>You are a helpful assistant. USER: {question}\n") + lwm_tok.encode("<vision>")
+                + [CFG["vocab_size"] + c for c in vision_ids] + lwm_tok.encode("</vision>") + lwm_tok.encode(" ASSISTANT:"))
+    assert chat_prompt(loaded.tokenizer, loaded.vocab, question, codes, style=loaded.prompt) == expected
+    tok = AutoTokenizer.from_pretrained(out)
+    assert tok.encode("<vision>") == lwm_tok.encode("<vision>")  # the markers stay text in the exported tokenizer
+    assert tok.convert_tokens_to_ids(["<vision_5>", "<eof>", "<eov>"]) == [CFG["vocab_size"] + c for c in (5, 8192, 8193)]
+
+
+def _cp_greedy(rank: int, world: int, folder: str, prompt: list[int], n: int) -> list[int]:
+    import torch.distributed as dist
+
+    from lwm.infer import GenerationConfig, Generator
+    from lwm.infer.load import load_model
+
+    loaded = load_model(folder)
+    gen = Generator(loaded.model, loaded.vocab, group=dist.group.WORLD)
+    return gen.generate(prompt, GenerationConfig(max_new_tokens=n, restrict="text"))
+
+
+def test_greedy_text_generation_equals_lwm_with_cp_1_and_2(tmp_path):
+    """Greedy text generation on the converted model (restricted to text, as LWM samples text from
+    its text head) equals LWM's, over a prompt with video, on one process and split over two."""
+    from lwm.infer import GenerationConfig, Generator
+    from lwm.infer.load import load_model
+    from lwm.parallel.launch import run_distributed
+
+    params = random_params(CFG, seed=5)
+    path = write_lwm(tmp_path / "params", scanned(params, CFG["num_hidden_layers"]))
+    out = convert_lwm(f"params::{path}", CFG, tmp_path / "hf", tokenizer=TOKENIZER)
+    ids, vision = sample_sequence(CFG, n_frames=3, seed=7)
+    expected = lwm_greedy_text(params, CFG, ids.tolist(), vision.tolist(), 8)
+    prompt = ours(ids, vision, CFG["vocab_size"])[0].tolist()
+    loaded = load_model(out)
+    assert Generator(loaded.model, loaded.vocab).generate(prompt, GenerationConfig(max_new_tokens=8, restrict="text")) == expected
+    assert run_distributed(_cp_greedy, 2, str(out), prompt, 8) == [expected, expected]
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda p: p.pop("transformer/h/1/ffn_norm/kernel"), r"lacks 1 parameters: \['layers\.1\.mlp_norm\.weight'\]"),
+    (lambda p: p.update({"transformer/h/0/attention/wq/bias": np.zeros(32, np.float32)}),
+     "transformer/h/0/attention/wq/bias: not a parameter of LWM's"),
+    (lambda p: p.update({"lm_head/kernel": np.zeros((32, 4000), np.float32)}),
+     r"lm_head/kernel: shape \(32, 4000\) in the checkpoint, but the config .* gives \(32, 4096\)"),
+    (lambda p: p.update({"transformer/h/2/ffn_norm/kernel": np.ones(32, np.float32)}), "layer 2, but the config has num_hidden_layers 2"),
+])
+def test_bad_checkpoints_are_named(tmp_path, change, message):
+    params = random_params(CFG)
+    change(params)
+    with pytest.raises(ValueError, match=message):
+        converted(params, CFG)
+
+
+def test_bad_inputs_fail_before_work(tmp_path, capsys):
+    from lwm.interop.convert_lwm import main
+
+    params = write_lwm(tmp_path / "params", random_params(CFG, vision=False))
+    (tmp_path / "junk").write_bytes(b"\xc1" * 64)
+    (tmp_path / "cfg.json").write_text('{"hidden_size": 32}')
+    cases = [
+        (["--checkpoint", f"weights::{params}", "--config", "7b"], "unknown load type 'weights'"),
+        (["--checkpoint", f"params::{tmp_path / 'nope'}", "--config", "7b"], "does not exist"),
+        (["--checkpoint", f"params::{tmp_path / 'junk'}", "--config", "7b"], "is not an LWM streaming checkpoint"),
+        (["--checkpoint", f"params::{params}", "--config", "70b"], "neither one of LWM's presets"),
+        (["--checkpoint", f"params::{params}", "--config", str(tmp_path / "cfg.json")], "lacks ['intermediate_size'"),
+        (["--checkpoint", f"params::{params}", "--config", "7b"], "shape (4096, 32) in the checkpoint"),
+        (["--checkpoint", f"params::{params}", "--config", "debug", "--tokenizer", str(TOKENIZER)],
+         "has 4096 ids but the config's vocab_size is 32000"),
+    ]
+    for argv, message in cases:
+        assert main(argv + ["--out", str(tmp_path / "out")]) == 2, argv
+        assert message in capsys.readouterr().err, (argv, message)
+    with pytest.raises(SystemExit):
+        main(["--checkpoint", f"params::{params}", "--config", "7b", "--out", str(tmp_path / "o"), "--vqgan", "nope"])
+    assert "--vqgan nope does not exist" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_lwm_presets_are_lwms_shapes():
+    seven = load_lwm_config("7b")
+    assert (seven.hidden_size, seven.intermediate_size, seven.num_hidden_layers, seven.num_attention_heads) == (4096, 11008, 32, 32)
+    assert isinstance(load_lwm_config({**CFG}), LWMConfig)
