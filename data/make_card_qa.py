@@ -5,23 +5,25 @@
     python eval/video_qa.py --model M --data data/card_qa/f6/qa.jsonl --codes data/card_qa/f6/codes
 
 Each video has LOW to HIGH frames at 1 fps; one to four of them are cards of distinct colors, at
-random frames. Two questions per video:
+random frames. Two questions per video, each answered by the color of one card and offered with
+three other colors:
 
-    count  "How many cards are in the video?"               One. / Two. / Three. / Four.
-    first  "What color is the first card in the video?"     the first card's color and three others
+    first  "What color is the first card in the video?"
+    last   "What color is the last card in the video?"
 
 A nearest-centroid probe on the codes tells the cards' colors and "no card" apart on held-out
 frames (`python data/make_vniah.py --probe`: 99.1%), so both answers are readable from the codes;
-what the model has to learn is counting the cards and finding the first.
+what the model has to learn is finding the first and the last card among up to four. (Counting the
+cards was tried too and not learned by the debug model in the demo's budget: README "Video demo".)
 
 Writes OUT/codes (or --codes; tokens/<id>.npy and manifest.*.jsonl, as lwm-tokenize writes them),
 OUT/train.jsonl (every question twice, as the sample QA: the bare question answered with the
 option's text, and the question with its options answered with the letter, in the chat form) and
 OUT/qa.jsonl (held-out videos from frames of their own, in eval/video_qa.py's form):
 
-    {"vision": "cardqa_f6_heldout_000003", "id": "cardqa_f6_heldout_000003_count", "question": "How many
-     cards are in the video?", "options": ["A. Three.", "B. One.", "C. Four.", "D. Two."],
-     "answer": "D", "duration": 5, "task_type": "count", "cards": ["red", "cyan"], "card_frames": [0, 3]}
+    {"vision": "cardqa_f6_heldout_000003", "id": "cardqa_f6_heldout_000003_last", "question": "What color
+     is the last card in the video?", "options": ["A. Red.", "B. Blue.", "C. Green.", "D. Cyan."],
+     "answer": "D", "duration": 5, "task_type": "last", "cards": ["red", "cyan"], "card_frames": [0, 3]}
 """
 
 from __future__ import annotations
@@ -41,17 +43,16 @@ from make_vniah import (DEFAULT_CHECKPOINT, NEEDLE_COLORS, check_set_args, code_
                         write_manifest)
 from sample_lib.language import LETTERS, choice_question  # noqa: E402
 
-COUNTS = ("One.", "Two.", "Three.", "Four.")
-QUESTIONS = {"count": "How many cards are in the video?", "first": "What color is the first card in the video?"}
+MAX_CARDS = 4
+QUESTIONS = {"first": "What color is the first card in the video?", "last": "What color is the last card in the video?"}
 HELDOUT_SEED = 10**6  # held-out videos and their frame pools use seeds from here on
 
 
 def questions(cards: list[str], rng: np.random.Generator) -> list[tuple[str, list[str], str]]:
     """(task, options ["A. ...", ...], answer letter) of each question about a video's cards."""
-    answers = {"count": (COUNTS[len(cards) - 1], list(COUNTS)),
-               "first": (f"{cards[0].capitalize()}.", [f"{c.capitalize()}." for c in NEEDLE_COLORS])}
+    pool = [f"{c.capitalize()}." for c in NEEDLE_COLORS]
     out = []
-    for task, (answer, pool) in answers.items():
+    for task, answer in (("first", pool[NEEDLE_COLORS.index(cards[0])]), ("last", pool[NEEDLE_COLORS.index(cards[-1])])):
         others = [a for a in pool if a != answer]
         picked = [others[int(k)] for k in rng.choice(len(others), len(LETTERS) - 1, replace=False)] + [answer]
         texts = [picked[int(k)] for k in rng.permutation(len(picked))]
@@ -67,7 +68,7 @@ def videos(codes, labels, n: int, frames: tuple[int, int], seed: int, prefix: st
     manifest = []
     for i in range(n):
         count = int(rng.integers(frames[0], frames[1] + 1))
-        k = int(rng.integers(1, min(len(COUNTS), count) + 1))
+        k = int(rng.integers(1, min(MAX_CARDS, count) + 1))
         colors = rng.choice(len(NEEDLE_COLORS), k, replace=False)
         at = np.sort(rng.choice(count, k, replace=False))
         order = rng.choice(hay, count, replace=len(hay) < count)
