@@ -232,10 +232,9 @@ def test_text_only_checkpoint_is_a_plain_llama(tmp_path):
 def test_the_folder_loads_in_transformers_and_lwm_and_prompts_as_lwm_does(tmp_path):
     """The converted folder: AutoModelForCausalLM loads it with no missing or unexpected keys and
     gives our logits; AutoTokenizer loads; lwm.infer.load_model writes LWM's prompt, which is what
-    LWM's vision_chat.py builds with Hugging Face's LLaMA tokenizer, piece by piece."""
-    import shutil
-
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaTokenizer
+    LWM's vision_chat.py builds, piece by piece."""
+    import sentencepiece as spm
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from lwm.infer.load import load_model
     from lwm.infer.prompt import chat_prompt
@@ -255,18 +254,17 @@ def test_the_folder_loads_in_transformers_and_lwm_and_prompts_as_lwm_does(tmp_pa
     suppressed = hf.generation_config.suppress_tokens
     assert suppressed[0] == CFG["vocab_size"] and suppressed[-1] == loaded.model.config.vocab_size - 1
 
-    # LWM's construct_input: each piece through the Hugging Face tokenizer (BOS on each), codes + 8192/8193
-    (tmp_path / "spm").mkdir()
-    shutil.copy(TOKENIZER, tmp_path / "spm" / "tokenizer.model")
-    lwm_tok = LlamaTokenizer.from_pretrained(tmp_path / "spm", add_bos_token=True, add_eos_token=False, legacy=True)
+    # LWM's construct_input, with the tokenizer its released models were trained with: sentencepiece
+    # pieces (its LLaMATokenizer, add_bos_token=False), the literal "<s>" read as the one BOS
+    sp = spm.SentencePieceProcessor(model_file=str(TOKENIZER))
     codes = np.random.default_rng(0).integers(0, 8192, (2, 256))
     vision_ids = [c for f, frame in enumerate(codes) for c in [*frame, 8193 if f == len(codes) - 1 else 8192]]
     question = "What is in the video?"
-    expected = (lwm_tok.encode(f"<s>You are a helpful assistant. USER: {question}\n") + lwm_tok.encode("<vision>")
-                + [CFG["vocab_size"] + c for c in vision_ids] + lwm_tok.encode("</vision>") + lwm_tok.encode(" ASSISTANT:"))
+    expected = ([sp.bos_id()] + sp.encode(f"You are a helpful assistant. USER: {question}\n") + sp.encode("<vision>")
+                + [CFG["vocab_size"] + c for c in vision_ids] + sp.encode("</vision>") + sp.encode(" ASSISTANT:"))
     assert chat_prompt(loaded.tokenizer, loaded.vocab, question, codes, style=loaded.prompt) == expected
     tok = AutoTokenizer.from_pretrained(out)
-    assert tok.encode("<vision>") == lwm_tok.encode("<vision>")  # the markers stay text in the exported tokenizer
+    assert tok.encode("<vision>", add_special_tokens=False) == sp.encode("<vision>")  # the markers stay text
     assert tok.convert_tokens_to_ids(["<vision_5>", "<eof>", "<eov>"]) == [CFG["vocab_size"] + c for c in (5, 8192, 8193)]
 
 
@@ -343,3 +341,143 @@ def test_lwm_presets_are_lwms_shapes():
     seven = load_lwm_config("7b")
     assert (seven.hidden_size, seven.intermediate_size, seven.num_hidden_layers, seven.num_attention_heads) == (4096, 11008, 32, 32)
     assert isinstance(load_lwm_config({**CFG}), LWMConfig)
+
+
+def test_one_folder_with_the_vqgan_serves_generation_and_video_qa(tmp_path, capsys):
+    """--vqgan puts LWM's VQGAN into DIR/vqgan as a diffusers VQModel; load_model finds it, and
+    lwm-generate and eval/video_qa.py answer about a video file from DIR alone, with LWM's prompt."""
+    import json
+    import pickle
+
+    from diffusers import VQModel
+    from test_convert_lwm_vqgan import SMALL, lwm_params
+    from video_samples import write_video
+
+    from eval.video_qa import main as video_qa_main
+    from lwm.infer.cli import build_parser, prompt_ids
+    from lwm.infer.cli import main as generate_main
+    from lwm.infer.load import load_model
+    from lwm.infer.prompt import chat_prompt, video_codes
+    from lwm.interop.diffusers import from_diffusers
+    from lwm.interop.lwm_vqgan import from_lwm_vqgan
+
+    vq_pickle = tmp_path / "vqgan"
+    vq_pickle.write_bytes(pickle.dumps(lwm_params(**SMALL, rng=np.random.default_rng(0))))
+    path = write_lwm(tmp_path / "params", scanned(random_params(CFG), CFG["num_hidden_layers"]))
+    out = convert_lwm(f"params::{path}", CFG, tmp_path / "hf", vqgan=vq_pickle, tokenizer=TOKENIZER)
+    VQModel.from_pretrained(out / "vqgan")  # diffusers reads it
+    frames = torch.rand(2, 3, 32, 32) * 2 - 1
+    assert torch.equal(from_diffusers(out / "vqgan").encode(frames), from_lwm_vqgan(vq_pickle).encode(frames))
+    loaded = load_model(out)
+    assert loaded.prompt == "lwm" and loaded.vqgan == out / "vqgan"
+    assert json.loads((out / "lwm.json").read_text())["vqgan"] == "vqgan"
+
+    clip = write_video(tmp_path / "clip.mp4", width=40, height=32, frames=30, fps=10)
+    args = ["--model", str(out), "--video", str(clip), "--prompt", "What moves?", "--device", "cpu"]
+    codes = video_codes(clip, from_lwm_vqgan(vq_pickle), fps=1.0)
+    assert codes.shape == (3, 256)
+    assert prompt_ids(build_parser().parse_args(args), loaded) == chat_prompt(loaded.tokenizer, loaded.vocab, "What moves?",
+                                                                             codes, style="lwm")
+    native = prompt_ids(build_parser().parse_args(args + ["--prompt-style", "native"]), loaded)
+    assert loaded.vocab.vision_start in native and loaded.vocab.vision_start not in prompt_ids(build_parser().parse_args(args), loaded)
+    assert generate_main(args + ["--max-new-tokens", "3"]) == 0
+    (tmp_path / "qa.jsonl").write_text(json.dumps({"video": str(clip), "question": "What moves?",
+                                                   "options": ["A circle.", "A square."], "answer": "A circle."}) + "\n")
+    assert video_qa_main(["--model", str(out), "--data", str(tmp_path / "qa.jsonl"), "--out", str(tmp_path / "eval"),
+                          "--device", "cpu", "--no-progress", "--methods", "ll"]) == 0
+    record = json.loads((tmp_path / "eval" / "video_qa.json").read_text())["records"][0]
+    assert record["error"] is None and record["prompt_tokens"] == len(prompt_ids(build_parser().parse_args(args), loaded))
+    capsys.readouterr()
+
+
+def test_export_bundles_a_runs_vqgan(tmp_path):
+    """python -m lwm.train.export --vqgan puts the run's VQGAN beside the weights; prompts stay native."""
+    from lwm.infer.load import load_model
+    from lwm.infer.prompt import load_vqgan
+    from lwm.model import ModelConfig
+    from lwm.train.export import export_weights
+
+    model = Transformer(ModelConfig.from_preset("debug", vocab_size=12352))
+    vqgan = ROOT / "data" / "checkpoints" / "vqgan_tiny.safetensors"
+    out = export_weights(model.state_dict(), model.config, tmp_path / "hf", TOKENIZER, vqgan=vqgan)
+    loaded = load_model(out)
+    assert loaded.prompt == "native" and loaded.vqgan == out / "vqgan"
+    bundled, original = load_vqgan(loaded.vqgan), load_vqgan(vqgan)
+    frames = torch.rand(1, 3, original.config.resolution, original.config.resolution) * 2 - 1
+    assert torch.equal(bundled.encode(frames), original.encode(frames))
+
+
+def test_a_runs_export_finds_the_vqgan_that_made_its_codes(tmp_path, capsys):
+    """codes_vqgan reads the VQGAN from the code store's manifest (lwm-tokenize records it), and only
+    while its file still holds the weights that made the codes."""
+    import json
+
+    from lwm.infer.prompt import load_vqgan
+    from lwm.train.export import codes_vqgan
+    from lwm.vision.tokenize import weights_hash
+
+    vqgan = ROOT / "data" / "checkpoints" / "vqgan_tiny.safetensors"
+    made_by = {"preset": "tiny", "checkpoint": str(vqgan), "weights": weights_hash(load_vqgan(vqgan))}
+    for name, tokenizer, expected in (("same", made_by, vqgan), ("changed", {**made_by, "weights": "0" * 16}, None),
+                                      ("gone", {**made_by, "checkpoint": str(tmp_path / "nope.safetensors")}, None)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "manifest.jsonl").write_text(json.dumps({"id": "v", "tokenizer": tokenizer}) + "\n")
+        assert codes_vqgan(tmp_path / name) == expected, name
+    assert "no longer holds the weights" in capsys.readouterr().out
+
+
+def test_a_text_only_folder_runs_in_lwm_generate_with_lwms_text_chat_form(tmp_path):
+    """A text-only LLaMA folder (LWM-Text's Hugging Face form; here converted from a text checkpoint)
+    loads with zero vision rows: its text logits stay LWM's, greedy text generation is LWM's, and
+    --prompt-style lwm writes LWM's text chat prompt as the folder's Hugging Face tokenizer encodes it."""
+    from transformers import AutoTokenizer
+
+    from lwm.infer import GenerationConfig, Generator
+    from lwm.infer.cli import build_parser, prompt_ids
+    from lwm.infer.load import load_model
+
+    params = random_params(CFG, vision=False, seed=2)
+    out = convert_lwm(f"params::{write_lwm(tmp_path / 'params', params)}", CFG, tmp_path / "hf", tokenizer=TOKENIZER)
+    assert not (out / "vqgan").exists()
+    loaded = load_model(out)
+    assert loaded.model.config.vocab_size == loaded.vocab.size and loaded.prompt == "lwm"
+    ids, vision = sample_sequence(CFG, n_frames=0, seed=4)
+    assert_logits_match(loaded.model, params, CFG, ids, vision)
+    argv = ["--model", str(out), "--prompt", "Where is the key?"]
+    text_chat = AutoTokenizer.from_pretrained(out).encode("You are a helpful assistant. USER: Where is the key? ASSISTANT:")
+    assert text_chat[0] == 1 and text_chat.count(1) == 1  # one BOS, as LWM's text chat
+    assert prompt_ids(build_parser().parse_args(argv + ["--prompt-style", "lwm"]), loaded) == text_chat
+    assert prompt_ids(build_parser().parse_args(argv), loaded) == text_chat  # auto: the folder's lwm.json
+    got = Generator(loaded.model, loaded.vocab).generate(text_chat, GenerationConfig(max_new_tokens=6, restrict="text"))
+    assert got == lwm_greedy_text(params, CFG, text_chat, [False] * len(text_chat), 6)
+
+
+def test_zero_copy_msgpack_decoder_reads_what_msgpack_writes():
+    """lwm.interop.msgpack_view.decode against msgpack's own encoder, over every type and width."""
+    from lwm.interop.msgpack_view import Ext, MsgpackError, decode
+
+    def plain(x):  # memoryviews and Ext -> what msgpack.unpackb returns
+        if isinstance(x, memoryview):
+            return bytes(x)
+        if isinstance(x, Ext):
+            return msgpack.ExtType(x.code, bytes(x.data))
+        if isinstance(x, list):
+            return [plain(v) for v in x]
+        if isinstance(x, dict):
+            return {plain(k): plain(v) for k, v in x.items()}
+        return x
+
+    ints = [0, 1, 127, 128, 255, 256, 65535, 65536, 2**32 - 1, 2**32, 2**64 - 1, -1, -32, -33, -128, -129,
+            -32768, -32769, -2**31, -2**31 - 1, -2**63]
+    objects = [None, True, False, 1.5, -2.25e300, "", "x" * 31, "y" * 32, "z" * 300, "ü" * 40000, b"", b"a" * 255,
+               b"b" * 256, b"c" * 70000, list(range(15)), list(range(16)), list(range(70000)),
+               {str(k): k for k in range(15)}, {str(k): [k] for k in range(16)}, {"a": {"b": {"c": [b"d", None]}}},
+               *[msgpack.ExtType(5, b"e" * n) for n in (1, 2, 4, 8, 16, 3, 255, 256, 70000)], *ints]
+    for obj in objects:
+        packed = msgpack.packb(obj, use_bin_type=True)
+        value, end = decode(memoryview(packed))
+        assert plain(value) == msgpack.unpackb(packed, raw=False, strict_map_key=False) and end == len(packed)
+    with pytest.raises(MsgpackError, match="0xc1"):
+        decode(memoryview(b"\xc1"))
+    with pytest.raises(IndexError):
+        decode(memoryview(msgpack.packb(b"f" * 100))[:50])

@@ -17,6 +17,7 @@ import sys
 import time
 
 from lwm.infer.prompt import DEFAULT_VQGAN
+from lwm.interop.bundle import PROMPT_STYLES
 from lwm.infer.runtime import add_model_args, load_generator, require_paths, start
 
 
@@ -36,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-k", type=int)
     p.add_argument("--restrict", choices=["text", "vision", "none"], default="text")
+    p.add_argument("--prompt-style", choices=["auto", *PROMPT_STYLES], default="auto",
+                   help="how the chat prompt is written: auto = as the model folder's lwm.json says (native without "
+                        "one); lwm = LWM's own form, e.g. for LWM-Text-Chat's Hugging Face release")
     p.add_argument("--seed", type=int, default=0)
     return p
 
@@ -57,7 +61,8 @@ def prompt_ids(args, loaded) -> list[int]:
         if codes is not None:
             raise ValueError("--raw takes text only; a video goes in the chat form")
         return [loaded.tokenizer.bos_id, *loaded.tokenizer.encode(args.prompt)]
-    return chat_prompt(loaded.tokenizer, loaded.vocab, args.prompt, codes, style=loaded.prompt)
+    style = loaded.prompt if args.prompt_style == "auto" else args.prompt_style
+    return chat_prompt(loaded.tokenizer, loaded.vocab, args.prompt, codes, style=style)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -9,11 +9,12 @@ was trained on.
 
 LWM's released models (converted by lwm-convert-lwm, prompt style "lwm") were trained on LWM's own
 form, which `chat_prompt(..., style="lwm")` writes token for token as LWM's vision_chat.py does:
-each piece below is encoded on its own by LLaMA's Hugging Face tokenizer (transformers'
-LlamaTokenizer, legacy mode), which puts BOS before every piece (and reads the literal "<s>" as one
-more BOS); <vision> and </vision> are text.
+one BOS, then each piece below encoded on its own by LWM's LLaMA tokenizer (sentencepiece, no BOS
+or EOS of its own); <vision> and </vision> are text, and the frames' codes are vision ids.
 
-    "<s>You are a helpful assistant. USER: {question}\n" "<vision>" frames "</vision>" " ASSISTANT:"
+    [BOS] "You are a helpful assistant. USER: {question}\n" "<vision>" frames "</vision>" " ASSISTANT:"
+
+Without a video it is LWM's text chat form, [BOS] "You are a helpful assistant. USER: {question} ASSISTANT:".
 """
 
 from __future__ import annotations
@@ -43,14 +44,11 @@ def chat_fields(question: str) -> dict[str, str]:
 
 
 def _lwm_chat_prompt(tokenizer: TextTokenizer, vocab: Vocab, question: str, codes: np.ndarray | None) -> list[int]:
-    # One Hugging Face encode call: BOS, then the text, whose leading space (" ASSISTANT:") the
-    # tokenizer folds into the first word's word-start marker.
-    piece = lambda text: [tokenizer.bos_id, *tokenizer.encode(text.removeprefix(" "))]  # noqa: E731
-    if codes is None:  # LWM's text chat form
-        return piece(f"{SYSTEM} USER: {question} ASSISTANT:")
-    markers = (piece("<vision>"), piece("</vision>"))
+    if codes is None:
+        return [tokenizer.bos_id, *tokenizer.encode(f"{SYSTEM} USER: {question} ASSISTANT:")]
+    markers = (tokenizer.encode("<vision>"), tokenizer.encode("</vision>"))
     video = vocab.video_tokens(codes, markers)[0].tolist()
-    return [tokenizer.bos_id, *piece(f"{SYSTEM} USER: {question}\n"), *video, *piece(" ASSISTANT:")]
+    return [tokenizer.bos_id, *tokenizer.encode(f"{SYSTEM} USER: {question}\n"), *video, *tokenizer.encode(" ASSISTANT:")]
 
 
 def chat_prompt(tokenizer: TextTokenizer, vocab: Vocab, question: str, codes: np.ndarray | None = None,

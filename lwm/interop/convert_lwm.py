@@ -64,7 +64,8 @@ def convert_lwm(checkpoint: str, config, out_dir, vqgan=None, tokenizer=None, dt
     generation = {}
     if vision:  # LWM samples text from the text head alone
         generation["suppress_tokens"] = list(range(cfg.vocab_size, model_config.vocab_size))
-    to_hf(model, out_dir, tokenizer_model=tokenizer, prompt="lwm", generation=generation)
+    # 1 GB shards: writing a shard holds a serialized copy of it in memory (safetensors)
+    to_hf(model, out_dir, tokenizer_model=tokenizer, prompt="lwm", generation=generation, max_shard_size="1GB")
     write_bundle_info(out_dir, "lwm", vq_model, source=str(checkpoint), lwm_config=dataclasses.asdict(cfg), notes=notes)
     for note in notes:
         print(f"note: {note}")

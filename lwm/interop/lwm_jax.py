@@ -94,12 +94,10 @@ def rope_rows(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
 
 
 def _layer_weight(kernel: torch.Tensor, kind: str, cfg: LWMConfig) -> torch.Tensor:
-    if kind == "copy":
-        return kernel.clone()
-    weight = kernel.T  # (in, out) -> (out, in)
+    weight = kernel if kind == "copy" else kernel.T  # (in, out) -> (out, in)
     if kind == "rope":
         weight = rope_rows(weight, cfg.num_attention_heads)
-    return weight.contiguous()
+    return weight.clone(memory_format=torch.contiguous_format)  # its own memory: the leaf's bytes are let go
 
 
 def convert_params(leaves: Iterable[tuple[str, torch.Tensor]], cfg: LWMConfig, dtype: torch.dtype | None = None
@@ -113,7 +111,7 @@ def convert_params(leaves: Iterable[tuple[str, torch.Tensor]], cfg: LWMConfig, d
         leaf = leaf.to(dtype) if dtype is not None else leaf
         if name in _TOP:
             _check(name, leaf, _top_shape(cfg, _TOP[name]), cfg)
-            top[_TOP[name]] = leaf
+            top[_TOP[name]] = leaf.clone()  # its own memory (a leaf may sit on the file's read-only bytes)
             continue
         m = _SCANNED.match(name) or _UNSCANNED.match(name)
         if m is None or m["leaf"] not in _LAYER:

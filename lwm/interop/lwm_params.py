@@ -10,24 +10,27 @@ leaf over 1 GiB, a map `{"__msgpack_chunked_array__": true, "shape": {"0": .., .
     trainstate_params::PATH   the parameters inside a saved train state (keys under params/params)
     trainstate::PATH          the same file read as a whole train state; only the parameters are kept
 
-Leaves are read one at a time, so memory holds one leaf (plus what the caller keeps).
+Leaves are read one at a time, each record straight into a buffer of its own, and decoded over
+that buffer without copies (lwm.interop.msgpack_view), so memory holds one leaf (plus what the
+caller keeps).
 """
 
 from __future__ import annotations
 
 import json
+import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import msgpack
 import numpy as np
 import torch
+
+from lwm.interop.msgpack_view import Ext, MsgpackError, RecordReader, decode
 
 LOAD_TYPES = ("params", "trainstate_params", "trainstate")
 _NDARRAY, _NPSCALAR = 1, 3  # Flax's msgpack extension codes
 _TORCH_ONLY = {"bfloat16": torch.bfloat16}  # dtypes numpy has no name for
-_READ_SIZE = 64 * 2**20
 
 
 def parse_load_string(load: str) -> tuple[str, Path]:
@@ -43,52 +46,49 @@ def parse_load_string(load: str) -> tuple[str, Path]:
     return kind, Path(path)
 
 
-def _array(data: bytes, where: str) -> torch.Tensor:
-    shape, dtype, buffer = msgpack.unpackb(data, raw=True)
-    name = dtype.decode() if isinstance(dtype, bytes) else str(dtype)
-    if name in _TORCH_ONLY:
-        flat = torch.frombuffer(bytearray(buffer), dtype=_TORCH_ONLY[name])
-    else:
-        try:
-            flat = torch.from_numpy(np.frombuffer(buffer, dtype=np.dtype(name)).copy())
-        except TypeError as e:
-            raise ValueError(f"{where}: unsupported dtype {name!r}") from e
+def _array(ext: Ext, where: str) -> torch.Tensor:
+    """Flax's ExtType 1 ([shape, dtype name, C-order bytes]) -> a tensor over those bytes (no copy)."""
+    (shape, dtype, buffer), _ = decode(ext.data)
+    name = str(dtype)
+    try:
+        torch_dtype = _TORCH_ONLY.get(name) or torch.from_numpy(np.empty(0, np.dtype(name))).dtype
+    except TypeError as e:
+        raise ValueError(f"{where}: unsupported dtype {name!r}") from e
+    flat = torch.frombuffer(buffer, dtype=torch_dtype) if len(buffer) else torch.empty(0, dtype=torch_dtype)
     return flat.reshape([int(s) for s in shape])
 
 
-def _leaf(value, where: str) -> torch.Tensor | None:
+def _leaf(value: memoryview, where: str) -> torch.Tensor | None:
     """A leaf's serialized bytes -> its tensor (None for what is not an array, e.g. a step counter)."""
-    obj = msgpack.unpackb(value, raw=False, strict_map_key=False,
-                          ext_hook=lambda code, data: msgpack.ExtType(code, data))
-    if isinstance(obj, msgpack.ExtType):
-        return _array(obj.data, where) if obj.code in (_NDARRAY, _NPSCALAR) else None
+    obj, _ = decode(value)
+    if isinstance(obj, Ext):
+        return _array(obj, where) if obj.code in (_NDARRAY, _NPSCALAR) else None
     if isinstance(obj, dict) and obj.get("__msgpack_chunked_array__"):
         shape = [int(obj["shape"][str(i)]) for i in range(len(obj["shape"]))]
-        chunks = [_array(obj["chunks"][str(i)].data, where) for i in range(len(obj["chunks"]))]
-        return torch.cat(chunks).reshape(shape)
+        chunks = [_array(obj["chunks"][str(i)], where) for i in range(len(obj["chunks"]))]
+        return torch.cat(chunks).reshape(shape)  # one copy; the record's buffer goes with the chunks
     return None
 
 
 def read_params(load: str) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield ('transformer/wte/embedding', tensor), ... for each parameter leaf of an LWM checkpoint,
-    in file order, as stored (bf16 stays bf16)."""
+    in file order, as stored (bf16 stays bf16). A leaf's tensor sits on its record's own buffer,
+    read from the file with no further copy."""
     kind, path = parse_load_string(load)
     prefix = () if kind == "params" else ("params", "params")
     with open(path, "rb") as f:
-        unpacker = msgpack.Unpacker(f, read_size=_READ_SIZE, max_buffer_size=0, raw=False, strict_map_key=False,
-                                    ext_hook=lambda code, data: msgpack.ExtType(code, data))
         try:
-            for record in unpacker:
-                if not (isinstance(record, (list, tuple)) and len(record) == 2 and isinstance(record[0], (list, tuple))):
-                    raise ValueError(f"{path} is not an LWM streaming checkpoint: a record is not [key, value]")
-                key, value = tuple(str(k) for k in record[0]), record[1]
-                if key[: len(prefix)] != prefix:
+            for key, value in RecordReader(f):
+                if not (isinstance(key, list) and all(isinstance(k, str) for k in key)):
+                    raise ValueError(f"{path} is not an LWM streaming checkpoint: a record's key is not a list of names")
+                if tuple(key[: len(prefix)]) != prefix:
                     continue  # optimizer state and step of a train state
                 name = "/".join(key[len(prefix):])
-                tensor = _leaf(value, f"{path}: {name}") if isinstance(value, bytes) else None
+                tensor = _leaf(value, f"{path}: {name}") if isinstance(value, memoryview) else None
+                value = None  # only the tensor keeps the record's buffer alive
                 if tensor is not None:
                     yield name, tensor
-        except (msgpack.exceptions.UnpackException, msgpack.exceptions.ExtraData) as e:
+        except (MsgpackError, IndexError, struct.error, UnicodeDecodeError) as e:
             raise ValueError(f"{path} is not an LWM streaming checkpoint ({type(e).__name__}: {e})") from e
 
 

@@ -26,6 +26,29 @@ from lwm.interop.hf import to_hf
 from lwm.model import ModelConfig, Transformer
 
 
+def codes_vqgan(codes_dir) -> Path | None:
+    """The VQGAN that made a code store (lwm-tokenize's manifest records it): its checkpoint or
+    diffusers folder, when that still holds the same weights; else None, with the reason printed."""
+    from lwm.io import records
+    from lwm.vision.tokenize import load_tokenizer, weights_hash
+
+    manifests = sorted(Path(codes_dir).glob("manifest*.jsonl"))
+    first = next((r for m in manifests for _, r in records(m) if isinstance(r, dict) and "tokenizer" in r), None)
+    if first is None:
+        return None
+    made_by = first["tokenizer"]
+    source = made_by.get("diffusers") or made_by.get("checkpoint")
+    if source is None or not Path(source).exists():
+        print(f"export: the codes' VQGAN {made_by} is not on disk; the export has no vqgan/")
+        return None
+    vqgan = load_tokenizer(source if "diffusers" in made_by else made_by["preset"],
+                           None if "diffusers" in made_by else Path(source))[0]
+    if weights_hash(vqgan) != made_by.get("weights"):
+        print(f"export: {source} no longer holds the weights that made the codes; the export has no vqgan/")
+        return None
+    return Path(source)
+
+
 def export_weights(weights, model_config: ModelConfig, out_dir, tokenizer_model=None, vqgan=None) -> Path:
     """weights: a path to a safetensors file or a state dict; vqgan: a VQGAN checkpoint or folder to bundle."""
     if not isinstance(weights, dict):

@@ -236,9 +236,10 @@ def run_schedule(cfg: RunConfig) -> dict[str, Path]:
         init = load_weights(finished)
     where = {"run": out, "last_weights": finished}
     if cfg.export and finished is not None and global_rank() == 0:
-        from lwm.train.export import export_weights
+        from lwm.train.export import codes_vqgan, export_weights
 
-        where["hf"] = export_weights(finished, stage_model_config(model_config, last), out / "hf", cfg.data.tokenizer)
+        vqgan = codes_vqgan(cfg.data.codes) if cfg.data.codes is not None else None
+        where["hf"] = export_weights(finished, stage_model_config(model_config, last), out / "hf", cfg.data.tokenizer, vqgan)
     if cfg.evaluate.lengths is not None and finished is not None and global_rank() == 0:
         device = "cpu" if cfg.trainer.accelerator == "cpu" else None
         needle = evaluate_needles(cfg.evaluate, finished.parent, cfg.data.tokenizer, out / "needle", device)
