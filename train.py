@@ -1,8 +1,9 @@
 """Train an LWM-style model: python train.py [group=option ...] [key=value ...]
 
 With no arguments: the debug model learns LWM's needle on the bundled sample data through the quick
-progressive schedule on CPU (128 -> 512 -> 2K tokens), then the needle grid is printed. See conf/ for the groups (model, data, parallel, schedule, trainer, optim, experiment) and
-the README for multi-GPU, torchrun and SLURM launches.
+progressive schedule on CPU (128 -> 512 -> 2K tokens), then the needle grid is printed. See conf/
+for the groups (model, data, parallel, schedule, trainer, optim, experiment) and the README for
+multi-GPU, torchrun and SLURM launches.
 """
 
 import sys
@@ -33,8 +34,10 @@ def main(cfg: DictConfig) -> None:
     if is_rank0():
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-        say(f"run {out}: model {cfg.model.preset}, schedule {run.schedule.name} "
-            f"({len(run.schedule.stages)} stages), {run.trainer.world_size} process(es)")
+        say(
+            f"run {out}: model {cfg.model.preset}, schedule {run.schedule.name} "
+            f"({len(run.schedule.stages)} stages), {run.trainer.world_size} process(es)"
+        )
     start = time.perf_counter()
     where = run_schedule(run)
     say(f"\nfinished in {time.perf_counter() - start:.0f}s")

@@ -41,8 +41,13 @@ def train(run: RunConfigs) -> dict:
     t = run.trainer
 
     start = time.time()
-    data = FrameData(run.data, resolution=run.model.resolution, batch_size=run.train.batch_size, crop=run.train.crop,
-                     align=run.model.downsample)
+    data = FrameData(
+        run.data,
+        resolution=run.model.resolution,
+        batch_size=run.train.batch_size,
+        crop=run.train.crop,
+        align=run.model.downsample,
+    )
     data.setup()
     load_s = time.time() - start
     lit = LitVQGAN(run.model, run.train, grid_dir=out / "grids")
@@ -69,8 +74,13 @@ def train(run: RunConfigs) -> dict:
     fit_cpu_minutes = (time.process_time() - cpu_start) / 60  # all of this process's threads: core-minutes
     steps = trainer.global_step
     window = lit.usage.histogram()
-    train_window = {"usage": lit.usage.usage(), "perplexity": lit.usage.perplexity(), "codes_used": int((window > 0).sum()),
-                    "steps": min(steps, lit.usage.window), "positions": int(window.sum())}
+    train_window = {
+        "usage": lit.usage.usage(),
+        "perplexity": lit.usage.perplexity(),
+        "codes_used": int((window > 0).sum()),
+        "steps": min(steps, lit.usage.window),
+        "positions": int(window.sum()),
+    }
     val = lit.evaluate(data.val, steps)  # the final weights on the held-out frames, in fp32; grids/final.png
 
     summary = {
@@ -81,16 +91,27 @@ def train(run: RunConfigs) -> dict:
         # 1-minute load averages of the machine (all processes) when fit began and ended: > threads means others ran too
         "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "frames_load_seconds": round(load_s, 1),
-        "frames": {"train": len(data.train), "val": len(data.val), **{f"{k}_videos": v for k, v in data.videos.items()}},
+        "frames": {
+            "train": len(data.train),
+            "val": len(data.val),
+            **{f"{k}_videos": v for k, v in data.videos.items()},
+        },
         "held_out": {k: val[k] for k in ("psnr", "usage", "perplexity", "codes_used")},
         "train_window": train_window,
         "threads": torch.get_num_threads(),
         "command": "python " + " ".join(sys.argv),
-        "config": {"train": dataclasses.asdict(run.train), "data": dataclasses.asdict(run.data),
-                   "trainer": dataclasses.asdict(run.trainer)},
+        "config": {
+            "train": dataclasses.asdict(run.train),
+            "data": dataclasses.asdict(run.data),
+            "trainer": dataclasses.asdict(run.trainer),
+        },
     }
-    extra = {"result": {k: summary[k] for k in ("steps", "fit_minutes", "fit_cpu_minutes", "held_out", "train_window", "command")},
-             "train": summary["config"]["train"]}
+    extra = {
+        "result": {
+            k: summary[k] for k in ("steps", "fit_minutes", "fit_cpu_minutes", "held_out", "train_window", "command")
+        },
+        "train": summary["config"]["train"],
+    }
     weights, config = save_vqgan(lit.model, out / "vqgan.safetensors", run.preset, extra)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     exported = save_vqgan(lit.model, run.export, run.preset, extra) if run.export else None
@@ -98,9 +119,12 @@ def train(run: RunConfigs) -> dict:
         write_report(summary, run)
 
     grids = sorted((out / "grids").glob("*.png"))
-    print(f"steps {steps} in {fit_minutes:.1f} min ({fit_cpu_minutes:.1f} CPU core-minutes); held-out PSNR {val['psnr']:.2f} dB, codebook usage "
-          f"{val['usage']:.1%} ({int(val['codes_used'])} codes), perplexity {val['perplexity']:.0f}; last "
-          f"{train_window['steps']} training steps: usage {train_window['usage']:.1%}, perplexity {train_window['perplexity']:.0f}")
+    print(
+        f"steps {steps} in {fit_minutes:.1f} min ({fit_cpu_minutes:.1f} CPU core-minutes); "
+        f"held-out PSNR {val['psnr']:.2f} dB, codebook usage "
+        f"{val['usage']:.1%} ({int(val['codes_used'])} codes), perplexity {val['perplexity']:.0f}; last "
+        f"{train_window['steps']} training steps: usage {train_window['usage']:.1%}, perplexity {train_window['perplexity']:.0f}"
+    )
     print(f"run folder        {out}")
     print(f"lightning ckpt    {out / 'checkpoints' / 'last.ckpt'}")
     print(f"VQGAN weights     {weights} (+ {config.name})")
@@ -121,28 +145,31 @@ def write_report(summary: dict, run: RunConfigs) -> None:
     codebook = f"EMA (decay {tr.ema_decay})" if tr.ema_decay else "gradient (codebook loss)"
     rec = " + ".join(f"{w:g} {name}" for w, name in ((tr.l1_weight, "L1"), (tr.l2_weight, "MSE")) if w)
     crops = f" random {tr.crop}x{tr.crop} crops" if tr.crop else " whole frames"
-    restarts = (f"every {tr.restart_every} steps" + (f" until step {tr.restart_until}" if tr.restart_until >= 0 else "")
-                if tr.restart_every else "off")
+    restarts = (
+        f"every {tr.restart_every} steps" + (f" until step {tr.restart_until}" if tr.restart_until >= 0 else "")
+        if tr.restart_every
+        else "off"
+    )
     md = f"""
-Command: `{summary['command']}`  
+Command: `{summary["command"]}`  
 Host: {host_line()}
 
 Preset `{run.preset}` ({n_params / 1e6:.2f}M parameters, {run.model.n_codes} codes of dim {run.model.code_dim}), trained in {run.trainer.precision};
-{summary['frames']['train']} training frames from {summary['frames']['train_videos']} videos, {summary['frames']['val']} held-out frames
-from the last {summary['frames']['val_videos']} videos ({run.data.index}, {run.data.fps:g} fps, 64x64, flips {'on' if run.data.hflip else 'off'}).
-Batch {tr.batch_size}{crops} (aligned to the code grid), AdamW lr {tr.lr:g} ({tr.lr_schedule}{' over the budget: max_steps or max_minutes' if tr.lr_schedule == 'cosine' else ''}{f', warm-up {tr.warmup_steps}' if tr.warmup_steps else ''}), betas {list(tr.betas)},
-loss {rec} + codebook + {tr.beta:g} commitment, GAN {'on' if tr.gan.enabled else 'off'};
+{summary["frames"]["train"]} training frames from {summary["frames"]["train_videos"]} videos, {summary["frames"]["val"]} held-out frames
+from the last {summary["frames"]["val_videos"]} videos ({run.data.index}, {run.data.fps:g} fps, 64x64, flips {"on" if run.data.hflip else "off"}).
+Batch {tr.batch_size}{crops} (aligned to the code grid), AdamW lr {tr.lr:g} ({tr.lr_schedule}{" over the budget: max_steps or max_minutes" if tr.lr_schedule == "cosine" else ""}{f", warm-up {tr.warmup_steps}" if tr.warmup_steps else ""}), betas {list(tr.betas)},
+loss {rec} + codebook + {tr.beta:g} commitment, GAN {"on" if tr.gan.enabled else "off"};
 codebook {codebook}; dead-code restarts {restarts} (window {tr.usage_window} steps).
-Held-out numbers: the final weights in fp32 on all {summary['frames']['val']} held-out frames ({summary['frames']['val'] * run.model.tokens_per_frame} code positions);
+Held-out numbers: the final weights in fp32 on all {summary["frames"]["val"]} held-out frames ({summary["frames"]["val"] * run.model.tokens_per_frame} code positions);
 PSNR is the mean over frames of 10 log10(1 / MSE) on the [0, 1] scale. Training window: the codes of the last
-{tw['steps']} training steps ({tw['positions']} code positions). Usage: codes picked at least once.
+{tw["steps"]} training steps ({tw["positions"]} code positions). Usage: codes picked at least once.
 Fit time: wall clock of `trainer.fit` (validation included); CPU: this process's CPU time (all threads), in core-minutes;
-machine load average (1 min, all processes) {summary['load_average'][0]} at the start, {summary['load_average'][1]} at the end.
+machine load average (1 min, all processes) {summary["load_average"][0]} at the start, {summary["load_average"][1]} at the end.
 
 | steps | fit wall (min) | fit CPU (core-min) | held-out PSNR (dB) | held-out codes used | held-out usage | held-out perplexity | training-window codes used | training-window usage | training-window perplexity |
 | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |
-| {summary['steps']} | {summary['fit_minutes']:.2f} | {summary['fit_cpu_minutes']:.2f} | {ho['psnr']:.2f} | {int(ho['codes_used'])} / {run.model.n_codes} | {ho['usage']:.1%} | {ho['perplexity']:.0f} | {tw['codes_used']} / {run.model.n_codes} | {tw['usage']:.1%} | {tw['perplexity']:.0f} |
-"""
+| {summary["steps"]} | {summary["fit_minutes"]:.2f} | {summary["fit_cpu_minutes"]:.2f} | {ho["psnr"]:.2f} | {int(ho["codes_used"])} / {run.model.n_codes} | {ho["usage"]:.1%} | {ho["perplexity"]:.0f} | {tw["codes_used"]} / {run.model.n_codes} | {tw["usage"]:.1%} | {tw["perplexity"]:.0f} |
+"""  # noqa: E501, W291 (a markdown report: table rows are long, "  " ends a line)
     write_section("vqgan-train", md)
 
 

@@ -87,7 +87,10 @@ def balance(seq_len, heads, dim, repeats):
                 worst_work = max(worst_work, max(work) / (sum(work) / n))
                 worst_time = max(worst_time, max(secs) / (sum(secs) / n))
             rows.append((layout, n, worst_work, worst_time))
-            print(f"balance {layout:10s} N={n}  work max/mean {worst_work:.4f}  time max/mean {worst_time:.4f}", flush=True)
+            print(
+                f"balance {layout:10s} N={n}  work max/mean {worst_work:.4f}  time max/mean {worst_time:.4f}",
+                flush=True,
+            )
     lines = [
         f"Causal, S = {seq_len}, {heads} heads, head dim {dim}, fp32; the worst ring step's max/mean over ranks "
         "(1.0 = every rank does the same at every step). Target: striped and zigzag <= 1.02.",
@@ -119,9 +122,12 @@ def decomposition(lengths, heads, dim, worlds, repeats, device="cpu", dtype=torc
             for n in worlds:
                 t_ring = timed(lambda: simulate_ring(q, k, v, n, True, layout).backward(dout), reps, device=device)
                 rows.append((S, layout, n, t_fused, t_ring, t_fused / t_ring, flops / t_fused, flops / t_ring))
-                print(f"decomposition S={S} {layout} N={n}: fused {t_fused:.3f}s ring {t_ring:.3f}s "
-                      f"throughput ratio {t_fused / t_ring:.3f}, ring {flops / t_ring / 1e12:.2f} TFLOP/s", flush=True)
-        del q, k, v, dout
+                print(
+                    f"decomposition S={S} {layout} N={n}: fused {t_fused:.3f}s ring {t_ring:.3f}s "
+                    f"throughput ratio {t_fused / t_ring:.3f}, ring {flops / t_ring / 1e12:.2f} TFLOP/s",
+                    flush=True,
+                )
+        q = k = v = dout = None  # freed before the next length's tensors
     unit, scale = ("GFLOP/s", 1e9) if cpu else ("TFLOP/s", 1e12)
     target = "0.9" if cpu else "0.95"
     lines = [
@@ -133,8 +139,10 @@ def decomposition(lengths, heads, dim, worlds, repeats, device="cpu", dtype=torc
         f"| S | layout | N (virtual) | fused SDPA (s) | ring schedule (s) | throughput ratio | fused {unit} | ring {unit} |",
         "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    lines += [f"| {S} | {lay} | {n} | {tf:.3f} | {tr:.3f} | {r:.3f} | {ff / scale:.1f} | {fr / scale:.1f} |"
-              for S, lay, n, tf, tr, r, ff, fr in rows]
+    lines += [
+        f"| {S} | {lay} | {n} | {tf:.3f} | {tr:.3f} | {r:.3f} | {ff / scale:.1f} | {fr / scale:.1f} |"
+        for S, lay, n, tf, tr, r, ff, fr in rows
+    ]
     return "\n".join(lines)
 
 
@@ -183,7 +191,9 @@ def scaling(seq_len, heads, dim, repeats):
     rows = []
     for layers in (1, 8):
         for n in (1, 2):
-            res = run_distributed(_scaling_worker, n, seq_len, heads, dim, layers, repeats, threads=max(1, 2 // n), timeout=3600)
+            res = run_distributed(
+                _scaling_worker, n, seq_len, heads, dim, layers, repeats, threads=max(1, 2 // n), timeout=3600
+            )
             t, mem = max(r["time"] for r in res), max(r["peak_mib"] for r in res)
             rows.append((layers, n, t, mem))
             print(f"scaling layers={layers} N={n}: {t:.2f}s per fwd+bwd, peak per rank {mem:.0f} MiB", flush=True)
@@ -230,7 +240,9 @@ def documents(lengths, heads, dim, worlds, repeats, low, high):
     for S in lengths:
         reps = repeats if S <= 8192 else 1
         docs = document_lengths(S, low, high)
-        seg = torch.repeat_interleave(torch.arange(1, len(docs) + 1, dtype=torch.int32), torch.tensor(docs))[None]  # (1, S)
+        seg = torch.repeat_interleave(torch.arange(1, len(docs) + 1, dtype=torch.int32), torch.tensor(docs))[
+            None
+        ]  # (1, S)
         allowed = sum(l * (l + 1) // 2 for l in docs)  # causal pairs inside documents, counted from the lengths
         total = S * (S + 1) // 2
         q, k, v = (torch.randn(1, heads, S, dim, requires_grad=True) for _ in range(3))
@@ -239,14 +251,18 @@ def documents(lengths, heads, dim, worlds, repeats, low, high):
             for n in worlds:
                 # the least disturbed of the runs: a ratio of two timings on a shared 2-core machine
                 t_plain = timed(lambda: simulate_ring(q, k, v, n, True, layout).backward(dout), reps, reduce=min)
-                t_masked = timed(lambda: simulate_ring(q, k, v, n, True, layout, segment_ids=seg).backward(dout), reps,
-                                 reduce=min)
+                t_masked = timed(
+                    lambda: simulate_ring(q, k, v, n, True, layout, segment_ids=seg).backward(dout), reps, reduce=min
+                )
                 work = computed_entries(seg, n, layout) / allowed
                 share = allowed / total
                 rows.append((S, len(docs), layout, n, share, work, t_plain, t_masked))
-                print(f"documents S={S} ({len(docs)} docs) {layout} N={n}: allowed/total {share:.3f}, computed/allowed "
-                      f"{work:.3f}, unmasked {t_plain:.2f}s masked {t_masked:.2f}s, time ratio {t_masked / t_plain:.3f} "
-                      f"(limit {1.5 * share:.3f})", flush=True)
+                print(
+                    f"documents S={S} ({len(docs)} docs) {layout} N={n}: allowed/total {share:.3f}, computed/allowed "
+                    f"{work:.3f}, unmasked {t_plain:.2f}s masked {t_masked:.2f}s, time ratio {t_masked / t_plain:.3f} "
+                    f"(limit {1.5 * share:.3f})",
+                    flush=True,
+                )
     lines = [
         f"Causal ring schedule over N virtual ranks (lwm.parallel.simulate_ring), {heads} heads, head dim {dim}, fp32, "
         f"batch 1, forward+backward; packed documents of {low}-{high} tokens (uniform, seed 0; the last one cut to fit). "
@@ -254,11 +270,14 @@ def documents(lengths, heads, dim, worlds, repeats, low, high):
         "gives every rank and step (a causal square counts its lower triangle); allowed = sum of l(l+1)/2 over the "
         "documents. Targets: computed/allowed <= 1.3, masked time <= 1.5 x (allowed/total) x unmasked time.",
         "",
-        "| S | documents | layout | N | allowed/total | computed/allowed | unmasked (s) | masked (s) | time ratio | limit 1.5 x allowed/total |",
+        "| S | documents | layout | N | allowed/total | computed/allowed | unmasked (s) | masked (s) | time ratio "
+        "| limit 1.5 x allowed/total |",
         "| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    lines += [f"| {S} | {d} | {lay} | {n} | {sh:.3f} | {w:.3f} | {tp:.2f} | {tm:.2f} | {tm / tp:.3f} | {1.5 * sh:.3f} |"
-              for S, d, lay, n, sh, w, tp, tm in rows]
+    lines += [
+        f"| {S} | {d} | {lay} | {n} | {sh:.3f} | {w:.3f} | {tp:.2f} | {tm:.2f} | {tm / tp:.3f} | {1.5 * sh:.3f} |"
+        for S, d, lay, n, sh, w, tp, tm in rows
+    ]
     return "\n".join(lines)
 
 
@@ -272,7 +291,9 @@ def main():
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--doc-range", type=int, nargs=2, default=[256, 4096], metavar=("LOW", "HIGH"))
-    parser.add_argument("--device", default="cpu", help="cpu or cuda (decomposition only; the other parts are CPU studies)")
+    parser.add_argument(
+        "--device", default="cpu", help="cpu or cuda (decomposition only; the other parts are CPU studies)"
+    )
     parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="decomposition only")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
@@ -284,11 +305,18 @@ def main():
 
     parts = {
         "balance": ("Balance", lambda: balance(args.balance_seq, args.heads, args.dim, args.repeats)),
-        "decomposition": ("Decomposition overhead", lambda: decomposition(args.lengths, args.heads, args.dim, (2, 4, 8), args.repeats,
-                                                                            args.device, dtype)),
-        "scaling": ("Scaling over gloo processes", lambda: scaling(args.scaling_seq, args.heads, args.dim, args.repeats)),
-        "documents": ("Document masks", lambda: documents(args.lengths, args.heads, args.dim, (2, 4, 8), args.repeats,
-                                                          *args.doc_range)),
+        "decomposition": (
+            "Decomposition overhead",
+            lambda: decomposition(args.lengths, args.heads, args.dim, (2, 4, 8), args.repeats, args.device, dtype),
+        ),
+        "scaling": (
+            "Scaling over gloo processes",
+            lambda: scaling(args.scaling_seq, args.heads, args.dim, args.repeats),
+        ),
+        "documents": (
+            "Document masks",
+            lambda: documents(args.lengths, args.heads, args.dim, (2, 4, 8), args.repeats, *args.doc_range),
+        ),
     }
     for name in args.parts:
         title, run = parts[name]

@@ -32,19 +32,40 @@ from report import command_line, host_line, publish  # noqa: E402
 
 from lwm.model import ModelConfig  # noqa: E402
 
-WIDTH = dict(hidden_size=4096, intermediate_size=11008, num_attention_heads=32, vocab_size=32000, vision_vocab_size=8448,
-             max_sequence_length=1048576, theta=50000000.0, rms_norm_eps=1e-6)
-LAYER_SHAPES = {"attention/wq/kernel": "DD", "attention/wk/kernel": "DD", "attention/wv/kernel": "DD",
-                "attention/wo/kernel": "DD", "feed_forward/w1/kernel": "DF", "feed_forward/w3/kernel": "DF",
-                "feed_forward/w2/kernel": "FD", "attention_norm/kernel": "D", "ffn_norm/kernel": "D"}
+WIDTH = dict(
+    hidden_size=4096,
+    intermediate_size=11008,
+    num_attention_heads=32,
+    vocab_size=32000,
+    vision_vocab_size=8448,
+    max_sequence_length=1048576,
+    theta=50000000.0,
+    rms_norm_eps=1e-6,
+)
+LAYER_SHAPES = {
+    "attention/wq/kernel": "DD",
+    "attention/wk/kernel": "DD",
+    "attention/wv/kernel": "DD",
+    "attention/wo/kernel": "DD",
+    "feed_forward/w1/kernel": "DF",
+    "feed_forward/w3/kernel": "DF",
+    "feed_forward/w2/kernel": "FD",
+    "attention_norm/kernel": "D",
+    "ffn_norm/kernel": "D",
+}
 MAX_CHUNK = 2**30  # Flax writes a leaf over 1 GiB as chunks of this many bytes
 
 
 def leaf_shapes(n_layers: int) -> dict[str, tuple[int, ...]]:
     D, F, V, Vv = WIDTH["hidden_size"], WIDTH["intermediate_size"], WIDTH["vocab_size"], WIDTH["vision_vocab_size"]
     size = {"D": D, "F": F}
-    shapes = {"transformer/wte/embedding": (V, D), "transformer/vte/embedding": (Vv, D), "transformer/ln_f/kernel": (D,),
-              "lm_head/kernel": (D, V), "vision_head/kernel": (D, Vv)}
+    shapes = {
+        "transformer/wte/embedding": (V, D),
+        "transformer/vte/embedding": (Vv, D),
+        "transformer/ln_f/kernel": (D,),
+        "lm_head/kernel": (D, V),
+        "vision_head/kernel": (D, Vv),
+    }
     for leaf, dims in LAYER_SHAPES.items():
         shapes[f"transformer/h/scan_decoder/{leaf}"] = (n_layers, *(size[d] for d in dims))
     return shapes
@@ -65,9 +86,17 @@ def write_checkpoint(path: Path, n_layers: int, seed: int = 0) -> int:
                 value = msgpack.packb(_ext(bits, shape))
             else:
                 per = MAX_CHUNK // 2
-                chunks = {str(j): _ext(bits[s : s + per], (min(per, bits.size - s),)) for j, s in enumerate(range(0, bits.size, per))}
-                value = msgpack.packb({"__msgpack_chunked_array__": True, "shape": {str(j): n for j, n in enumerate(shape)},
-                                       "chunks": chunks})
+                chunks = {
+                    str(j): _ext(bits[s : s + per], (min(per, bits.size - s),))
+                    for j, s in enumerate(range(0, bits.size, per))
+                }
+                value = msgpack.packb(
+                    {
+                        "__msgpack_chunked_array__": True,
+                        "shape": {str(j): n for j, n in enumerate(shape)},
+                        "chunks": chunks,
+                    }
+                )
             f.write(packer.pack((name.split("/"), value)))
             del bits, value
     return path.stat().st_size
@@ -75,16 +104,22 @@ def write_checkpoint(path: Path, n_layers: int, seed: int = 0) -> int:
 
 # Runs a module's main(argv) and prints the process's peak RSS (VmHWM: counted from the exec, unlike
 # wait4's ru_maxrss, which a forked child inherits from this process).
-_PEAK = ("import importlib, sys; m = importlib.import_module(sys.argv[1]); code = m.main(sys.argv[2:]) if sys.argv[2:] else 0; "
-         "print([l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1]); sys.exit(code)")
+_PEAK = (
+    "import importlib, sys; m = importlib.import_module(sys.argv[1]); code = m.main(sys.argv[2:]) if sys.argv[2:] else 0; "
+    "print([l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1]); sys.exit(code)"
+)
 
 
 def child(module: str, args: list[str]) -> tuple[float, float, int]:
     """(seconds, peak RSS in GiB, exit status) of `module`'s main(args) in a child process (no args:
     only the import)."""
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", _PEAK, module, *args], capture_output=True, text=True,
-                          env={**os.environ, "TQDM_DISABLE": "1"})
+    proc = subprocess.run(
+        [sys.executable, "-c", _PEAK, module, *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TQDM_DISABLE": "1"},
+    )
     seconds = time.perf_counter() - t0
     if proc.returncode != 0:
         sys.stderr.write(proc.stderr[-3000:])
@@ -94,7 +129,9 @@ def child(module: str, args: list[str]) -> tuple[float, float, int]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--layers", type=int, default=4, help="layers of the synthetic checkpoint (7B has 32)")
-    p.add_argument("--dir", type=Path, help="where to write the checkpoint and the output (default: a temporary folder)")
+    p.add_argument(
+        "--dir", type=Path, help="where to write the checkpoint and the output (default: a temporary folder)"
+    )
     p.add_argument("--no-write", action="store_true")
     args = p.parse_args()
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
@@ -108,9 +145,17 @@ def main() -> None:
         copy_s = time.perf_counter() - t0
         (root / "copy").unlink()
         _, idle_gib, _ = child("lwm.interop.convert_lwm", [])
-        seconds, peak_gib, status = child("lwm.interop.convert_lwm", ["--checkpoint", f"params::{root / 'params'}",
-                                                                      "--config", str(root / "config.json"),
-                                                                      "--out", str(root / "hf")])
+        seconds, peak_gib, status = child(
+            "lwm.interop.convert_lwm",
+            [
+                "--checkpoint",
+                f"params::{root / 'params'}",
+                "--config",
+                str(root / "config.json"),
+                "--out",
+                str(root / "hf"),
+            ],
+        )
         if status != 0:
             raise SystemExit(f"the conversion failed with exit status {status}")
         out_bytes = sum(f.stat().st_size for f in (root / "hf").glob("*.safetensors"))

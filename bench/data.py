@@ -39,14 +39,32 @@ def make_corpus(root: Path, n_videos: int, n_docs: int, seed: int = 0) -> list[S
     sentence = lambda n: " ".join(rng.choice(WORDS, n))  # noqa: E731
     with open(root / "qa.jsonl", "w") as f:
         for i in range(n_videos * 4):
-            f.write(json.dumps({"vision": f"v{i % n_videos}", "question": sentence(12), "answer": sentence(20),
-                                "fields": "[vision+question],answer"}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "vision": f"v{i % n_videos}",
+                        "question": sentence(12),
+                        "answer": sentence(20),
+                        "fields": "[vision+question],answer",
+                    }
+                )
+                + "\n"
+            )
     with open(root / "docs.jsonl", "w") as f:
         for _ in range(n_docs):
             f.write(json.dumps({"text": sentence(40_000)}) + "\n")
     (root / "corpus.txt").write_text("\n".join(sentence(30) for _ in range(3000)))
-    spm.SentencePieceTrainer.train(input=str(root / "corpus.txt"), model_prefix=str(root / "sp"), vocab_size=200,
-                                   model_type="bpe", bos_id=1, eos_id=2, unk_id=0, pad_id=-1, minloglevel=2)
+    spm.SentencePieceTrainer.train(
+        input=str(root / "corpus.txt"),
+        model_prefix=str(root / "sp"),
+        vocab_size=200,
+        model_type="bpe",
+        bos_id=1,
+        eos_id=2,
+        unk_id=0,
+        pad_id=-1,
+        minloglevel=2,
+    )
     return [Source(str(root / "qa.jsonl")), Source(str(root / "docs.jsonl"), fields="text", overflow="window")]
 
 
@@ -69,8 +87,12 @@ def main():
     parser.add_argument("--batches", type=int, default=30)
     parser.add_argument("--videos", type=int, default=200)
     parser.add_argument("--docs", type=int, default=20)
-    parser.add_argument("--gpu-step-s", type=float, default=3.0,
-                        help="an estimate of one 7B training step on 32K tokens on one GPU, for the comparison")
+    parser.add_argument(
+        "--gpu-step-s",
+        type=float,
+        default=3.0,
+        help="an estimate of one 7B training step on 32K tokens on one GPU, for the comparison",
+    )
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     rows = []
@@ -81,7 +103,10 @@ def main():
             rate, first = measure(root, sources, args.seq_len, args.batches, sharding)
             label = f"dp {sharding.dp_rank}/{sharding.dp_size}, cp {sharding.cp_rank}/{sharding.cp_size} ({sharding.layout})"
             rows.append((label, rate, first))
-            print(f"{label}: {rate:.2f} batches/s ({rate * args.seq_len / 1e3:.0f}K tokens/s), first batch {first:.2f}s", flush=True)
+            print(
+                f"{label}: {rate:.2f} batches/s ({rate * args.seq_len / 1e3:.0f}K tokens/s), first batch {first:.2f}s",
+                flush=True,
+            )
     lines = [
         f"Command: `{command_line()}`  ",
         f"Host: {host_line()}  ",

@@ -30,7 +30,9 @@ def _model(device="cpu", dtype=torch.float32):
 
     torch.manual_seed(0)
     vocab = Vocab(4096)
-    config = ModelConfig.from_preset("tiny", vocab_size=vocab.size, rope_theta=1e6, max_seq_len=1 << 21, mlp_chunk_size=8192)
+    config = ModelConfig.from_preset(
+        "tiny", vocab_size=vocab.size, rope_theta=1e6, max_seq_len=1 << 21, mlp_chunk_size=8192
+    )
     return Transformer(config).to(device=device, dtype=dtype).eval(), vocab
 
 
@@ -58,8 +60,13 @@ def _measure(rank: int, world: int, length: int, threads: int) -> dict:
         gen.extend([t + 5])
     decode_s = time.perf_counter() - start
     cache_bytes = sum(2 * layer.cache.keys.numel() * layer.cache.keys.element_size() for layer in gen.cache.layers)
-    return {"prefill_s": prefill_s, "decode_s": decode_s, "peak_mib": peak_mib(), "model_mib": before,
-            "cache_mib": cache_bytes / 2**20}
+    return {
+        "prefill_s": prefill_s,
+        "decode_s": decode_s,
+        "peak_mib": peak_mib(),
+        "model_mib": before,
+        "cache_mib": cache_bytes / 2**20,
+    }
 
 
 def measure_cpu(cp: int, length: int) -> dict:
@@ -109,42 +116,65 @@ def longest_prefill(device: str, lengths: list[int], chunk: int) -> list[dict]:
             gen.release()
             del prompt
         r = rows[-1]
-        print(f"{device} prefill {length}: {r['prefill_s']:.1f} s ({length / r['prefill_s']:.0f} tok/s), decode "
-              f"{r['decode_tps']:.1f} tok/s, peak {r['peak_gib']:.1f} GiB", flush=True)
+        print(
+            f"{device} prefill {length}: {r['prefill_s']:.1f} s ({length / r['prefill_s']:.0f} tok/s), decode "
+            f"{r['decode_tps']:.1f} tok/s, peak {r['peak_gib']:.1f} GiB",
+            flush=True,
+        )
     return rows
 
 
 def longest_section(device: str, lengths: list[int], chunk: int) -> list[str]:
-    lines = [f"{device}, one device, `tiny` model (random weights) in bf16, batch 1, a random text prompt prefilled in "
-             f"chunks of {chunk} tokens, then {N_DECODE} single-token decode steps. Peak = the device's peak "
-             "allocation (CPU: the process's peak RSS). Target: an hour of video, 925,200 tokens, or more.", "",
-             "| prompt tokens | prefill (s) | prefill tok/s | decode tok/s | peak GiB |",
-             "| ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        f"{device}, one device, `tiny` model (random weights) in bf16, batch 1, a random text prompt prefilled in "
+        f"chunks of {chunk} tokens, then {N_DECODE} single-token decode steps. Peak = the device's peak "
+        "allocation (CPU: the process's peak RSS). Target: an hour of video, 925,200 tokens, or more.",
+        "",
+        "| prompt tokens | prefill (s) | prefill tok/s | decode tok/s | peak GiB |",
+        "| ---: | ---: | ---: | ---: | ---: |",
+    ]
     for r in longest_prefill(device, lengths, chunk):
         if r["prefill_s"] is None:
             lines.append(f"| {r['length']} | out of memory | | | |")
         else:
-            lines.append(f"| {r['length']} | {r['prefill_s']:.1f} | {r['length'] / r['prefill_s']:.0f} | "
-                         f"{r['decode_tps']:.1f} | {r['peak_gib']:.1f} |")
+            lines.append(
+                f"| {r['length']} | {r['prefill_s']:.1f} | {r['length'] / r['prefill_s']:.0f} | "
+                f"{r['decode_tps']:.1f} | {r['peak_gib']:.1f} |"
+            )
     return lines
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--parts", nargs="+", choices=["cp", "longest"], default=["cp"],
-                        help="cp: cp=1 vs cp=2 on CPU; longest: the longest prefill on --device")
+    parser.add_argument(
+        "--parts",
+        nargs="+",
+        choices=["cp", "longest"],
+        default=["cp"],
+        help="cp: cp=1 vs cp=2 on CPU; longest: the longest prefill on --device",
+    )
     parser.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384, 32768], help="cp: prompt lengths")
     parser.add_argument("--device", default="cuda", help="longest: cuda or cpu")
-    parser.add_argument("--longest-lengths", type=int, nargs="+",
-                        default=[131072, 262144, 524288, 925200, 1048576, 2097152], help="longest: prompts, in order")
+    parser.add_argument(
+        "--longest-lengths",
+        type=int,
+        nargs="+",
+        default=[131072, 262144, 524288, 925200, 1048576, 2097152],
+        help="longest: prompts, in order",
+    )
     parser.add_argument("--chunk", type=int, default=16384, help="longest: prefill chunk")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     if "longest" in args.parts and args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--parts longest --device cuda: no CUDA device here (--device cpu runs it on CPU)")
     if "longest" in args.parts:
-        markdown = "\n".join([f"Command: `{command_line()}`  ", f"Host: {host_line()}  ",
-                              *longest_section(args.device, args.longest_lengths, args.chunk)])
+        markdown = "\n".join(
+            [
+                f"Command: `{command_line()}`  ",
+                f"Host: {host_line()}  ",
+                *longest_section(args.device, args.longest_lengths, args.chunk),
+            ]
+        )
         publish(f"infer-longest-{args.device}", markdown, write=not args.no_write)
     if "cp" not in args.parts:
         return
@@ -154,21 +184,28 @@ def main():
         for cp in (1, 2):
             r = measure_cpu(cp, length)
             base = base or r
-            print(f"{length} tokens, cp={cp}: prefill {r['prefill_tps']:.0f} tok/s, decode {r['decode_tps']:.1f} tok/s, "
-                  f"peak {r['peak_mib']:.0f} MiB, cache {r['cache_mib']:.1f} MiB per rank", flush=True)
-            rows.append(f"| {length} | {cp} | {r['prefill_tps']:.0f} | {r['prefill_tps'] / base['prefill_tps']:.2f}x | "
-                        f"{r['decode_tps']:.1f} | {r['decode_tps'] / base['decode_tps']:.2f}x | {r['peak_mib']:.0f} | "
-                        f"{r['peak_mib'] / base['peak_mib']:.2f}x | {r['added_mib']:.0f} | {r['cache_mib']:.1f} |")
+            print(
+                f"{length} tokens, cp={cp}: prefill {r['prefill_tps']:.0f} tok/s, decode {r['decode_tps']:.1f} tok/s, "
+                f"peak {r['peak_mib']:.0f} MiB, cache {r['cache_mib']:.1f} MiB per rank",
+                flush=True,
+            )
+            rows.append(
+                f"| {length} | {cp} | {r['prefill_tps']:.0f} | {r['prefill_tps'] / base['prefill_tps']:.2f}x | "
+                f"{r['decode_tps']:.1f} | {r['decode_tps'] / base['decode_tps']:.2f}x | {r['peak_mib']:.0f} | "
+                f"{r['peak_mib'] / base['peak_mib']:.2f}x | {r['added_mib']:.0f} | {r['cache_mib']:.1f} |"
+            )
     lines = [
         f"Command: `{command_line()}`  ",
         f"Host: {host_line()}  ",
         "`tiny` model (random weights), fp32, batch 1, a random text prompt; prefill = the whole prompt into the KV "
-        f"cache (cp=1: chunks of 8192 tokens; cp=2: ring prefill over 2 gloo processes in segments of 8192 tokens per rank), decode = {N_DECODE} "
+        "cache (cp=1: chunks of 8192 tokens; cp=2: ring prefill over 2 gloo processes in segments of 8192 tokens "
+        f"per rank), decode = {N_DECODE} "
         "single-token steps after it. cp=1 is one process with 2 threads, cp=2 two processes with 1 thread each "
         "on the same 2 cores. Peak memory = the rank's peak RSS (Python, torch, model, cache, activations); cache = "
         "the rank's K/V; added = peak RSS minus the RSS with the model loaded, before the prompt.",
         "",
-        "| prompt tokens | cp | prefill tok/s | vs cp=1 | decode tok/s | vs cp=1 | peak MiB per rank | vs cp=1 | added by inference MiB | cache MiB per rank |",
+        "| prompt tokens | cp | prefill tok/s | vs cp=1 | decode tok/s | vs cp=1 | peak MiB per rank | vs cp=1 "
+        "| added by inference MiB | cache MiB per rank |",
         "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
         *rows,
         "",

@@ -35,9 +35,20 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def run(cp: int, steps: int, out: Path) -> dict:
-    cmd = [sys.executable, "train.py", f"trainer.out_dir={out}", "model=tiny", "schedule=tiny", "stage_only=s8k",
-           "export=false", "evaluate.lengths=null", "trainer.log_every=1",
-           f"trainer.devices={cp}", f"+schedule.stages.2.cp={cp}", f"+stop_at_step={steps}"]
+    cmd = [
+        sys.executable,
+        "train.py",
+        f"trainer.out_dir={out}",
+        "model=tiny",
+        "schedule=tiny",
+        "stage_only=s8k",
+        "export=false",
+        "evaluate.lengths=null",
+        "trainer.log_every=1",
+        f"trainer.devices={cp}",
+        f"+schedule.stages.2.cp={cp}",
+        f"+stop_at_step={steps}",
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
@@ -97,8 +108,12 @@ def layer_step(preset: str, layers: int, seq_len: int, steps: int, device_type: 
         step()
     sync(device)
     secs = (time.perf_counter() - start) / steps
-    return {"step_s": secs, "peak_mib": peak_mib(device), "flops_per_token": model_flops_per_token(config, seq_len),
-            "params": sum(p.numel() for p in model.parameters())}
+    return {
+        "step_s": secs,
+        "peak_mib": peak_mib(device),
+        "flops_per_token": model_flops_per_token(config, seq_len),
+        "params": sum(p.numel() for p in model.parameters()),
+    }
 
 
 def layers_part(args) -> str:
@@ -115,24 +130,31 @@ def layers_part(args) -> str:
         tps = seq_len / r["step_s"]
         tflops = tps * r["flops_per_token"] / 1e12
         mfu = f"{100 * tflops / peak:.1f}%" if peak else "n/a"
-        rows.append(f"| {seq_len} | {r['step_s']:.3f} | {tps:.0f} | {tflops:.1f} | {mfu} | {r['peak_mib'] / 1024:.2f} |")
-        print(f"layers {args.preset} x{args.layers} S={seq_len}: {r['step_s']:.3f} s/step, {tps:.0f} tokens/s, "
-              f"{tflops:.1f} TFLOP/s, MFU {mfu}, peak {r['peak_mib'] / 1024:.2f} GiB", flush=True)
+        rows.append(
+            f"| {seq_len} | {r['step_s']:.3f} | {tps:.0f} | {tflops:.1f} | {mfu} | {r['peak_mib'] / 1024:.2f} |"
+        )
+        print(
+            f"layers {args.preset} x{args.layers} S={seq_len}: {r['step_s']:.3f} s/step, {tps:.0f} tokens/s, "
+            f"{tflops:.1f} TFLOP/s, MFU {mfu}, peak {r['peak_mib'] / 1024:.2f} GiB",
+            flush=True,
+        )
     where = f"{args.device}" + (f", peak {peak} TFLOP/s dense bf16" if peak else "")
     dist.destroy_process_group()
-    return "\n".join([
-        f"Command: `{command_line()}`  ",
-        f"Host: {host_line()}  ",
-        f"`{args.preset}` shapes with {args.layers} layers ({r['params'] / 1e6:,.0f}M parameters with the embedding and "
-        f"output), batch 1, {where}; FSDP2 over one rank (fp32 master weights, bf16 compute on a GPU), activation "
-        f"checkpointing, chunked loss, AdamW; mean of {args.steps} steps after a warm-up. Model FLOPs per token = "
-        "6 x matmul parameters + causal attention (each score once); peak memory = the device's peak allocation "
-        "(CPU: the process's peak RSS).",
-        "",
-        "| tokens per sequence | s/step | tokens/s | TFLOP/s | MFU | peak memory (GiB) |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: |",
-        *rows,
-    ])
+    return "\n".join(
+        [
+            f"Command: `{command_line()}`  ",
+            f"Host: {host_line()}  ",
+            f"`{args.preset}` shapes with {args.layers} layers ({r['params'] / 1e6:,.0f}M parameters with the embedding and "
+            f"output), batch 1, {where}; FSDP2 over one rank (fp32 master weights, bf16 compute on a GPU), activation "
+            f"checkpointing, chunked loss, AdamW; mean of {args.steps} steps after a warm-up. Model FLOPs per token = "
+            "6 x matmul parameters + causal attention (each score once); peak memory = the device's peak allocation "
+            "(CPU: the process's peak RSS).",
+            "",
+            "| tokens per sequence | s/step | tokens/s | TFLOP/s | MFU | peak memory (GiB) |",
+            "| ---: | ---: | ---: | ---: | ---: | ---: |",
+            *rows,
+        ]
+    )
 
 
 def main():
@@ -168,8 +190,10 @@ def main():
         "| ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for cp, r in results.items():
-        lines.append(f"| {cp} | {cp} | {r['tokens_per_s']:.0f} | {r['tokens_per_s'] / base['tokens_per_s']:.2f}x | "
-                     f"{r['peak_mib']:.0f} | {r['peak_mib'] / base['peak_mib']:.2f}x |")
+        lines.append(
+            f"| {cp} | {cp} | {r['tokens_per_s']:.0f} | {r['tokens_per_s'] / base['tokens_per_s']:.2f}x | "
+            f"{r['peak_mib']:.0f} | {r['peak_mib'] / base['peak_mib']:.2f}x |"
+        )
     lines.append("")
     lines.append("7B-shaped layers on one GPU (tokens/s, MFU at 8K and 32K) are `--part layers`: the GPU section.")
     markdown = "\n".join(lines)

@@ -140,7 +140,9 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def encode_throughput(model, device: str, batch_sizes: list[int], frames_per_round: int, rounds: int) -> dict[int, float]:
+def encode_throughput(
+    model, device: str, batch_sizes: list[int], frames_per_round: int, rounds: int
+) -> dict[int, float]:
     """Median seconds to encode `frames_per_round` frames, per batch size (alternating rounds after a warm-up)."""
     r = model.config.resolution
     g = torch.Generator().manual_seed(0)
@@ -218,9 +220,13 @@ def stream_here(path: str, fps: float, resolution: int, chunk_size: int) -> dict
             first_s, rss_first = time.perf_counter() - start, rss_last
     total = time.perf_counter() - start
     return dict(
-        frames=frames, total_s=total, first_s=first_s, base_mib=base / 1024,
+        frames=frames,
+        total_s=total,
+        first_s=first_s,
+        base_mib=base / 1024,
         read_x=(_bytes_read() - read0) / os.path.getsize(path),
-        peak_rise_mib=(_status_kib("VmHWM") - base) / 1024, drift_mib=(rss_last - rss_first) / 1024,
+        peak_rise_mib=(_status_kib("VmHWM") - base) / 1024,
+        drift_mib=(rss_last - rss_first) / 1024,
     )
 
 
@@ -231,8 +237,18 @@ def stream_in_subprocess(path: Path, fps: float, resolution: int, chunk_size: in
     # memory. Setting the threshold fixes it (no dynamic adjustment): every block of 64 KiB or more is
     # mmapped and unmapped on free, so peak RSS measures what the streaming really holds at once.
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
-    cmd = [sys.executable, __file__, "--stream-child", str(path), "--sample-fps", str(fps),
-           "--resolution", str(resolution), "--chunk-size", str(chunk_size)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--stream-child",
+        str(path),
+        "--sample-fps",
+        str(fps),
+        "--resolution",
+        str(resolution),
+        "--chunk-size",
+        str(chunk_size),
+    ]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -261,7 +277,10 @@ def part_encode(args) -> list[str]:
     ]
     for bs, t in times.items():
         rows.append(f"| {bs} | {t:.2f} | {args.frames_per_round / t:.2f} | {base / t:.3f} |")
-        print(f"  batch {bs:3d}: {args.frames_per_round / t:.2f} frames/s  ({base / t:.3f}x batch {args.batch_sizes[0]})", flush=True)
+        print(
+            f"  batch {bs:3d}: {args.frames_per_round / t:.2f} frames/s  ({base / t:.3f}x batch {args.batch_sizes[0]})",
+            flush=True,
+        )
 
     best_bs = min(times, key=times.get)
     best_fps = args.frames_per_round / times[best_bs]
@@ -269,13 +288,14 @@ def part_encode(args) -> list[str]:
     ref = (
         f"design.md estimates about 1-2 frames/s on 2 CPU cores for this model; the best here, "
         f"{best_fps:.2f} frames/s at batch {best_bs}, is {where}."
-        if args.device == "cpu" else
-        f"target on an H200 (preset `lwm`, bf16): >= 2000 frames/s; the best here is {best_fps:.0f} frames/s at batch {best_bs}."
+        if args.device == "cpu"
+        else f"target on an H200 (preset `lwm`, bf16): >= 2000 frames/s; the best here is {best_fps:.0f} frames/s at batch {best_bs}."
     )
     not_run = (
         "The GPU path (`--device cuda`: bf16 weights, channels_last convolutions) is implemented but was "
         "not run: this host has no GPU."
-        if args.device == "cpu" else "Run on CUDA: bf16 weights, channels_last convolutions."
+        if args.device == "cpu"
+        else "Run on CUDA: bf16 weights, channels_last convolutions."
     )
     lines = [
         "### Part 1: encode throughput and where tokenization time goes",
@@ -304,7 +324,8 @@ def end_to_end(model, args) -> list[str]:
     print(f"  end to end: {e['frames']} frames, decode {e['decode_s']:.2f}s, encode {e['encode_s']:.2f}s", flush=True)
     return [
         f"End to end: a generated {cfg.resolution}x{cfg.resolution} {args.e2e_fps} fps H.264 video of "
-        f"{args.e2e_seconds:g} s, sampled at {args.sample_fps:g} fps with `stream_video` (decord's index, PyAV decoding) in chunks of {e2e_bs} "
+        f"{args.e2e_seconds:g} s, sampled at {args.sample_fps:g} fps with `stream_video` (decord's index, PyAV "
+        f"decoding) in chunks of {e2e_bs} "
         f"and encoded with batch size {e2e_bs}, as lwm-tokenize does. Decoding includes opening the file; encoding "
         f"includes moving the frames to the device.",
         "",
@@ -326,16 +347,23 @@ def part_stream(args) -> list[str]:
         for m, path in zip(lengths, paths):
             r = stream_in_subprocess(path, args.sample_fps, args.resolution, args.chunk_size)
             runs[m].append(r)
-            print(f"  stream {m:g} min (run {rep + 1}): {r['frames']} frames in {r['total_s']:.2f}s "
-                  f"({1000 * r['total_s'] / r['frames']:.2f} ms/frame), peak rise {r['peak_rise_mib']:.1f} MiB, "
-                  f"drift {r['drift_mib']:+.1f} MiB, read {r['read_x']:.1f}x the file", flush=True)
+            print(
+                f"  stream {m:g} min (run {rep + 1}): {r['frames']} frames in {r['total_s']:.2f}s "
+                f"({1000 * r['total_s'] / r['frames']:.2f} ms/frame), peak rise {r['peak_rise_mib']:.1f} MiB, "
+                f"drift {r['drift_mib']:+.1f} MiB, read {r['read_x']:.1f}x the file",
+                flush=True,
+            )
 
     def summary(m):
         rs = runs[m]
         return dict(
-            frames=rs[0]["frames"], total_s=min(r["total_s"] for r in rs), first_s=min(r["first_s"] for r in rs),
-            peak=max(r["peak_rise_mib"] for r in rs), base=statistics.median(r["base_mib"] for r in rs),
-            drift=max(r["drift_mib"] for r in rs), read_x=rs[0]["read_x"],
+            frames=rs[0]["frames"],
+            total_s=min(r["total_s"] for r in rs),
+            first_s=min(r["first_s"] for r in rs),
+            peak=max(r["peak_rise_mib"] for r in rs),
+            base=statistics.median(r["base_mib"] for r in rs),
+            drift=max(r["drift_mib"] for r in rs),
+            read_x=rs[0]["read_x"],
         )
 
     s = {m: summary(m) for m in lengths}
@@ -389,12 +417,20 @@ def main() -> None:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 8])
     parser.add_argument("--frames-per-round", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--e2e-seconds", type=float, default=16.0, help="length of the end-to-end test video (0: skip it)")
+    parser.add_argument(
+        "--e2e-seconds", type=float, default=16.0, help="length of the end-to-end test video (0: skip it)"
+    )
     parser.add_argument("--e2e-fps", type=int, default=24, help="frame rate of the end-to-end test video")
     parser.add_argument("--sample-fps", type=float, default=1.0, help="sampling rate for tokenizing and streaming")
-    parser.add_argument("--minutes", type=float, nargs="+", default=[10, 60], help="streamed video lengths; the first is the baseline")
-    parser.add_argument("--long-size", type=lambda s: tuple(int(v) for v in s.split("x")), default=(320, 240),
-                        help="WIDTHxHEIGHT of the streamed videos")
+    parser.add_argument(
+        "--minutes", type=float, nargs="+", default=[10, 60], help="streamed video lengths; the first is the baseline"
+    )
+    parser.add_argument(
+        "--long-size",
+        type=lambda s: tuple(int(v) for v in s.split("x")),
+        default=(320, 240),
+        help="WIDTHxHEIGHT of the streamed videos",
+    )
     parser.add_argument("--long-fps", type=int, default=5, help="frame rate of the streamed videos")
     parser.add_argument("--resolution", type=int, default=256, help="streamed frames are resized and cropped to this")
     parser.add_argument("--chunk-size", type=int, default=32)

@@ -39,8 +39,14 @@ _HERE = str(Path(__file__).resolve().parent)
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
-from make_vniah import (DEFAULT_CHECKPOINT, NEEDLE_COLORS, check_set_args, code_pool, save_video,  # noqa: E402
-                        write_manifest)
+from make_vniah import (  # noqa: E402
+    DEFAULT_CHECKPOINT,
+    NEEDLE_COLORS,
+    check_set_args,
+    code_pool,
+    save_video,  # noqa: E402
+    write_manifest,
+)
 from sample_lib.language import LETTERS, choice_question  # noqa: E402
 
 MAX_CARDS = 4
@@ -52,7 +58,10 @@ def questions(cards: list[str], rng: np.random.Generator) -> list[tuple[str, lis
     """(task, options ["A. ...", ...], answer letter) of each question about a video's cards."""
     pool = [f"{c.capitalize()}." for c in NEEDLE_COLORS]
     out = []
-    for task, answer in (("first", pool[NEEDLE_COLORS.index(cards[0])]), ("last", pool[NEEDLE_COLORS.index(cards[-1])])):
+    for task, answer in (
+        ("first", pool[NEEDLE_COLORS.index(cards[0])]),
+        ("last", pool[NEEDLE_COLORS.index(cards[-1])]),
+    ):
         others = [a for a in pool if a != answer]
         picked = [others[int(k)] for k in rng.choice(len(others), len(LETTERS) - 1, replace=False)] + [answer]
         texts = [picked[int(k)] for k in rng.permutation(len(picked))]
@@ -80,8 +89,16 @@ def videos(codes, labels, n: int, frames: tuple[int, int], seed: int, prefix: st
     write_manifest(out, prefix, manifest)
 
 
-def write(vqgan, out: Path, n: int, heldout: int, frames: tuple[int, int], seed: int = 0, pool: int = 60,
-          codes_dir: Path | None = None) -> None:
+def write(
+    vqgan,
+    out: Path,
+    n: int,
+    heldout: int,
+    frames: tuple[int, int],
+    seed: int = 0,
+    pool: int = 60,
+    codes_dir: Path | None = None,
+) -> None:
     """codes_dir: where the videos' codes go (default out/codes; several sets may share one)."""
     from lwm.infer.prompt import CHAT_SPEC, chat_fields
 
@@ -93,19 +110,48 @@ def write(vqgan, out: Path, n: int, heldout: int, frames: tuple[int, int], seed:
         for vid, cards, _, _, rng in videos(codes, labels, n, frames, seed, f"cardqa_{out.name}_train", codes_dir):
             for task, options, letter in questions(cards, rng):
                 answer = options[LETTERS.index(letter)][3:]
-                for question, reply in ((QUESTIONS[task], answer), (choice_question(QUESTIONS[task], options), f"{letter}.")):
-                    f.write(json.dumps({"vision": vid, **chat_fields(question), "answer": reply, "task_type": task,
-                                        "fields": CHAT_SPEC}) + "\n")
+                for question, reply in (
+                    (QUESTIONS[task], answer),
+                    (choice_question(QUESTIONS[task], options), f"{letter}."),
+                ):
+                    f.write(
+                        json.dumps(
+                            {
+                                "vision": vid,
+                                **chat_fields(question),
+                                "answer": reply,
+                                "task_type": task,
+                                "fields": CHAT_SPEC,
+                            }
+                        )
+                        + "\n"
+                    )
     codes, labels = code_pool(vqgan, max(1, pool // 3), HELDOUT_SEED + seed)
     with open(out / "qa.jsonl", "w") as f:
-        for vid, cards, at, count, rng in videos(codes, labels, heldout, frames, HELDOUT_SEED + seed,
-                                                 f"cardqa_{out.name}_heldout", codes_dir):
+        for vid, cards, at, count, rng in videos(
+            codes, labels, heldout, frames, HELDOUT_SEED + seed, f"cardqa_{out.name}_heldout", codes_dir
+        ):
             for task, options, letter in questions(cards, rng):
-                f.write(json.dumps({"vision": vid, "id": f"{vid}_{task}", "question": QUESTIONS[task],
-                                    "options": options, "answer": letter, "duration": count, "task_type": task,
-                                    "cards": cards, "card_frames": at}) + "\n")
-    print(f"wrote {n} training videos ({2 * len(QUESTIONS) * n} rows) and {heldout} held-out videos "
-          f"({len(QUESTIONS) * heldout} questions), {frames[0]}-{frames[1]} frames, to {out}")
+                f.write(
+                    json.dumps(
+                        {
+                            "vision": vid,
+                            "id": f"{vid}_{task}",
+                            "question": QUESTIONS[task],
+                            "options": options,
+                            "answer": letter,
+                            "duration": count,
+                            "task_type": task,
+                            "cards": cards,
+                            "card_frames": at,
+                        }
+                    )
+                    + "\n"
+                )
+    print(
+        f"wrote {n} training videos ({2 * len(QUESTIONS) * n} rows) and {heldout} held-out videos "
+        f"({len(QUESTIONS) * heldout} questions), {frames[0]}-{frames[1]} frames, to {out}"
+    )
 
 
 def main(argv=None) -> int:
@@ -114,16 +160,29 @@ def main(argv=None) -> int:
     p.add_argument("--codes", type=Path, help="write the videos' codes here (default OUT/codes)")
     p.add_argument("--n", type=int, default=4000, help="training videos")
     p.add_argument("--heldout", type=int, default=100, help="held-out videos (two questions each)")
-    p.add_argument("--frames", type=int, nargs=2, default=[3, 6], metavar=("LOW", "HIGH"),
-                   help="frames per video, uniform in [LOW, HIGH]")
+    p.add_argument(
+        "--frames",
+        type=int,
+        nargs=2,
+        default=[3, 6],
+        metavar=("LOW", "HIGH"),
+        help="frames per video, uniform in [LOW, HIGH]",
+    )
     p.add_argument("--checkpoint", type=Path, default=DEFAULT_CHECKPOINT, help="the VQGAN (safetensors + json)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     check_set_args(p, args)
     from lwm.vision.checkpoint import load_vqgan
 
-    write(load_vqgan(args.checkpoint).eval(), args.out, args.n, args.heldout, tuple(args.frames), args.seed,
-          codes_dir=args.codes)
+    write(
+        load_vqgan(args.checkpoint).eval(),
+        args.out,
+        args.n,
+        args.heldout,
+        tuple(args.frames),
+        args.seed,
+        codes_dir=args.codes,
+    )
     return 0
 
 

@@ -69,8 +69,9 @@ def video_id(duration: int, j: int) -> str:
 
 def make_video(seed: int, duration: int, j: int, fps: int):
     """The scene of video j at this duration and its questions: [(kind, bare question, Choice)]."""
-    scene = random_scene(_rng(seed, STREAM + j, 0), video_id(duration, j), seconds=duration, fps=fps,
-                         event_kinds=EVENT_KINDS)
+    scene = random_scene(
+        _rng(seed, STREAM + j, 0), video_id(duration, j), seconds=duration, fps=fps, event_kinds=EVENT_KINDS
+    )
     choice_rng = _rng(seed, STREAM + j, 1)  # not keyed by the duration: the same options at every length
     asked = []
     for q in questions(scene):
@@ -81,16 +82,21 @@ def make_video(seed: int, duration: int, j: int, fps: int):
 
 
 def _done_text(seed: int, durations: list[int], per_duration: int, fps: int) -> str:
-    return json.dumps({"format": FORMAT, "seed": seed, "durations": durations, "per_duration": per_duration,
-                       "fps": fps}) + "\n"
+    return (
+        json.dumps({"format": FORMAT, "seed": seed, "durations": durations, "per_duration": per_duration, "fps": fps})
+        + "\n"
+    )
 
 
 def is_complete(out: Path, seed: int, durations: list[int], per_duration: int, fps: int = 1) -> bool:
     done = out / "DONE"
-    return (done.is_file() and done.read_text() == _done_text(seed, durations, per_duration, fps)
-            and (out / "qa.jsonl").is_file() and (out / "videos.jsonl").is_file()
-            and all((out / "videos" / f"{video_id(d, j)}.mp4").is_file()
-                    for d in durations for j in range(per_duration)))
+    return (
+        done.is_file()
+        and done.read_text() == _done_text(seed, durations, per_duration, fps)
+        and (out / "qa.jsonl").is_file()
+        and (out / "videos.jsonl").is_file()
+        and all((out / "videos" / f"{video_id(d, j)}.mp4").is_file() for d in durations for j in range(per_duration))
+    )
 
 
 def generate(out: Path, seed: int, durations: list[int], per_duration: int, fps: int = 1) -> dict:
@@ -127,10 +133,22 @@ def generate(out: Path, seed: int, durations: list[int], per_duration: int, fps:
             note = f"{_mb([path]):.2f} MB"
         records.append(scene_to_json(scene, [event_text(scene, e) for e in scene.events]))
         for n, (kind, question, mc) in enumerate(asked):
-            qa.append({"video": f"videos/{path.name}", "id": f"{scene.id}_q{n}", "duration": duration, "kind": kind,
-                       "question": question, "options": mc.options, "answer": mc.letter})
-        print(f"[{k + 1}/{len(plan)}] {scene.id}: {duration} s, {scene.frames} frames, {len(asked)} questions, "
-              f"{note}, {time.perf_counter() - start:.1f} s", flush=True)
+            qa.append(
+                {
+                    "video": f"videos/{path.name}",
+                    "id": f"{scene.id}_q{n}",
+                    "duration": duration,
+                    "kind": kind,
+                    "question": question,
+                    "options": mc.options,
+                    "answer": mc.letter,
+                }
+            )
+        print(
+            f"[{k + 1}/{len(plan)}] {scene.id}: {duration} s, {scene.frames} frames, {len(asked)} questions, "
+            f"{note}, {time.perf_counter() - start:.1f} s",
+            flush=True,
+        )
 
     _write_jsonl(out / "videos.jsonl", records)
     _write_jsonl(out / "qa.jsonl", qa)
@@ -142,8 +160,13 @@ def main(argv: list[str] | None = None) -> Path:
     """Command line entry point; returns the output folder."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
-    parser.add_argument("--durations", type=int, nargs="+", default=[8, 16, 32, 64, 128, 3600],
-                        help="video lengths in seconds (default 8 16 32 64 128 3600)")
+    parser.add_argument(
+        "--durations",
+        type=int,
+        nargs="+",
+        default=[8, 16, 32, 64, 128, 3600],
+        help="video lengths in seconds (default 8 16 32 64 128 3600)",
+    )
     parser.add_argument("--per-duration", type=int, default=8, help="videos per duration (default 8)")
     parser.add_argument("--fps", type=int, default=1, help="frames per second of the videos (default 1)")
     parser.add_argument("--seed", type=int, default=0)
@@ -159,14 +182,18 @@ def main(argv: list[str] | None = None) -> Path:
     if args.force:
         (out / "videos" / "MADE_WITH").unlink(missing_ok=True)
     elif is_complete(out, args.seed, args.durations, args.per_duration, args.fps):
-        print(f"{out} is complete (seed {args.seed}, durations {args.durations}, {args.per_duration} each); "
-              "--force to remake it")
+        print(
+            f"{out} is complete (seed {args.seed}, durations {args.durations}, {args.per_duration} each); "
+            "--force to remake it"
+        )
         return out
     start = time.perf_counter()
     counts = generate(out, args.seed, args.durations, args.per_duration, args.fps)
-    print(f"wrote {out}: {counts['videos']} videos ({counts['kept']} kept from an earlier run), "
-          f"{counts['questions']} questions; videos {_mb((out / 'videos').iterdir()):.1f} MB; "
-          f"{time.perf_counter() - start:.1f} s")
+    print(
+        f"wrote {out}: {counts['videos']} videos ({counts['kept']} kept from an earlier run), "
+        f"{counts['questions']} questions; videos {_mb((out / 'videos').iterdir()):.1f} MB; "
+        f"{time.perf_counter() - start:.1f} s"
+    )
     return out
 
 

@@ -43,8 +43,19 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from eval.needle import (CITIES, DEFAULT_HAYSTACK, INSTRUCTION, NEEDLE, QUESTION, Haystack,  # noqa: E402
-                         build_prompt, make_needles, number_range, question_for, read_documents)
+from eval.needle import (  # noqa: E402
+    CITIES,
+    DEFAULT_HAYSTACK,
+    INSTRUCTION,
+    NEEDLE,
+    QUESTION,
+    Haystack,  # noqa: E402
+    build_prompt,
+    make_needles,
+    number_range,
+    question_for,
+    read_documents,
+)
 
 DEFAULT_TOKENIZER = ROOT / "data" / "sample" / "tokenizer.model"
 
@@ -79,8 +90,16 @@ def example(seed: int, words: list[str], needles: int, ask: int, digits: int, fi
     return row
 
 
-def chat_example(seed: int, tokenizer, haystack: Haystack, lengths: tuple[int, int], needles: int, ask: int,
-                 digits: int, instruction: str = INSTRUCTION) -> dict:
+def chat_example(
+    seed: int,
+    tokenizer,
+    haystack: Haystack,
+    lengths: tuple[int, int],
+    needles: int,
+    ask: int,
+    digits: int,
+    instruction: str = INSTRUCTION,
+) -> dict:
     """One prompt exactly as eval/needle.py builds it (LWM's chat form, `length` tokens in all with
     BOS), at a random length in `lengths` and a random depth, over haystack text from a random
     point; the answer is the asked numbers. instruction="": the prompt without LWM's instruction
@@ -90,15 +109,29 @@ def chat_example(seed: int, tokenizer, haystack: Haystack, lengths: tuple[int, i
     items = make_needles(rng, depth, needles, ask, digits)
     order = list(range(needles))
     rng.shuffle(order)
-    prompt = build_prompt(tokenizer, haystack, length, items, question_for(items, order),
-                          text_from=rng.randrange(len(haystack)), instruction=instruction)
+    prompt = build_prompt(
+        tokenizer,
+        haystack,
+        length,
+        items,
+        question_for(items, order),
+        text_from=rng.randrange(len(haystack)),
+        instruction=instruction,
+    )
     text = tokenizer.decode(prompt.ids[1:])  # the data pipeline puts BOS back
     if tokenizer.encode(text) != prompt.ids[1:]:
-        raise ValueError(f"seed {seed}: the prompt's text does not encode back to its ids; this needs a tokenizer "
-                         "that splits at whitespace (as the bundled one and LLaMA's do)")
+        raise ValueError(
+            f"seed {seed}: the prompt's text does not encode back to its ids; this needs a tokenizer "
+            "that splits at whitespace (as the bundled one and LLaMA's do)"
+        )
     answer = ", ".join(str(i.number) for i in items if i.asked) + "."
-    return {"prompt": text, "answer": answer, "fields": "[prompt],answer", "length": length,
-            "depths": [round(i.placed_depth, 1) for i in items]}
+    return {
+        "prompt": text,
+        "answer": answer,
+        "fields": "[prompt],answer",
+        "length": length,
+        "depths": [round(i.placed_depth, 1) for i in items],
+    }
 
 
 def numberless(path: Path) -> str:
@@ -132,17 +165,33 @@ def main(argv=None) -> int:
     p.add_argument("--digits", type=int, default=1)
     p.add_argument("--filler", type=int, default=6, help="at most this many words of text before each needle")
     p.add_argument("--haystack", type=Path, default=DEFAULT_HAYSTACK)
-    p.add_argument("--form", choices=["plain", "chat"], default="plain",
-                   help="plain: context, question, answer; chat: eval/needle.py's prompts (LWM's chat form)")
-    p.add_argument("--lengths", type=int, nargs=2, default=[128, 512], metavar=("LOW", "HIGH"),
-                   help="chat: whole-prompt lengths in tokens, uniform in [LOW, HIGH]")
+    p.add_argument(
+        "--form",
+        choices=["plain", "chat"],
+        default="plain",
+        help="plain: context, question, answer; chat: eval/needle.py's prompts (LWM's chat form)",
+    )
+    p.add_argument(
+        "--lengths",
+        type=int,
+        nargs=2,
+        default=[128, 512],
+        metavar=("LOW", "HIGH"),
+        help="chat: whole-prompt lengths in tokens, uniform in [LOW, HIGH]",
+    )
     p.add_argument("--tokenizer", type=Path, default=DEFAULT_TOKENIZER, help="chat: the sentencepiece model")
-    p.add_argument("--numberless", action="store_true",
-                   help="drop the haystack's sentences that hold a digit; the text used is written to OUT/haystack.txt "
-                        "(give it to eval/needle.py --haystack)")
-    p.add_argument("--no-instruction", action="store_true",
-                   help="chat: leave out LWM's instruction after the question (a curriculum's first step: a small "
-                        "model learns the retrieval with the question next to the answer, then the full form)")
+    p.add_argument(
+        "--numberless",
+        action="store_true",
+        help="drop the haystack's sentences that hold a digit; the text used is written to OUT/haystack.txt "
+        "(give it to eval/needle.py --haystack)",
+    )
+    p.add_argument(
+        "--no-instruction",
+        action="store_true",
+        help="chat: leave out LWM's instruction after the question (a curriculum's first step: a small "
+        "model learns the retrieval with the question next to the answer, then the full form)",
+    )
     args = p.parse_args(argv)
     if not 1 <= args.ask <= args.needles <= len(CITIES):
         p.error(f"need 1 <= --ask ({args.ask}) <= --needles ({args.needles}) <= {len(CITIES)}")
@@ -162,7 +211,9 @@ def main(argv=None) -> int:
     if len(words) <= args.filler:
         p.error(f"--haystack {args.haystack} has {len(words)} words, fewer than --filler {args.filler}")
     if args.needles > len(number_range(args.digits)):
-        p.error(f"--needles {args.needles} need distinct numbers; --digits {args.digits} give {len(number_range(args.digits))}")
+        p.error(
+            f"--needles {args.needles} need distinct numbers; --digits {args.digits} give {len(number_range(args.digits))}"
+        )
     if args.form == "chat":
         from lwm.data.text_tokenizer import TextTokenizer
 
@@ -173,13 +224,29 @@ def main(argv=None) -> int:
         tokenizer = TextTokenizer(args.tokenizer)
         haystack = Haystack.from_file(tokenizer, args.haystack, args.lengths[1] + 4096)
         try:
-            chat_example(0, tokenizer, haystack, (args.lengths[0],) * 2, args.needles, args.ask, args.digits,
-                         "" if args.no_instruction else INSTRUCTION)
+            chat_example(
+                0,
+                tokenizer,
+                haystack,
+                (args.lengths[0],) * 2,
+                args.needles,
+                args.ask,
+                args.digits,
+                "" if args.no_instruction else INSTRUCTION,
+            )
         except ValueError as e:  # the shortest prompt cannot hold the template and needles
             p.error(f"--lengths {args.lengths[0]}: {e}")
         instruction = "" if args.no_instruction else INSTRUCTION
-        make = lambda seed: chat_example(seed, tokenizer, haystack, tuple(args.lengths), args.needles,  # noqa: E731
-                                         args.ask, args.digits, instruction)
+        make = lambda seed: chat_example(  # noqa: E731
+            seed,
+            tokenizer,
+            haystack,
+            tuple(args.lengths),
+            args.needles,  # noqa: E731
+            args.ask,
+            args.digits,
+            instruction,
+        )
     else:
         make = lambda seed: example(seed, words, args.needles, args.ask, args.digits, args.filler)  # noqa: E731
     write(args.out / "train.jsonl", (make(s) for s in range(args.n)))

@@ -96,11 +96,25 @@ def train_tokenizer(lines: list[str], out: Path, seed: int) -> None:
     spm.set_random_generator_seed(seed)
     model = io.BytesIO()
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(lines), model_writer=model, model_type="bpe", vocab_size=VOCAB_SIZE,
-        unk_id=0, bos_id=1, eos_id=2, pad_id=-1, byte_fallback=True, split_digits=True,
-        character_coverage=1.0, normalization_rule_name="identity", remove_extra_whitespaces=False,
-        allow_whitespace_only_pieces=True, max_sentence_length=16384,
-        num_threads=1, input_sentence_size=0, shuffle_input_sentence=False, minloglevel=2,
+        sentence_iterator=iter(lines),
+        model_writer=model,
+        model_type="bpe",
+        vocab_size=VOCAB_SIZE,
+        unk_id=0,
+        bos_id=1,
+        eos_id=2,
+        pad_id=-1,
+        byte_fallback=True,
+        split_digits=True,
+        character_coverage=1.0,
+        normalization_rule_name="identity",
+        remove_extra_whitespaces=False,
+        allow_whitespace_only_pieces=True,
+        max_sentence_length=16384,
+        num_threads=1,
+        input_sentence_size=0,
+        shuffle_input_sentence=False,
+        minloglevel=2,
     )
     (out / "tokenizer.model").write_bytes(model.getvalue())
     sp = spm.SentencePieceProcessor(model_proto=model.getvalue())
@@ -109,14 +123,20 @@ def train_tokenizer(lines: list[str], out: Path, seed: int) -> None:
 
 
 def _expected_files(n_videos: int) -> list[str]:
-    return ([f"videos/clip_{i:04d}.mp4" for i in range(n_videos)] + [f"text/doc_{i:03d}.txt" for i in range(N_DOCS)]
-            + ["videos.jsonl", "captions.jsonl", "qa.jsonl", "text.jsonl", "tokenizer.model", "tokenizer.vocab"])
+    return (
+        [f"videos/clip_{i:04d}.mp4" for i in range(n_videos)]
+        + [f"text/doc_{i:03d}.txt" for i in range(N_DOCS)]
+        + ["videos.jsonl", "captions.jsonl", "qa.jsonl", "text.jsonl", "tokenizer.model", "tokenizer.vocab"]
+    )
 
 
 def is_complete(out: Path, seed: int, n_videos: int) -> bool:
     done = out / "DONE"
-    return (done.is_file() and done.read_text() == _done_text(seed, n_videos)
-            and all((out / f).is_file() for f in _expected_files(n_videos)))
+    return (
+        done.is_file()
+        and done.read_text() == _done_text(seed, n_videos)
+        and all((out / f).is_file() for f in _expected_files(n_videos))
+    )
 
 
 def _done_text(seed: int, n_videos: int) -> str:
@@ -134,22 +154,33 @@ def generate(out: Path, seed: int, n_videos: int) -> dict:
     from lwm.infer.prompt import CHAT_SPEC, chat_fields  # here, not at the top: it imports torch and lightning
 
     def qa_row(video_id: str, question: str, answer: str, kind: str, **extra) -> dict:
-        return {"vision": video_id, "question": question, "answer": answer, "kind": kind,
-                **chat_fields(question), **extra, "fields": CHAT_SPEC}
+        return {
+            "vision": video_id,
+            "question": question,
+            "answer": answer,
+            "kind": kind,
+            **chat_fields(question),
+            **extra,
+            "fields": CHAT_SPEC,
+        }
 
     videos, captions, qa = [], [], []
     for i in range(n_videos):
         scene = random_scene(_rng(seed, i, 0), f"clip_{i:04d}")
         write_mp4(out / "videos" / f"{scene.id}.mp4", render(scene), FPS)
         videos.append(scene_to_json(scene, [event_text(scene, e) for e in scene.events]))
-        captions.append({"vision": scene.id, "caption": caption(scene, _rng(seed, i, 1)),
-                         "fields": ["[vision],caption", "[caption],vision"]})
+        captions.append(
+            {
+                "vision": scene.id,
+                "caption": caption(scene, _rng(seed, i, 1)),
+                "fields": ["[vision],caption", "[caption],vision"],
+            }
+        )
         choice_rng = _rng(seed, i, 2)
         for q in questions(scene):
             qa.append(qa_row(scene.id, q.question, q.answer, q.kind))
             if (mc := multiple_choice(q, choice_rng)) is not None:
-                qa.append(qa_row(scene.id, mc.question, f"{mc.letter}.", q.kind,
-                                 options=mc.options, letter=mc.letter))
+                qa.append(qa_row(scene.id, mc.question, f"{mc.letter}.", q.kind, options=mc.options, letter=mc.letter))
 
     docs = []
     for i in range(N_DOCS):
@@ -190,9 +221,12 @@ def main(argv: list[str] | None = None) -> Path:
     start = time.perf_counter()
     counts = generate(out, args.seed, args.n_videos)
     files = list(out.rglob("*"))
-    print(f"wrote {out}: " + ", ".join(f"{v} {k}" for k, v in counts.items())
-          + f"; {_mb(files):.2f} MB in all, videos {_mb((out / 'videos').iterdir()):.2f} MB, "
-          f"tokenizer.model {_mb([out / 'tokenizer.model']) * 1000:.0f} KB; {time.perf_counter() - start:.1f} s")
+    print(
+        f"wrote {out}: "
+        + ", ".join(f"{v} {k}" for k, v in counts.items())
+        + f"; {_mb(files):.2f} MB in all, videos {_mb((out / 'videos').iterdir()):.2f} MB, "
+        f"tokenizer.model {_mb([out / 'tokenizer.model']) * 1000:.0f} KB; {time.perf_counter() - start:.1f} s"
+    )
     return out
 
 

@@ -107,8 +107,9 @@ def nearest_centroid(train_x, train_y, test_x) -> np.ndarray:
     return classes[(test_x @ means.T).argmax(1)]
 
 
-def probe(vqgan, train_per_class: int = 20, test_per_class: int = 50, seed: int = 0,
-          shuffle_labels: bool = False) -> dict:
+def probe(
+    vqgan, train_per_class: int = 20, test_per_class: int = 50, seed: int = 0, shuffle_labels: bool = False
+) -> dict:
     """Held-out accuracy of the nearest-centroid probe on the codes, overall and per class.
     shuffle_labels: fit on permuted training labels (a control: chance, 1/7)."""
     train, train_y = labelled_frames(train_per_class, seed)
@@ -117,9 +118,12 @@ def probe(vqgan, train_per_class: int = 20, test_per_class: int = 50, seed: int 
         train_y = np.random.default_rng(seed).permutation(train_y)
     pred = nearest_centroid(code_histograms(vqgan, train), train_y, code_histograms(vqgan, test))
     names = [*NEEDLE_COLORS, NO_NEEDLE]
-    return {"accuracy": float((pred == test_y).mean()),
-            "per_class": {names[c]: float((pred[test_y == c] == c).mean()) for c in range(len(names))},
-            "train_per_class": train_per_class, "test_per_class": test_per_class}
+    return {
+        "accuracy": float((pred == test_y).mean()),
+        "per_class": {names[c]: float((pred[test_y == c] == c).mean()) for c in range(len(names))},
+        "train_per_class": train_per_class,
+        "test_per_class": test_per_class,
+    }
 
 
 QUESTION = "What color is the card in the video?"
@@ -149,8 +153,16 @@ def examples(codes, labels, n: int, frames: tuple[int, int], seed: int, prefix: 
         vid = f"{prefix}_{i:06d}"
         manifest.append(save_video(out, vid, codes[order]))
         color = NEEDLE_COLORS[labels[needle]]
-        rows.append({"vision": vid, **chat_fields(QUESTION), "answer": f"{color.capitalize()}.", "frames": count,
-                     "depth": round(100 * at / max(count - 1, 1), 1), "fields": CHAT_SPEC})
+        rows.append(
+            {
+                "vision": vid,
+                **chat_fields(QUESTION),
+                "answer": f"{color.capitalize()}.",
+                "frames": count,
+                "depth": round(100 * at / max(count - 1, 1), 1),
+                "fields": CHAT_SPEC,
+            }
+        )
     write_manifest(out, prefix, manifest)
     return rows
 
@@ -167,8 +179,16 @@ def write_manifest(out: Path, prefix: str, manifest: list[dict]) -> None:
         f.writelines(json.dumps(m) + "\n" for m in manifest)
 
 
-def write_examples(vqgan, out: Path, n: int, heldout: int, frames: tuple[int, int], seed: int, pool: int = 60,
-                   codes_dir: Path | None = None) -> None:
+def write_examples(
+    vqgan,
+    out: Path,
+    n: int,
+    heldout: int,
+    frames: tuple[int, int],
+    seed: int,
+    pool: int = 60,
+    codes_dir: Path | None = None,
+) -> None:
     """Training and held-out examples; `pool` frames per class for training, a third as many held out.
     codes_dir: where the videos' codes go (default out/codes; several sets may share one); the
     video ids start with out's name, so they do not collide there."""
@@ -204,8 +224,14 @@ def main(argv=None) -> int:
     p.add_argument("--codes", type=Path, help="--out: write the videos' codes here (default OUT/codes)")
     p.add_argument("--n", type=int, default=4000, help="--out: training examples")
     p.add_argument("--heldout", type=int, default=200, help="--out: held-out examples")
-    p.add_argument("--frames", type=int, nargs=2, default=[2, 6], metavar=("LOW", "HIGH"),
-                   help="--out: frames per video (the needle included), uniform in [LOW, HIGH]")
+    p.add_argument(
+        "--frames",
+        type=int,
+        nargs=2,
+        default=[2, 6],
+        metavar=("LOW", "HIGH"),
+        help="--out: frames per video (the needle included), uniform in [LOW, HIGH]",
+    )
     args = p.parse_args(argv)
     if not args.probe and args.out is None:
         p.error("nothing to do: give --probe and/or --out")

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import re
 import subprocess
@@ -63,14 +62,66 @@ DEFAULT_HAYSTACK = ROOT / "data" / "sample" / "text.jsonl"
 NEEDLE = "The special magic {city} number is: {number}."
 QUESTION = "What is the special magic {city} number?"
 QUESTION_MANY = "What are the special magic numbers for {cities}?"
-INSTRUCTION = "Don't give information outside the document or repeat your findings. Keep your response short and direct."
+INSTRUCTION = (
+    "Don't give information outside the document or repeat your findings. Keep your response short and direct."
+)
 CITIES = (
-    "Chicago", "Yangon", "Antananarivo", "Colombo", "Almaty", "Sydney", "Mexico City", "Seattle", "Lagos",
-    "Amsterdam", "Belgrade", "Cairo", "Baghdad", "Damascus", "Kigali", "Dakar", "Sofia", "Victoria", "Tashkent",
-    "Mumbai", "Barcelona", "Kabul", "Kathmandu", "Jakarta", "Helsinki", "Lisbon", "Montreal", "Nairobi", "Oslo",
-    "Panama City", "Quito", "Reykjavik", "Santiago", "Tbilisi", "Ulaanbaatar", "Vienna", "Warsaw", "Zagreb",
-    "Bangkok", "Dublin", "Havana", "Istanbul", "Kyoto", "Lima", "Manila", "Prague", "Riga", "Tunis", "Accra",
-    "Bogota", "Caracas", "Dhaka", "Edinburgh", "Florence", "Geneva", "Hanoi",
+    "Chicago",
+    "Yangon",
+    "Antananarivo",
+    "Colombo",
+    "Almaty",
+    "Sydney",
+    "Mexico City",
+    "Seattle",
+    "Lagos",
+    "Amsterdam",
+    "Belgrade",
+    "Cairo",
+    "Baghdad",
+    "Damascus",
+    "Kigali",
+    "Dakar",
+    "Sofia",
+    "Victoria",
+    "Tashkent",
+    "Mumbai",
+    "Barcelona",
+    "Kabul",
+    "Kathmandu",
+    "Jakarta",
+    "Helsinki",
+    "Lisbon",
+    "Montreal",
+    "Nairobi",
+    "Oslo",
+    "Panama City",
+    "Quito",
+    "Reykjavik",
+    "Santiago",
+    "Tbilisi",
+    "Ulaanbaatar",
+    "Vienna",
+    "Warsaw",
+    "Zagreb",
+    "Bangkok",
+    "Dublin",
+    "Havana",
+    "Istanbul",
+    "Kyoto",
+    "Lima",
+    "Manila",
+    "Prague",
+    "Riga",
+    "Tunis",
+    "Accra",
+    "Bogota",
+    "Caracas",
+    "Dhaka",
+    "Edinburgh",
+    "Florence",
+    "Geneva",
+    "Hanoi",
 )
 SENTENCE_END = (".", "!", "?")
 CLOSERS = "\"')]\u201d\u2019"
@@ -90,12 +141,18 @@ def read_documents(path) -> Iterator[str]:
             for n, row in records(path):
                 if not isinstance(row, dict) or "text" not in row:
                     got = f"keys {sorted(row)}" if isinstance(row, dict) else type(row).__name__
-                    raise ValueError(f"haystack {path} line {n}: expected a JSON object with a \"text\" field (got {got})")
+                    raise ValueError(
+                        f'haystack {path} line {n}: expected a JSON object with a "text" field (got {got})'
+                    )
                 if not isinstance(row["text"], str):
-                    raise ValueError(f"haystack {path} line {n}: \"text\" must be a string, got {type(row['text']).__name__}")
+                    raise ValueError(
+                        f'haystack {path} line {n}: "text" must be a string, got {type(row["text"]).__name__}'
+                    )
                 yield row["text"]
         except JsonlError as e:
-            raise ValueError(f"haystack {path} line {e.line}: expected a JSON object with a \"text\" field ({e.reason})") from None
+            raise ValueError(
+                f'haystack {path} line {e.line}: expected a JSON object with a "text" field ({e.reason})'
+            ) from None
     else:
         yield path.read_text(encoding="utf-8", errors="replace")
 
@@ -202,7 +259,9 @@ def make_needles(rng: random.Random, depth: float, n: int, ask: int, digits: int
     cities = rng.sample(CITIES, n)
     numbers = rng.sample(number_range(digits), n)
     asked = set(rng.sample(range(n), ask))
-    return [Needle(c, x, d, asked=k in asked) for k, (c, x, d) in enumerate(zip(cities, numbers, needle_depths(depth, n)))]
+    return [
+        Needle(c, x, d, asked=k in asked) for k, (c, x, d) in enumerate(zip(cities, numbers, needle_depths(depth, n)))
+    ]
 
 
 def question_for(needles: Sequence[Needle], order: Sequence[int] | None = None) -> str:
@@ -244,8 +303,15 @@ class Prompt:
         return tokenizer.decode(self.ids[self.context.start : self.context.stop + len(after)])
 
 
-def build_prompt(tokenizer, haystack: Haystack, length: int, needles: list[Needle], question: str,
-                 text_from: int = 0, instruction: str = INSTRUCTION) -> Prompt:
+def build_prompt(
+    tokenizer,
+    haystack: Haystack,
+    length: int,
+    needles: list[Needle],
+    question: str,
+    text_from: int = 0,
+    instruction: str = INSTRUCTION,
+) -> Prompt:
     """A prompt of exactly `length` ids with the needles at their depths (moved back to sentence
     breaks; 0% is the start of the context, 100% its end). The haystack text is the first window
     from token `text_from` on (training data varies it; the evaluation always starts at 0)."""
@@ -254,8 +320,10 @@ def build_prompt(tokenizer, haystack: Haystack, length: int, needles: list[Needl
     fixed = len(before) + len(after) + sum(map(len, needle_ids))
     n = length - fixed
     if n < 0:
-        raise ValueError(f"length {length} is shorter than the prompt without any haystack ({fixed} tokens: "
-                         f"template, {len(needles)} needle(s) and the question)")
+        raise ValueError(
+            f"length {length} is shorter than the prompt without any haystack ({fixed} tokens: "
+            f"template, {len(needles)} needle(s) and the question)"
+        )
     start = haystack.window(n, text_from)
     breaks = haystack.breaks(start, n)
     hay = haystack.ids[start : start + n].tolist()
@@ -281,8 +349,11 @@ def min_length(tokenizer, needles: int = 1, ask: int | None = None) -> int:
     """The shortest prompt any trial can need with no haystack at all: the template, the longest
     needles and a question naming the longest cities (+2 for cities tokenized differently in a list)."""
     ask = needles if ask is None else ask
-    longest = max(len(tokenizer.encode(NEEDLE.format(city=c, number=x))) for c in CITIES
-                  for x in (1_000_000, 8_888_888, 9_999_999))
+    longest = max(
+        len(tokenizer.encode(NEEDLE.format(city=c, number=x)))
+        for c in CITIES
+        for x in (1_000_000, 8_888_888, 9_999_999)
+    )
     cities = sorted(CITIES, key=lambda c: len(tokenizer.encode(c)), reverse=True)[:ask]
     before, after = template(tokenizer, question_for([Needle(c, 0, 0) for c in cities]))
     return len(before) + len(after) + needles * longest + 2
@@ -321,8 +392,10 @@ def check_lengths(tokenizer, lengths, needles: int, ask: int | None) -> None:
     shortest = min_length(tokenizer, needles, ask)
     bad = [n for n in lengths if n < shortest]
     if bad:
-        raise ValueError(f"lengths {bad} are shorter than the needle(s) and question with the chat template "
-                         f"({shortest} tokens for {needles} needle(s), {ask or needles} asked); use at least {shortest}")
+        raise ValueError(
+            f"lengths {bad} are shorter than the needle(s) and question with the chat template "
+            f"({shortest} tokens for {needles} needle(s), {ask or needles} asked); use at least {shortest}"
+        )
 
 
 def trial_rng(seed: int, length: int, depth: float, trial: int) -> random.Random:
@@ -337,18 +410,43 @@ def summarize(records: list[dict], lengths, depths) -> dict:
         for depth in depths:
             rs = [r for r in records if r["length"] == length and r["depth"] == depth]
             ok = [r for r in rs if r["error"] is None]
-            cells.append({"length": length, "depth": depth, "trials": len(rs), "failed": len(rs) - len(ok),
-                          "accuracy": float(np.mean([r["score"] for r in ok])) if ok else None,
-                          "all_found": float(np.mean([r["correct"] for r in ok])) if ok else None})
+            cells.append(
+                {
+                    "length": length,
+                    "depth": depth,
+                    "trials": len(rs),
+                    "failed": len(rs) - len(ok),
+                    "accuracy": float(np.mean([r["score"] for r in ok])) if ok else None,
+                    "all_found": float(np.mean([r["correct"] for r in ok])) if ok else None,
+                }
+            )
     ok = [r for r in records if r["error"] is None]
-    return {"cells": cells, "accuracy": float(np.mean([r["score"] for r in ok])) if ok else None,
-            "trials_run": len(records), "trials_failed": len(records) - len(ok)}
+    return {
+        "cells": cells,
+        "accuracy": float(np.mean([r["score"] for r in ok])) if ok else None,
+        "trials_run": len(records),
+        "trials_failed": len(records) - len(ok),
+    }
 
 
-def run_needle(generator, tokenizer, vocab, lengths: Sequence[int], depths: Sequence[float], trials: int = 1, *,
-               needles: int = 1, ask: int | None = None, haystack=None, max_new_tokens: int = 16, seed: int = 0,
-               digits: int = 7, instruction: str = INSTRUCTION, progress: bool = False,
-               on_trial: Callable[[dict, list[dict]], None] | None = None) -> dict:
+def run_needle(
+    generator,
+    tokenizer,
+    vocab,
+    lengths: Sequence[int],
+    depths: Sequence[float],
+    trials: int = 1,
+    *,
+    needles: int = 1,
+    ask: int | None = None,
+    haystack=None,
+    max_new_tokens: int = 16,
+    seed: int = 0,
+    digits: int = 7,
+    instruction: str = INSTRUCTION,
+    progress: bool = False,
+    on_trial: Callable[[dict, list[dict]], None] | None = None,
+) -> dict:
     """Run the grid lengths x depths x trials and return {"config", "trials", "cells", "accuracy", ...}.
 
     generator: anything with generate(prompt_ids, GenerationConfig) -> new ids (lwm.infer.Generator);
@@ -370,7 +468,9 @@ def run_needle(generator, tokenizer, vocab, lengths: Sequence[int], depths: Sequ
         path = Path(haystack) if haystack is not None else DEFAULT_HAYSTACK
         haystack = Haystack.from_file(tokenizer, path, max(lengths) + 4096)
     if len(haystack) <= max(lengths):
-        raise ValueError(f"haystack {haystack.name} has {len(haystack)} tokens; the longest length needs {max(lengths) + 1}")
+        raise ValueError(
+            f"haystack {haystack.name} has {len(haystack)} tokens; the longest length needs {max(lengths) + 1}"
+        )
     config = GenerationConfig(max_new_tokens=max_new_tokens, stop_tokens=[tokenizer.eos_id], restrict="text")
     grid = [(n, d, t) for n in lengths for d in depths for t in range(trials)]
     bar = None
@@ -402,24 +502,47 @@ def run_needle(generator, tokenizer, vocab, lengths: Sequence[int], depths: Sequ
             record.update(answer=None, score=None, correct=None, error=f"{type(e).__name__}: {e}")
             _free_memory()
         record["seconds"] = round(time.perf_counter() - start, 3)
-        record["needles"] = [{"city": i.city, "number": i.number, "depth": round(i.depth, 3), "asked": i.asked,
-                              "placed_depth": round(i.placed_depth, 3), "position": i.position, "found": i.found}
-                             for i in items]
+        record["needles"] = [
+            {
+                "city": i.city,
+                "number": i.number,
+                "depth": round(i.depth, 3),
+                "asked": i.asked,
+                "placed_depth": round(i.placed_depth, 3),
+                "position": i.position,
+                "found": i.found,
+            }
+            for i in items
+        ]
         records.append(record)
         if on_trial is not None:
             on_trial(record, records)
         if bar is not None:
             done = [r for r in records if r["error"] is None]
-            bar.set_postfix(acc=f"{np.mean([r['score'] for r in done]):.2f}" if done else "n/a",
-                            failed=len(records) - len(done))
+            bar.set_postfix(
+                acc=f"{np.mean([r['score'] for r in done]):.2f}" if done else "n/a", failed=len(records) - len(done)
+            )
             bar.update()
     if bar is not None:
         bar.close()
-    return {"config": {"lengths": lengths, "depths": depths, "trials": trials, "needles": needles, "ask": ask,
-                       "max_new_tokens": max_new_tokens, "seed": seed, "digits": digits, "haystack": haystack.name,
-                       "needle": NEEDLE, "question": QUESTION if ask == 1 else QUESTION_MANY,
-                       "instruction": instruction},
-            "trials": records, **summarize(records, lengths, depths)}
+    return {
+        "config": {
+            "lengths": lengths,
+            "depths": depths,
+            "trials": trials,
+            "needles": needles,
+            "ask": ask,
+            "max_new_tokens": max_new_tokens,
+            "seed": seed,
+            "digits": digits,
+            "haystack": haystack.name,
+            "needle": NEEDLE,
+            "question": QUESTION if ask == 1 else QUESTION_MANY,
+            "instruction": instruction,
+        },
+        "trials": records,
+        **summarize(records, lengths, depths),
+    }
 
 
 def _free_memory() -> None:
@@ -444,30 +567,45 @@ def write_results(results: dict, out: Path, title: str = "Needle in a haystack")
     out.mkdir(parents=True, exist_ok=True)
     path = write_atomic(out / "needle.json", json.dumps(results, indent=1))
     cfg = results["config"]
-    png = heatmap(accuracy_grid(results), [f"{d:g}" for d in cfg["depths"]], [human_count(n) for n in cfg["lengths"]],
-                  out / "needle_heatmap.png", title=title, xlabel="context length (tokens)", ylabel="depth (%)")
+    png = heatmap(
+        accuracy_grid(results),
+        [f"{d:g}" for d in cfg["depths"]],
+        [human_count(n) for n in cfg["lengths"]],
+        out / "needle_heatmap.png",
+        title=title,
+        xlabel="context length (tokens)",
+        ylabel="depth (%)",
+    )
     return path, png
 
 
 def build_parser() -> argparse.ArgumentParser:
     from lwm.infer.runtime import add_model_args
 
-    p = argparse.ArgumentParser(description="Needle-in-a-haystack evaluation (LWM's form) over context lengths x depths",
-                                epilog="Exit status: 0, 1 if some trial failed (recorded in needle.json), 2 for bad input.")
+    p = argparse.ArgumentParser(
+        description="Needle-in-a-haystack evaluation (LWM's form) over context lengths x depths",
+        epilog="Exit status: 0, 1 if some trial failed (recorded in needle.json), 2 for bad input.",
+    )
     add_model_args(p)
     p.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048], help="whole-prompt lengths in tokens")
     p.add_argument("--depths", type=float, nargs="+", default=[0, 25, 50, 75, 100], help="needle depths, percent")
     p.add_argument("--trials", type=int, default=2, help="trials per cell (a new city and number each)")
     p.add_argument("--needles", type=int, default=1, help="needles per context")
     p.add_argument("--ask", type=int, help="how many of the needles the question asks for (default: all)")
-    p.add_argument("--haystack", type=Path,
-                   help=f"text file, or JSON lines with \"text\" (default {DEFAULT_HAYSTACK.relative_to(ROOT)})")
+    p.add_argument(
+        "--haystack",
+        type=Path,
+        help=f'text file, or JSON lines with "text" (default {DEFAULT_HAYSTACK.relative_to(ROOT)})',
+    )
     p.add_argument("--out", type=Path, default=Path("results/needle"))
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--digits", type=int, default=7, help="digits of the needles' numbers (LWM's: 7)")
-    p.add_argument("--no-instruction", action="store_true",
-                   help="leave LWM's instruction after the question out (as data/make_retrieval.py --no-instruction)")
+    p.add_argument(
+        "--no-instruction",
+        action="store_true",
+        help="leave LWM's instruction after the question out (as data/make_retrieval.py --no-instruction)",
+    )
     return p
 
 
@@ -506,40 +644,81 @@ def main(argv: list[str] | None = None) -> int:
     world = runtime.world
     model_name = Path(args.model).resolve()
     title = f"Needle in a haystack: {model_name.parent.name}/{model_name.name}" + (
-        f", {args.needles} needles ({args.ask or args.needles} asked)" if args.needles > 1 else "")
-    run_info = {"model": str(args.model), "tokenizer": str(loaded.tokenizer.path), "device": device,
-                "dtype": str(next(loaded.model.parameters()).dtype).replace("torch.", ""), "world_size": world,
-                "layout": args.layout}
+        f", {args.needles} needles ({args.ask or args.needles} asked)" if args.needles > 1 else ""
+    )
+    run_info = {
+        "model": str(args.model),
+        "tokenizer": str(loaded.tokenizer.path),
+        "device": device,
+        "dtype": str(next(loaded.model.parameters()).dtype).replace("torch.", ""),
+        "world_size": world,
+        "layout": args.layout,
+    }
 
     last_save = [0.0]
 
     def save(record, records):  # a stopped run keeps what it did (rewritten at most every 30 s)
         if rank == 0 and time.monotonic() - last_save[0] >= 30:
             last_save[0] = time.monotonic()
-            partial = {"config": {**run_info, "lengths": args.lengths, "depths": [float(d) for d in args.depths],
-                                  "trials": args.trials, "needles": args.needles, "ask": args.ask or args.needles,
-                                  "complete": False},
-                       "trials": records}
+            partial = {
+                "config": {
+                    **run_info,
+                    "lengths": args.lengths,
+                    "depths": [float(d) for d in args.depths],
+                    "trials": args.trials,
+                    "needles": args.needles,
+                    "ask": args.ask or args.needles,
+                    "complete": False,
+                },
+                "trials": records,
+            }
             args.out.mkdir(parents=True, exist_ok=True)
             (args.out / "needle.json").write_text(json.dumps(partial, indent=1))
 
-    say(f"needle: {len(args.lengths)} lengths x {len(args.depths)} depths x {args.trials} trials on {world} "
-        f"process(es), {device}", file=sys.stderr)
-    results = run_needle(gen, loaded.tokenizer, loaded.vocab, args.lengths, args.depths, args.trials,
-                         needles=args.needles, ask=args.ask, haystack=haystack, max_new_tokens=args.max_new_tokens,
-                         seed=args.seed, digits=args.digits, instruction="" if args.no_instruction else INSTRUCTION,
-                         progress=rank == 0, on_trial=save)
+    say(
+        f"needle: {len(args.lengths)} lengths x {len(args.depths)} depths x {args.trials} trials on {world} "
+        f"process(es), {device}",
+        file=sys.stderr,
+    )
+    results = run_needle(
+        gen,
+        loaded.tokenizer,
+        loaded.vocab,
+        args.lengths,
+        args.depths,
+        args.trials,
+        needles=args.needles,
+        ask=args.ask,
+        haystack=haystack,
+        max_new_tokens=args.max_new_tokens,
+        seed=args.seed,
+        digits=args.digits,
+        instruction="" if args.no_instruction else INSTRUCTION,
+        progress=rank == 0,
+        on_trial=save,
+    )
     results["config"] = {**run_info, **results["config"], "complete": True}
     if rank == 0:
         path, png = write_results(results, args.out, title)
-        print(grid_table(accuracy_grid(results), [f"{d:g}" for d in results["config"]["depths"]],
-                         [human_count(n) for n in results["config"]["lengths"]], corner="depth \\ length"))
+        print(
+            grid_table(
+                accuracy_grid(results),
+                [f"{d:g}" for d in results["config"]["depths"]],
+                [human_count(n) for n in results["config"]["lengths"]],
+                corner="depth \\ length",
+            )
+        )
         acc = results["accuracy"]
-        print(f"accuracy {'n/a' if acc is None else f'{acc:.3f}'} over {results['trials_run']} trials"
-              f" ({results['trials_failed']} failed); wrote {path} and {png}")
+        print(
+            f"accuracy {'n/a' if acc is None else f'{acc:.3f}'} over {results['trials_run']} trials"
+            f" ({results['trials_failed']} failed); wrote {path} and {png}"
+        )
         for r in results["trials"]:
             if r["error"]:
-                print(f"failed: length {r['length']} depth {r['depth']:g} trial {r['trial']}: {r['error']}", file=sys.stderr)
+                print(
+                    f"failed: length {r['length']} depth {r['depth']:g} trial {r['trial']}: {r['error']}",
+                    file=sys.stderr,
+                )
     if runtime.group is not None:
         torch.distributed.destroy_process_group()
     return 1 if results["trials_failed"] else 0

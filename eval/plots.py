@@ -65,22 +65,40 @@ def _format(value, fmt: str) -> str:
     return "n/a" if is_missing(value) else fmt.format(value)
 
 
-def heatmap(values: Sequence[Sequence[float | None]], rows: Sequence, cols: Sequence, path, *, title: str = "",
-            xlabel: str = "", ylabel: str = "", vmin: float = 0.0, vmax: float = 1.0, fmt: str = "{:.2f}",
-            colors=RED_YELLOW_GREEN, cell: tuple[int, int] = (72, 40), font_size: int = 14) -> Path:
+def heatmap(
+    values: Sequence[Sequence[float | None]],
+    rows: Sequence,
+    cols: Sequence,
+    path,
+    *,
+    title: str = "",
+    xlabel: str = "",
+    ylabel: str = "",
+    vmin: float = 0.0,
+    vmax: float = 1.0,
+    fmt: str = "{:.2f}",
+    colors=RED_YELLOW_GREEN,
+    cell: tuple[int, int] = (72, 40),
+    font_size: int = 14,
+) -> Path:
     """Draw a grid (rows top to bottom, cols left to right) as a PNG with row/column labels, axis
     labels, a title, the value in every cell and a color bar. Returns the path written."""
     values = [list(r) for r in values]
     if len(values) != len(rows) or any(len(r) != len(cols) for r in values):
-        raise ValueError(f"values must be a {len(rows)} x {len(cols)} grid (rows x cols), got "
-                         f"{len(values)} rows of lengths {sorted({len(r) for r in values})}")
+        raise ValueError(
+            f"values must be a {len(rows)} x {len(cols)} grid (rows x cols), got "
+            f"{len(values)} rows of lengths {sorted({len(r) for r in values})}"
+        )
     if not rows or not cols:
         raise ValueError("a heatmap needs at least one row and one column")
     font, small, big = _font(font_size), _font(font_size - 2), _font(font_size + 2)
     probe = ImageDraw.Draw(Image.new("RGB", (1, 1)))
     row_labels, col_labels = [str(r) for r in rows], [str(c) for c in cols]
-    cw = max(cell[0], max(_text_size(probe, s, font)[0] for s in col_labels) + 10,
-             max(_text_size(probe, _format(v, fmt), font)[0] for r in values for v in r) + 10)
+    cw = max(
+        cell[0],
+        max(_text_size(probe, s, font)[0] for s in col_labels) + 10,
+        max(_text_size(probe, _format(v, fmt), font)[0] for r in values for v in r) + 10,
+    )
     ch = cell[1]
     label_w = max(_text_size(probe, s, font)[0] for s in row_labels) + 12
     line = _text_size(probe, "Ag", font)[1] + 8
@@ -90,8 +108,11 @@ def heatmap(values: Sequence[Sequence[float | None]], rows: Sequence, cols: Sequ
     grid_w, grid_h = cw * len(cols), ch * len(rows)
     bar_x = left + grid_w + 20
     bar_w, tick_w = 18, max(_text_size(probe, fmt.format(v), small)[0] for v in (vmin, vmax)) + 8
-    width = max(bar_x + bar_w + tick_w + 12, left + _text_size(probe, xlabel, font)[0] // 2 + grid_w // 2 + 12,
-                _text_size(probe, title, big)[0] + 24)
+    width = max(
+        bar_x + bar_w + tick_w + 12,
+        left + _text_size(probe, xlabel, font)[0] // 2 + grid_w // 2 + 12,
+        _text_size(probe, title, big)[0] + 24,
+    )
     height = top + grid_h + line + (line if xlabel else 0) + 16
 
     img = Image.new("RGB", (width, height), "white")
@@ -141,7 +162,8 @@ def markdown_table(headers: Sequence, rows: Sequence[Sequence]) -> str:
     return "\n".join([fmt_row(head), "| " + " | ".join("-" * w for w in widths) + " |", *map(fmt_row, cells)])
 
 
-def grid_table(values: Sequence[Sequence], rows: Sequence, cols: Sequence, corner: str = "",
-               fmt: str = "{:.2f}") -> str:
+def grid_table(
+    values: Sequence[Sequence], rows: Sequence, cols: Sequence, corner: str = "", fmt: str = "{:.2f}"
+) -> str:
     """A grid (rows x cols) as a Markdown table with the row labels in the first column."""
     return markdown_table([corner, *cols], [[r, *(_format(v, fmt) for v in vs)] for r, vs in zip(rows, values)])

@@ -36,8 +36,9 @@ articles and extra whitespace removed).
 A question already written in the letter form (the sample data's multiple-choice rows) is cut back
 to the bare question. Outputs in --out: video_qa.json (config, summary, one record per item),
 video_qa.md (a table by duration bucket, and one by task where items have `task_type` or `kind`),
-video_qa.records.jsonl (records appended as items finish, so a killed run keeps them). A bad item (malformed line, missing or unreadable video, answer not among the options) is
-recorded with its reason and the run goes on. Under torchrun every rank takes part in each prompt;
+video_qa.records.jsonl (records appended as items finish, so a killed run keeps them). A bad item
+(malformed line, missing or unreadable video, answer not among the options) is recorded with its
+reason and the run goes on. Under torchrun every rank takes part in each prompt;
 rank 0 reads the videos, writes and prints. Exit status: 0 if every item was scored, 1 if some
 were recorded as errors, 2 for a usage error, 130 if interrupted (what was done is written).
 """
@@ -57,7 +58,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 if __package__ in (None, ""):  # run as a script: make `eval` and `lwm` importable from the checkout
@@ -237,8 +237,10 @@ def _expand(obj, item_id: str, base_dir: Path, video_dir: Path | None) -> list[I
     """A question, or a Video-MME video with a list of questions (each inherits the video's fields)."""
     if isinstance(obj, dict) and isinstance(obj.get("questions"), list):
         shared = {k: v for k, v in obj.items() if k != "questions"}
-        entries = [({**shared, **q} if isinstance(q, dict) else q, f"{item_id}.{k + 1}")
-                   for k, q in enumerate(obj["questions"])]
+        entries = [
+            ({**shared, **q} if isinstance(q, dict) else q, f"{item_id}.{k + 1}")
+            for k, q in enumerate(obj["questions"])
+        ]
     else:
         entries = [(obj, item_id)]
     items = []
@@ -291,8 +293,13 @@ class Buckets:
         object.__setattr__(self, "edges", edges)
         names = self.names
         if names is None:
-            names = ("short", "medium", "long") if len(edges) == 2 else tuple(
-                [f"<{edges[0]:g}s"] + [f"{a:g}-{b:g}s" for a, b in zip(edges, edges[1:])] + [f">={edges[-1]:g}s"])
+            names = (
+                ("short", "medium", "long")
+                if len(edges) == 2
+                else tuple(
+                    [f"<{edges[0]:g}s"] + [f"{a:g}-{b:g}s" for a, b in zip(edges, edges[1:])] + [f">={edges[-1]:g}s"]
+                )
+            )
         names = tuple(names)
         if len(names) != len(edges) + 1 or len(set(names)) != len(names):
             raise ValueError(f"{len(edges)} bucket edges need {len(edges) + 1} distinct names, got {list(names)}")
@@ -318,8 +325,15 @@ class VideoSource:
     """(T, 256) codes of an item's video: from the lwm-tokenize cache when it holds the video, else read
     and tokenized with the VQGAN (loaded at the first video that needs it)."""
 
-    def __init__(self, codes_dir=None, vqgan=DEFAULT_VQGAN, fps: float | None = 1.0, max_frames: int | None = None,
-                 ids: str = "auto", device="cpu"):
+    def __init__(
+        self,
+        codes_dir=None,
+        vqgan=DEFAULT_VQGAN,
+        fps: float | None = 1.0,
+        max_frames: int | None = None,
+        ids: str = "auto",
+        device="cpu",
+    ):
         from lwm.data.codes import CodeStore
 
         self.store = CodeStore(codes_dir) if codes_dir is not None else None
@@ -343,12 +357,17 @@ class VideoSource:
             from lwm.infer.prompt import load_vqgan
 
             if self.vqgan_path is None or not Path(self.vqgan_path).exists():
-                raise ItemError("vqgan", f"the video is not in the code cache and the VQGAN checkpoint "
-                                         f"{self.vqgan_path} to tokenize it does not exist (--vqgan)")
+                raise ItemError(
+                    "vqgan",
+                    f"the video is not in the code cache and the VQGAN checkpoint "
+                    f"{self.vqgan_path} to tokenize it does not exist (--vqgan)",
+                )
             try:
                 self._vqgan = load_vqgan(self.vqgan_path).to(self.device).eval()
             except Exception as e:
-                raise ItemError("vqgan", f"cannot load the VQGAN checkpoint {self.vqgan_path}: {type(e).__name__}: {e}") from e
+                raise ItemError(
+                    "vqgan", f"cannot load the VQGAN checkpoint {self.vqgan_path}: {type(e).__name__}: {e}"
+                ) from e
         return self._vqgan
 
     def load(self, item: Item) -> tuple[np.ndarray, dict]:
@@ -362,8 +381,11 @@ class VideoSource:
             seconds = self.store.meta.get(cid, {}).get("video", {}).get("duration")
             return codes, {"codes_from": "cache", "cache_id": cid, "frames": len(codes), "video_seconds": seconds}
         if item.video is None:
-            raise ItemError("video_missing", f"video {item.video_key!r} is not in the code cache and there is no "
-                                             f"file for it (pass --video-dir, or --codes holding it)")
+            raise ItemError(
+                "video_missing",
+                f"video {item.video_key!r} is not in the code cache and there is no "
+                f"file for it (pass --video-dir, or --codes holding it)",
+            )
         from lwm.infer.prompt import video_codes
         from lwm.vision.video import Video, VideoError
 
@@ -389,8 +411,9 @@ def _broadcast(obj, group):
     import torch.distributed as dist
 
     box = [obj]
-    dist.broadcast_object_list(box, src=dist.get_global_rank(group if group is not None else dist.group.WORLD, 0),
-                               group=group)
+    dist.broadcast_object_list(
+        box, src=dist.get_global_rank(group if group is not None else dist.group.WORLD, 0), group=group
+    )
     return box[0]
 
 
@@ -408,8 +431,18 @@ def _prepare(item: Item, source) -> dict:
     return {"codes": np.asarray(codes, dtype=np.int64), "info": info}
 
 
-def evaluate_item(item: Item, generator, tokenizer, vocab, source, methods=METHODS, buckets: Buckets = Buckets(),
-                  max_new_tokens: int = 32, letter_tokens: int = 8, prompt_style: str = "native") -> dict:
+def evaluate_item(
+    item: Item,
+    generator,
+    tokenizer,
+    vocab,
+    source,
+    methods=METHODS,
+    buckets: Buckets = Buckets(),
+    max_new_tokens: int = 32,
+    letter_tokens: int = 8,
+    prompt_style: str = "native",
+) -> dict:
     """One item -> its record. Every rank of the generator's group calls this; the group's first rank
     reads the video and the others get the codes from it. prompt_style: lwm.infer.prompt's."""
     from lwm.infer.prompt import chat_prompt
@@ -421,11 +454,20 @@ def evaluate_item(item: Item, generator, tokenizer, vocab, source, methods=METHO
     info = prepared.get("info", {})
     duration = item.duration if item.duration is not None else info.get("video_seconds")
     rec = {
-        "id": item.id, "video": item.video or item.video_key, "duration": duration, "bucket": buckets.of(duration),
-        "kind": "mc" if item.options else "open", "task": item.task, "question": item.question, "options": item.options,
-        "answer": item.answer, "answer_index": item.answer_index,
+        "id": item.id,
+        "video": item.video or item.video_key,
+        "duration": duration,
+        "bucket": buckets.of(duration),
+        "kind": "mc" if item.options else "open",
+        "task": item.task,
+        "question": item.question,
+        "options": item.options,
+        "answer": item.answer,
+        "answer_index": item.answer_index,
         **{k: v for k, v in info.items() if k != "video_seconds"},
-        "correct": None, "error": prepared.get("error"), "error_kind": prepared.get("kind"),
+        "correct": None,
+        "error": prepared.get("error"),
+        "error_kind": prepared.get("kind"),
     }
     if rec["error"] is not None:
         return rec
@@ -434,7 +476,9 @@ def evaluate_item(item: Item, generator, tokenizer, vocab, source, methods=METHO
         prompt = chat_prompt(tokenizer, vocab, item.question, codes, style=prompt_style)
         rec["prompt_tokens"] = len(prompt)
         if item.options is None:
-            out = generator.generate(prompt, GenerationConfig(max_new_tokens=max_new_tokens, stop_tokens=[eos], restrict="text"))
+            out = generator.generate(
+                prompt, GenerationConfig(max_new_tokens=max_new_tokens, stop_tokens=[eos], restrict="text")
+            )
             text = tokenizer.decode(out)
             rec["open"] = {"output": text, "correct": normalize(text) == normalize(item.answer)}
             rec["correct"] = rec["open"]["correct"]
@@ -444,16 +488,29 @@ def evaluate_item(item: Item, generator, tokenizer, vocab, source, methods=METHO
             scores = generator.score(prompt, conts)
             per_token = [s / len(c) for s, c in zip(scores, conts)]
             best, best_norm = int(np.argmax(scores)), int(np.argmax(per_token))
-            rec["ll"] = {"scores": scores, "scores_per_token": per_token, "predicted": LETTERS[best],
-                         "correct": best == item.answer_index, "predicted_per_token": LETTERS[best_norm],
-                         "correct_per_token": best_norm == item.answer_index}
+            rec["ll"] = {
+                "scores": scores,
+                "scores_per_token": per_token,
+                "predicted": LETTERS[best],
+                "correct": best == item.answer_index,
+                "predicted_per_token": LETTERS[best_norm],
+                "correct_per_token": best_norm == item.answer_index,
+            }
         if "letter" in methods:
-            lprompt = chat_prompt(tokenizer, vocab, letter_question(item.question, item.options), codes, style=prompt_style)
-            out = generator.generate(lprompt, GenerationConfig(max_new_tokens=letter_tokens, stop_tokens=[eos], restrict="text"))
+            lprompt = chat_prompt(
+                tokenizer, vocab, letter_question(item.question, item.options), codes, style=prompt_style
+            )
+            out = generator.generate(
+                lprompt, GenerationConfig(max_new_tokens=letter_tokens, stop_tokens=[eos], restrict="text")
+            )
             text = tokenizer.decode(out)
             pick = first_letter(text, len(item.options))
-            rec["letter"] = {"prompt_tokens": len(lprompt), "output": text,
-                             "predicted": None if pick is None else LETTERS[pick], "correct": pick == item.answer_index}
+            rec["letter"] = {
+                "prompt_tokens": len(lprompt),
+                "output": text,
+                "predicted": None if pick is None else LETTERS[pick],
+                "correct": pick == item.answer_index,
+            }
         rec["correct"] = rec["ll" if "ll" in methods else "letter"]["correct"]
     except Exception as e:  # a failed prompt (too long, out of memory ...) is recorded; the run goes on
         rec["error"], rec["error_kind"] = f"{type(e).__name__}: {e}", "model"
@@ -470,7 +527,10 @@ def _stats(recs: list[dict]) -> dict:
     mc, op = [r for r in ok if r["kind"] == "mc"], [r for r in ok if r["kind"] == "open"]
     ll, lt = [r["ll"] for r in mc if "ll" in r], [r["letter"] for r in mc if "letter" in r]
     return {
-        "n": len(ok), "mc": len(mc), "open": len(op), "errors": len(recs) - len(ok),
+        "n": len(ok),
+        "mc": len(mc),
+        "open": len(op),
+        "errors": len(recs) - len(ok),
         "accuracy_ll": _mean(x["correct"] for x in ll),
         "accuracy_ll_per_token": _mean(x["correct_per_token"] for x in ll),
         "accuracy_letter": _mean(x["correct"] for x in lt),
@@ -487,21 +547,39 @@ def summarize(records: list[dict], buckets: Buckets = Buckets()) -> dict:
     return {
         "items": len(records),
         "scored": len(ok),
-        "errors": {"total": len(records) - len(ok),
-                   "by_kind": dict(Counter(r["error_kind"] for r in records if r["error"] is not None))},
+        "errors": {
+            "total": len(records) - len(ok),
+            "by_kind": dict(Counter(r["error_kind"] for r in records if r["error"] is not None)),
+        },
         "primary_metric": "accuracy_ll",
-        "max_prompt_tokens": max((max(r.get("prompt_tokens", 0), r.get("letter", {}).get("prompt_tokens", 0))
-                                  for r in ok), default=0),
+        "max_prompt_tokens": max(
+            (max(r.get("prompt_tokens", 0), r.get("letter", {}).get("prompt_tokens", 0)) for r in ok), default=0
+        ),
         "buckets": {b: _stats([r for r in records if r["bucket"] == b]) for b in order},
         "all": _stats(records),
-        "tasks": {t: _stats([r for r in records if r.get("task") == t])
-                  for t in sorted({r["task"] for r in records if r.get("task") is not None})},
+        "tasks": {
+            t: _stats([r for r in records if r.get("task") == t])
+            for t in sorted({r["task"] for r in records if r.get("task") is not None})
+        },
     }
 
 
-def run_video_qa(generator, tokenizer, vocab, items: list[Item], source=None, *, methods=METHODS,
-                 buckets: Buckets = Buckets(), max_new_tokens: int = 32, letter_tokens: int = 8, prompt_style: str = "native",
-                 on_record=None, progress: bool = True, config: dict | None = None) -> dict:
+def run_video_qa(
+    generator,
+    tokenizer,
+    vocab,
+    items: list[Item],
+    source=None,
+    *,
+    methods=METHODS,
+    buckets: Buckets = Buckets(),
+    max_new_tokens: int = 32,
+    letter_tokens: int = 8,
+    prompt_style: str = "native",
+    on_record=None,
+    progress: bool = True,
+    config: dict | None = None,
+) -> dict:
     """Evaluate the items -> {"config", "summary", "records", "complete"}. generator: a
     lwm.infer.Generator (or anything with .score/.generate and .group); source: a VideoSource (or
     anything with .load(item) -> (codes, info)), used on the group's first rank only; on_record(record)
@@ -513,14 +591,18 @@ def run_video_qa(generator, tokenizer, vocab, items: list[Item], source=None, *,
     from tqdm import tqdm
 
     _, rank = group_size_and_rank(getattr(generator, "group", None))
-    items = [x for k, it in enumerate(items)
-             for x in ([it] if isinstance(it, Item) else _expand(it, f"item {k + 1}", Path.cwd(), None))]
+    items = [
+        x
+        for k, it in enumerate(items)
+        for x in ([it] if isinstance(it, Item) else _expand(it, f"item {k + 1}", Path.cwd(), None))
+    ]
     records, complete = [], True
     bar = tqdm(items, desc="video QA", unit="q", disable=not progress or rank != 0, dynamic_ncols=True, mininterval=1.0)
     try:
         for item in bar:
-            rec = evaluate_item(item, generator, tokenizer, vocab, source, methods, buckets, max_new_tokens, letter_tokens,
-                                prompt_style)
+            rec = evaluate_item(
+                item, generator, tokenizer, vocab, source, methods, buckets, max_new_tokens, letter_tokens, prompt_style
+            )
             records.append(rec)
             if rank == 0:
                 if on_record is not None:
@@ -567,13 +649,19 @@ def markdown(result: dict) -> str:
         cells += [_pct(st["accuracy_letter"])] if "letter" in methods else []
         return cells + [_pct(st["chance"])] + ([_pct(st["exact_match"])] if open_items else []) + [st["errors"]]
 
-    lines += ["; ".join(facts) + ".", "",
-              markdown_table(cols, [row(b, st) for b, st in s["buckets"].items()] + [row("**all**", s["all"])])]
+    lines += [
+        "; ".join(facts) + ".",
+        "",
+        markdown_table(cols, [row(b, st) for b, st in s["buckets"].items()] + [row("**all**", s["all"])]),
+    ]
     if s.get("tasks"):
         lines += ["", "By task:", "", markdown_table(["task", *cols[1:]], [row(t, st) for t, st in s["tasks"].items()])]
-    lines += ["", "Accuracy (LL): the option with the highest log-likelihood after the bare question (primary); "
-              "accuracy (letter): the first option letter generated after the question with its options listed. "
-              "Accuracies are over multiple-choice items, exact match over open ones; n counts scored items."]
+    lines += [
+        "",
+        "Accuracy (LL): the option with the highest log-likelihood after the bare question (primary); "
+        "accuracy (letter): the first option letter generated after the question with its options listed. "
+        "Accuracies are over multiple-choice items, exact match over open ones; n counts scored items.",
+    ]
     if s["all"]["accuracy_ll_per_token"] is not None:
         lines.append(f"LL with per-token mean log-likelihood: {_pct(s['all']['accuracy_ll_per_token'])} overall.")
     if s["all"]["letter_unparsed"]:
@@ -625,8 +713,11 @@ def _positive(kind):
         except ValueError:
             value = None
         if value is None or not value > 0 or (kind is float and not math.isfinite(value)):
-            raise argparse.ArgumentTypeError(f"expected a positive {'integer' if kind is int else 'number'}, got {text!r}")
+            raise argparse.ArgumentTypeError(
+                f"expected a positive {'integer' if kind is int else 'number'}, got {text!r}"
+            )
         return value
+
     return parse
 
 
@@ -637,27 +728,46 @@ def _csv(text: str) -> list[str]:
 def build_parser() -> argparse.ArgumentParser:
     from lwm.infer.runtime import add_model_args
 
-    p = argparse.ArgumentParser(prog="video_qa.py", description="Long-video question answering accuracy.",
-                                epilog="Exit status: 0 if every item was scored, 1 if some were recorded as errors, "
-                                       "2 for a usage error, 130 if interrupted.")
+    p = argparse.ArgumentParser(
+        prog="video_qa.py",
+        description="Long-video question answering accuracy.",
+        epilog="Exit status: 0 if every item was scored, 1 if some were recorded as errors, "
+        "2 for a usage error, 130 if interrupted.",
+    )
     add_model_args(p)
     p.add_argument("--data", required=True, help="JSON lines of questions (or a .json list); see the module's doc")
     p.add_argument("--video-dir", help="folder of <videoID>.mp4 for Video-MME style items")
     p.add_argument("--codes", help="an lwm-tokenize output folder with cached codes")
-    p.add_argument("--ids", choices=["auto", "hashed", "stem"], default="auto",
-                   help="how cached codes are named (lwm-tokenize --ids); auto tries both")
-    p.add_argument("--vqgan", help="VQGAN checkpoint (tiny preset) or diffusers folder for videos not in the cache "
-                                   "(default: the model folder's vqgan/, else the bundled tiny VQGAN)")
+    p.add_argument(
+        "--ids",
+        choices=["auto", "hashed", "stem"],
+        default="auto",
+        help="how cached codes are named (lwm-tokenize --ids); auto tries both",
+    )
+    p.add_argument(
+        "--vqgan",
+        help="VQGAN checkpoint (tiny preset) or diffusers folder for videos not in the cache "
+        "(default: the model folder's vqgan/, else the bundled tiny VQGAN)",
+    )
     p.add_argument("--fps", type=_positive(float), default=1.0, help="frames per second (default 1)")
     p.add_argument("--max-frames", type=_positive(int), help="at most this many frames, spread evenly")
-    p.add_argument("--methods", type=_csv, default=list(METHODS), help="multiple-choice scoring: ll, letter or ll,letter")
-    p.add_argument("--bucket-edges", type=_csv, default=["120", "900"], help="duration bucket edges in seconds (default 120,900)")
-    p.add_argument("--bucket-names", type=_csv, help="names of the buckets (one more than edges; default short,medium,long)")
+    p.add_argument(
+        "--methods", type=_csv, default=list(METHODS), help="multiple-choice scoring: ll, letter or ll,letter"
+    )
+    p.add_argument(
+        "--bucket-edges", type=_csv, default=["120", "900"], help="duration bucket edges in seconds (default 120,900)"
+    )
+    p.add_argument(
+        "--bucket-names", type=_csv, help="names of the buckets (one more than edges; default short,medium,long)"
+    )
     p.add_argument("--max-new-tokens", type=_positive(int), default=32, help="tokens generated for an open question")
     p.add_argument("--letter-tokens", type=_positive(int), default=8, help="tokens generated for the letter")
     p.add_argument("--limit", type=_positive(int), help="only the first N items")
-    p.add_argument("--max-duration", type=float, help="skip items whose given duration (seconds) is longer, e.g. "
-                                                        "what a CPU cannot prefill in reasonable time")
+    p.add_argument(
+        "--max-duration",
+        type=float,
+        help="skip items whose given duration (seconds) is longer, e.g. what a CPU cannot prefill in reasonable time",
+    )
     p.add_argument("--out", default="runs/eval", help="output folder (default runs/eval)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
@@ -703,13 +813,17 @@ def main(argv: list[str] | None = None) -> int:
         n = len(items)
         items = [it for it in items if not (isinstance(it.duration, (int, float)) and it.duration > args.max_duration)]
         if len(items) < n and _rank() == 0:
-            print(f"skipping {n - len(items)} items longer than --max-duration {args.max_duration:g} s", file=sys.stderr)
+            print(
+                f"skipping {n - len(items)} items longer than --max-duration {args.max_duration:g} s", file=sys.stderr
+            )
     if args.limit:
         items = items[: args.limit]
     if not items:
         _usage_error(parser, f"--data {args.data}: no items")
     if any(it.video_key and not it.video for it in items) and not args.codes:
-        _usage_error(parser, f"--data {args.data} names videos by videoID: pass --video-dir (folder of <videoID>.mp4) or --codes")
+        _usage_error(
+            parser, f"--data {args.data} names videos by videoID: pass --video-dir (folder of <videoID>.mp4) or --codes"
+        )
     out = Path(args.out)
     if _rank() == 0:
         try:
@@ -726,23 +840,51 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError) as e:
         _usage_error(parser, str(e))
     args.vqgan = str(args.vqgan or loaded.vqgan or DEFAULT_VQGAN)
-    source = VideoSource(args.codes, args.vqgan, fps=args.fps, max_frames=args.max_frames, ids=args.ids, device=device) \
-        if _rank() == 0 else None
+    source = (
+        VideoSource(args.codes, args.vqgan, fps=args.fps, max_frames=args.max_frames, ids=args.ids, device=device)
+        if _rank() == 0
+        else None
+    )
     world = runtime.world
     config = {
-        "model": str(args.model), "data": str(args.data), "video_dir": args.video_dir, "codes": args.codes,
-        "vqgan": args.vqgan, "fps": args.fps, "max_frames": args.max_frames, "methods": list(args.methods),
-        "bucket_edges": list(buckets.edges), "bucket_names": list(buckets.names), "max_new_tokens": args.max_new_tokens,
-        "letter_tokens": args.letter_tokens, "limit": args.limit, "max_duration": args.max_duration, "world_size": world, "layout": args.layout,
-        "device": device, "dtype": str(loaded.model.output.weight.dtype).removeprefix("torch."),
+        "model": str(args.model),
+        "data": str(args.data),
+        "video_dir": args.video_dir,
+        "codes": args.codes,
+        "vqgan": args.vqgan,
+        "fps": args.fps,
+        "max_frames": args.max_frames,
+        "methods": list(args.methods),
+        "bucket_edges": list(buckets.edges),
+        "bucket_names": list(buckets.names),
+        "max_new_tokens": args.max_new_tokens,
+        "letter_tokens": args.letter_tokens,
+        "limit": args.limit,
+        "max_duration": args.max_duration,
+        "world_size": world,
+        "layout": args.layout,
+        "device": device,
+        "dtype": str(loaded.model.output.weight.dtype).removeprefix("torch."),
         "model_max_seq_len": loaded.model.config.max_seq_len,
     }
     log = RecordLog(out / "video_qa.records.jsonl") if _rank() == 0 else None
     started = time.perf_counter()
     try:
-        result = run_video_qa(generator, loaded.tokenizer, loaded.vocab, items, source, methods=tuple(args.methods),
-                              buckets=buckets, max_new_tokens=args.max_new_tokens, letter_tokens=args.letter_tokens,
-                              prompt_style=loaded.prompt, on_record=log, progress=not args.no_progress, config=config)
+        result = run_video_qa(
+            generator,
+            loaded.tokenizer,
+            loaded.vocab,
+            items,
+            source,
+            methods=tuple(args.methods),
+            buckets=buckets,
+            max_new_tokens=args.max_new_tokens,
+            letter_tokens=args.letter_tokens,
+            prompt_style=loaded.prompt,
+            on_record=log,
+            progress=not args.no_progress,
+            config=config,
+        )
     finally:
         if log is not None:
             log.close()
@@ -752,8 +894,11 @@ def main(argv: list[str] | None = None) -> int:
         js, md = write_outputs(result, out)
         print(markdown(result))
         if s["max_prompt_tokens"] > loaded.model.config.max_seq_len:
-            print(f"warning: prompts up to {s['max_prompt_tokens']} tokens, longer than the model's max_seq_len "
-                  f"{loaded.model.config.max_seq_len}", file=sys.stderr)
+            print(
+                f"warning: prompts up to {s['max_prompt_tokens']} tokens, longer than the model's max_seq_len "
+                f"{loaded.model.config.max_seq_len}",
+                file=sys.stderr,
+            )
         print(f"wrote {js} and {md}")
     if group is not None:
         import torch.distributed as dist

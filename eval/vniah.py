@@ -42,9 +42,10 @@ for _p in (ROOT, ROOT / "data"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
+from make_vniah import NEEDLE_COLORS, QUESTION, code_pool  # noqa: E402
+
 from eval.plots import grid_table, heatmap  # noqa: E402
 from lwm.io import write_atomic  # noqa: E402
-from make_vniah import NEEDLE_COLORS, QUESTION, code_pool  # noqa: E402
 
 METHODS = ("generated", "ll")
 EVAL_SEED = 3 * 10**6  # the frame pools: make_vniah trains on seed 0.. and holds out 10**6..
@@ -69,8 +70,9 @@ def first_color(text: str) -> str | None:
     return m.group(1).lower() if m else None
 
 
-def trial_video(codes: np.ndarray, labels: np.ndarray, frames: int, depth: float, seed: int,
-                trial: int) -> tuple[np.ndarray, str, int]:
+def trial_video(
+    codes: np.ndarray, labels: np.ndarray, frames: int, depth: float, seed: int, trial: int
+) -> tuple[np.ndarray, str, int]:
     """(codes (frames, tokens_per_frame), the needle's color, its frame index) of one trial: the same
     on every rank and every run."""
     rng = np.random.default_rng([seed, frames, int(round(depth * 1000)), trial])
@@ -82,8 +84,9 @@ def trial_video(codes: np.ndarray, labels: np.ndarray, frames: int, depth: float
     return codes[order], NEEDLE_COLORS[labels[needle]], at
 
 
-def score_trial(generator, tokenizer, vocab, codes: np.ndarray, color: str, methods: Sequence[str],
-                max_new_tokens: int) -> dict:
+def score_trial(
+    generator, tokenizer, vocab, codes: np.ndarray, color: str, methods: Sequence[str], max_new_tokens: int
+) -> dict:
     """One prompt scored by each method -> {"generated": {...}, "ll": {...}, "prompt_tokens": n}."""
     from lwm.infer import GenerationConfig
     from lwm.infer.prompt import chat_prompt
@@ -91,8 +94,9 @@ def score_trial(generator, tokenizer, vocab, codes: np.ndarray, color: str, meth
     prompt = chat_prompt(tokenizer, vocab, QUESTION, codes)
     out: dict = {"prompt_tokens": len(prompt)}
     if "generated" in methods:
-        ids = generator.generate(prompt, GenerationConfig(max_new_tokens=max_new_tokens,
-                                                          stop_tokens=[tokenizer.eos_id], restrict="text"))
+        ids = generator.generate(
+            prompt, GenerationConfig(max_new_tokens=max_new_tokens, stop_tokens=[tokenizer.eos_id], restrict="text")
+        )
         text = tokenizer.decode(ids)
         out["generated"] = {"output": text, "predicted": first_color(text), "correct": first_color(text) == color}
     if "ll" in methods:
@@ -104,6 +108,7 @@ def score_trial(generator, tokenizer, vocab, codes: np.ndarray, color: str, meth
 
 def summarize(records: list[dict], frames, depths, methods) -> dict:
     """Accuracy per (frames, depth) cell and overall, per method, over the trials that ran."""
+
     def acc(rs, m):
         ok = [r[m]["correct"] for r in rs if r["error"] is None]
         return float(np.mean(ok)) if ok else None
@@ -112,15 +117,39 @@ def summarize(records: list[dict], frames, depths, methods) -> dict:
     for n in frames:
         for d in depths:
             rs = [r for r in records if r["frames"] == n and r["depth"] == d]
-            cells.append({"frames": n, "depth": d, "trials": len(rs),
-                          "failed": sum(r["error"] is not None for r in rs), **{m: acc(rs, m) for m in methods}})
-    return {"cells": cells, "accuracy": {m: acc(records, m) for m in methods}, "trials_run": len(records),
-            "trials_failed": sum(r["error"] is not None for r in records)}
+            cells.append(
+                {
+                    "frames": n,
+                    "depth": d,
+                    "trials": len(rs),
+                    "failed": sum(r["error"] is not None for r in rs),
+                    **{m: acc(rs, m) for m in methods},
+                }
+            )
+    return {
+        "cells": cells,
+        "accuracy": {m: acc(records, m) for m in methods},
+        "trials_run": len(records),
+        "trials_failed": sum(r["error"] is not None for r in records),
+    }
 
 
-def run_vniah(generator, tokenizer, vocab, vqgan, frames: Sequence[int], depths: Sequence[float], trials: int = 1, *,
-              methods: Sequence[str] = METHODS, pool: int = 20, seed: int = 0, max_new_tokens: int = 4,
-              progress: bool = False, on_trial: Callable[[dict, list[dict]], None] | None = None) -> dict:
+def run_vniah(
+    generator,
+    tokenizer,
+    vocab,
+    vqgan,
+    frames: Sequence[int],
+    depths: Sequence[float],
+    trials: int = 1,
+    *,
+    methods: Sequence[str] = METHODS,
+    pool: int = 20,
+    seed: int = 0,
+    max_new_tokens: int = 4,
+    progress: bool = False,
+    on_trial: Callable[[dict, list[dict]], None] | None = None,
+) -> dict:
     """Run the grid frames x depths x trials -> {"config", "trials", "cells", "accuracy", ...}.
 
     generator: lwm.infer.Generator (every rank of a context-parallel group calls this with the same
@@ -132,7 +161,9 @@ def run_vniah(generator, tokenizer, vocab, vqgan, frames: Sequence[int], depths:
         raise ValueError(f"methods must be a non-empty subset of {METHODS}, got {list(methods)}")
     vocab.check_tokenizer(tokenizer)
     if vqgan.config.n_codes > vocab.n_vision_codes:
-        raise ValueError(f"the VQGAN has {vqgan.config.n_codes} codes but the model's vocabulary holds {vocab.n_vision_codes}")
+        raise ValueError(
+            f"the VQGAN has {vqgan.config.n_codes} codes but the model's vocabulary holds {vocab.n_vision_codes}"
+        )
     codes, labels = code_pool(vqgan, pool, EVAL_SEED + seed)
     grid = [(n, d, t) for n in frames for d in depths for t in range(trials)]
     bar = None
@@ -143,9 +174,19 @@ def run_vniah(generator, tokenizer, vocab, vqgan, frames: Sequence[int], depths:
     records: list[dict] = []
     for n, d, t in grid:
         video, color, at = trial_video(codes, labels, n, d, EVAL_SEED + seed, t)
-        rec = {"video_id": f"vniah_{n}f_{d:g}_{t}", "duration": n, "frames": n, "depth": d, "trial": t,
-               "needle_frame": at, "task_type": "needle color", "question": QUESTION, "options": ANSWERS,
-               "answer": f"{color.capitalize()}.", "error": None}
+        rec = {
+            "video_id": f"vniah_{n}f_{d:g}_{t}",
+            "duration": n,
+            "frames": n,
+            "depth": d,
+            "trial": t,
+            "needle_frame": at,
+            "task_type": "needle color",
+            "question": QUESTION,
+            "options": ANSWERS,
+            "answer": f"{color.capitalize()}.",
+            "error": None,
+        }
         start = time.perf_counter()
         try:
             rec.update(score_trial(generator, tokenizer, vocab, video, color, methods, max_new_tokens))
@@ -161,10 +202,22 @@ def run_vniah(generator, tokenizer, vocab, vqgan, frames: Sequence[int], depths:
             bar.update()
     if bar is not None:
         bar.close()
-    return {"config": {"frames": frames, "depths": depths, "trials": trials, "methods": list(methods), "pool": pool,
-                       "seed": seed, "max_new_tokens": max_new_tokens, "question": QUESTION, "answers": ANSWERS,
-                       "chance": 1 / len(ANSWERS)},
-            "trials": records, **summarize(records, frames, depths, methods)}
+    return {
+        "config": {
+            "frames": frames,
+            "depths": depths,
+            "trials": trials,
+            "methods": list(methods),
+            "pool": pool,
+            "seed": seed,
+            "max_new_tokens": max_new_tokens,
+            "question": QUESTION,
+            "answers": ANSWERS,
+            "chance": 1 / len(ANSWERS),
+        },
+        "trials": records,
+        **summarize(records, frames, depths, methods),
+    }
 
 
 def accuracy_grid(results: dict, method: str) -> list[list[float | None]]:
@@ -180,10 +233,17 @@ def write_results(results: dict, out: Path, title: str = "Visual needle in a hay
     cfg, written = results["config"], [path]
     for m in cfg["methods"]:
         name = "vniah_heatmap.png" if m == "generated" else f"vniah_heatmap_{m}.png"
-        written.append(heatmap(accuracy_grid(results, m), [f"{d:g}" for d in cfg["depths"]],
-                               [str(n) for n in cfg["frames"]], out / name,
-                               title=f"{title} ({'generated answer' if m == 'generated' else 'answer log-likelihood'})",
-                               xlabel="video length (frames, 1 fps)", ylabel="needle depth (%)"))
+        written.append(
+            heatmap(
+                accuracy_grid(results, m),
+                [f"{d:g}" for d in cfg["depths"]],
+                [str(n) for n in cfg["frames"]],
+                out / name,
+                title=f"{title} ({'generated answer' if m == 'generated' else 'answer log-likelihood'})",
+                xlabel="video length (frames, 1 fps)",
+                ylabel="needle depth (%)",
+            )
+        )
     return written
 
 
@@ -191,8 +251,10 @@ def build_parser() -> argparse.ArgumentParser:
     from lwm.infer.prompt import DEFAULT_VQGAN
     from lwm.infer.runtime import add_model_args
 
-    p = argparse.ArgumentParser(description="Visual needle in a video haystack over video lengths x needle depths",
-                                epilog="Exit status: 0, 1 if some trial failed (recorded in vniah.json), 2 for bad input.")
+    p = argparse.ArgumentParser(
+        description="Visual needle in a video haystack over video lengths x needle depths",
+        epilog="Exit status: 0, 1 if some trial failed (recorded in vniah.json), 2 for bad input.",
+    )
     add_model_args(p)
     p.add_argument("--vqgan", type=Path, default=DEFAULT_VQGAN, help="the VQGAN that encodes the frames (safetensors)")
     p.add_argument("--frames", type=int, nargs="+", default=[2, 4, 6], help="video lengths in frames (1 fps)")
@@ -229,38 +291,70 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError) as e:
         print(f"vniah: {e}", file=sys.stderr)
         return 2
-    run_info = {"model": str(args.model), "tokenizer": str(loaded.tokenizer.path), "vqgan": str(args.vqgan),
-                "device": runtime.device, "world_size": runtime.world, "layout": args.layout,
-                "dtype": str(next(loaded.model.parameters()).dtype).replace("torch.", "")}
+    run_info = {
+        "model": str(args.model),
+        "tokenizer": str(loaded.tokenizer.path),
+        "vqgan": str(args.vqgan),
+        "device": runtime.device,
+        "world_size": runtime.world,
+        "layout": args.layout,
+        "dtype": str(next(loaded.model.parameters()).dtype).replace("torch.", ""),
+    }
     last_save = [0.0]
 
     def save(record, records):  # a stopped run keeps what it did (rewritten at most every 30 s)
         if rank == 0 and time.monotonic() - last_save[0] >= 30:
             last_save[0] = time.monotonic()
             args.out.mkdir(parents=True, exist_ok=True)
-            (args.out / "vniah.json").write_text(json.dumps({"config": {**run_info, "complete": False},
-                                                             "trials": records}, indent=1))
+            (args.out / "vniah.json").write_text(
+                json.dumps({"config": {**run_info, "complete": False}, "trials": records}, indent=1)
+            )
 
     if rank == 0:
-        print(f"vniah: {len(args.frames)} lengths x {len(args.depths)} depths x {args.trials} trials on "
-              f"{runtime.world} process(es), {runtime.device}", file=sys.stderr)
-    results = run_vniah(gen, loaded.tokenizer, loaded.vocab, vqgan, args.frames, args.depths, args.trials,
-                        methods=args.methods, pool=args.pool, seed=args.seed, max_new_tokens=args.max_new_tokens,
-                        progress=rank == 0, on_trial=save)
+        print(
+            f"vniah: {len(args.frames)} lengths x {len(args.depths)} depths x {args.trials} trials on "
+            f"{runtime.world} process(es), {runtime.device}",
+            file=sys.stderr,
+        )
+    results = run_vniah(
+        gen,
+        loaded.tokenizer,
+        loaded.vocab,
+        vqgan,
+        args.frames,
+        args.depths,
+        args.trials,
+        methods=args.methods,
+        pool=args.pool,
+        seed=args.seed,
+        max_new_tokens=args.max_new_tokens,
+        progress=rank == 0,
+        on_trial=save,
+    )
     results["config"] = {**run_info, **results["config"], "complete": True}
     if rank == 0:
         written = write_results(results, args.out)
         for m in args.methods:
             print(f"{m}:")
-            print(grid_table(accuracy_grid(results, m), [f"{d:g}" for d in results["config"]["depths"]],
-                             [str(n) for n in results["config"]["frames"]], corner="depth \\ frames"))
+            print(
+                grid_table(
+                    accuracy_grid(results, m),
+                    [f"{d:g}" for d in results["config"]["depths"]],
+                    [str(n) for n in results["config"]["frames"]],
+                    corner="depth \\ frames",
+                )
+            )
         accs = ", ".join(f"{m} {'n/a' if a is None else f'{a:.3f}'}" for m, a in results["accuracy"].items())
-        print(f"accuracy {accs} (chance {1 / len(ANSWERS):.3f}) over {results['trials_run']} trials "
-              f"({results['trials_failed']} failed); wrote {', '.join(str(p) for p in written)}")
+        print(
+            f"accuracy {accs} (chance {1 / len(ANSWERS):.3f}) over {results['trials_run']} trials "
+            f"({results['trials_failed']} failed); wrote {', '.join(str(p) for p in written)}"
+        )
         for r in results["trials"]:
             if r["error"]:
-                print(f"failed: {r['frames']} frames depth {r['depth']:g} trial {r['trial']}: {r['error']}",
-                      file=sys.stderr)
+                print(
+                    f"failed: {r['frames']} frames depth {r['depth']:g} trial {r['trial']}: {r['error']}",
+                    file=sys.stderr,
+                )
     if runtime.group is not None:
         torch.distributed.destroy_process_group()
     return 1 if results["trials_failed"] else 0

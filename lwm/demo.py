@@ -16,7 +16,9 @@ import torch
 from lwm.model import ModelConfig, Transformer
 
 
-def run(preset: str = "debug", steps: int = 20, seq_len: int = 256, batch: int = 2, lr: float = 3e-3, seed: int = 0) -> list[float]:
+def run(
+    preset: str = "debug", steps: int = 20, seq_len: int = 256, batch: int = 2, lr: float = 3e-3, seed: int = 0
+) -> list[float]:
     torch.manual_seed(seed)
     config = ModelConfig.from_preset(preset)
     model = Transformer(config)

@@ -50,43 +50,166 @@ class Part:
         return [PY, *(a.replace("{out}", str(out)) for a in args)]
 
 
-TESTS = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_gpu.py", "tests/test_parallel_gpu.py",
-         "--junitxml", "{out}/tests.xml"]
+TESTS = [
+    "-m",
+    "pytest",
+    "-q",
+    "-p",
+    "no:cacheprovider",
+    "tests/test_gpu.py",
+    "tests/test_parallel_gpu.py",
+    "--junitxml",
+    "{out}/tests.xml",
+]
 PARTS = [
     # ring / Ulysses / hybrid and document masks on CUDA, a one-GPU bf16 training step, the KV cache
     Part("tests", 110, TESTS, TESTS),
     # the ring schedule over simulated ranks vs one fused SDPA flash call, bf16, fwd+bwd
-    Part("attention", 100,
-         ["bench/attention.py", "--parts", "decomposition", "--device", "cuda", "--dtype", "bf16",
-          "--lengths", "32768", "131072", "--heads", "32", "--dim", "128", "--repeats", "3"],
-         ["bench/attention.py", "--parts", "decomposition", "--device", "cpu", "--dtype", "bf16",
-          "--lengths", "256", "--heads", "2", "--dim", "64", "--repeats", "1"]),
+    Part(
+        "attention",
+        100,
+        [
+            "bench/attention.py",
+            "--parts",
+            "decomposition",
+            "--device",
+            "cuda",
+            "--dtype",
+            "bf16",
+            "--lengths",
+            "32768",
+            "131072",
+            "--heads",
+            "32",
+            "--dim",
+            "128",
+            "--repeats",
+            "3",
+        ],
+        [
+            "bench/attention.py",
+            "--parts",
+            "decomposition",
+            "--device",
+            "cpu",
+            "--dtype",
+            "bf16",
+            "--lengths",
+            "256",
+            "--heads",
+            "2",
+            "--dim",
+            "64",
+            "--repeats",
+            "1",
+        ],
+    ),
     # a few layers of the 7b preset: FSDP2 bf16, activation checkpointing, 8K and 32K tokens
-    Part("train", 100,
-         ["bench/train.py", "--part", "layers", "--device", "cuda", "--preset", "7b", "--layers", "4",
-          "--lengths", "8192", "32768", "--steps", "3"],
-         ["bench/train.py", "--part", "layers", "--device", "cpu", "--preset", "debug", "--layers", "2",
-          "--lengths", "128", "--steps", "1"]),
+    Part(
+        "train",
+        100,
+        [
+            "bench/train.py",
+            "--part",
+            "layers",
+            "--device",
+            "cuda",
+            "--preset",
+            "7b",
+            "--layers",
+            "4",
+            "--lengths",
+            "8192",
+            "32768",
+            "--steps",
+            "3",
+        ],
+        [
+            "bench/train.py",
+            "--part",
+            "layers",
+            "--device",
+            "cpu",
+            "--preset",
+            "debug",
+            "--layers",
+            "2",
+            "--lengths",
+            "128",
+            "--steps",
+            "1",
+        ],
+    ),
     # the longest prompt the tiny model prefills on one GPU (an hour of video is 925,200 tokens)
-    Part("infer", 110,
-         ["bench/infer.py", "--parts", "longest", "--device", "cuda"],
-         ["bench/infer.py", "--parts", "longest", "--device", "cpu", "--longest-lengths", "512", "--chunk", "256"]),
+    Part(
+        "infer",
+        110,
+        ["bench/infer.py", "--parts", "longest", "--device", "cuda"],
+        ["bench/infer.py", "--parts", "longest", "--device", "cpu", "--longest-lengths", "512", "--chunk", "256"],
+    ),
     # the lwm VQGAN's encode frames/s in bf16 (target >= 2000 on an H200)
-    Part("vqgan", 50,
-         ["bench/vqgan.py", "--device", "cuda", "--preset", "lwm", "--parts", "encode", "--batch-sizes", "16", "64",
-          "128", "--frames-per-round", "512", "--rounds", "2", "--e2e-seconds", "0"],
-         ["bench/vqgan.py", "--device", "cpu", "--preset", "tiny", "--parts", "encode", "--batch-sizes", "1",
-          "--frames-per-round", "2", "--rounds", "1", "--e2e-seconds", "0", "--no-write"]),
+    Part(
+        "vqgan",
+        50,
+        [
+            "bench/vqgan.py",
+            "--device",
+            "cuda",
+            "--preset",
+            "lwm",
+            "--parts",
+            "encode",
+            "--batch-sizes",
+            "16",
+            "64",
+            "128",
+            "--frames-per-round",
+            "512",
+            "--rounds",
+            "2",
+            "--e2e-seconds",
+            "0",
+        ],
+        [
+            "bench/vqgan.py",
+            "--device",
+            "cpu",
+            "--preset",
+            "tiny",
+            "--parts",
+            "encode",
+            "--batch-sizes",
+            "1",
+            "--frames-per-round",
+            "2",
+            "--rounds",
+            "1",
+            "--e2e-seconds",
+            "0",
+            "--no-write",
+        ],
+    ),
 ]
 
 
 def preflight() -> dict:
     info = {"python": platform.python_version(), "missing": [m for m in MODULES if importlib.util.find_spec(m) is None]}
-    probe = subprocess.run([PY, "-c", "import torch, json; c = torch.cuda.is_available(); print(json.dumps("
-                            "{'torch': torch.__version__, 'cuda': c, 'device': torch.cuda.get_device_name() if c else None}))"],
-                           capture_output=True, text=True, timeout=120)
-    info.update(json.loads(probe.stdout) if probe.returncode == 0 else {"torch": None, "cuda": False, "device": None,
-                                                                       "error": probe.stderr[-2000:]})
+    probe = subprocess.run(
+        [
+            PY,
+            "-c",
+            "import torch, json; c = torch.cuda.is_available(); print(json.dumps("
+            "{'torch': torch.__version__, 'cuda': c, 'device': torch.cuda.get_device_name() if c else None}))",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    info.update(
+        json.loads(probe.stdout)
+        if probe.returncode == 0
+        else {"torch": None, "cuda": False, "device": None, "error": probe.stderr[-2000:]}
+    )
     return info
 
 
@@ -96,8 +219,11 @@ def test_counts(xml: Path) -> dict | None:
     suites = ET.parse(xml).getroot()
     suite = suites if suites.tag == "testsuite" else suites.find("testsuite")
     n = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
-    return {"passed": n["tests"] - n["failures"] - n["errors"] - n["skipped"], "failed": n["failures"] + n["errors"],
-            "skipped": n["skipped"]}
+    return {
+        "passed": n["tests"] - n["failures"] - n["errors"] - n["skipped"],
+        "failed": n["failures"] + n["errors"],
+        "skipped": n["skipped"],
+    }
 
 
 def run_part(part: Part, dry: bool, out: Path, env: dict) -> dict:
@@ -114,9 +240,15 @@ def run_part(part: Part, dry: bool, out: Path, env: dict) -> dict:
             rc, status = proc.wait(), "timed out"
     seconds = time.monotonic() - start
     lines = log.read_text(errors="replace").splitlines()
-    result = {"name": part.name, "command": " ".join("python" if c == PY else c for c in cmd),
-              "cap_s": part.cap_s, "seconds": round(seconds, 1), "rc": rc, "status": status,
-              "tail": "\n".join(lines[-TAIL_LINES:])}
+    result = {
+        "name": part.name,
+        "command": " ".join("python" if c == PY else c for c in cmd),
+        "cap_s": part.cap_s,
+        "seconds": round(seconds, 1),
+        "rc": rc,
+        "status": status,
+        "tail": "\n".join(lines[-TAIL_LINES:]),
+    }
     if part.name == "tests":
         result["tests"] = counts = test_counts(out / "tests.xml")
         if status == "ok" and counts and not dry and counts["passed"] == 0:
@@ -138,7 +270,9 @@ def markdown(report: dict) -> str:
     for p in report["parts"]:
         t = p.get("tests")
         tests = f"{t['passed']} passed, {t['failed']} failed, {t['skipped']} skipped" if t else ""
-        lines.append(f"| {p['name']} | {p['status']} | {p['seconds']:.0f} | {p['cap_s']} | {tests} | `{p['command']}` |")
+        lines.append(
+            f"| {p['name']} | {p['status']} | {p['seconds']:.0f} | {p['cap_s']} | {tests} | `{p['command']}` |"
+        )
     for p in report["parts"]:
         lines += ["", f"## {p['name']}: {p['status']}", "", "```", p["tail"], "```"]
     return "\n".join(lines) + "\n"
@@ -149,15 +283,21 @@ def check(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     pre = preflight()
     if not args.dry_run and not pre["cuda"]:
-        print(f"gpu_check: no CUDA device here (torch {pre['torch']}); --dry-run runs the plumbing on CPU", file=sys.stderr)
+        print(
+            f"gpu_check: no CUDA device here (torch {pre['torch']}); --dry-run runs the plumbing on CPU",
+            file=sys.stderr,
+        )
         return 2
     bench_doc = out / "benchmarks.md"
     shutil.copyfile(DOC, bench_doc)  # the benchmarks write their sections into this copy
     env = {**os.environ, "LWM_BENCH_DOC": str(bench_doc), "PYTHONWARNINGS": "ignore"}
     if args.dry_run:
         env["CUDA_VISIBLE_DEVICES"] = ""  # the CPU plumbing even on a machine with a GPU
-    print(f"gpu_check: {'dry run, ' if args.dry_run else ''}device {pre['device'] or 'none'}, torch {pre['torch']}, "
-          f"missing modules: {', '.join(pre['missing']) or 'none'}", flush=True)
+    print(
+        f"gpu_check: {'dry run, ' if args.dry_run else ''}device {pre['device'] or 'none'}, torch {pre['torch']}, "
+        f"missing modules: {', '.join(pre['missing']) or 'none'}",
+        flush=True,
+    )
     start = time.monotonic()
     results = []
     for part in PARTS:
@@ -170,7 +310,12 @@ def check(args) -> int:
         print(f"gpu_check: {r['name']}: {r['status']} in {r['seconds']:.0f} s (cap {r['cap_s']} s){extra}", flush=True)
         if r["status"] != "ok":
             print("\n".join(r["tail"].splitlines()[-15:]), flush=True)
-    report = {"dry_run": args.dry_run, "preflight": pre, "seconds": round(time.monotonic() - start, 1), "parts": results}
+    report = {
+        "dry_run": args.dry_run,
+        "preflight": pre,
+        "seconds": round(time.monotonic() - start, 1),
+        "parts": results,
+    }
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "report.md").write_text(markdown(report))
     print(f"gpu_check: report in {out}/report.md", flush=True)
@@ -198,12 +343,20 @@ def record(source: Path, into: Path = DOC) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry-run", action="store_true", help="run every part's plumbing on CPU with tiny shapes")
-    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or ROOT / "gpu_check_out"),
-                        help="output folder (default: $OUT, which the device tool brings back)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path(os.environ.get("OUT") or ROOT / "gpu_check_out"),
+        help="output folder (default: $OUT, which the device tool brings back)",
+    )
     parser.add_argument("--into", type=Path, default=DOC, help=argparse.SUPPRESS)  # --record's destination (tests)
     parser.add_argument("--only", nargs="+", choices=[p.name for p in PARTS], help="run only these parts")
-    parser.add_argument("--record", type=Path, metavar="BENCHMARKS_MD",
-                        help="copy the GPU sections of a run's benchmarks.md into docs/benchmarks.md, and stop")
+    parser.add_argument(
+        "--record",
+        type=Path,
+        metavar="BENCHMARKS_MD",
+        help="copy the GPU sections of a run's benchmarks.md into docs/benchmarks.md, and stop",
+    )
     args = parser.parse_args()
     if args.record:
         return record(args.record, args.into)

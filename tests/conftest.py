@@ -21,7 +21,14 @@ def spm_model(tmp_path_factory):
     corpus = folder / "corpus.txt"
     corpus.write_text("\n".join(" ".join(rng.choice(words) for _ in range(12)) for _ in range(1000)))
     spm.SentencePieceTrainer.train(
-        input=str(corpus), model_prefix=str(folder / "sp"), vocab_size=256, model_type="bpe",
-        unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2,
+        input=str(corpus),
+        model_prefix=str(folder / "sp"),
+        vocab_size=256,
+        model_type="bpe",
+        unk_id=0,
+        bos_id=1,
+        eos_id=2,
+        pad_id=-1,
+        minloglevel=2,
     )
     return folder / "sp.model"

@@ -51,8 +51,13 @@ def packed_pair(cfg, S: int):
     weight = torch.rand(1, S + 1, generator=g) * (seg > 0)
     weight[0, [0, 15]] = 0
     vision = torch.rand(1, S + 1, generator=g) > 0.5
-    batch = {"tokens": tokens[:, :-1], "targets": tokens[:, 1:], "loss_weight": weight[:, 1:], "vision_mask": vision[:, 1:],
-             "segment_ids": seg[:, :-1]}
+    batch = {
+        "tokens": tokens[:, :-1],
+        "targets": tokens[:, 1:],
+        "loss_weight": weight[:, 1:],
+        "vision_mask": vision[:, 1:],
+        "segment_ids": seg[:, :-1],
+    }
     return batch, (a, b)
 
 

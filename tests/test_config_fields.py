@@ -35,10 +35,9 @@ precision, log_every, checkpoint_every, keep_checkpoints, peak_tflops, export=tr
 
 from __future__ import annotations
 
-import json
-
 import contextlib
 import csv
+import json
 import math
 import os
 import subprocess
@@ -99,7 +98,9 @@ def initial(sample, tmp_path_factory):
         result = {}
         for step in range(stage.steps):
             b = dm.on_before_batch_transfer(next(it))
-            coeff = token_coefficients(b["loss_weight"], b["vision_mask"], run.optim.text_weight, run.optim.vision_weight)
+            coeff = token_coefficients(
+                b["loss_weight"], b["vision_mask"], run.optim.text_weight, run.optim.vision_weight
+            )
             module.model.zero_grad()
             loss = module.model(b["tokens"], b["positions"], targets=b["targets"], loss_coeff=coeff).loss
             loss.backward()
@@ -144,8 +145,15 @@ def learning_run(sample, tmp_path_factory):
 
     L.Trainer.save_checkpoint = recording
     try:
-        run_schedule(run_config(out, "stage_only=a", "trainer.log_every=3", "trainer.checkpoint_every=4",
-                                "trainer.keep_checkpoints=true"))
+        run_schedule(
+            run_config(
+                out,
+                "stage_only=a",
+                "trainer.log_every=3",
+                "trainer.checkpoint_every=4",
+                "trainer.keep_checkpoints=true",
+            )
+        )
     finally:
         L.Trainer.save_checkpoint = save
     (out / "saved_steps.json").write_text(json.dumps(saved))
@@ -167,8 +175,16 @@ def test_default_clip_learns(learning_run, initial):
 def test_two_processes_cp2_clip_through_train_py(sample, tmp_path, initial):
     """FSDP2 (DTensor gradients) with context parallelism 2: the norm is the whole model's."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    cmd = [sys.executable, "train.py", f"trainer.out_dir={tmp_path}", *DEBUG, "stage_only=a", "trainer.devices=2",
-           "+schedule.stages.0.cp=2", "optim.grad_clip=1e-9"]
+    cmd = [
+        sys.executable,
+        "train.py",
+        f"trainer.out_dir={tmp_path}",
+        *DEBUG,
+        "stage_only=a",
+        "trainer.devices=2",
+        "+schedule.stages.0.cp=2",
+        "optim.grad_clip=1e-9",
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-5000:]
     assert_frozen_with_true_norms(tmp_path, initial)
@@ -176,7 +192,11 @@ def test_two_processes_cp2_clip_through_train_py(sample, tmp_path, initial):
 
 def test_clip_grad_norm_semantics():
     torch.manual_seed(0)
-    params = [torch.nn.Parameter(torch.zeros(3, 4)), torch.nn.Parameter(torch.zeros(5)), torch.nn.Parameter(torch.zeros(2))]
+    params = [
+        torch.nn.Parameter(torch.zeros(3, 4)),
+        torch.nn.Parameter(torch.zeros(5)),
+        torch.nn.Parameter(torch.zeros(2)),
+    ]
     grads = [torch.randn_like(p) for p in params]
     full = torch.cat([g.flatten() for g in grads]).norm()
     for max_norm in (None, 0.0, 1e9):  # no clipping
@@ -211,8 +231,9 @@ def _sharded_worker(rank, world):
     mesh = init_device_mesh("cpu", (1, world), mesh_dim_names=("data_parallel", "tensor_parallel"))
     out = {}
     for mode, layout, ac in (("ring", "striped", False), ("ulysses", "zigzag", True)):
-        module = LWMModule(cfg, stage, OptimConfig(), ParallelConfig(layout=layout, mode=mode, activation_checkpointing=ac),
-                           seed=1)
+        module = LWMModule(
+            cfg, stage, OptimConfig(), ParallelConfig(layout=layout, mode=mode, activation_checkpointing=ac), seed=1
+        )
         module._device_mesh = mesh  # what Lightning's ModelParallelStrategy sets
         module.configure_model()
         fn = module.model.layers[0].attn.attn_fn
@@ -254,8 +275,9 @@ def test_parallel_fields_and_clipping_on_the_sharded_path():
 
 def debug_module(stage=None, optim=None, parallel=None, seed=0) -> LWMModule:
     stage = stage or StageConfig("a", seq_len=32, rope_theta=1e4, steps=10, lr=1e-2)
-    module = LWMModule(ModelConfig.from_preset("debug"), stage, optim or OptimConfig(), parallel or ParallelConfig(),
-                       seed=seed)
+    module = LWMModule(
+        ModelConfig.from_preset("debug"), stage, optim or OptimConfig(), parallel or ParallelConfig(), seed=seed
+    )
     module.configure_model()
     return module
 
@@ -300,9 +322,14 @@ def test_lr_schedule_fields():
 def test_text_and_vision_weights_reach_the_loss():
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, 512, (1, 33), generator=g)
-    batch = {"tokens": tokens[:, :-1], "targets": tokens[:, 1:], "positions": torch.arange(32),
-             "loss_weight": torch.ones(1, 32), "vision_mask": torch.arange(32).view(1, 32) % 2 == 0,
-             "segment_ids": torch.ones(1, 32, dtype=torch.int32)}
+    batch = {
+        "tokens": tokens[:, :-1],
+        "targets": tokens[:, 1:],
+        "positions": torch.arange(32),
+        "loss_weight": torch.ones(1, 32),
+        "vision_mask": torch.arange(32).view(1, 32) % 2 == 0,
+        "segment_ids": torch.ones(1, 32, dtype=torch.int32),
+    }
 
     def step_loss(tw, vw):
         module = debug_module(optim=OptimConfig(text_weight=tw, vision_weight=vw))
@@ -311,8 +338,12 @@ def test_text_and_vision_weights_reach_the_loss():
         module.lr_schedulers = lambda: SimpleNamespace(get_last_lr=lambda: [0.0])
         with torch.no_grad():
             got = module.training_step(batch, 0)
-            expected = module.model(batch["tokens"], batch["positions"], targets=batch["targets"],
-                                    loss_coeff=token_coefficients(batch["loss_weight"], batch["vision_mask"], tw, vw)).loss
+            expected = module.model(
+                batch["tokens"],
+                batch["positions"],
+                targets=batch["targets"],
+                loss_coeff=token_coefficients(batch["loss_weight"], batch["vision_mask"], tw, vw),
+            ).loss
         return got.item(), expected.item()
 
     text_only, vision_only = step_loss(1.0, 0.0), step_loss(0.0, 1.0)
@@ -364,10 +395,22 @@ def test_run_stage_hands_every_field_to_its_component(sample, tmp_path, monkeypa
     from lwm.train.run import run_stage
 
     monkeypatch.setattr(lightning, "Trainer", _FakeTrainer)
-    run = run_config(tmp_path, "trainer.devices=2", "trainer.num_nodes=2", "+schedule.stages.0.cp=2",
-                     "+schedule.stages.0.global_batch=6", "trainer.precision=bf16-mixed", "trainer.accelerator=cpu",
-                     "trainer.log_every=7", "trainer.timeout_s=123", "trainer.peak_tflops=5.0", "trainer.seed=4",
-                     "stop_at_step=3", "parallel.layout=zigzag", "trainer.checkpoint_every=2")
+    run = run_config(
+        tmp_path,
+        "trainer.devices=2",
+        "trainer.num_nodes=2",
+        "+schedule.stages.0.cp=2",
+        "+schedule.stages.0.global_batch=6",
+        "trainer.precision=bf16-mixed",
+        "trainer.accelerator=cpu",
+        "trainer.log_every=7",
+        "trainer.timeout_s=123",
+        "trainer.peak_tflops=5.0",
+        "trainer.seed=4",
+        "stop_at_step=3",
+        "parallel.layout=zigzag",
+        "trainer.checkpoint_every=2",
+    )
     stage = run.schedule.stages[0]
     with pytest.raises(_Stop):
         run_stage(run, stage, run.model, None)
@@ -375,7 +418,11 @@ def test_run_stage_hands_every_field_to_its_component(sample, tmp_path, monkeypa
     assert (seen["accelerator"], seen["devices"], seen["num_nodes"], seen["precision"]) == ("cpu", 2, 2, "bf16-mixed")
     assert (seen["max_steps"], seen["log_every_n_steps"]) == (3, 7)
     strategy = seen["strategy"]  # world 4 = dp 2 x cp 2
-    assert (strategy._data_parallel_size, strategy._tensor_parallel_size, strategy._timeout.total_seconds()) == (2, 2, 123)
+    assert (strategy._data_parallel_size, strategy._tensor_parallel_size, strategy._timeout.total_seconds()) == (
+        2,
+        2,
+        123,
+    )
     dm = seen["datamodule"]
     assert (dm.config.batch_size, dm.sharding.cp_size, dm.sharding.layout) == (3, 2, "zigzag")  # global_batch 6 / dp 2
     throughput = next(c for c in seen["callbacks"] if type(c).__name__ == "Throughput")

@@ -21,11 +21,28 @@ from lwm.model import Transformer
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKENIZER = ROOT / "data" / "sample" / "tokenizer.model"  # 4096 text ids
-CFG = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4, vocab_size=4096,
-           vision_vocab_size=8448, max_sequence_length=512, rms_norm_eps=1e-6, theta=5000.0)
-LAYER = {"attention/wq/kernel": "DD", "attention/wk/kernel": "DD", "attention/wv/kernel": "DD", "attention/wo/kernel": "DD",
-         "feed_forward/w1/kernel": "DF", "feed_forward/w3/kernel": "DF", "feed_forward/w2/kernel": "FD",
-         "attention_norm/kernel": "D", "ffn_norm/kernel": "D"}
+CFG = dict(
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    vocab_size=4096,
+    vision_vocab_size=8448,
+    max_sequence_length=512,
+    rms_norm_eps=1e-6,
+    theta=5000.0,
+)
+LAYER = {
+    "attention/wq/kernel": "DD",
+    "attention/wk/kernel": "DD",
+    "attention/wv/kernel": "DD",
+    "attention/wo/kernel": "DD",
+    "feed_forward/w1/kernel": "DF",
+    "feed_forward/w3/kernel": "DF",
+    "feed_forward/w2/kernel": "FD",
+    "attention_norm/kernel": "D",
+    "ffn_norm/kernel": "D",
+}
 
 
 # ---------------------------------------------------------------------------------------- LWM's format, written here
@@ -35,9 +52,11 @@ def random_params(cfg: dict, vision: bool = True, seed: int = 0) -> dict[str, np
     """Per-layer Flax parameters, '/'-joined keys, float32."""
     rng = np.random.default_rng(seed)
     size = {"D": cfg["hidden_size"], "F": cfg["intermediate_size"]}
-    p = {"transformer/wte/embedding": rng.normal(0, 0.5, (cfg["vocab_size"], size["D"])),
-         "transformer/ln_f/kernel": rng.normal(1, 0.2, size["D"]),
-         "lm_head/kernel": rng.normal(0, 0.12, (size["D"], cfg["vocab_size"]))}
+    p = {
+        "transformer/wte/embedding": rng.normal(0, 0.5, (cfg["vocab_size"], size["D"])),
+        "transformer/ln_f/kernel": rng.normal(1, 0.2, size["D"]),
+        "lm_head/kernel": rng.normal(0, 0.12, (size["D"], cfg["vocab_size"])),
+    }
     if vision:
         p["transformer/vte/embedding"] = rng.normal(0, 0.5, (cfg["vision_vocab_size"], size["D"]))
         p["vision_head/kernel"] = rng.normal(0, 0.12, (size["D"], cfg["vision_vocab_size"]))
@@ -52,7 +71,9 @@ def scanned(params: dict, n_layers: int) -> dict:
     """Per-layer leaves stacked on a leading layer axis, as nn.scan stores them."""
     out = {k: v for k, v in params.items() if "/h/" not in k}
     for leaf in LAYER:
-        out[f"transformer/h/scan_decoder/{leaf}"] = np.stack([params[f"transformer/h/{i}/{leaf}"] for i in range(n_layers)])
+        out[f"transformer/h/scan_decoder/{leaf}"] = np.stack(
+            [params[f"transformer/h/{i}/{leaf}"] for i in range(n_layers)]
+        )
     return out
 
 
@@ -75,12 +96,14 @@ def leaf_bytes(a: np.ndarray, dtype: str, chunk_bytes: int) -> bytes:
         return msgpack.packb(_array_bytes(a, dtype))
     flat, per = a.reshape(-1), max(1, chunk_bytes // itemsize)
     chunks = {str(j): _array_bytes(flat[s : s + per], dtype) for j, s in enumerate(range(0, flat.size, per))}
-    return msgpack.packb({"__msgpack_chunked_array__": True, "shape": {str(j): n for j, n in enumerate(a.shape)},
-                          "chunks": chunks})
+    return msgpack.packb(
+        {"__msgpack_chunked_array__": True, "shape": {str(j): n for j, n in enumerate(a.shape)}, "chunks": chunks}
+    )
 
 
-def write_lwm(path: Path, params: dict, dtype: str = "float32", chunk_bytes: int = 2**30, prefix=(),
-              extra: dict | None = None) -> Path:
+def write_lwm(
+    path: Path, params: dict, dtype: str = "float32", chunk_bytes: int = 2**30, prefix=(), extra: dict | None = None
+) -> Path:
     """tux's StreamingCheckpointer layout: one msgpack [key, to_bytes(leaf)] record per leaf."""
     packer = msgpack.Packer()
     with open(path, "wb") as f:
@@ -112,8 +135,11 @@ def lwm_forward(p: dict, cfg: dict, ids: np.ndarray, vision: np.ndarray):
     p = {k: v.astype(np.float64) for k, v in p.items()}
     D, H, eps = cfg["hidden_size"], cfg["num_attention_heads"], cfg["rms_norm_eps"]
     hd, S = D // H, len(ids)
-    x = np.where(vision[:, None], p["transformer/vte/embedding"][np.where(vision, ids, 0)] if vision.any() else 0.0,
-                 p["transformer/wte/embedding"][np.where(vision, 0, ids)])
+    x = np.where(
+        vision[:, None],
+        p["transformer/vte/embedding"][np.where(vision, ids, 0)] if vision.any() else 0.0,
+        p["transformer/wte/embedding"][np.where(vision, 0, ids)],
+    )
     causal = np.tril(np.ones((S, S), bool))
     for i in range(cfg["num_hidden_layers"]):
         w = lambda leaf: p[f"transformer/h/{i}/{leaf}"]  # noqa: E731
@@ -185,8 +211,15 @@ def assert_logits_match(model, params, cfg, ids, vision, atol=1e-5):
         np.testing.assert_allclose(logits[:, V : V + LWM_VISION_IDS], vision_ref[:, :LWM_VISION_IDS], atol=atol, rtol=0)
 
 
-@pytest.mark.parametrize("layout,dtype,chunk_bytes", [("scanned", "float32", 2**30), ("unscanned", "float32", 2**30),
-                                                      ("scanned", "bfloat16", 4096), ("unscanned", "bfloat16", 1000)])
+@pytest.mark.parametrize(
+    "layout,dtype,chunk_bytes",
+    [
+        ("scanned", "float32", 2**30),
+        ("unscanned", "float32", 2**30),
+        ("scanned", "bfloat16", 4096),
+        ("unscanned", "bfloat16", 1000),
+    ],
+)
 def test_converted_logits_equal_lwm_forward(layout, dtype, chunk_bytes):
     """Text and vision logits of the converted model equal LWM's forward (fp32, atol 1e-5); bf16
     checkpoints are compared with the reference on the bf16-rounded weights; chunk_bytes small enough
@@ -199,8 +232,12 @@ def test_converted_logits_equal_lwm_forward(layout, dtype, chunk_bytes):
     assert_logits_match(model, ref, CFG, ids, vision)
     assert "8194..8447" in notes[0] and "dropped" in notes[0]
     if chunk_bytes < 2**30:  # the chunked records really were chunked
-        raw = open(write_lwm(Path(__import__("tempfile").mkdtemp()) / "p", {"x": params["lm_head/kernel"]}, dtype,
-                             chunk_bytes), "rb").read()
+        raw = open(
+            write_lwm(
+                Path(__import__("tempfile").mkdtemp()) / "p", {"x": params["lm_head/kernel"]}, dtype, chunk_bytes
+            ),
+            "rb",
+        ).read()
         assert b"__msgpack_chunked_array__" in raw
 
 
@@ -260,12 +297,20 @@ def test_the_folder_loads_in_transformers_and_lwm_and_prompts_as_lwm_does(tmp_pa
     codes = np.random.default_rng(0).integers(0, 8192, (2, 256))
     vision_ids = [c for f, frame in enumerate(codes) for c in [*frame, 8193 if f == len(codes) - 1 else 8192]]
     question = "What is in the video?"
-    expected = ([sp.bos_id()] + sp.encode(f"You are a helpful assistant. USER: {question}\n") + sp.encode("<vision>")
-                + [CFG["vocab_size"] + c for c in vision_ids] + sp.encode("</vision>") + sp.encode(" ASSISTANT:"))
+    expected = (
+        [sp.bos_id()]
+        + sp.encode(f"You are a helpful assistant. USER: {question}\n")
+        + sp.encode("<vision>")
+        + [CFG["vocab_size"] + c for c in vision_ids]
+        + sp.encode("</vision>")
+        + sp.encode(" ASSISTANT:")
+    )
     assert chat_prompt(loaded.tokenizer, loaded.vocab, question, codes, style=loaded.prompt) == expected
     tok = AutoTokenizer.from_pretrained(out)
     assert tok.encode("<vision>", add_special_tokens=False) == sp.encode("<vision>")  # the markers stay text
-    assert tok.convert_tokens_to_ids(["<vision_5>", "<eof>", "<eov>"]) == [CFG["vocab_size"] + c for c in (5, 8192, 8193)]
+    assert tok.convert_tokens_to_ids(["<vision_5>", "<eof>", "<eov>"]) == [
+        CFG["vocab_size"] + c for c in (5, 8192, 8193)
+    ]
 
 
 def _cp_greedy(rank: int, world: int, folder: str, prompt: list[int], n: int) -> list[int]:
@@ -293,18 +338,31 @@ def test_greedy_text_generation_equals_lwm_with_cp_1_and_2(tmp_path):
     expected = lwm_greedy_text(params, CFG, ids.tolist(), vision.tolist(), 8)
     prompt = ours(ids, vision, CFG["vocab_size"])[0].tolist()
     loaded = load_model(out)
-    assert Generator(loaded.model, loaded.vocab).generate(prompt, GenerationConfig(max_new_tokens=8, restrict="text")) == expected
+    assert (
+        Generator(loaded.model, loaded.vocab).generate(prompt, GenerationConfig(max_new_tokens=8, restrict="text"))
+        == expected
+    )
     assert run_distributed(_cp_greedy, 2, str(out), prompt, 8) == [expected, expected]
 
 
-@pytest.mark.parametrize("change,message", [
-    (lambda p: p.pop("transformer/h/1/ffn_norm/kernel"), r"lacks 1 parameters: \['layers\.1\.mlp_norm\.weight'\]"),
-    (lambda p: p.update({"transformer/h/0/attention/wq/bias": np.zeros(32, np.float32)}),
-     "transformer/h/0/attention/wq/bias: not a parameter of LWM's"),
-    (lambda p: p.update({"lm_head/kernel": np.zeros((32, 4000), np.float32)}),
-     r"lm_head/kernel: shape \(32, 4000\) in the checkpoint, but the config .* gives \(32, 4096\)"),
-    (lambda p: p.update({"transformer/h/2/ffn_norm/kernel": np.ones(32, np.float32)}), "layer 2, but the config has num_hidden_layers 2"),
-])
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (lambda p: p.pop("transformer/h/1/ffn_norm/kernel"), r"lacks 1 parameters: \['layers\.1\.mlp_norm\.weight'\]"),
+        (
+            lambda p: p.update({"transformer/h/0/attention/wq/bias": np.zeros(32, np.float32)}),
+            "transformer/h/0/attention/wq/bias: not a parameter of LWM's",
+        ),
+        (
+            lambda p: p.update({"lm_head/kernel": np.zeros((32, 4000), np.float32)}),
+            r"lm_head/kernel: shape \(32, 4000\) in the checkpoint, but the config .* gives \(32, 4096\)",
+        ),
+        (
+            lambda p: p.update({"transformer/h/2/ffn_norm/kernel": np.ones(32, np.float32)}),
+            "layer 2, but the config has num_hidden_layers 2",
+        ),
+    ],
+)
 def test_bad_checkpoints_are_named(tmp_path, change, message):
     params = random_params(CFG)
     change(params)
@@ -325,8 +383,10 @@ def test_bad_inputs_fail_before_work(tmp_path, capsys):
         (["--checkpoint", f"params::{params}", "--config", "70b"], "neither one of LWM's presets"),
         (["--checkpoint", f"params::{params}", "--config", str(tmp_path / "cfg.json")], "lacks ['intermediate_size'"),
         (["--checkpoint", f"params::{params}", "--config", "7b"], "shape (4096, 32) in the checkpoint"),
-        (["--checkpoint", f"params::{params}", "--config", "debug", "--tokenizer", str(TOKENIZER)],
-         "has 4096 ids but the config's vocab_size is 32000"),
+        (
+            ["--checkpoint", f"params::{params}", "--config", "debug", "--tokenizer", str(TOKENIZER)],
+            "has 4096 ids but the config's vocab_size is 32000",
+        ),
     ]
     for argv, message in cases:
         assert main(argv + ["--out", str(tmp_path / "out")]) == 2, argv
@@ -339,7 +399,12 @@ def test_bad_inputs_fail_before_work(tmp_path, capsys):
 
 def test_lwm_presets_are_lwms_shapes():
     seven = load_lwm_config("7b")
-    assert (seven.hidden_size, seven.intermediate_size, seven.num_hidden_layers, seven.num_attention_heads) == (4096, 11008, 32, 32)
+    assert (seven.hidden_size, seven.intermediate_size, seven.num_hidden_layers, seven.num_attention_heads) == (
+        4096,
+        11008,
+        32,
+        32,
+    )
     assert isinstance(load_lwm_config({**CFG}), LWMConfig)
 
 
@@ -376,17 +441,47 @@ def test_one_folder_with_the_vqgan_serves_generation_and_video_qa(tmp_path, caps
     args = ["--model", str(out), "--video", str(clip), "--prompt", "What moves?", "--device", "cpu"]
     codes = video_codes(clip, from_lwm_vqgan(vq_pickle), fps=1.0)
     assert codes.shape == (3, 256)
-    assert prompt_ids(build_parser().parse_args(args), loaded) == chat_prompt(loaded.tokenizer, loaded.vocab, "What moves?",
-                                                                             codes, style="lwm")
+    assert prompt_ids(build_parser().parse_args(args), loaded) == chat_prompt(
+        loaded.tokenizer, loaded.vocab, "What moves?", codes, style="lwm"
+    )
     native = prompt_ids(build_parser().parse_args(args + ["--prompt-style", "native"]), loaded)
-    assert loaded.vocab.vision_start in native and loaded.vocab.vision_start not in prompt_ids(build_parser().parse_args(args), loaded)
+    assert loaded.vocab.vision_start in native and loaded.vocab.vision_start not in prompt_ids(
+        build_parser().parse_args(args), loaded
+    )
     assert generate_main(args + ["--max-new-tokens", "3"]) == 0
-    (tmp_path / "qa.jsonl").write_text(json.dumps({"video": str(clip), "question": "What moves?",
-                                                   "options": ["A circle.", "A square."], "answer": "A circle."}) + "\n")
-    assert video_qa_main(["--model", str(out), "--data", str(tmp_path / "qa.jsonl"), "--out", str(tmp_path / "eval"),
-                          "--device", "cpu", "--no-progress", "--methods", "ll"]) == 0
+    (tmp_path / "qa.jsonl").write_text(
+        json.dumps(
+            {
+                "video": str(clip),
+                "question": "What moves?",
+                "options": ["A circle.", "A square."],
+                "answer": "A circle.",
+            }
+        )
+        + "\n"
+    )
+    assert (
+        video_qa_main(
+            [
+                "--model",
+                str(out),
+                "--data",
+                str(tmp_path / "qa.jsonl"),
+                "--out",
+                str(tmp_path / "eval"),
+                "--device",
+                "cpu",
+                "--no-progress",
+                "--methods",
+                "ll",
+            ]
+        )
+        == 0
+    )
     record = json.loads((tmp_path / "eval" / "video_qa.json").read_text())["records"][0]
-    assert record["error"] is None and record["prompt_tokens"] == len(prompt_ids(build_parser().parse_args(args), loaded))
+    assert record["error"] is None and record["prompt_tokens"] == len(
+        prompt_ids(build_parser().parse_args(args), loaded)
+    )
     capsys.readouterr()
 
 
@@ -418,8 +513,11 @@ def test_a_runs_export_finds_the_vqgan_that_made_its_codes(tmp_path, capsys):
 
     vqgan = ROOT / "data" / "checkpoints" / "vqgan_tiny.safetensors"
     made_by = {"preset": "tiny", "checkpoint": str(vqgan), "weights": weights_hash(load_vqgan(vqgan))}
-    for name, tokenizer, expected in (("same", made_by, vqgan), ("changed", {**made_by, "weights": "0" * 16}, None),
-                                      ("gone", {**made_by, "checkpoint": str(tmp_path / "nope.safetensors")}, None)):
+    for name, tokenizer, expected in (
+        ("same", made_by, vqgan),
+        ("changed", {**made_by, "weights": "0" * 16}, None),
+        ("gone", {**made_by, "checkpoint": str(tmp_path / "nope.safetensors")}, None),
+    ):
         (tmp_path / name).mkdir()
         (tmp_path / name / "manifest.jsonl").write_text(json.dumps({"id": "v", "tokenizer": tokenizer}) + "\n")
         assert codes_vqgan(tmp_path / name) == expected, name
@@ -444,7 +542,9 @@ def test_a_text_only_folder_runs_in_lwm_generate_with_lwms_text_chat_form(tmp_pa
     ids, vision = sample_sequence(CFG, n_frames=0, seed=4)
     assert_logits_match(loaded.model, params, CFG, ids, vision)
     argv = ["--model", str(out), "--prompt", "Where is the key?"]
-    text_chat = AutoTokenizer.from_pretrained(out).encode("You are a helpful assistant. USER: Where is the key? ASSISTANT:")
+    text_chat = AutoTokenizer.from_pretrained(out).encode(
+        "You are a helpful assistant. USER: Where is the key? ASSISTANT:"
+    )
     assert text_chat[0] == 1 and text_chat.count(1) == 1  # one BOS, as LWM's text chat
     assert prompt_ids(build_parser().parse_args(argv + ["--prompt-style", "lwm"]), loaded) == text_chat
     assert prompt_ids(build_parser().parse_args(argv), loaded) == text_chat  # auto: the folder's lwm.json
@@ -467,12 +567,53 @@ def test_zero_copy_msgpack_decoder_reads_what_msgpack_writes():
             return {plain(k): plain(v) for k, v in x.items()}
         return x
 
-    ints = [0, 1, 127, 128, 255, 256, 65535, 65536, 2**32 - 1, 2**32, 2**64 - 1, -1, -32, -33, -128, -129,
-            -32768, -32769, -2**31, -2**31 - 1, -2**63]
-    objects = [None, True, False, 1.5, -2.25e300, "", "x" * 31, "y" * 32, "z" * 300, "ü" * 40000, b"", b"a" * 255,
-               b"b" * 256, b"c" * 70000, list(range(15)), list(range(16)), list(range(70000)),
-               {str(k): k for k in range(15)}, {str(k): [k] for k in range(16)}, {"a": {"b": {"c": [b"d", None]}}},
-               *[msgpack.ExtType(5, b"e" * n) for n in (1, 2, 4, 8, 16, 3, 255, 256, 70000)], *ints]
+    ints = [
+        0,
+        1,
+        127,
+        128,
+        255,
+        256,
+        65535,
+        65536,
+        2**32 - 1,
+        2**32,
+        2**64 - 1,
+        -1,
+        -32,
+        -33,
+        -128,
+        -129,
+        -32768,
+        -32769,
+        -(2**31),
+        -(2**31) - 1,
+        -(2**63),
+    ]
+    objects = [
+        None,
+        True,
+        False,
+        1.5,
+        -2.25e300,
+        "",
+        "x" * 31,
+        "y" * 32,
+        "z" * 300,
+        "ü" * 40000,
+        b"",
+        b"a" * 255,
+        b"b" * 256,
+        b"c" * 70000,
+        list(range(15)),
+        list(range(16)),
+        list(range(70000)),
+        {str(k): k for k in range(15)},
+        {str(k): [k] for k in range(16)},
+        {"a": {"b": {"c": [b"d", None]}}},
+        *[msgpack.ExtType(5, b"e" * n) for n in (1, 2, 4, 8, 16, 3, 255, 256, 70000)],
+        *ints,
+    ]
     for obj in objects:
         packed = msgpack.packb(obj, use_bin_type=True)
         value, end = decode(memoryview(packed))

@@ -43,8 +43,12 @@ def lwm_params(hidden, mult, n_res, z, n_codes, code_dim, rng=None) -> dict:
         return {"scale": array((c,), 0.1, mean=1.0), "bias": array((c,), 0.1)}
 
     def resnet(cin, cout):
-        p = {"GroupNorm_0": norm(cin), "Conv_0": conv(3, cin, cout),
-             "GroupNorm_1": norm(cout), "Conv_1": conv(3, cout, cout)}
+        p = {
+            "GroupNorm_0": norm(cin),
+            "Conv_0": conv(3, cin, cout),
+            "GroupNorm_1": norm(cout),
+            "Conv_1": conv(3, cout, cout),
+        }
         if cin != cout:
             p["Conv_2"] = conv(1, cin, cout)
         return p
@@ -58,8 +62,11 @@ def lwm_params(hidden, mult, n_res, z, n_codes, code_dim, rng=None) -> dict:
         if i != n - 1:
             block["Downsample_0"] = {"Conv_0": conv(3, c, c)}
         encoder[f"DownsamplingBlock_{i}"] = block
-    encoder.update(MidBlock_0={"ResnetBlock_0": resnet(c, c), "ResnetBlock_1": resnet(c, c)},
-                   GroupNorm_0=norm(c), Conv_1=conv(3, c, z))
+    encoder.update(
+        MidBlock_0={"ResnetBlock_0": resnet(c, c), "ResnetBlock_1": resnet(c, c)},
+        GroupNorm_0=norm(c),
+        Conv_1=conv(3, c, z),
+    )
 
     c = hidden * mult[-1]
     decoder = {"Conv_0": conv(3, z, c), "MidBlock_0": {"ResnetBlock_0": resnet(c, c), "ResnetBlock_1": resnet(c, c)}}
@@ -72,8 +79,13 @@ def lwm_params(hidden, mult, n_res, z, n_codes, code_dim, rng=None) -> dict:
         decoder[f"UpsamplingBlock_{k}"] = block
     decoder.update(GroupNorm_0=norm(c), Conv_1=conv(3, c, 3))
 
-    return {"encoder": encoder, "decoder": decoder, "quantize": {"embeddings": array((n_codes, code_dim), 1.0)},
-            "quant_conv": conv(1, z, code_dim), "post_quant_conv": conv(1, code_dim, z)}
+    return {
+        "encoder": encoder,
+        "decoder": decoder,
+        "quantize": {"embeddings": array((n_codes, code_dim), 1.0)},
+        "quant_conv": conv(1, z, code_dim),
+        "post_quant_conv": conv(1, code_dim, z),
+    }
 
 
 def flat(tree, prefix=""):
@@ -95,8 +107,13 @@ def t(a) -> torch.Tensor:
 def ref_conv(x, p, stride=1, same=True):
     """flax nn.Conv: x (B, H, W, Cin), kernel [kh, kw, Cin, Cout]; 'SAME' pads (k-1)/2 each side."""
     k = t(p["kernel"])
-    y = F.conv2d(x.permute(0, 3, 1, 2), k.permute(3, 2, 0, 1), t(p["bias"]), stride=stride,
-                 padding=k.shape[0] // 2 if same else 0)
+    y = F.conv2d(
+        x.permute(0, 3, 1, 2),
+        k.permute(3, 2, 0, 1),
+        t(p["bias"]),
+        stride=stride,
+        padding=k.shape[0] // 2 if same else 0,
+    )
     return y.permute(0, 2, 3, 1)
 
 
@@ -206,8 +223,12 @@ class JaxArrayLike:
 
 
 def as_jax_flax(tree, reconstruct):
-    return FrozenDictLike({k: as_jax_flax(v, reconstruct) if isinstance(v, dict) else JaxArrayLike(v, reconstruct)
-                           for k, v in tree.items()})
+    return FrozenDictLike(
+        {
+            k: as_jax_flax(v, reconstruct) if isinstance(v, dict) else JaxArrayLike(v, reconstruct)
+            for k, v in tree.items()
+        }
+    )
 
 
 def dump_foreign(obj, path, protocol=4):
@@ -276,8 +297,9 @@ def test_config_from_three_levels():
 # ---------------------------------------------------------------------------------------- reading
 
 
-@pytest.mark.parametrize("reconstruct", [("jax._src.array", "_reconstruct_array"),
-                                         ("jax._src.device_array", "reconstruct_device_array")])
+@pytest.mark.parametrize(
+    "reconstruct", [("jax._src.array", "_reconstruct_array"), ("jax._src.device_array", "reconstruct_device_array")]
+)
 def test_reads_frozen_dicts_of_jax_arrays(small, tmp_path, reconstruct):
     tree = small[0]
     path = tmp_path / "vqgan"

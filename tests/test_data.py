@@ -5,8 +5,18 @@ import pytest
 import torch
 
 from lwm.data import (
-    CodeStore, DataConfig, Encoded, ExampleError, LWMDataModule, Packer, Sharding, Source, TextTokenizer, Vocab,
-    encode_example, parse_fields,
+    CodeStore,
+    DataConfig,
+    Encoded,
+    ExampleError,
+    LWMDataModule,
+    Packer,
+    Sharding,
+    Source,
+    TextTokenizer,
+    Vocab,
+    encode_example,
+    parse_fields,
 )
 from lwm.data.codes import rate_indices, uniform_indices
 from lwm.parallel import unshard
@@ -84,7 +94,6 @@ def test_frame_subsampling(codes_dir):
     assert (store.load("clip_b", fps=1.0) == full[[0, 2, 4]]).all()
 
 
-
 def test_codes_of_a_killed_tokenize_run(codes_dir, tmp_path):
     """A manifest a killed lwm-tokenize left ending in half a line loads its whole entries, before and
     after a resumed run appends past it; a bad line that no kill leaves names its file and line."""
@@ -110,13 +119,16 @@ def test_stream_drops_a_partial_last_line(tok, vocab, tmp_path):
     from lwm.data import PackedStream
 
     src = tmp_path / "docs.jsonl"
-    src.write_text(json.dumps({"text": "red circle"}) + "\n{oops\n" + json.dumps({"text": "blue square"}) + '\n{"text": "gre')
+    src.write_text(
+        json.dumps({"text": "red circle"}) + "\n{oops\n" + json.dumps({"text": "blue square"}) + '\n{"text": "gre'
+    )
     stream = PackedStream([Source(str(src), fields="text")], vocab, tok, seq_len=64, batch_size=1)
     list(stream.sequences(0))
     assert stream.stats["skipped"] == 1 and stream.errors[0].startswith(f"{src}:2: not JSON")  # not the last line
     strict = PackedStream([Source(str(src), fields="text")], vocab, tok, seq_len=64, batch_size=1, strict=True)
     with pytest.raises(ExampleError, match=r"docs\.jsonl:2: not JSON"):
         list(strict.sequences(0))
+
 
 @pytest.mark.parametrize(
     "example,spec,message",
@@ -155,7 +167,9 @@ def test_packing_segments_weights_and_overflow():
     assert [s.tokens.tolist() for s in t.pack([long])] == [list(range(10, 20))] and t.stats["truncated"] == 1
     w = Packer(9, "window")
     windows = list(w.pack([long]))
-    assert len(windows) == 3 and np.concatenate([s.tokens[s.segment_ids > 0] for s in windows]).tolist() == list(range(10, 35))
+    assert len(windows) == 3 and np.concatenate([s.tokens[s.segment_ids > 0] for s in windows]).tolist() == list(
+        range(10, 35)
+    )
     assert w.stats["windowed"] == 1
     tokenwise = next(Packer(9, weighting="token").pack([a]))
     assert tokenwise.loss_weight[:4].tolist() == [0.0] + [1.0] * 3
@@ -170,8 +184,16 @@ def sources(tmp_path_factory):
     lines = []
     for i in range(40):
         vid = list(T_FRAMES)[i % 3]
-        lines.append(json.dumps({"vision": vid, "question": " ".join(rng.choice(words, 4)), "answer": " ".join(rng.choice(words, 3)),
-                                 "fields": "[vision+question],answer"}))
+        lines.append(
+            json.dumps(
+                {
+                    "vision": vid,
+                    "question": " ".join(rng.choice(words, 4)),
+                    "answer": " ".join(rng.choice(words, 3)),
+                    "fields": "[vision+question],answer",
+                }
+            )
+        )
     lines.insert(5, '{"vision": "missing_clip", "question": "q", "answer": "a", "fields": "[vision+question],answer"}')
     qa.write_text("\n".join(lines) + "\n")
     docs = root / "text.jsonl"
@@ -206,7 +228,9 @@ def test_targets_are_made_before_sharding(spm_model, codes_dir, sources):
     full = take(make_dm(spm_model, codes_dir, sources), 1)[0]
     assert torch.equal(full["targets"][:, :-1], full["tokens"][:, 1:])
     for layout in ("striped", "zigzag", "contiguous"):
-        parts = [take(make_dm(spm_model, codes_dir, sources, cp_rank=r, cp_size=4, layout=layout), 1)[0] for r in range(4)]
+        parts = [
+            take(make_dm(spm_model, codes_dir, sources, cp_rank=r, cp_size=4, layout=layout), 1)[0] for r in range(4)
+        ]
         for key in ("tokens", "targets", "loss_weight", "vision_mask", "segment_ids"):
             assert torch.equal(unshard([p[key] for p in parts], 1, layout), full[key]), (layout, key)
         assert torch.equal(unshard([p["positions"] for p in parts], 0, layout), torch.arange(2048))
@@ -273,8 +297,12 @@ def test_holdout_examples_are_never_trained_on(tmp_path, tok, vocab):
         decoded = [tok.decode([int(t) for t in s.tokens if t < tok.vocab_size]) for s in seqs]
         return {t for t in texts if any(t in d for d in decoded)}
 
-    streams = [PackedStream([Source(str(src), fields="text")], vocab, tok, seq_len=16, batch_size=1, holdout=4,
-                            dp_rank=r, dp_size=2) for r in range(2)]
+    streams = [
+        PackedStream(
+            [Source(str(src), fields="text")], vocab, tok, seq_len=16, batch_size=1, holdout=4, dp_rank=r, dp_size=2
+        )
+        for r in range(2)
+    ]
     assert seen(seq for epoch in range(2) for seq in streams[0].sequences(epoch)) == set(texts[:16])
     batches = [s.validation_batches() for s in streams]
     assert len(batches[0]) == len(batches[1]) > 0

@@ -8,8 +8,9 @@ import ast
 import importlib.metadata as md
 import re
 import sys
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 CODE = ["lwm", "eval", "data", "bench", "train.py", "train_vqgan.py"]
@@ -18,7 +19,7 @@ INDIRECT = {
     "tensorboard": "Lightning's TensorBoardLogger (every training run, lwm/train/run.py) writes through it",
     "protobuf": "transformers reads a sentencepiece model through it (AutoTokenizer on an exported folder)",
 }
-INDIRECT_DEV: dict[str, str] = {}
+INDIRECT_DEV = {"ruff": "tests/test_style.py runs it as a program (python -m ruff)"}
 # Import names of packages that may be absent here (a platform marker), by distribution.
 KNOWN = {"decord": "decord"}
 
@@ -61,7 +62,9 @@ def local_names() -> set[str]:
     """Our own modules: top-level folders and files, and the scripts' folders (put on sys.path)."""
     names = {p.stem for p in ROOT.iterdir() if p.suffix == ".py" or (p.is_dir() and not p.name.startswith("."))}
     for folder in ("tests", "data", "bench", "eval"):
-        names |= {p.stem for p in (ROOT / folder).glob("*.py")} | {p.name for p in (ROOT / folder).iterdir() if p.is_dir()}
+        names |= {p.stem for p in (ROOT / folder).glob("*.py")} | {
+            p.name for p in (ROOT / folder).iterdir() if p.is_dir()
+        }
     return names
 
 
@@ -109,6 +112,6 @@ def quick_start_commands() -> list[str]:
 def test_ci_runs_the_readmes_commands():
     """.ci/run runs the README's test command verbatim, in a venv of its own; both commands install first."""
     got = quick_start_commands()
-    assert got == ['pip install -e . && python train.py', 'pip install -e ".[dev]" && python -m pytest -q']
+    assert got == ["pip install -e . && python train.py", 'pip install -e ".[dev]" && python -m pytest -q']
     ci = (ROOT / ".ci" / "run").read_text()
     assert got[1] in ci.splitlines() and "-m venv" in ci and "system-site-packages" not in ci

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from documents import allowed, masked_sdpa, one_by_one_grads, packed_pair, packings
 from hydra import compose, initialize_config_dir
 
-from documents import allowed, masked_sdpa, one_by_one_grads, packed_pair, packings
 from lwm.data import DataConfig, Sharding, shard_batch
 from lwm.data.datamodule import document_positions
 from lwm.model import ModelConfig
@@ -47,7 +47,13 @@ def test_simulated_ring_with_documents_matches_masked_sdpa(layout, world, causal
     for seed in range(3):
         q, k, v = qkv(seed=seed)
         seg = packings(2, 48, seed=seed)
-        worst = max(errors(simulate_ring(q, k, v, world, causal, layout, segment_ids=seg), masked_sdpa(q, k, v, seg, causal), (q, k, v)))
+        worst = max(
+            errors(
+                simulate_ring(q, k, v, world, causal, layout, segment_ids=seg),
+                masked_sdpa(q, k, v, seg, causal),
+                (q, k, v),
+            )
+        )
         assert worst < 1e-5, f"{layout} N={world} causal={causal} seed {seed}: max error {worst:.2e}"
 
 
@@ -55,7 +61,9 @@ def test_simulated_ring_with_documents_matches_masked_sdpa(layout, world, causal
 def test_per_document_sdpa_matches_masked_sdpa(causal):
     q, k, v = qkv()
     for seg in (packings(2, 48), packings(2, 48, same=True), torch.randint(0, 3, (2, 48))):  # last: ids that recur
-        assert max(errors(document_attention(q, k, v, seg, causal), masked_sdpa(q, k, v, seg, causal), (q, k, v))) < 1e-5
+        assert (
+            max(errors(document_attention(q, k, v, seg, causal), masked_sdpa(q, k, v, seg, causal), (q, k, v))) < 1e-5
+        )
 
 
 def test_recurring_ids_are_one_document_on_the_ring():
@@ -63,7 +71,14 @@ def test_recurring_ids_are_one_document_on_the_ring():
     q, k, v = qkv()
     seg = torch.randint(0, 3, (2, 48), generator=torch.Generator().manual_seed(4))
     for layout in ("striped", "zigzag"):
-        assert max(errors(simulate_ring(q, k, v, 4, True, layout, segment_ids=seg), masked_sdpa(q, k, v, seg, True), (q, k, v))) < 1e-5
+        assert (
+            max(
+                errors(
+                    simulate_ring(q, k, v, 4, True, layout, segment_ids=seg), masked_sdpa(q, k, v, seg, True), (q, k, v)
+                )
+            )
+            < 1e-5
+        )
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "striped", "zigzag"])
@@ -89,7 +104,9 @@ def test_bf16_error_with_documents_does_not_grow_with_world_size(layout):
     assert max(base) < 1e-2
     for world, errs in ((2, two), (4, rms(4)), (8, rms(8))):
         for name, e, b, b2 in zip(("out", "dq", "dk", "dv"), errs, base, two):
-            assert e <= 1.25 * b and e <= 1.1 * b2, f"{layout} N={world} {name}: {e:.2e} vs {b:.2e} at N=1, {b2:.2e} at N=2"
+            assert e <= 1.25 * b and e <= 1.1 * b2, (
+                f"{layout} N={world} {name}: {e:.2e} vs {b:.2e} at N=1, {b2:.2e} at N=2"
+            )
 
 
 @pytest.mark.parametrize("layout,world,causal", [c for c in CASES if c[1] > 1])
@@ -122,7 +139,12 @@ def test_pieces_compute_each_allowed_entry_once_and_nothing_else(layout, world, 
 
 def test_a_block_pair_without_a_shared_document_is_skipped():
     seg = torch.tensor([[1] * 8 + [2] * 8])  # striped over 2 ranks: both hold both documents
-    assert StepPlanner("contiguous", 1, 2, 8, True, shard(seg, 1, 1, 2, "contiguous"))(1, shard(seg, 1, 0, 2, "contiguous")) == []
+    assert (
+        StepPlanner("contiguous", 1, 2, 8, True, shard(seg, 1, 1, 2, "contiguous"))(
+            1, shard(seg, 1, 0, 2, "contiguous")
+        )
+        == []
+    )
     assert len(StepPlanner("striped", 1, 2, 8, True, shard(seg, 1, 1, 2))(1, shard(seg, 1, 0, 2))) > 0
 
 
@@ -202,8 +224,10 @@ def test_document_positions_restart_in_every_example():
         DataConfig(positions="global")
 
 
-@pytest.mark.parametrize("overrides,positions", [([], "document"), (["parallel.document_mask=false"], "sequence"),
-                                                 (["data.positions=sequence"], "sequence")])
+@pytest.mark.parametrize(
+    "overrides,positions",
+    [([], "document"), (["parallel.document_mask=false"], "sequence"), (["data.positions=sequence"], "sequence")],
+)
 def test_positions_follow_document_masking_unless_given(overrides, positions):
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         run = to_run_config(compose("train", overrides=["model=debug", "schedule=debug", *overrides]))

@@ -12,7 +12,6 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-
 from documents import masked_sdpa, packed_pair, packings
 
 from lwm.data.vocab import Vocab
@@ -54,9 +53,11 @@ def _check(out, low, full, seg, dtype):
 def test_attention_through_a_nccl_group(nccl, mode, dtype):
     full, low = _inputs(dtype)
     seg = packings(2, 512, seed=2, lengths=(1, 7, 60, 200)).cuda()
-    fn = {"ring": lambda *a, **kw: ring_attention(*a, group=nccl, **kw),
-          "ulysses": lambda *a, **kw: ulysses_attention(*a, group=nccl, **kw),
-          "hybrid": lambda *a, **kw: hybrid_attention(*a, ring_group=nccl, ulysses_group=nccl, **kw)}[mode]
+    fn = {
+        "ring": lambda *a, **kw: ring_attention(*a, group=nccl, **kw),
+        "ulysses": lambda *a, **kw: ulysses_attention(*a, group=nccl, **kw),
+        "hybrid": lambda *a, **kw: hybrid_attention(*a, ring_group=nccl, ulysses_group=nccl, **kw),
+    }[mode]
     _check(fn(*low, causal=True, segment_ids=seg), low, full, seg, dtype)
     plain = fn(*low, causal=True)  # no documents: the causal mask alone
     ref = F.scaled_dot_product_attention(full[0], *(t.repeat_interleave(4, 1) for t in full[1:]), is_causal=True)
@@ -93,8 +94,13 @@ def test_one_gpu_training_step_computes_in_bf16_on_fp32_weights(tmp_path):
     reference = Transformer(cfg)
     state = {k: v.clone() for k, v in reference.state_dict().items()}
     coeff = token_coefficients(batch["loss_weight"], batch["vision_mask"])
-    ref_loss = reference(batch["tokens"], batch["positions"], targets=batch["targets"], loss_coeff=coeff,
-                         segment_ids=batch["segment_ids"]).loss.item()
+    ref_loss = reference(
+        batch["tokens"],
+        batch["positions"],
+        targets=batch["targets"],
+        loss_coeff=coeff,
+        segment_ids=batch["segment_ids"],
+    ).loss.item()
 
     module = LWMModule(cfg, stage, OptimConfig(), ParallelConfig(), init_state=state)
     seen = {}
@@ -104,9 +110,18 @@ def test_one_gpu_training_step_computes_in_bf16_on_fp32_weights(tmp_path):
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             losses.append(float(outputs["loss"]))
 
-    trainer = L.Trainer(accelerator="gpu", devices=1, strategy=_strategy(stage, TrainerConfig(accelerator="gpu")),
-                        precision="32-true", max_steps=stage.steps, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, callbacks=[Record()], default_root_dir=tmp_path)
+    trainer = L.Trainer(
+        accelerator="gpu",
+        devices=1,
+        strategy=_strategy(stage, TrainerConfig(accelerator="gpu")),
+        precision="32-true",
+        max_steps=stage.steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        callbacks=[Record()],
+        default_root_dir=tmp_path,
+    )
 
     class Once(torch.utils.data.IterableDataset):
         def __iter__(self):
@@ -156,4 +171,4 @@ def test_generation_with_the_kv_cache_on_cuda(dtype):
     got = gen.score(prompt, conts)
     assert got == pytest.approx(want, abs=1e-3 if dtype == torch.float32 else 0.15)
     if dtype == torch.float32:
-        assert gen.generate(prompt, GenerationConfig(max_new_tokens=8)) == seq[len(prompt):]
+        assert gen.generate(prompt, GenerationConfig(max_new_tokens=8)) == seq[len(prompt) :]

@@ -22,8 +22,14 @@ def _module():
 
 
 def test_dry_run_runs_every_part_and_writes_the_report(tmp_path):
-    proc = subprocess.run(["bash", "scripts/gpu_check.sh", "--dry-run", "--out", str(tmp_path)], cwd=ROOT,
-                          capture_output=True, text=True, env={**os.environ, "PYTHON": sys.executable}, timeout=300)
+    proc = subprocess.run(
+        ["bash", "scripts/gpu_check.sh", "--dry-run", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHON": sys.executable},
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads((tmp_path / "report.json").read_text())
     assert [p["name"] for p in report["parts"]] == ["tests", "attention", "train", "infer", "vqgan"]
@@ -40,8 +46,14 @@ def test_dry_run_runs_every_part_and_writes_the_report(tmp_path):
 
 
 def test_without_a_gpu_the_real_run_refuses_to_start(tmp_path):
-    proc = subprocess.run(["bash", "scripts/gpu_check.sh", "--out", str(tmp_path)], cwd=ROOT, capture_output=True,
-                          text=True, env={**os.environ, "PYTHON": sys.executable, "CUDA_VISIBLE_DEVICES": ""}, timeout=120)
+    proc = subprocess.run(
+        ["bash", "scripts/gpu_check.sh", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHON": sys.executable, "CUDA_VISIBLE_DEVICES": ""},
+        timeout=120,
+    )
     assert proc.returncode == 2 and "no CUDA device here" in proc.stderr
     assert not (tmp_path / "report.json").exists()
 
@@ -49,8 +61,12 @@ def test_without_a_gpu_the_real_run_refuses_to_start(tmp_path):
 def test_a_failing_or_slow_part_is_recorded(tmp_path):
     gc = _module()
     env = dict(os.environ)
-    slow = gc.run_part(gc.Part("slow", 1, ["-c", "import time; print('started', flush=True); time.sleep(60)"], []),
-                       False, tmp_path, env)
+    slow = gc.run_part(
+        gc.Part("slow", 1, ["-c", "import time; print('started', flush=True); time.sleep(60)"], []),
+        False,
+        tmp_path,
+        env,
+    )
     assert slow["status"] == "timed out" and slow["seconds"] < 10 and "started" in slow["tail"]
     bad = gc.run_part(gc.Part("bad", 30, ["-c", "raise SystemExit('broken')"], []), False, tmp_path, env)
     assert bad["status"] == "failed" and bad["rc"] == 1 and "broken" in bad["tail"]
@@ -59,11 +75,15 @@ def test_a_failing_or_slow_part_is_recorded(tmp_path):
 def test_record_copies_only_the_gpu_sections(tmp_path, capsys):
     gc = _module()
     run = tmp_path / "run.md"
-    run.write_text("<!-- bench:infer -->\nCPU numbers\n<!-- /bench:infer -->\n"
-                   "<!-- bench:vqgan-cuda -->\n| 64 | 2500 |\n<!-- /bench:vqgan-cuda -->\n")
+    run.write_text(
+        "<!-- bench:infer -->\nCPU numbers\n<!-- /bench:infer -->\n"
+        "<!-- bench:vqgan-cuda -->\n| 64 | 2500 |\n<!-- /bench:vqgan-cuda -->\n"
+    )
     doc = tmp_path / "benchmarks.md"
-    doc.write_text("# Benchmarks\n\n<!-- bench:infer -->\nkept\n<!-- /bench:infer -->\n\n"
-                   "<!-- bench:vqgan-cuda -->\nnot run yet\n<!-- /bench:vqgan-cuda -->\n")
+    doc.write_text(
+        "# Benchmarks\n\n<!-- bench:infer -->\nkept\n<!-- /bench:infer -->\n\n"
+        "<!-- bench:vqgan-cuda -->\nnot run yet\n<!-- /bench:vqgan-cuda -->\n"
+    )
     assert gc.record(run, doc) == 0
     text = doc.read_text()
     assert "kept" in text and "CPU numbers" not in text and "| 64 | 2500 |" in text and "not run yet" not in text

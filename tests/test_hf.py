@@ -13,9 +13,15 @@ THETA = 123_456.0
 
 def tiny_llama(vocab_size=300, **kw):
     config = LlamaConfig(
-        vocab_size=vocab_size, hidden_size=64, intermediate_size=112, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-        rope_parameters={"rope_type": "default", "rope_theta": THETA}, **kw,
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=112,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        rope_parameters={"rope_type": "default", "rope_theta": THETA},
+        **kw,
     )
     torch.manual_seed(0)
     return LlamaForCausalLM(config).eval()
@@ -73,18 +79,30 @@ def test_tokenizer_export_places_vision_and_special_tokens(tmp_path, spm_model):
     to_hf(model, tmp_path, tokenizer_model=spm_model)
     tok = AutoTokenizer.from_pretrained(tmp_path)
     ids = tok.convert_tokens_to_ids(["<vision_0>", "<vision_8191>", "<eof>", "<eov>", "<vision>", "</vision>"])
-    assert ids == [vocab.vision_offset, vocab.vision_offset + 8191, vocab.eof, vocab.eov, vocab.vision_start, vocab.vision_end]
+    assert ids == [
+        vocab.vision_offset,
+        vocab.vision_offset + 8191,
+        vocab.eof,
+        vocab.eov,
+        vocab.vision_start,
+        vocab.vision_end,
+    ]
     text = "the red circle moves left"
     sp = spm.SentencePieceProcessor(model_file=str(spm_model))
     assert tok(text).input_ids == [sp.bos_id()] + sp.encode(text)
     assert tok("<vision><vision_7><eof></vision>", add_special_tokens=False).input_ids == [
-        vocab.vision_start, vocab.vision_offset + 7, vocab.eof, vocab.vision_end
+        vocab.vision_start,
+        vocab.vision_offset + 7,
+        vocab.eof,
+        vocab.vision_end,
     ]
 
 
 def test_tokenizer_size_mismatch_is_explained(tmp_path, spm_model):
     model = Transformer(ModelConfig.from_preset("tiny", n_layers=1))  # expects 4096 text ids
-    with pytest.raises(ValueError, match="has 256 text ids, which makes a vocabulary of 8512 rows, but the model has vocab_size 12352"):
+    with pytest.raises(
+        ValueError, match="has 256 text ids, which makes a vocabulary of 8512 rows, but the model has vocab_size 12352"
+    ):
         to_hf(model, tmp_path, tokenizer_model=spm_model)
 
 

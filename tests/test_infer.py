@@ -36,7 +36,7 @@ def reference_greedy(model, ids: torch.Tensor, n: int) -> list[int]:
     for _ in range(n):
         logits = model(torch.tensor([seq]))[0, -1].masked_fill(~allowed, float("-inf"))
         seq.append(int(logits.argmax()))
-    return seq[len(ids):]
+    return seq[len(ids) :]
 
 
 @torch.no_grad()
@@ -68,15 +68,19 @@ def _worker(rank: int, world: int, layouts: tuple[str, ...]) -> dict:
             result[layout, length, "cache"] = gen.cache.lengths[0]
             gen.release()
     gen = Generator(model, VOCAB, group=dist.group.WORLD)
-    result["sampled"] = gen.generate(prompt(45), GenerationConfig(max_new_tokens=N_NEW, temperature=0.8, top_k=50, seed=3))
+    result["sampled"] = gen.generate(
+        prompt(45), GenerationConfig(max_new_tokens=N_NEW, temperature=0.8, top_k=50, seed=3)
+    )
     return result
 
 
 @pytest.fixture(scope="module")
 def references():
     model = make_model()
-    return {length: (reference_greedy(model, prompt(length), N_NEW), reference_scores(model, prompt(length), CONTINUATIONS))
-            for length in PROMPT_LENGTHS}
+    return {
+        length: (reference_greedy(model, prompt(length), N_NEW), reference_scores(model, prompt(length), CONTINUATIONS))
+        for length in PROMPT_LENGTHS
+    }
 
 
 def test_one_process_matches_the_plain_loop(references):
@@ -106,8 +110,9 @@ def test_context_parallel_generation_is_exact(references, world, layouts):
             assert sum(cached) == length + 5  # every token cached exactly once ...
             assert max(cached) - min(cached) <= 2  # ... spread evenly: no rank holds the whole cache
     assert all(r["sampled"] == results[0]["sampled"] for r in results)  # ranks agree on sampled tokens
-    one = Generator(make_model(), VOCAB).generate(prompt(45), GenerationConfig(max_new_tokens=N_NEW, temperature=0.8,
-                                                                            top_k=50, seed=3))
+    one = Generator(make_model(), VOCAB).generate(
+        prompt(45), GenerationConfig(max_new_tokens=N_NEW, temperature=0.8, top_k=50, seed=3)
+    )
     assert results[0]["sampled"] == one
 
 
@@ -122,8 +127,15 @@ def test_transformers_generate_on_the_exported_model(tmp_path, references):
     padding = list(range(VOCAB.used_size, VOCAB.size))
     for length, (greedy, _) in references.items():
         ids = prompt(length)[None]
-        out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=N_NEW, do_sample=False,
-                          suppress_tokens=padding, pad_token_id=0, eos_token_id=None)
+        out = hf.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=N_NEW,
+            do_sample=False,
+            suppress_tokens=padding,
+            pad_token_id=0,
+            eos_token_id=None,
+        )
         assert out[0, length:].tolist() == greedy
 
 
@@ -137,18 +149,23 @@ def test_sampling_options_stop_tokens_and_ranges(references):
     assert cut == greedy[: greedy.index(stop)]
     text = gen.generate(prompt(45), GenerationConfig(max_new_tokens=N_NEW, temperature=1.5, restrict="text", seed=1))
     assert all(t < VOCAB.text_size for t in text)
-    vision = gen.generate(prompt(45), GenerationConfig(max_new_tokens=N_NEW, temperature=1.5, restrict="vision", seed=1))
+    vision = gen.generate(
+        prompt(45), GenerationConfig(max_new_tokens=N_NEW, temperature=1.5, restrict="vision", seed=1)
+    )
     assert all(VOCAB.vision_offset <= t < VOCAB.eof or t in (VOCAB.eof, VOCAB.eov, VOCAB.vision_end) for t in vision)
     a = gen.generate(prompt(45), GenerationConfig(max_new_tokens=N_NEW, temperature=1.0, seed=7))
     assert a == gen.generate(prompt(45), GenerationConfig(max_new_tokens=N_NEW, temperature=1.0, seed=7))
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    ({"max_new_tokens": 0}, "max_new_tokens must be >= 1"),
-    ({"temperature": -1.0}, "temperature must be >= 0"),
-    ({"top_k": 0}, "top_k must be >= 1"),
-    ({"restrict": "audio"}, "restrict must be one of"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"max_new_tokens": 0}, "max_new_tokens must be >= 1"),
+        ({"temperature": -1.0}, "temperature must be >= 0"),
+        ({"top_k": 0}, "top_k must be >= 1"),
+        ({"restrict": "audio"}, "restrict must be one of"),
+    ],
+)
 def test_bad_generation_options(kwargs, message):
     with pytest.raises(ValueError, match=message):
         GenerationConfig(**kwargs)
@@ -178,19 +195,28 @@ def test_command_one_process_and_torchrun(tmp_path):
     to_hf(make_model(), tmp_path / "hf", tokenizer_model=tok)
     text = "The red circle moves to the left while the"
     ids = [TextTokenizer(tok).bos_id, *TextTokenizer(tok).encode(text)]
-    expected = Generator(make_model(), VOCAB).generate(ids, GenerationConfig(max_new_tokens=10, restrict="text",
-                                                                           stop_tokens=[TextTokenizer(tok).eos_id]))
+    expected = Generator(make_model(), VOCAB).generate(
+        ids, GenerationConfig(max_new_tokens=10, restrict="text", stop_tokens=[TextTokenizer(tok).eos_id])
+    )
     args = ["--model", str(tmp_path / "hf"), "--prompt", text, "--raw", "--max-new-tokens", "10", "--device", "cpu"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     outs = []
-    for launcher in ([sys.executable, "-m", "lwm.infer.cli"],
-                     [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "lwm.infer.cli"]):
+    for launcher in (
+        [sys.executable, "-m", "lwm.infer.cli"],
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "lwm.infer.cli"],
+    ):
         proc = subprocess.run(launcher + args, cwd=root, env=env, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
         outs.append(proc.stdout.strip())
     assert outs[0] and outs[0] == outs[1] == TextTokenizer(tok).decode(expected).strip()
-    bad = subprocess.run([sys.executable, "-m", "lwm.infer.cli", "--model", str(tmp_path / "nope"), "--prompt", "x"],
-                         cwd=root, env=env, capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [sys.executable, "-m", "lwm.infer.cli", "--model", str(tmp_path / "nope"), "--prompt", "x"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2 and "does not exist" in bad.stderr
 
 

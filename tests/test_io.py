@@ -15,7 +15,7 @@ from lwm.io import JsonlAppender, JsonlError, append_jsonl, lines, read_jsonl, r
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-RECORDS = [{"id": "a", "timestamps": [0.0, 0.5]}, {"id": "b", "text": "caf\u00e9 \"quoted\"\nnew line"}]
+RECORDS = [{"id": "a", "timestamps": [0.0, 0.5]}, {"id": "b", "text": 'caf\u00e9 "quoted"\nnew line'}]
 CUT = '{"id": "c", "timestamps": [0.0, 0.'  # a record a kill cut short
 
 
@@ -36,7 +36,7 @@ def test_partial_last_line_is_skipped(tmp_path):
 
 def test_bad_line_in_the_middle_names_file_and_line(tmp_path):
     path = jsonl(tmp_path / "m.jsonl", [RECORDS[0]], "\n{not json}\n" + json.dumps(RECORDS[1]) + "\n")
-    with pytest.raises(JsonlError, match=rf"m\.jsonl:3: not JSON") as e:
+    with pytest.raises(JsonlError, match=r"m\.jsonl:3: not JSON") as e:
         read_jsonl(path)
     assert (e.value.path, e.value.line) == (path, 3) and isinstance(e.value, ValueError)
     # A bad last line is an error too when it has its newline: no kill leaves that ...
@@ -51,7 +51,9 @@ def test_bad_line_in_the_middle_names_file_and_line(tmp_path):
 
 def test_blank_lines_crlf_and_bom(tmp_path):
     path = tmp_path / "m.jsonl"
-    path.write_bytes(b"\xef\xbb\xbf" + json.dumps(RECORDS[0]).encode() + b"\r\n\r\n  \n" + json.dumps(RECORDS[1]).encode() + b"\r\n")
+    path.write_bytes(
+        b"\xef\xbb\xbf" + json.dumps(RECORDS[0]).encode() + b"\r\n\r\n  \n" + json.dumps(RECORDS[1]).encode() + b"\r\n"
+    )
     assert [(n, r) for n, r in records(path)] == [(1, RECORDS[0]), (4, RECORDS[1])]
     assert [line.number for line in lines(path)] == [1, 4]
 
@@ -85,14 +87,31 @@ def test_appender(tmp_path):
 
 def test_every_cut_of_a_record_is_a_leftover(tmp_path):
     """Wherever a kill cuts a line, the closed leftover is skipped; lines that are not cut records raise."""
-    record = {"id": "a\\b\"c", "t": [0.0, -1.5e-05, 1e100], "ok": True, "no": False, "n": None,
-              "u": "\u00e9\u4e2d", "nested": {"a": [[], {}, [1, {"b": "c"}]]}, "e": ""}
+    record = {
+        "id": 'a\\b"c',
+        "t": [0.0, -1.5e-05, 1e100],
+        "ok": True,
+        "no": False,
+        "n": None,
+        "u": "\u00e9\u4e2d",
+        "nested": {"a": [[], {}, [1, {"b": "c"}]]},
+        "e": "",
+    }
     full = json.dumps(record)
     path = tmp_path / "m.jsonl"
     for k in range(1, len(full)):
         path.write_text(json.dumps(RECORDS[0]) + "\n" + full[:k] + "\n" + json.dumps(RECORDS[1]) + "\n")
         assert read_jsonl(path) == [RECORDS[0], RECORDS[1]], full[:k]
-    for bad in ['{"a": 1,, "b": 2}', '{"a": 1}}', '{"a": 1} x', "not json", '{"a" 1', '{"a": tru e', '[1 2', '{"a": "x"]']:
+    for bad in [
+        '{"a": 1,, "b": 2}',
+        '{"a": 1}}',
+        '{"a": 1} x',
+        "not json",
+        '{"a" 1',
+        '{"a": tru e',
+        "[1 2",
+        '{"a": "x"]',
+    ]:
         path.write_text(bad + "\n" + json.dumps(RECORDS[1]) + "\n")
         with pytest.raises(JsonlError, match=r"m\.jsonl:1"):
             read_jsonl(path)
@@ -138,7 +157,9 @@ def test_video_qa_records_a_bad_last_line_and_goes_on(tmp_path):
     """video_qa keeps its behaviour: every bad line, the last one included, is an item recorded as malformed."""
     from eval import video_qa as vqa
 
-    data = jsonl(tmp_path / "qa.jsonl", [{"video": "a.mp4", "question": "Q?", "answer": "A"}], '{"video": "b.mp4", "quest')
+    data = jsonl(
+        tmp_path / "qa.jsonl", [{"video": "a.mp4", "question": "Q?", "answer": "A"}], '{"video": "b.mp4", "quest'
+    )
     items = vqa.read_items(data)
     assert items[0].error is None
     assert (items[1].id, items[1].error_kind) == ("qa.jsonl:2", "malformed") and "line 2 is not JSON" in items[1].error

@@ -30,13 +30,25 @@ def test_debug_model_learns_retrieval_from_chance_to_90_percent(tmp_path):
     # depends on which examples and in what order: with 3800 trained on, seed 1 ended at 24.5%.
     make_retrieval.main(["--out", str(data), "--n", "4200", "--needles", "1", "--ask", "1", "--filler", "12"])
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = to_run_config(compose("train", overrides=[
-            "+experiment=retrieval", f"trainer.out_dir={tmp_path / 'run'}",
-            f"data.sources.retrieval.path={data / 'train.jsonl'}", f"probe.path={data / 'heldout.jsonl'}",
-            # evaluate.*: eval/needle.py on the trained weights after the run, each field on its command line
-            "evaluate.lengths=[128]", "evaluate.depths=[0,100]", "evaluate.trials=2", "evaluate.digits=1",
-            "evaluate.instruction=false", "evaluate.max_new_tokens=3",
-            f"evaluate.haystack={ROOT / 'data' / 'sample' / 'text.jsonl'}"]))
+        cfg = to_run_config(
+            compose(
+                "train",
+                overrides=[
+                    "+experiment=retrieval",
+                    f"trainer.out_dir={tmp_path / 'run'}",
+                    f"data.sources.retrieval.path={data / 'train.jsonl'}",
+                    f"probe.path={data / 'heldout.jsonl'}",
+                    # evaluate.*: eval/needle.py on the trained weights after the run, each field on its command line
+                    "evaluate.lengths=[128]",
+                    "evaluate.depths=[0,100]",
+                    "evaluate.trials=2",
+                    "evaluate.digits=1",
+                    "evaluate.instruction=false",
+                    "evaluate.max_new_tokens=3",
+                    f"evaluate.haystack={ROOT / 'data' / 'sample' / 'text.jsonl'}",
+                ],
+            )
+        )
     with contextlib.chdir(ROOT):  # the bundled tokenizer's path is relative to the repository
         run_schedule(cfg)
     probe = json.loads((tmp_path / "run" / "s128" / "probe.json").read_text())

@@ -74,8 +74,16 @@ def test_qa_rows(made):
         elif r["kind"] == "motion":
             shape = re.fullmatch(r"How does the (\w+) move\?", question).group(1)
             assert not any(e["object"] == v["objects"].index(shapes[shape]) for e in v["events"])
-            assert right == {"still": "It does not move.", "left": "Left and right.", "right": "Left and right.",
-                             "up": "Up and down.", "down": "Up and down."}[shapes[shape]["motion"]]
+            assert (
+                right
+                == {
+                    "still": "It does not move.",
+                    "left": "Left and right.",
+                    "right": "Left and right.",
+                    "up": "Up and down.",
+                    "down": "Up and down.",
+                }[shapes[shape]["motion"]]
+            )
         else:
             assert r["kind"] == "digit" and question == "Which digit is shown?" and right == f"{v['digit']}."
     assert {r["kind"] for r in rows} >= {"count", "color"}

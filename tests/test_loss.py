@@ -89,7 +89,9 @@ def test_coefficients_use_given_global_counts():
 
     counts = group_counts(loss_mask, vision_mask)
     parts = [
-        chunked_cross_entropy(hidden[:, s], weight, targets[:, s], token_coefficients(loss_mask[:, s], vision_mask[:, s], counts=counts)).loss
+        chunked_cross_entropy(
+            hidden[:, s], weight, targets[:, s], token_coefficients(loss_mask[:, s], vision_mask[:, s], counts=counts)
+        ).loss
         for s in (slice(0, 13), slice(13, 30))
     ]
     torch.testing.assert_close(parts[0] + parts[1], whole)

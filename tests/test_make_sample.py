@@ -25,8 +25,12 @@ from sample_lib import scene as scene_lib  # noqa: E402
 def sample(tmp_path_factory) -> Path:
     """Made through the command line, as users and other scripts do."""
     out = tmp_path_factory.mktemp("sample") / "s"
-    run = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), "--n-videos", str(N)],
-                         capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(out), "--n-videos", str(N)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stderr
     assert f"{N} videos" in run.stdout
     return out
@@ -43,10 +47,20 @@ def other_seed(tmp_path_factory) -> Path:
 
 
 def test_files(sample):
-    for name in ("videos.jsonl", "captions.jsonl", "qa.jsonl", "text.jsonl", "tokenizer.model", "tokenizer.vocab", "DONE"):
+    for name in (
+        "videos.jsonl",
+        "captions.jsonl",
+        "qa.jsonl",
+        "text.jsonl",
+        "tokenizer.model",
+        "tokenizer.vocab",
+        "DONE",
+    ):
         assert (sample / name).is_file(), name
     assert sorted(p.name for p in (sample / "videos").iterdir()) == [f"clip_{i:04d}.mp4" for i in range(N)]
-    assert sorted(p.name for p in (sample / "text").iterdir()) == [f"doc_{i:03d}.txt" for i in range(make_sample.N_DOCS)]
+    assert sorted(p.name for p in (sample / "text").iterdir()) == [
+        f"doc_{i:03d}.txt" for i in range(make_sample.N_DOCS)
+    ]
 
 
 def test_videosread_jsonl(sample):
@@ -58,7 +72,11 @@ def test_videosread_jsonl(sample):
         assert 1 <= len(v["objects"]) <= 3
         assert len({o["shape"] for o in v["objects"]}) == len(v["objects"])  # "the square" is unambiguous
         for o in v["objects"]:
-            assert o["shape"] in scene_lib.SHAPES and o["color"] in scene_lib.COLORS and o["final_color"] in scene_lib.COLORS
+            assert (
+                o["shape"] in scene_lib.SHAPES
+                and o["color"] in scene_lib.COLORS
+                and o["final_color"] in scene_lib.COLORS
+            )
             assert o["motion"] in scene_lib.MOTIONS
         assert v["digit"] is None or v["digit"] in range(10)
         times = [e["t"] for e in v["events"]]
@@ -114,8 +132,13 @@ def _open_answer(v: dict, q: str) -> str | None:
         (e,) = [e for e in v["events"] if v["objects"][e["object"]]["shape"] in q]
         return f"At {e['t']} seconds."
     if m := re.fullmatch(r"How does the (\w+) move\?", q):
-        return {"still": "It does not move.", "left": "Left and right.", "right": "Left and right.",
-                "up": "Up and down.", "down": "Up and down."}[shapes[m.group(1)]["motion"]]
+        return {
+            "still": "It does not move.",
+            "left": "Left and right.",
+            "right": "Left and right.",
+            "up": "Up and down.",
+            "down": "Up and down.",
+        }[shapes[m.group(1)]["motion"]]
     return None
 
 
@@ -146,8 +169,12 @@ def test_qa_answers_follow_metadata(sample):
         if "options" in r:
             question, right = _check_choice(r)
             previous = qa[k - 1]  # the open question it varies
-            assert (previous["vision"], previous["question"], previous["answer"], previous["kind"]) == \
-                (r["vision"], question, right, r["kind"])
+            assert (previous["vision"], previous["question"], previous["answer"], previous["kind"]) == (
+                r["vision"],
+                question,
+                right,
+                r["kind"],
+            )
             choice_kinds.add(r["kind"])
         else:
             assert _open_answer(v, r["question"]) == r["answer"], r
@@ -185,7 +212,7 @@ def test_chat_rows_encode_to_the_inference_prompt(sample, tmp_path):
         prompt = chat_prompt(tokenizer, vocab, row["question"], store.load(row["vision"]))
         answer = tokenizer.encode(row["answer"])
         assert encoded.tokens.tolist() == prompt + answer + [tokenizer.eos_id]
-        assert not encoded.loss_mask[: len(prompt)].any() and encoded.loss_mask[len(prompt):].all()
+        assert not encoded.loss_mask[: len(prompt)].any() and encoded.loss_mask[len(prompt) :].all()
     assert tokenizer.decode(tokenizer.encode(choice["answer"])) == choice["letter"] + "."
 
 
@@ -236,8 +263,15 @@ def test_tokenizer(sample):
 def test_deterministic(sample, again, other_seed):
     import decord
 
-    names = ["videos.jsonl", "captions.jsonl", "qa.jsonl", "text.jsonl", "tokenizer.model", "tokenizer.vocab",
-             "text/doc_000.txt"]
+    names = [
+        "videos.jsonl",
+        "captions.jsonl",
+        "qa.jsonl",
+        "text.jsonl",
+        "tokenizer.model",
+        "tokenizer.vocab",
+        "text/doc_000.txt",
+    ]
     for name in names:
         assert (sample / name).read_bytes() == (again / name).read_bytes(), name
     for name in names:
@@ -265,8 +299,10 @@ def test_render_follows_events():
         assert frames.shape == (scene.frames, 64, 64, 3)
         for color in scene_lib.COLORS:
             on_screen = (frames == np.array(scene_lib.PALETTE[color], np.uint8)).all(-1).any((1, 2))  # (T,)
-            expected = [any(scene_lib.color_at(scene, k, f / scene_lib.FPS) == color for k in range(len(scene.objects)))
-                        for f in range(scene.frames)]
+            expected = [
+                any(scene_lib.color_at(scene, k, f / scene_lib.FPS) == color for k in range(len(scene.objects)))
+                for f in range(scene.frames)
+            ]
             assert on_screen.tolist() == expected, (scene, color)
 
 
@@ -275,7 +311,9 @@ def test_start_event_sets_the_shape_moving():
         scene = scene_lib.random_scene(np.random.default_rng([8, i]), "x")
         for e in (e for e in scene.events if e.kind == "start"):
             o = scene.objects[e.object]  # alone, so that no other shape covers part of it
-            alone = scene_lib.Scene("x", scene.seconds, scene.background, [o], None, [scene_lib.Event(e.t, e.kind, 0, e.value)])
+            alone = scene_lib.Scene(
+                "x", scene.seconds, scene.background, [o], None, [scene_lib.Event(e.t, e.kind, 0, e.value)]
+            )
             mask = (scene_lib.render(alone) == np.array(scene_lib.PALETTE[o.color], np.uint8)).all(-1)  # (T, 64, 64)
             center = np.array([[np.nonzero(m)[1].mean(), np.nonzero(m)[0].mean()] for m in mask])  # (T, 2) x, y
             f = e.t * scene_lib.FPS

@@ -2,7 +2,6 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from lwm.model import ModelConfig, Transformer, sdpa_attention
 
@@ -23,7 +22,9 @@ def reference_attention(q, k, v, causal):
 def test_sdpa_attention_matches_reference(causal, hq, hkv):
     q = torch.randn(2, hq, 33, 24)
     k, v = torch.randn(2, hkv, 33, 24), torch.randn(2, hkv, 33, 24)
-    torch.testing.assert_close(sdpa_attention(q, k, v, causal).double(), reference_attention(q, k, v, causal), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        sdpa_attention(q, k, v, causal).double(), reference_attention(q, k, v, causal), atol=1e-5, rtol=1e-5
+    )
 
 
 @pytest.fixture

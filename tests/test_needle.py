@@ -129,8 +129,12 @@ def test_haystack_repeats_when_short(tok, tmp_path):
 
 def test_haystack_inputs(tok, tmp_path):
     rows = tmp_path / "docs.jsonl"
-    rows.write_text(json.dumps({"text": "One sentence here. Another one there."}) + "\n\n" +
-                    json.dumps({"text": "A second document. It ends."}) + "\n")
+    rows.write_text(
+        json.dumps({"text": "One sentence here. Another one there."})
+        + "\n\n"
+        + json.dumps({"text": "A second document. It ends."})
+        + "\n"
+    )
     h = nd.Haystack.from_file(tok, rows, 50)
     assert "A second document" in tok.decode(h.ids.tolist()) and len(h.sentence_start) >= 4
     bad = tmp_path / "bad.jsonl"
@@ -199,13 +203,16 @@ def test_stub_that_answers_gets_1_and_one_that_does_not_gets_0(tok, hay):
     assert bad["accuracy"] == 0.0 and [c["accuracy"] for c in bad["cells"]] == [0.0] * 6
     assert bad["trials"][0]["answer"] == "I do not know the number 1234."
     again = nd.run_needle(Oracle(tok), tok, vocab, lengths, depths, trials=2, haystack=hay)
-    assert cities == {(r["length"], r["depth"], r["trial"]): (r["city"], r["number"]) for r in again["trials"]}  # seeded
+    assert cities == {
+        (r["length"], r["depth"], r["trial"]): (r["city"], r["number"]) for r in again["trials"]
+    }  # seeded
 
 
 def test_multi_needle_bookkeeping(tok, hay):
     vocab = Vocab(tok.vocab_size)
-    res = nd.run_needle(Oracle(tok, only_first=True), tok, vocab, [900], [0, 40], trials=3, needles=4, ask=2,
-                        haystack=hay)
+    res = nd.run_needle(
+        Oracle(tok, only_first=True), tok, vocab, [900], [0, 40], trials=3, needles=4, ask=2, haystack=hay
+    )
     assert res["config"]["needles"] == 4 and res["config"]["ask"] == 2
     for r in res["trials"]:
         items = r["needles"]
@@ -232,8 +239,16 @@ def test_a_failing_trial_is_recorded_and_the_run_goes_on(tok, hay):
             return super().generate(ids, config)
 
     seen = []
-    res = nd.run_needle(Flaky(tok), tok, Vocab(tok.vocab_size), [200, 600], [0, 100], trials=1, haystack=hay,
-                        on_trial=lambda r, rs: seen.append(len(rs)))
+    res = nd.run_needle(
+        Flaky(tok),
+        tok,
+        Vocab(tok.vocab_size),
+        [200, 600],
+        [0, 100],
+        trials=1,
+        haystack=hay,
+        on_trial=lambda r, rs: seen.append(len(rs)),
+    )
     assert seen == [1, 2, 3, 4] and res["trials_failed"] == 2 and res["accuracy"] == 1.0
     failed = [r for r in res["trials"] if r["error"]]
     assert [r["length"] for r in failed] == [600, 600] and "out of memory (pretend)" in failed[0]["error"]
@@ -253,22 +268,39 @@ def test_bad_grids(tok, hay):
     ]:
         args = {"lengths": [300], "depths": [50], "trials": 1, **kwargs}
         with pytest.raises(ValueError, match=message):
-            nd.run_needle(Wrong(tok), tok, vocab, args.pop("lengths"), args.pop("depths"), args.pop("trials"),
-                          haystack=hay, **args)
+            nd.run_needle(
+                Wrong(tok),
+                tok,
+                vocab,
+                args.pop("lengths"),
+                args.pop("depths"),
+                args.pop("trials"),
+                haystack=hay,
+                **args,
+            )
 
 
 # --- plots -----------------------------------------------------------------------------------------
 
 
 def test_heatmap_and_tables(tmp_path):
-    png = heatmap([[1.0, None], [0.25, float("nan")], [0.0, 0.5]], ["0", "50", "100"], ["1K", "2K"],
-                  tmp_path / "h.png", title="t", xlabel="x", ylabel="y")
+    png = heatmap(
+        [[1.0, None], [0.25, float("nan")], [0.0, 0.5]],
+        ["0", "50", "100"],
+        ["1K", "2K"],
+        tmp_path / "h.png",
+        title="t",
+        xlabel="x",
+        ylabel="y",
+    )
     with Image.open(png) as img:
         img.verify()
     with Image.open(png) as img:
         assert img.format == "PNG" and img.width > 100 and img.height > 100
         assert color_at(1.0) in {img.getpixel((x, y)) for x in range(img.width) for y in range(img.height)}
-    assert color_at(0.0) == (0xF0, 0x49, 0x6E) and color_at(1.0) == (0x0C, 0xD7, 0x9F) and color_at(2.0) == color_at(1.0)
+    assert (
+        color_at(0.0) == (0xF0, 0x49, 0x6E) and color_at(1.0) == (0x0C, 0xD7, 0x9F) and color_at(2.0) == color_at(1.0)
+    )
     assert color_at(None) == color_at(float("nan"))
     assert [human_count(n) for n in (128, 1024, 1536, 32768, 1 << 20)] == ["128", "1K", "1.5K", "32K", "1M"]
     table = grid_table([[1.0, None]], ["0"], ["1K", "2K"], corner="d")
@@ -290,13 +322,31 @@ def hf_model(tmp_path_factory) -> Path:
     return to_hf(model, tmp_path_factory.mktemp("needle_model") / "hf", tokenizer_model=TOKENIZER)
 
 
-CLI_ARGS = ["--lengths", "128", "256", "--depths", "0", "100", "--trials", "1", "--max-new-tokens", "6",
-            "--device", "cpu"]
+CLI_ARGS = [
+    "--lengths",
+    "128",
+    "256",
+    "--depths",
+    "0",
+    "100",
+    "--trials",
+    "1",
+    "--max-new-tokens",
+    "6",
+    "--device",
+    "cpu",
+]
 
 
 def run_cli(launcher, args, timeout=120):
-    return subprocess.run(launcher + [str(ROOT / "eval" / "needle.py"), *args], cwd=ROOT, env=ENV,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        launcher + [str(ROOT / "eval" / "needle.py"), *args],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -371,8 +421,9 @@ def test_digits_and_haystack_start(tok, hay):
     """--digits: every needle's number has that many digits (one digit: 0-9), and an oracle still
     scores 1; text_from moves the haystack window, not the prompt's length or its needle."""
     for digits in (1, 2, 7):
-        res = nd.run_needle(Oracle(tok), tok, Vocab(tok.vocab_size), [200], [0, 50, 100], trials=4, haystack=hay,
-                            digits=digits)
+        res = nd.run_needle(
+            Oracle(tok), tok, Vocab(tok.vocab_size), [200], [0, 50, 100], trials=4, haystack=hay, digits=digits
+        )
         assert res["accuracy"] == 1.0 and res["config"]["digits"] == digits
         assert all(len(str(r["number"])) == digits for r in res["trials"])
     with pytest.raises(ValueError, match="digits must be >= 1, got 0"):
@@ -407,7 +458,7 @@ def test_chat_training_examples_are_the_evaluation_prompts(tmp_path, tok):
         assert len(ids) == r["length"] and 120 <= r["length"] <= 300
         city = r["prompt"].split("What is the special magic ")[1].split(" number?")[0]
         before, after = nd.template(tok, nd.QUESTION.format(city=city))  # the evaluation's template
-        assert ids[: len(before)] == before and ids[-len(after):] == after
+        assert ids[: len(before)] == before and ids[-len(after) :] == after
         number = r["answer"].removesuffix(".")
         assert len(number) == 1 and r["fields"] == "[prompt],answer"
         assert tok.decode(ids).count(nd.NEEDLE.format(city=city, number=number)) == 1

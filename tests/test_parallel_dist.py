@@ -7,10 +7,10 @@ import itertools
 import pytest
 import torch
 import torch.nn.functional as F
-
 from documents import masked_sdpa, one_by_one_grads, packed_pair, packings
-from lwm.parallel.launch import run_distributed
+
 from lwm.parallel import hybrid_attention, hybrid_groups, positions, ring_attention, shard, ulysses_attention
+from lwm.parallel.launch import run_distributed
 
 LAYOUTS = ("contiguous", "striped", "zigzag")
 SEQ = 24  # divisible by N and 2N for N = 1..4
@@ -52,20 +52,29 @@ def _attention_worker(rank, world):
     for layout, causal, hkv in ULYSSES_CASES:
         if hkv % world and world % hkv:
             continue
-        results[("ulysses", layout, causal, hkv)] = _case_errors(rank, world, ulysses_attention, 12, hkv, 32, causal, layout)
+        results[("ulysses", layout, causal, hkv)] = _case_errors(
+            rank, world, ulysses_attention, 12, hkv, 32, causal, layout
+        )
     for layout, causal in itertools.product(LAYOUTS, (True, False)):  # packed documents, GQA, head dim 40
-        results[("ring+documents", layout, causal, 40)] = _case_errors(rank, world, ring_attention, 4, 2, 40, causal, layout,
-                                                                       seed=1, documents=True)
+        results[("ring+documents", layout, causal, 40)] = _case_errors(
+            rank, world, ring_attention, 4, 2, 40, causal, layout, seed=1, documents=True
+        )
         if 4 % world == 0:
-            results[("ulysses+documents", layout, causal, 2)] = _case_errors(rank, world, ulysses_attention, 4, 2, 40, causal,
-                                                                             layout, seed=2, documents=True)
+            results[("ulysses+documents", layout, causal, 2)] = _case_errors(
+                rank, world, ulysses_attention, 4, 2, 40, causal, layout, seed=2, documents=True
+            )
     if world == 4:
         ring_group, ulysses_group = hybrid_groups(2, 2)
-        attn = lambda q, k, v, causal, layout, **kw: hybrid_attention(q, k, v, ring_group, ulysses_group, causal, layout, **kw)  # noqa: E731
+        attn = lambda q, k, v, causal, layout, **kw: hybrid_attention(  # noqa: E731
+            q, k, v, ring_group, ulysses_group, causal, layout, **kw
+        )
         for layout, causal in itertools.product(LAYOUTS, (True, False)):
-            results[("hybrid", layout, causal, 2)] = _case_errors(rank, world, attn, 4, 2, 32, causal, layout, ulysses_size=2)
-            results[("hybrid+documents", layout, causal, 2)] = _case_errors(rank, world, attn, 4, 2, 40, causal, layout,
-                                                                            ulysses_size=2, seed=3, documents=True)
+            results[("hybrid", layout, causal, 2)] = _case_errors(
+                rank, world, attn, 4, 2, 32, causal, layout, ulysses_size=2
+            )
+            results[("hybrid+documents", layout, causal, 2)] = _case_errors(
+                rank, world, attn, 4, 2, 40, causal, layout, ulysses_size=2, seed=3, documents=True
+            )
     return results
 
 
@@ -149,8 +158,13 @@ def _packed_errors(rank, world, cases):
         local = shard_batch(batch, Sharding(cp_rank=rank, cp_size=world, layout=layout), "document")
         counts = global_group_counts(local["loss_weight"], local["vision_mask"])
         coeff = token_coefficients(local["loss_weight"], local["vision_mask"], counts=counts)
-        loss = model(local["tokens"], local["positions"], targets=local["targets"], loss_coeff=coeff,
-                     segment_ids=local["segment_ids"]).loss
+        loss = model(
+            local["tokens"],
+            local["positions"],
+            targets=local["targets"],
+            loss_coeff=coeff,
+            segment_ids=local["segment_ids"],
+        ).loss
         loss.backward()
         total = loss.detach().clone()
         torch.distributed.all_reduce(total)
@@ -162,8 +176,10 @@ def _packed_errors(rank, world, cases):
     return results
 
 
-STEP_CASES = {2: [("ring", "striped"), ("ring", "zigzag"), ("ulysses", "striped")],
-              4: [("ring", "striped"), ("ring", "contiguous"), ("ring", "zigzag"), ("hybrid", "zigzag")]}
+STEP_CASES = {
+    2: [("ring", "striped"), ("ring", "zigzag"), ("ulysses", "striped")],
+    4: [("ring", "striped"), ("ring", "contiguous"), ("ring", "zigzag"), ("hybrid", "zigzag")],
+}
 PACKED_CASES = [("ring", "striped"), ("ring", "zigzag"), ("ulysses", "striped")]
 
 

@@ -14,7 +14,11 @@ def sdpa_ref(q, k, v, causal):
 
 
 def qkv(hq=4, hkv=2, S=24, D=16, dtype=torch.float32, B=2):
-    return torch.randn(B, hq, S, D, dtype=dtype), torch.randn(B, hkv, S, D, dtype=dtype), torch.randn(B, hkv, S, D, dtype=dtype)
+    return (
+        torch.randn(B, hq, S, D, dtype=dtype),
+        torch.randn(B, hkv, S, D, dtype=dtype),
+        torch.randn(B, hkv, S, D, dtype=dtype),
+    )
 
 
 @pytest.mark.parametrize("backend", ["cpu_flash", "math"])

@@ -29,8 +29,9 @@ def clean_env(monkeypatch):
 def test_a_process_started_later_with_the_environment_gets_the_same_name(clean_env):
     name = run_dir.run_id()
     time.sleep(1.1)  # a name from the child's own clock would differ
-    child = subprocess.run([sys.executable, "-c", PRINT_ID], env=dict(os.environ), capture_output=True, text=True,
-                           check=True)
+    child = subprocess.run(
+        [sys.executable, "-c", PRINT_ID], env=dict(os.environ), capture_output=True, text=True, check=True
+    )
     assert child.stdout.strip() == name
 
 
@@ -42,8 +43,9 @@ def test_each_composed_config_of_one_process_gets_its_own_folder(clean_env):
     run_dir.register_resolver()
     names = [OmegaConf.create({"out": "runs/${run_id:}"}).out for _ in range(3)]
     assert len(set(names)) == 3, names
-    child = subprocess.run([sys.executable, "-c", PRINT_ID], env=dict(os.environ), capture_output=True, text=True,
-                           check=True)
+    child = subprocess.run(
+        [sys.executable, "-c", PRINT_ID], env=dict(os.environ), capture_output=True, text=True, check=True
+    )
     assert "runs/" + child.stdout.strip() == names[-1]
 
 
@@ -55,14 +57,21 @@ def test_slurm_job_and_step_name_the_run(clean_env):
 
 def test_torchrun_ranks_agree_although_one_starts_late(clean_env, tmp_path):
     script = tmp_path / "ids.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import os, time
         if os.environ["RANK"] == "1":
             time.sleep(1.5)
         from lwm.train.run_dir import run_id
         open(os.path.join({str(tmp_path)!r}, "rank" + os.environ["RANK"]), "w").write(run_id())
-    """))
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)],
-                   cwd=ROOT, check=True, capture_output=True, timeout=120)
+    """)
+    )
+    subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     names = [(tmp_path / f"rank{r}").read_text() for r in range(2)]
     assert names[0] == names[1] and names[0][:2] == "20", names

@@ -27,17 +27,37 @@ def sample(tmp_path_factory):
     spec.loader.exec_module(module)
     module.main(["--out", str(out), "--n-videos", "4"])
     codes = out / "codes"
-    cmd = [sys.executable, "-m", "lwm.vision.tokenize", str(out / "videos"), "--out", str(codes),
-           "--tokenizer", "tiny", "--ids", "stem", "--max-frames", "4"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "lwm.vision.tokenize",
+        str(out / "videos"),
+        "--out",
+        str(codes),
+        "--tokenizer",
+        "tiny",
+        "--ids",
+        "stem",
+        "--max-frames",
+        "4",
+    ]
     subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT)
     return out
 
 
 def test_sample_corpus_to_packed_batches(sample):
-    sources = [Source(str(sample / "qa.jsonl")), Source(str(sample / "captions.jsonl")),
-               Source(str(sample / "text.jsonl"), overflow="window")]
-    cfg = DataConfig(sources=sources, tokenizer=str(sample / "tokenizer.model"), codes=str(sample / "codes"),
-                     batch_size=2, strict=True)  # strict: any bad example fails the test
+    sources = [
+        Source(str(sample / "qa.jsonl")),
+        Source(str(sample / "captions.jsonl")),
+        Source(str(sample / "text.jsonl"), overflow="window"),
+    ]
+    cfg = DataConfig(
+        sources=sources,
+        tokenizer=str(sample / "tokenizer.model"),
+        codes=str(sample / "codes"),
+        batch_size=2,
+        strict=True,
+    )  # strict: any bad example fails the test
     dm = LWMDataModule(cfg, seq_len=2048)
     vocab = Vocab(4096)
     assert dm.vocab == vocab and vocab.size == ModelConfig.from_preset("tiny").vocab_size

@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from deps import skip_module_without_decord  # noqa: E402
 
 skip_module_without_decord()
@@ -31,7 +30,9 @@ def data(tmp_path_factory):
     missing = root / "missing.mp4"
     # A list file: relative paths, a comment, a duplicate of a video the folder also gives, a missing path.
     listing = root / "bad" / "list.txt"
-    listing.write_text("# bad inputs\n" + "".join(f"{p.name}\n" for p in bad.values()) + "\n../videos/portrait.mp4\n../missing.mp4\n")
+    listing.write_text(
+        "# bad inputs\n" + "".join(f"{p.name}\n" for p in bad.values()) + "\n../videos/portrait.mp4\n../missing.mp4\n"
+    )
     torch.manual_seed(123)
     model = VQGAN(VQGANConfig.from_preset("tiny")).eval()
     checkpoint = root / "tiny.pt"
@@ -41,12 +42,30 @@ def data(tmp_path_factory):
 
 def run(data, out, *extra, inputs=None):
     inputs = [str(data["root"] / "videos"), str(data["listing"])] if inputs is None else inputs
-    argv = [*inputs, "--out", str(out), "--tokenizer", "tiny", "--checkpoint", str(data["checkpoint"]), "--batch-size", "3", "--device", "cpu", *extra]
+    argv = [
+        *inputs,
+        "--out",
+        str(out),
+        "--tokenizer",
+        "tiny",
+        "--checkpoint",
+        str(data["checkpoint"]),
+        "--batch-size",
+        "3",
+        "--device",
+        "cpu",
+        *extra,
+    ]
     return main(argv)
 
 
 def records(out, pattern):
-    return [json.loads(line) for path in sorted(Path(out).glob(pattern)) for line in path.read_text().splitlines() if line.strip()]
+    return [
+        json.loads(line)
+        for path in sorted(Path(out).glob(pattern))
+        for line in path.read_text().splitlines()
+        if line.strip()
+    ]
 
 
 def expected_codes(data, source, **sampling):
@@ -83,7 +102,11 @@ def test_tokenize_folder_and_list(data, tmp_path, capsys):
         np.testing.assert_array_equal(tokens, codes)
         np.testing.assert_allclose(record["timestamps"], timestamps, atol=1e-6)
         assert record["sampling"] == {"fps": 1.0, "max_frames": None, "start": None, "end": None}
-        assert record["tokenizer"] == {"preset": "tiny", "checkpoint": str(data["checkpoint"]), "weights": weights_hash(data["model"])}
+        assert record["tokenizer"] == {
+            "preset": "tiny",
+            "checkpoint": str(data["checkpoint"]),
+            "weights": weights_hash(data["model"]),
+        }
     vfr = next(r for r in manifest if r["source"].endswith("vfr.mp4"))
     np.testing.assert_allclose(vfr["timestamps"], [0.0, 1.0, 1.2], atol=1e-3)
     assert not list((out / "tokens").glob("*.tmp"))
@@ -134,7 +157,7 @@ def test_resume_skips_finished_and_survives_a_kill(data, tmp_path, capsys):
     # A rerun after that: all finished.
     capsys.readouterr()
     assert run(data, out, inputs=inputs) == 0
-    assert f"0 done (0 frames" in capsys.readouterr().out
+    assert "0 done (0 frames" in capsys.readouterr().out
 
 
 def test_resume_output_counts(data, tmp_path, capsys):
@@ -155,7 +178,8 @@ def test_shards_split_without_overlap(data, tmp_path, capsys):
     seen = []
     for i in range(n):
         mine = {r["source"] for r in records(out, f"manifest.{i}-of-{n}.jsonl")} | {
-            r["source"] for r in records(out, f"failures.{i}-of-{n}.jsonl")}
+            r["source"] for r in records(out, f"failures.{i}-of-{n}.jsonl")
+        }
         assert mine == set(everything[i::n])
         assert codes[i] == (1 if records(out, f"failures.{i}-of-{n}.jsonl") else 0)
         seen += sorted(mine)
@@ -165,7 +189,7 @@ def test_shards_split_without_overlap(data, tmp_path, capsys):
     capsys.readouterr()
     assert run(data, out) == 1
     summary = capsys.readouterr().out
-    assert f"0 done (0 frames" in summary and f"{len(data['good'])} skipped" in summary
+    assert "0 done (0 frames" in summary and f"{len(data['good'])} skipped" in summary
 
 
 @pytest.mark.parametrize(
@@ -202,6 +226,7 @@ def test_missing_checkpoint_and_other_settings_exit_2(data, tmp_path, capsys):
 
 def test_diffusers_folder(data, tmp_path):
     import diffusers  # noqa: F401
+
     from lwm.interop.diffusers import to_diffusers
 
     folder = tmp_path / "vqmodel"
@@ -218,7 +243,18 @@ def test_diffusers_folder(data, tmp_path):
 def test_module_entry_point(data, tmp_path):
     out = tmp_path / "out"
     inputs = [str(data["good"]["tiny"]), str(data["bad"]["text"]), str(data["bad"]["corrupt"])]
-    cmd = [sys.executable, "-m", "lwm.vision.tokenize", *inputs, "--out", str(out), "--tokenizer", "tiny", "--device", "cpu"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "lwm.vision.tokenize",
+        *inputs,
+        "--out",
+        str(out),
+        "--tokenizer",
+        "tiny",
+        "--device",
+        "cpu",
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
     assert result.returncode == 1, result.stderr

@@ -22,12 +22,16 @@ CONF = ROOT / "conf"
 DEBUG = ["model=debug", "schedule=debug", "trainer.log_every=1", "export=false", "evaluate.lengths=null"]
 
 
-def train(out: Path, *overrides: str, launcher: list[str] | None = None, check: bool = True) -> subprocess.CompletedProcess:
+def train(
+    out: Path, *overrides: str, launcher: list[str] | None = None, check: bool = True
+) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     cmd = (launcher or [sys.executable]) + ["train.py", f"trainer.out_dir={out}", *DEBUG, *overrides]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     if check and proc.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+        raise AssertionError(
+            f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+        )
     return proc
 
 
@@ -49,16 +53,25 @@ def test_every_config_composes():
             for option in sorted(p.stem for p in (CONF / group).glob("*.yaml")):
                 overrides = [f"{group}={option}", "schedule.init_hf=null"]
                 if group == "data" and option == "custom":
-                    overrides += ["data.tokenizer=data/sample/tokenizer.model", "data.sources={qa: {path: data/sample/qa.jsonl}}"]
+                    overrides += [
+                        "data.tokenizer=data/sample/tokenizer.model",
+                        "data.sources={qa: {path: data/sample/qa.jsonl}}",
+                    ]
                 cfg = compose("train", overrides=overrides)
                 run = to_run_config(cfg)
                 assert run.schedule.stages and run.model.dim > 0, (group, option)
         for experiment in sorted(p.stem for p in (CONF / "experiment").glob("*.yaml")):
             cfg = compose("train", overrides=[f"+experiment={experiment}", "schedule.init_hf=null"])
             if OmegaConf.missing_keys(cfg):  # an experiment for the user's own data
-                cfg = compose("train", overrides=[f"+experiment={experiment}", "schedule.init_hf=null",
-                                                  "data.tokenizer=data/sample/tokenizer.model",
-                                                  "data.sources={qa: {path: data/sample/qa.jsonl}}"])
+                cfg = compose(
+                    "train",
+                    overrides=[
+                        f"+experiment={experiment}",
+                        "schedule.init_hf=null",
+                        "data.tokenizer=data/sample/tokenizer.model",
+                        "data.sources={qa: {path: data/sample/qa.jsonl}}",
+                    ],
+                )
             assert to_run_config(cfg).schedule.stages, experiment
 
 
@@ -74,16 +87,27 @@ def test_default_run_config_is_valid():
     "overrides,message",
     [
         (["trainer.devices=2", "+schedule.stages.0.cp=4"], "world size 2 is not divisible by cp 4"),
-        (["+schedule.stages.0.cp=2", "trainer.devices=2", "parallel=zigzag", "schedule.stages.0.seq_len=66"],
-         r"seq_len 66 is not divisible by 2 \* ring size = 4 \(zigzag\)"),
+        (
+            ["+schedule.stages.0.cp=2", "trainer.devices=2", "parallel=zigzag", "schedule.stages.0.seq_len=66"],
+            r"seq_len 66 is not divisible by 2 \* ring size = 4 \(zigzag\)",
+        ),
         (["schedule.init_hf=/no/such/model"], "schedule.init_hf /no/such/model is not a Hugging Face model folder"),
-        (["data=custom", "data.tokenizer=data/sample/tokenizer.model", "data.codes=/tmp",
-          "data.sources={text: {path: data/sample/text.jsonl}}"], "data.codes /tmp has no manifest"),
+        (
+            [
+                "data=custom",
+                "data.tokenizer=data/sample/tokenizer.model",
+                "data.codes=/tmp",
+                "data.sources={text: {path: data/sample/text.jsonl}}",
+            ],
+            "data.codes /tmp has no manifest",
+        ),
         (["stage_only=zz"], "stage_only 'zz' is not a stage"),
         (["data.sources.text.path=/no/such.jsonl"], "data.sources.text.path /no/such.jsonl does not exist"),
         (["data=custom"], r"data.sources, data.tokenizer must be given \(no default\), e.g. data.sources="),
-        (["data=custom", "data.tokenizer=data/sample/tokenizer.model", "data.sources={text: {pth: x}}"],
-         r"data.sources.text \{'pth': 'x'\} is not a source"),
+        (
+            ["data=custom", "data.tokenizer=data/sample/tokenizer.model", "data.sources={text: {pth: x}}"],
+            r"data.sources.text \{'pth': 'x'\} is not a source",
+        ),
         (["resume=true"], "resume=true: trainer.out_dir .* does not exist"),
         (["evaluate.lengths=[128]", "evaluate.haystack=/no/such.txt"], "evaluate.haystack /no/such.txt does not exist"),
         (["evaluate.trials=0"], r"evaluate.trials must be >= 1, got 0"),
@@ -115,8 +139,14 @@ def test_unknown_config_name(tmp_path):
 # run of each size.
 @pytest.mark.parametrize("cp,layout", [(4, "striped")])
 def test_context_parallel_losses_equal_one_process(tmp_path, reference, cp, layout):
-    train(tmp_path, "stage_only=a", f"trainer.devices={cp}", f"+schedule.stages.0.cp={cp}", f"parallel.layout={layout}",
-          "trainer.keep_checkpoints=true")
+    train(
+        tmp_path,
+        "stage_only=a",
+        f"trainer.devices={cp}",
+        f"+schedule.stages.0.cp={cp}",
+        f"parallel.layout={layout}",
+        "trainer.keep_checkpoints=true",
+    )
     got = losses(tmp_path)
     assert sorted(got) == sorted(reference) and len(got) == 10
     meta = torch.load(tmp_path / "a" / "checkpoints" / "last.ckpt" / "meta.pt", weights_only=False)
@@ -168,8 +198,14 @@ def test_output_one_line_per_stage_and_one_checkpoint(tmp_path):
 def test_two_processes_share_the_default_run_folder_and_the_losses(tmp_path, reference):
     """The default out_dir (runs/${run_id:}) resolves to one folder in Lightning's re-launched rank;
     cp = 2 (zigzag) gives one process's losses, and the checkpoint holds both ranks' random state."""
-    train(Path(str(tmp_path) + "/${run_id:}"), "stage_only=a", "trainer.devices=2", "+schedule.stages.0.cp=2",
-          "parallel.layout=zigzag", "trainer.keep_checkpoints=true")
+    train(
+        Path(str(tmp_path) + "/${run_id:}"),
+        "stage_only=a",
+        "trainer.devices=2",
+        "+schedule.stages.0.cp=2",
+        "parallel.layout=zigzag",
+        "trainer.keep_checkpoints=true",
+    )
     runs = list(tmp_path.iterdir())
     assert len(runs) == 1 and (runs[0] / "a" / "final.safetensors").exists(), runs
     got = losses(runs[0])
@@ -191,8 +227,11 @@ def test_stage_hand_over(tmp_path):
     cfg = ModelConfig(**__import__("json").loads((tmp_path / "b" / "model_config.json").read_text()))
     model = Transformer(cfg)
     model.load_state_dict(load_file(tmp_path / "a" / "final.safetensors"))
-    data = DataConfig(sources=[Source("data/sample/text.jsonl", fields="text", overflow="window")],
-                      tokenizer=str(ROOT / "data/sample/tokenizer.model"), batch_size=1)
+    data = DataConfig(
+        sources=[Source("data/sample/text.jsonl", fields="text", overflow="window")],
+        tokenizer=str(ROOT / "data/sample/tokenizer.model"),
+        batch_size=1,
+    )
     data.sources[0].path = str(ROOT / data.sources[0].path)
     dm = LWMDataModule(data, seq_len=128)
     batch = dm.on_before_batch_transfer(next(iter(dm.train_dataloader())))
@@ -212,12 +251,25 @@ def test_first_stage_from_hugging_face(tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     hf_dir = tmp_path / "llama"
-    config = LlamaConfig(vocab_size=4096, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, max_position_embeddings=256)
+    config = LlamaConfig(
+        vocab_size=4096,
+        hidden_size=48,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(hf_dir)
     out = tmp_path / "run"
-    train(out, "stage_only=a", f"schedule.init_hf={hf_dir}", "schedule.stages.0.steps=2", "parallel.activation_checkpointing=true")
+    train(
+        out,
+        "stage_only=a",
+        f"schedule.init_hf={hf_dir}",
+        "schedule.stages.0.steps=2",
+        "parallel.activation_checkpointing=true",
+    )
     cfg = json.loads((out / "a" / "model_config.json").read_text())
     assert (cfg["dim"], cfg["n_kv_heads"], cfg["vocab_size"], cfg["rope_theta"]) == (48, 2, 12352, 10000)
     weights = load_file(out / "a" / "final.safetensors")
@@ -252,8 +304,17 @@ def test_a_dead_rank_stops_the_others(tmp_path, how):
 
     timeout_s = 20
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    cmd = [sys.executable, "train.py", f"trainer.out_dir={tmp_path}", *DEBUG, "stage_only=a", "trainer.devices=2",
-           "+schedule.stages.0.cp=2", "schedule.stages.0.steps=100000", f"trainer.timeout_s={timeout_s}"]
+    cmd = [
+        sys.executable,
+        "train.py",
+        f"trainer.out_dir={tmp_path}",
+        *DEBUG,
+        "stage_only=a",
+        "trainer.devices=2",
+        "+schedule.stages.0.cp=2",
+        "schedule.stages.0.steps=100000",
+        f"trainer.timeout_s={timeout_s}",
+    ]
     log = tmp_path / "log.txt"  # a file, not a pipe: a frozen rank would hold a pipe open
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
     try:
@@ -262,8 +323,10 @@ def test_a_dead_rank_stops_the_others(tmp_path, how):
         while time.monotonic() < deadline and not (children and list((tmp_path / "a" / "tb").glob("events*"))):
             time.sleep(0.5)
             assert proc.poll() is None, log.read_text()[-3000:]
-            children = [int(p) for p in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
-                                                       text=True).stdout.split()]
+            children = [
+                int(p)
+                for p in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+            ]
         assert children, "rank 1 never started"
         time.sleep(3)  # inside the training loop
         os.kill(children[0], signal.SIGKILL if how == "killed" else signal.SIGSTOP)

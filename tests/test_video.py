@@ -2,7 +2,6 @@
 
 import numpy as np
 import pytest
-
 from deps import skip_module_without_decord  # noqa: E402
 
 skip_module_without_decord()
@@ -40,7 +39,9 @@ def test_all_frames_in_order(good, name):
 
 
 @pytest.mark.parametrize("name", ["landscape_mp4", "landscape_mkv"])
-@pytest.mark.parametrize("fps, expected", [(1.0, [0, 10, 20, 30]), (2.5, [0, 4, 8, 12, 16, 20, 24, 28, 32, 36]), (0.5, [0, 20])])
+@pytest.mark.parametrize(
+    "fps, expected", [(1.0, [0, 10, 20, 30]), (2.5, [0, 4, 8, 12, 16, 20, 24, 28, 32, 36]), (0.5, [0, 20])]
+)
 def test_sample_by_fps(good, name, fps, expected):
     every, _ = all_frames(good[name])
     frames, timestamps = read_video(good[name], fps=fps, resolution=64)
@@ -68,7 +69,11 @@ def test_start_end(good):
     _, timestamps = read_video(path, fps=1.0, start=2.0, resolution=64)
     np.testing.assert_allclose(timestamps, [2.0, 3.0], atol=1e-3)
     _, timestamps = read_video(path, max_frames=3, start=1.0, end=2.0, resolution=64)  # frames 10..19
-    assert len(timestamps) == 3 and timestamps[0] == pytest.approx(1.0, abs=1e-3) and timestamps[-1] == pytest.approx(1.9, abs=1e-3)
+    assert (
+        len(timestamps) == 3
+        and timestamps[0] == pytest.approx(1.0, abs=1e-3)
+        and timestamps[-1] == pytest.approx(1.9, abs=1e-3)
+    )
     _, timestamps = read_video(path, max_frames=100, end=0.35, resolution=64)
     np.testing.assert_allclose(timestamps, [0.0, 0.1, 0.2, 0.3], atol=1e-3)
 
@@ -98,7 +103,6 @@ def test_variable_frame_rate_uses_frame_timestamps(good):
 
 
 def test_streaming_is_chunked_and_matches(good, monkeypatch):
-    import decord
 
     requested = []
     get_batch = decord.VideoReader.get_batch
@@ -131,8 +135,16 @@ def test_streaming_is_chunked_and_matches(good, monkeypatch):
 
 
 SAMPLINGS = [
-    {"fps": 1.0}, {"fps": 2.5}, {"fps": 0.5}, {"fps": 3.0, "start": 2.9}, {"fps": 2.0, "start": 0.4, "end": 2.1},
-    {"max_frames": 1}, {"max_frames": 3}, {"max_frames": 5}, {"max_frames": 100}, {"max_frames": 2, "start": 3.1},
+    {"fps": 1.0},
+    {"fps": 2.5},
+    {"fps": 0.5},
+    {"fps": 3.0, "start": 2.9},
+    {"fps": 2.0, "start": 0.4, "end": 2.1},
+    {"max_frames": 1},
+    {"max_frames": 3},
+    {"max_frames": 5},
+    {"max_frames": 100},
+    {"max_frames": 2, "start": 3.1},
 ]
 
 
@@ -147,7 +159,9 @@ def test_streaming_equals_random_access(good, name):
         except VideoError:  # start past the end of the shorter clips
             continue
         chunks = list(video.chunks(plan, chunk_size=4))
-        np.testing.assert_array_equal(np.concatenate([f for f, _ in chunks]), video.read(plan.indices), err_msg=str(sampling))
+        np.testing.assert_array_equal(
+            np.concatenate([f for f, _ in chunks]), video.read(plan.indices), err_msg=str(sampling)
+        )
         np.testing.assert_array_equal(np.concatenate([t for _, t in chunks]), plan.timestamps)
 
 
@@ -166,7 +180,12 @@ def formats(tmp_path_factory):
     return make_formats(tmp_path_factory.mktemp("formats"))
 
 
-FORMAT_SAMPLINGS = [{"fps": 1.0}, {"max_frames": 7}, {"fps": 1.0, "start": 0.5}, {"max_frames": 3, "start": 1.1, "end": 2.9}]
+FORMAT_SAMPLINGS = [
+    {"fps": 1.0},
+    {"max_frames": 7},
+    {"fps": 1.0, "start": 0.5},
+    {"max_frames": 3, "start": 1.1, "end": 2.9},
+]
 
 
 @pytest.mark.parametrize("name", ["h264_mp4", "vp9_webm", "mjpeg_avi", "mpeg4_avi", "rotated_mp4", "vfr_mkv"])
@@ -183,7 +202,9 @@ def test_streaming_equals_random_access_across_formats(formats, name):
     for sampling in FORMAT_SAMPLINGS:
         plan = video.plan(Sampling(**sampling))
         chunks = list(video.chunks(plan, chunk_size=4))
-        np.testing.assert_array_equal(np.concatenate([f for f, _ in chunks]), video.read(plan.indices), err_msg=str(sampling))
+        np.testing.assert_array_equal(
+            np.concatenate([f for f, _ in chunks]), video.read(plan.indices), err_msg=str(sampling)
+        )
         np.testing.assert_array_equal(np.concatenate([t for _, t in chunks]), plan.timestamps)
     if name == "mjpeg_avi":
         assert video.plan(Sampling(fps=1.0)).indices.tolist() == list(range(0, 270, 30))  # frame 240 at 8 s among them
@@ -198,7 +219,9 @@ def test_streaming_mpegts_seeks_land_right(tmp_path):
     assert len(every) == 150
     for sampling in [{"fps": 1.0}, {"max_frames": 4}, {"fps": 2.5, "start": 1.2}]:
         plan = video.plan(Sampling(**sampling))
-        np.testing.assert_array_equal(np.concatenate([f for f, _ in video.chunks(plan)]), every[plan.indices], err_msg=str(sampling))
+        np.testing.assert_array_equal(
+            np.concatenate([f for f, _ in video.chunks(plan)]), every[plan.indices], err_msg=str(sampling)
+        )
 
 
 def test_unusable_timestamps_fall_back_to_the_frame_rate():
@@ -215,7 +238,9 @@ def test_unusable_timestamps_fall_back_to_the_frame_rate():
 @pytest.fixture(scope="module")
 def long_video(tmp_path_factory):
     # 150 s at 5 fps, 32x24, MPEG-4 with a keyframe every 12 frames (63 keyframe intervals).
-    return write_video(tmp_path_factory.mktemp("long") / "long.mkv", width=32, height=24, frames=750, fps=5, codec="mpeg4")
+    return write_video(
+        tmp_path_factory.mktemp("long") / "long.mkv", width=32, height=24, frames=750, fps=5, codec="mpeg4"
+    )
 
 
 def test_streaming_decodes_forward(long_video, monkeypatch):
@@ -246,14 +271,20 @@ def test_streaming_decodes_forward(long_video, monkeypatch):
     video = Video(long_video, resolution=24)
     assert video.num_frames == 750 and len(video.key_indices) == 63
 
-    for sampling, expect_seeks in [({"fps": 1.0}, False), ({"max_frames": 6}, True), ({"fps": 1.0, "start": 120.0}, True)]:
+    for sampling, expect_seeks in [
+        ({"fps": 1.0}, False),
+        ({"max_frames": 6}, True),
+        ({"fps": 1.0, "start": 120.0}, True),
+    ]:
         seeks.clear(), converted.clear()
         plan = video.plan(Sampling(**sampling))
         chunks = list(video.chunks(plan, chunk_size=32))
         assert [len(f) for f, _ in chunks] == [min(32, len(plan) - i) for i in range(0, len(plan), 32)]
         assert bool(seeks) == expect_seeks, sampling
         assert seeks == sorted(set(seeks)), "seeks only forward"
-        assert converted == sorted(set(converted)) and len(converted) == len(plan), "each planned frame converted once, in order"
+        assert converted == sorted(set(converted)) and len(converted) == len(plan), (
+            "each planned frame converted once, in order"
+        )
         np.testing.assert_array_equal(np.concatenate([f for f, _ in chunks]), video.read(plan.indices))
 
 
@@ -283,7 +314,9 @@ def test_video_object(good):
     ],
 )
 def test_bad_input(good, bad, tmp_path, case, kwargs, message):
-    path = {"missing": tmp_path / "nope.mp4", "folder": tmp_path, "landscape": good["landscape_mp4"]}.get(case) or bad[case]
+    path = {"missing": tmp_path / "nope.mp4", "folder": tmp_path, "landscape": good["landscape_mp4"]}.get(case) or bad[
+        case
+    ]
     with pytest.raises(VideoError, match=message.replace("(", r"\(").replace(")", r"\)")) as info:
         read_video(path, resolution=64, **kwargs)
     assert str(path) in str(info.value)

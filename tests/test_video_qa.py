@@ -41,22 +41,47 @@ def write_jsonl(path: Path, rows) -> Path:
 
 
 def test_read_plain_and_videomme(tmp_path):
-    data = write_jsonl(tmp_path / "qa.jsonl", [
-        {"video": "clips/a.mp4", "question": "What color is the circle?", "options": ["Red", "Cyan.", "Green", "White"],
-         "answer": "cyan", "duration": 95},
-        {"id": "q-open", "video": "/abs/b.mp4", "question": "How does it move?", "answer": "Up and down.", "duration": "900"},
-        {"videoID": "fFjv93ACGo8", "question_id": "001-1", "question": "Which?", "duration": "long",
-         "options": ["A. Apples.", "B. Pears.", "C. Plums.", "D. Figs."], "answer": "C"},
-        {"videoID": "xyz", "duration": "short", "questions": [
-            {"question_id": "002-1", "question": "One?", "options": ["A. x", "B. y"], "answer": "B"},
-            {"question_id": "002-2", "question": "Two?", "options": ["A. x", "B. y"], "answer": "E"}]},
-        "{not json",
-        {"video": "c.mp4", "answer": "Yes."},
-        {"video": "c.mp4", "question": "Q?", "options": ["Red", "Blue"], "answer": "Green"},
-        {"question": "Q?", "answer": "Yes."},
-        {"video": "c.mp4", "question": "Q?", "answer": "Yes.", "duration": -3},
-        [1, 2],
-    ])
+    data = write_jsonl(
+        tmp_path / "qa.jsonl",
+        [
+            {
+                "video": "clips/a.mp4",
+                "question": "What color is the circle?",
+                "options": ["Red", "Cyan.", "Green", "White"],
+                "answer": "cyan",
+                "duration": 95,
+            },
+            {
+                "id": "q-open",
+                "video": "/abs/b.mp4",
+                "question": "How does it move?",
+                "answer": "Up and down.",
+                "duration": "900",
+            },
+            {
+                "videoID": "fFjv93ACGo8",
+                "question_id": "001-1",
+                "question": "Which?",
+                "duration": "long",
+                "options": ["A. Apples.", "B. Pears.", "C. Plums.", "D. Figs."],
+                "answer": "C",
+            },
+            {
+                "videoID": "xyz",
+                "duration": "short",
+                "questions": [
+                    {"question_id": "002-1", "question": "One?", "options": ["A. x", "B. y"], "answer": "B"},
+                    {"question_id": "002-2", "question": "Two?", "options": ["A. x", "B. y"], "answer": "E"},
+                ],
+            },
+            "{not json",
+            {"video": "c.mp4", "answer": "Yes."},
+            {"video": "c.mp4", "question": "Q?", "options": ["Red", "Blue"], "answer": "Green"},
+            {"question": "Q?", "answer": "Yes."},
+            {"video": "c.mp4", "question": "Q?", "answer": "Yes.", "duration": -3},
+            [1, 2],
+        ],
+    )
     items = vqa.read_items(data, video_dir=tmp_path / "vids")
     by_id = {it.id: it for it in items}
     assert len(items) == 11
@@ -101,11 +126,16 @@ def test_options_and_answers():
         vqa.answer_index("E", opts)
     # The letter prompt is the training form of a multiple-choice question.
     assert vqa.letter_question("What color is the circle?", ["Red", "Cyan.", "Green", "White"]) == (
-        "What color is the circle? A. Red. B. Cyan. C. Green. D. White. Answer with the letter.")
+        "What color is the circle? A. Red. B. Cyan. C. Green. D. White. Answer with the letter."
+    )
     assert vqa.first_letter("B.", 4) == 1
     assert vqa.first_letter("Answer: C", 4) == 2
     assert vqa.first_letter("(D) white", 4) == 3
-    assert vqa.first_letter("E. none", 4) is None and vqa.first_letter("", 4) is None and vqa.first_letter("bad", 4) is None
+    assert (
+        vqa.first_letter("E. none", 4) is None
+        and vqa.first_letter("", 4) is None
+        and vqa.first_letter("bad", 4) is None
+    )
 
 
 def test_sample_choice_rows_and_tasks(tmp_path):
@@ -113,15 +143,32 @@ def test_sample_choice_rows_and_tasks(tmp_path):
     question is recovered (for LL, and so that the letter prompt does not list the options twice)."""
     from lwm.data.vocab import Vocab
 
-    row = {"vision": "clip_0000", "kind": "color", "answer": "B.", "options": ["A. Yellow.", "B. White.", "C. Magenta.", "D. Orange."],
-           "question": "What color is the triangle? A. Yellow. B. White. C. Magenta. D. Orange. Answer with the letter."}
-    mme = {"videoID": "v", "task_type": "Counting Problem", "question": "How many?", "options": ["A. 1", "B. 2"], "answer": "B"}
-    items = vqa.read_items(write_jsonl(tmp_path / "qa.jsonl", [row, mme, {**row, "kind": "motion"}]), video_dir=tmp_path)
-    assert items[0].question == "What color is the triangle?" and items[0].answer_index == 1 and items[0].task == "color"
+    row = {
+        "vision": "clip_0000",
+        "kind": "color",
+        "answer": "B.",
+        "options": ["A. Yellow.", "B. White.", "C. Magenta.", "D. Orange."],
+        "question": "What color is the triangle? A. Yellow. B. White. C. Magenta. D. Orange. Answer with the letter.",
+    }
+    mme = {
+        "videoID": "v",
+        "task_type": "Counting Problem",
+        "question": "How many?",
+        "options": ["A. 1", "B. 2"],
+        "answer": "B",
+    }
+    items = vqa.read_items(
+        write_jsonl(tmp_path / "qa.jsonl", [row, mme, {**row, "kind": "motion"}]), video_dir=tmp_path
+    )
+    assert (
+        items[0].question == "What color is the triangle?" and items[0].answer_index == 1 and items[0].task == "color"
+    )
     assert vqa.letter_question(items[0].question, items[0].options) == row["question"]
     assert items[0].video == str(tmp_path / "clip_0000.mp4") and items[0].video_key == "clip_0000"
     assert items[1].task == "Counting Problem" and items[1].question == "How many?"
-    assert vqa.bare_question("Is it red? Answer with the letter.", ["Yes", "No"]) == "Is it red? Answer with the letter."
+    assert (
+        vqa.bare_question("Is it red? Answer with the letter.", ["Yes", "No"]) == "Is it red? Answer with the letter."
+    )
 
     tok = Tok()
     gen = Oracle(tok, items[:2])
@@ -145,7 +192,14 @@ def test_normalize():
 def test_buckets():
     b = vqa.Buckets()
     assert b.names == ("short", "medium", "long")
-    assert [b.of(d) for d in (0.0, 119.9, 120.0, 899.0, 900.0, 4000.0)] == ["short", "short", "medium", "medium", "long", "long"]
+    assert [b.of(d) for d in (0.0, 119.9, 120.0, 899.0, 900.0, 4000.0)] == [
+        "short",
+        "short",
+        "medium",
+        "medium",
+        "long",
+        "long",
+    ]
     assert b.of("medium") == "medium" and b.of("Long-ish") == "Long-ish" and b.of(None) == "unknown"
     assert b.order(["unknown", "long", "x", "short"]) == ["short", "long", "x", "unknown"]
     c = vqa.Buckets((10, 60, 600))
@@ -242,17 +296,29 @@ def test_oracle_scores_gets_everything_right(tmp_path):
     assert len(r["ll"]["scores"]) == 3 and r["correct"] is True and r["error"] is None
     assert gen.calls.count(("generate", "text")) == 4 and ("score", 3) in gen.calls
 
-    as_dicts = [{"video": "a.mp4", "question": "Which shape?", "options": ["circle", "square"], "answer": "square"},
-                {"videoID": "v", "questions": [{"question": "How many?", "options": ["One", "Two"], "answer": "A"}]}]
-    res = vqa.run_video_qa(Oracle(tok, vqa.read_items(write_jsonl(tmp_path / "d.jsonl", as_dicts))), tok, vocab, as_dicts,
-                           StubSource(), progress=False)
+    as_dicts = [
+        {"video": "a.mp4", "question": "Which shape?", "options": ["circle", "square"], "answer": "square"},
+        {"videoID": "v", "questions": [{"question": "How many?", "options": ["One", "Two"], "answer": "A"}]},
+    ]
+    res = vqa.run_video_qa(
+        Oracle(tok, vqa.read_items(write_jsonl(tmp_path / "d.jsonl", as_dicts))),
+        tok,
+        vocab,
+        as_dicts,
+        StubSource(),
+        progress=False,
+    )
     assert [r["ll"]["predicted"] for r in res["records"]] == ["B", "A"] and res["summary"]["all"]["accuracy_ll"] == 1.0
 
     wrong = vqa.run_video_qa(Oracle(tok, items, wrong=True), tok, vocab, items, StubSource(), progress=False)["summary"]
     assert wrong["all"]["accuracy_ll"] == 0.0 and wrong["all"]["accuracy_letter"] == 0.25  # "A." is right once
 
-    only_letter = vqa.run_video_qa(Oracle(tok, items), tok, vocab, items, StubSource(), methods=("letter",), progress=False)
-    assert only_letter["summary"]["all"]["accuracy_ll"] is None and only_letter["summary"]["all"]["accuracy_letter"] == 1.0
+    only_letter = vqa.run_video_qa(
+        Oracle(tok, items), tok, vocab, items, StubSource(), methods=("letter",), progress=False
+    )
+    assert (
+        only_letter["summary"]["all"]["accuracy_ll"] is None and only_letter["summary"]["all"]["accuracy_letter"] == 1.0
+    )
     assert "accuracy (LL)" not in vqa.markdown({**only_letter, "config": {"methods": ["letter"]}})
 
 
@@ -260,9 +326,15 @@ def test_open_answers_exact_match(tmp_path):
     from lwm.data.vocab import Vocab
 
     tok = Tok()
-    items = vqa.read_items(write_jsonl(tmp_path / "o.jsonl", [
-        {"video": "a.mp4", "question": "How does the triangle move?", "answer": "Up and down."},
-        {"video": "a.mp4", "question": "What color?", "answer": "The white one"}]))
+    items = vqa.read_items(
+        write_jsonl(
+            tmp_path / "o.jsonl",
+            [
+                {"video": "a.mp4", "question": "How does the triangle move?", "answer": "Up and down."},
+                {"video": "a.mp4", "question": "What color?", "answer": "The white one"},
+            ],
+        )
+    )
     res = vqa.run_video_qa(Oracle(tok, items), tok, Vocab(131), items, StubSource(), progress=False)
     assert res["summary"]["all"]["exact_match"] == 1.0 and res["summary"]["all"]["chance"] is None
     assert res["records"][0]["open"]["output"] == "UP AND DOWN.!"
@@ -277,7 +349,9 @@ def _code_store(root: Path, ids: list[str]) -> Path:
     with open(root / "manifest.jsonl", "w") as f:
         for vid in ids:
             np.save(root / "tokens" / f"{vid}.npy", rng.integers(0, 8192, (6, 256)).astype(np.uint16))
-            f.write(json.dumps({"id": vid, "timestamps": [0.0, 0.5, 1.0, 1.5, 2.0, 2.5], "video": {"duration": 3.0}}) + "\n")
+            f.write(
+                json.dumps({"id": vid, "timestamps": [0.0, 0.5, 1.0, 1.5, 2.0, 2.5], "video": {"duration": 3.0}}) + "\n"
+            )
     return root
 
 
@@ -289,32 +363,50 @@ def test_bad_items_recorded_good_ones_scored(tmp_path):
 
     vids = tmp_path / "videos"
     vids.mkdir()
-    good_file = write_video(vids / "fresh.mp4", width=64, height=64, frames=30, fps=10)
+    write_video(vids / "fresh.mp4", width=64, height=64, frames=30, fps=10)
     (vids / "garbage.mp4").write_bytes(b"this is not a video" * 10)
     cached = vids / "cached.mp4"  # not on disk: only its codes are
     codes = _code_store(tmp_path / "codes", [video_id(str(cached), "hashed"), "mme1"])
     opts = ["Red", "Blue"]
-    data = write_jsonl(tmp_path / "qa.jsonl", [
-        {"video": "videos/cached.mp4", "question": "Q cached?", "options": opts, "answer": "Red"},
-        {"video": "videos/missing.mp4", "question": "Q missing?", "options": opts, "answer": "Red"},
-        {"video": "videos/garbage.mp4", "question": "Q garbage?", "options": opts, "answer": "Red"},
-        {"video": "videos/fresh.mp4", "question": "Q bad answer?", "options": opts, "answer": "Green"},
-        "{oops",
-        {"video": "videos/fresh.mp4", "question": "Q fresh?", "options": opts, "answer": "B", "duration": "short"},
-        {"videoID": "mme1", "question": "Q mme?", "options": ["A. Red", "B. Blue"], "answer": "B", "duration": "long"},
-        {"videoID": "nowhere", "question": "Q nowhere?", "options": opts, "answer": "A"},
-    ])
+    data = write_jsonl(
+        tmp_path / "qa.jsonl",
+        [
+            {"video": "videos/cached.mp4", "question": "Q cached?", "options": opts, "answer": "Red"},
+            {"video": "videos/missing.mp4", "question": "Q missing?", "options": opts, "answer": "Red"},
+            {"video": "videos/garbage.mp4", "question": "Q garbage?", "options": opts, "answer": "Red"},
+            {"video": "videos/fresh.mp4", "question": "Q bad answer?", "options": opts, "answer": "Green"},
+            "{oops",
+            {"video": "videos/fresh.mp4", "question": "Q fresh?", "options": opts, "answer": "B", "duration": "short"},
+            {
+                "videoID": "mme1",
+                "question": "Q mme?",
+                "options": ["A. Red", "B. Blue"],
+                "answer": "B",
+                "duration": "long",
+            },
+            {"videoID": "nowhere", "question": "Q nowhere?", "options": opts, "answer": "A"},
+        ],
+    )
     items = vqa.read_items(data)
     tok, vocab = Tok(), Vocab(Tok.vocab_size)
     source = vqa.VideoSource(codes, VQGAN, fps=2.0, max_frames=4)
     result = vqa.run_video_qa(Oracle(tok, items), tok, vocab, items, source, progress=False)
     recs = {r["question"] or r["id"]: r for r in result["records"]}
     s = result["summary"]
-    assert s["items"] == 8 and s["scored"] == 3 and s["all"]["accuracy_ll"] == 1.0 and s["all"]["accuracy_letter"] == 1.0
-    assert s["errors"] == {"total": 5, "by_kind": {"video_missing": 2, "video_unreadable": 1, "answer": 1, "malformed": 1}}
+    assert (
+        s["items"] == 8 and s["scored"] == 3 and s["all"]["accuracy_ll"] == 1.0 and s["all"]["accuracy_letter"] == 1.0
+    )
+    assert s["errors"] == {
+        "total": 5,
+        "by_kind": {"video_missing": 2, "video_unreadable": 1, "answer": 1, "malformed": 1},
+    }
     assert recs["Q cached?"]["codes_from"] == "cache" and recs["Q cached?"]["frames"] == 4
     assert recs["Q cached?"]["duration"] == 3.0 and recs["Q cached?"]["bucket"] == "short"
-    assert recs["Q mme?"]["codes_from"] == "cache" and recs["Q mme?"]["cache_id"] == "mme1" and recs["Q mme?"]["bucket"] == "long"
+    assert (
+        recs["Q mme?"]["codes_from"] == "cache"
+        and recs["Q mme?"]["cache_id"] == "mme1"
+        and recs["Q mme?"]["bucket"] == "long"
+    )
     assert recs["Q fresh?"]["codes_from"] == "video" and recs["Q fresh?"]["frames"] == 4  # 3 s at 2 fps, at most 4
     assert recs["Q fresh?"]["prompt_tokens"] == len(chat_prompt(tok, vocab, "Q fresh?", np.zeros((4, 256), np.int64)))
     assert "missing.mp4: no such file" in recs["Q missing?"]["error"]
@@ -359,20 +451,51 @@ def e2e(tmp_path_factory):
         write_video(root / "videos" / f"clip{i}.mp4", width=64, height=64, frames=20 + 10 * i, fps=10)
     codes = _code_store(root / "codes", [video_id(str(root / "videos" / "clip2.mp4"), "stem")])
     opts = ["Red.", "Cyan.", "Green.", "White."]
-    data = write_jsonl(root / "qa.jsonl", [
-        {"id": "c0", "video": "videos/clip0.mp4", "question": "What color is the circle?", "options": opts,
-         "answer": "Cyan.", "duration": 20},
-        {"id": "c1", "video": "videos/clip1.mp4", "question": "What color is the square?", "options": opts,
-         "answer": "D", "duration": 1000},
-        {"id": "c2", "video": "videos/clip2.mp4", "question": "How many shapes are shown?", "answer": "Two."},
-        {"id": "gone", "video": "videos/nope.mp4", "question": "What color?", "options": opts, "answer": "Red."},
-    ])
+    data = write_jsonl(
+        root / "qa.jsonl",
+        [
+            {
+                "id": "c0",
+                "video": "videos/clip0.mp4",
+                "question": "What color is the circle?",
+                "options": opts,
+                "answer": "Cyan.",
+                "duration": 20,
+            },
+            {
+                "id": "c1",
+                "video": "videos/clip1.mp4",
+                "question": "What color is the square?",
+                "options": opts,
+                "answer": "D",
+                "duration": 1000,
+            },
+            {"id": "c2", "video": "videos/clip2.mp4", "question": "How many shapes are shown?", "answer": "Two."},
+            {"id": "gone", "video": "videos/nope.mp4", "question": "What color?", "options": opts, "answer": "Red."},
+        ],
+    )
     return {"root": root, "hf": root / "hf", "data": data, "codes": codes}
 
 
 def _args(e2e, out, *extra):
-    return ["--model", str(e2e["hf"]), "--data", str(e2e["data"]), "--codes", str(e2e["codes"]), "--vqgan", str(VQGAN),
-            "--out", str(out), "--no-progress", "--letter-tokens", "4", "--max-new-tokens", "6", *extra]
+    return [
+        "--model",
+        str(e2e["hf"]),
+        "--data",
+        str(e2e["data"]),
+        "--codes",
+        str(e2e["codes"]),
+        "--vqgan",
+        str(VQGAN),
+        "--out",
+        str(out),
+        "--no-progress",
+        "--letter-tokens",
+        "4",
+        "--max-new-tokens",
+        "6",
+        *extra,
+    ]
 
 
 def test_cli_end_to_end(e2e, tmp_path, capsys):
@@ -388,7 +511,9 @@ def test_cli_end_to_end(e2e, tmp_path, capsys):
     assert recs["c0"]["bucket"] == "short" and recs["c1"]["bucket"] == "long" and recs["c0"]["codes_from"] == "video"
     assert recs["c0"]["frames"] == 2 and recs["c1"]["frames"] == 3  # 2 s and 3 s at 1 fps
     assert recs["c0"]["prompt_tokens"] > 2 * 257 and recs["c1"]["prompt_tokens"] > 3 * 257
-    assert recs["c2"]["codes_from"] == "cache" and recs["c2"]["frames"] == 3 and recs["c2"]["bucket"] == "short"  # 6 at 2/s -> 1 fps
+    assert (
+        recs["c2"]["codes_from"] == "cache" and recs["c2"]["frames"] == 3 and recs["c2"]["bucket"] == "short"
+    )  # 6 at 2/s -> 1 fps
     assert isinstance(recs["c2"]["open"]["output"], str)
     for r in (recs["c0"], recs["c1"]):
         assert len(r["ll"]["scores"]) == 4 and all(x < 0 for x in r["ll"]["scores"])
@@ -425,9 +550,22 @@ def test_torchrun_two_ranks_match_one(e2e, tmp_path):
     assert vqa.main(_args(e2e, one, "--limit", "2")) == 0
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         str(ROOT / "eval" / "video_qa.py"), *_args(e2e, two, "--limit", "2")],
-        capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            str(ROOT / "eval" / "video_qa.py"),
+            *_args(e2e, two, "--limit", "2"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     a = json.loads((one / "video_qa.json").read_text())
     b = json.loads((two / "video_qa.json").read_text())

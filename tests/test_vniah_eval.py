@@ -38,8 +38,10 @@ def reader(vqgan):
     """Frame codes (N, 256) -> class names, by a probe fitted on frames never used for evaluation."""
     x, y = make_vniah.labelled_frames(10, seed=7)
     hists = make_vniah.code_histograms(vqgan, x)
-    return lambda codes: [NAMES[c] for c in make_vniah.nearest_centroid(hists, y, make_vniah.histograms(
-        np.asarray(codes), vqgan.config.n_codes))]
+    return lambda codes: [
+        NAMES[c]
+        for c in make_vniah.nearest_centroid(hists, y, make_vniah.histograms(np.asarray(codes), vqgan.config.n_codes))
+    ]
 
 
 def test_trial_videos_put_the_needle_at_the_depth_and_repeat():
@@ -122,14 +124,34 @@ def stage_model(tmp_path_factory) -> Path:
     return out
 
 
-ARGS = ["--tokenizer", str(TOKENIZER), "--frames", "1", "3", "--depths", "0", "100", "--trials", "1", "--pool", "4",
-        "--device", "cpu"]
+ARGS = [
+    "--tokenizer",
+    str(TOKENIZER),
+    "--frames",
+    "1",
+    "3",
+    "--depths",
+    "0",
+    "100",
+    "--trials",
+    "1",
+    "--pool",
+    "4",
+    "--device",
+    "cpu",
+]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
 
 
 def run_cli(launcher, args):
-    return subprocess.run([*launcher, str(ROOT / "eval" / "vniah.py"), *args], cwd=ROOT, env=ENV,
-                          capture_output=True, text=True, timeout=180)
+    return subprocess.run(
+        [*launcher, str(ROOT / "eval" / "vniah.py"), *args],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
 
 
 def test_command_one_process_and_torchrun_agree(stage_model, tmp_path):
@@ -141,8 +163,10 @@ def test_command_one_process_and_torchrun_agree(stage_model, tmp_path):
     assert all(r["error"] is None for r in res["trials"])
     assert (tmp_path / "one" / "vniah_heatmap.png").stat().st_size > 1000
     assert (tmp_path / "one" / "vniah_heatmap_ll.png").stat().st_size > 1000
-    two = run_cli([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"],
-                  ["--model", str(stage_model), "--out", str(tmp_path / "two"), *ARGS])
+    two = run_cli(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"],
+        ["--model", str(stage_model), "--out", str(tmp_path / "two"), *ARGS],
+    )
     assert two.returncode == 0, two.stderr[-3000:]
     assert two.stdout.count("accuracy generated") == 1  # rank 0 only
     cp2 = json.loads((tmp_path / "two" / "vniah.json").read_text())

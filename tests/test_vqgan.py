@@ -7,15 +7,34 @@ from lwm.vision.quantizer import VectorQuantizer
 
 # aMUSEd's VQ model (the VQGAN LWM used), as a diffusers VQModel config.
 AMUSED_VQ = dict(
-    in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 5, up_block_types=("UpDecoderBlock2D",) * 5,
-    block_out_channels=(128, 256, 256, 512, 768), layers_per_block=2, act_fn="silu", latent_channels=64,
-    num_vq_embeddings=8192, norm_num_groups=32, vq_embed_dim=64, norm_type="group", mid_block_add_attention=False,
-    lookup_from_codebook=True, force_upcast=True, scaling_factor=0.18215,
+    in_channels=3,
+    out_channels=3,
+    down_block_types=("DownEncoderBlock2D",) * 5,
+    up_block_types=("UpDecoderBlock2D",) * 5,
+    block_out_channels=(128, 256, 256, 512, 768),
+    layers_per_block=2,
+    act_fn="silu",
+    latent_channels=64,
+    num_vq_embeddings=8192,
+    norm_num_groups=32,
+    vq_embed_dim=64,
+    norm_type="group",
+    mid_block_add_attention=False,
+    lookup_from_codebook=True,
+    force_upcast=True,
+    scaling_factor=0.18215,
 )
 # A small VQModel of the same kind: 64x64 -> 16x16 codes.
-TINY_VQ = {**AMUSED_VQ, "down_block_types": ("DownEncoderBlock2D",) * 3, "up_block_types": ("UpDecoderBlock2D",) * 3,
-           "block_out_channels": (32, 64, 64), "layers_per_block": 1, "latent_channels": 16, "vq_embed_dim": 16,
-           "norm_num_groups": 8}
+TINY_VQ = {
+    **AMUSED_VQ,
+    "down_block_types": ("DownEncoderBlock2D",) * 3,
+    "up_block_types": ("UpDecoderBlock2D",) * 3,
+    "block_out_channels": (32, 64, 64),
+    "layers_per_block": 1,
+    "latent_channels": 16,
+    "vq_embed_dim": 16,
+    "norm_num_groups": 8,
+}
 
 
 def vq_model(config: dict, seed: int = 0):
@@ -53,6 +72,7 @@ def diffusers_decode(model, codes: torch.Tensor, side: int) -> torch.Tensor:
 def amused():
     """aMUSEd-shaped VQModel (146M parameters, random weights) and our import of it; built once."""
     import diffusers  # noqa: F401
+
     from lwm.interop.diffusers import from_diffusers
 
     reference = vq_model(AMUSED_VQ)
@@ -85,12 +105,15 @@ def test_amused_codes_identical_and_decode_matches_diffusers(amused):
     assert codes.unique().numel() > 50  # a real spread of codes, not one code everywhere
     # Decoding is the slow half (~8 s a frame for each model on 2 cores): one frame.
     # Tolerance: same ops in the same order (equal in practice); 1e-4 leaves room for kernel choice.
-    torch.testing.assert_close(ours.decode(codes[1:]), diffusers_decode(reference, expected[1:], 16), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(
+        ours.decode(codes[1:]), diffusers_decode(reference, expected[1:], 16), atol=1e-4, rtol=1e-4
+    )
 
 
 @torch.no_grad()
 def test_tiny_vq_model_forward_matches_diffusers():
     import diffusers  # noqa: F401
+
     from lwm.interop.diffusers import from_diffusers
 
     reference = vq_model(TINY_VQ)
@@ -109,6 +132,7 @@ def test_tiny_vq_model_forward_matches_diffusers():
 @torch.no_grad()
 def test_from_diffusers_folder_round_trip(tmp_path):
     import diffusers  # noqa: F401
+
     from lwm.interop.diffusers import from_diffusers, to_diffusers
 
     reference = vq_model(TINY_VQ)
@@ -139,8 +163,14 @@ def test_from_diffusers_refuses_unsupported_options():
         with pytest.raises(ValueError, match=f"unsupported VQModel options .*{name}"):
             config_from_diffusers({**AMUSED_VQ, **change})
     with pytest.raises(ValueError, match=r"block_out_channels \[128, 192\] must be multiples of the first, 128"):
-        config_from_diffusers({**AMUSED_VQ, "block_out_channels": (128, 192), "down_block_types": ("DownEncoderBlock2D",) * 2,
-                               "up_block_types": ("UpDecoderBlock2D",) * 2})
+        config_from_diffusers(
+            {
+                **AMUSED_VQ,
+                "block_out_channels": (128, 192),
+                "down_block_types": ("DownEncoderBlock2D",) * 2,
+                "up_block_types": ("UpDecoderBlock2D",) * 2,
+            }
+        )
     # The defaults of diffusers' VQModel (mid-block attention) are refused too when left out.
     with pytest.raises(ValueError, match="mid_block_add_attention"):
         config_from_diffusers({k: v for k, v in AMUSED_VQ.items() if k != "mid_block_add_attention"})
@@ -190,9 +220,18 @@ def test_bf16_encode_keeps_fp32_distances(tiny):
 @pytest.mark.parametrize(
     "frames, message",
     [
-        (torch.zeros(64, 64, 3, dtype=torch.uint8), r"frames must be \(T, 64, 64, 3\) uint8 or \(T, 3, 64, 64\) float .* got shape \(64, 64, 3\)"),
-        (torch.zeros(2, 3, 64, 64, dtype=torch.uint8), r"uint8 frames must be channels-last .* got shape \(2, 3, 64, 64\) dtype torch.uint8"),
-        (torch.zeros(2, 64, 64, 3), r"float frames must be channels-first .* got shape \(2, 64, 64, 3\) dtype torch.float32"),
+        (
+            torch.zeros(64, 64, 3, dtype=torch.uint8),
+            r"frames must be \(T, 64, 64, 3\) uint8 or \(T, 3, 64, 64\) float .* got shape \(64, 64, 3\)",
+        ),
+        (
+            torch.zeros(2, 3, 64, 64, dtype=torch.uint8),
+            r"uint8 frames must be channels-last .* got shape \(2, 3, 64, 64\) dtype torch.uint8",
+        ),
+        (
+            torch.zeros(2, 64, 64, 3),
+            r"float frames must be channels-first .* got shape \(2, 64, 64, 3\) dtype torch.float32",
+        ),
         (torch.zeros(2, 32, 32, 3, dtype=torch.uint8), r"frames are 32x32 but this VQGAN takes 64x64"),
         (torch.zeros(2, 3, 64, 48), r"frames are 64x48 but this VQGAN takes 64x64"),
         (torch.zeros(2, 64, 64, 3, dtype=torch.int64), r"frames must be uint8 or floating point.* dtype torch.int64"),
@@ -222,8 +261,14 @@ def test_decode_rejects_bad_codes(tiny, codes, message):
 def test_config_validation_messages_have_values():
     cases = [
         (dict(resolution=250), r"resolution 250 is not divisible by the downsampling 16"),
-        (dict(resolution=512), r"resolution 512 / downsampling 16 gives 32x32 = 1024 codes per frame.*use resolution 256"),
-        (dict(norm_groups=24), r"block channels \[128, 256, 256, 512, 768\] .* divisible by norm_groups 24; \[128, 256, 256, 512\]"),
+        (
+            dict(resolution=512),
+            r"resolution 512 / downsampling 16 gives 32x32 = 1024 codes per frame.*use resolution 256",
+        ),
+        (
+            dict(norm_groups=24),
+            r"block channels \[128, 256, 256, 512, 768\] .* divisible by norm_groups 24; \[128, 256, 256, 512\]",
+        ),
         (dict(channel_mult=()), r"channel_mult must be a non-empty tuple of positive integers, got \(\)"),
         (dict(n_codes=0), r"VQGANConfig.n_codes must be a positive integer, got 0"),
     ]
@@ -281,7 +326,12 @@ def test_vqgan_training_step_reaches_encoder_codebook_and_decoder(tiny):
     assert out.recon.shape == x.shape and out.codes.shape == (2, 256)
     loss = F.mse_loss(out.recon, x) + out.codebook_loss + 0.25 * out.commitment_loss
     loss.backward()
-    for name in ("encoder.conv_in.weight", "encoder.quant_conv.weight", "quantizer.codebook.weight", "decoder.conv_out.weight"):
+    for name in (
+        "encoder.conv_in.weight",
+        "encoder.quant_conv.weight",
+        "quantizer.codebook.weight",
+        "decoder.conv_out.weight",
+    ):
         grad = model.get_parameter(name).grad
         assert grad is not None and grad.abs().sum() > 0, name
     # The reconstruction term alone reaches the encoder only through the straight-through estimator.

@@ -42,9 +42,19 @@ def fit(lit: LitVQGAN, frames: torch.Tensor, steps: int, batch_size: int = 4):
     from torch.utils.data import DataLoader
 
     # max_time: a training_step that never steps the optimizer never reaches max_steps; fail, don't hang
-    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=steps, max_epochs=-1, max_time={"seconds": 60}, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        limit_val_batches=0, num_sanity_val_steps=0)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=steps,
+        max_epochs=-1,
+        max_time={"seconds": 60},
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+    )
     trainer.fit(lit, DataLoader(FrameDataset(frames), batch_size=batch_size, shuffle=True, drop_last=True))
     return trainer
 
@@ -72,7 +82,9 @@ def test_a_few_steps_reduce_the_reconstruction_loss():
 
 def test_gan_and_ema_paths_run_and_count_generator_steps_only():
     frames = synthetic_frames(4)
-    train = VQGANTrainConfig(batch_size=2, ema_decay=0.9, gan=GANConfig(enabled=True, disc_start=1, channels=8, n_layers=2))
+    train = VQGANTrainConfig(
+        batch_size=2, ema_decay=0.9, gan=GANConfig(enabled=True, disc_start=1, channels=8, n_layers=2)
+    )
     lit = LitVQGAN(TINY, train)
     codebook_before = lit.codebook.clone()
     trainer = fit(lit, frames, steps=3, batch_size=2)
@@ -81,7 +93,9 @@ def test_gan_and_ema_paths_run_and_count_generator_steps_only():
 
 
 def test_cosine_lr_anneals_over_max_steps():
-    lit = LitVQGAN(TINY, VQGANTrainConfig(batch_size=2, lr=1e-3, lr_schedule="cosine", min_lr_ratio=0.1, restart_every=0))
+    lit = LitVQGAN(
+        TINY, VQGANTrainConfig(batch_size=2, lr=1e-3, lr_schedule="cosine", min_lr_ratio=0.1, restart_every=0)
+    )
     lrs = []
 
     class Record(__import__("lightning").Callback):
@@ -91,8 +105,19 @@ def test_cosine_lr_anneals_over_max_steps():
     import lightning as L
     from torch.utils.data import DataLoader
 
-    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=4, max_epochs=-1, max_time={"seconds": 60}, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, callbacks=[Record()])
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=4,
+        max_epochs=-1,
+        max_time={"seconds": 60},
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        callbacks=[Record()],
+    )
     trainer.fit(lit, DataLoader(FrameDataset(synthetic_frames(4), crop=32, align=4), batch_size=2))
     expected = [1e-3 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * s / 4))) for s in (1, 2, 3, 4)]
     assert lrs == pytest.approx(expected)  # after step s the LR is the one for progress s / max_steps; ends at 0.1 lr
@@ -102,9 +127,9 @@ def test_train_entry_point_writes_weights_grids_logs_and_summary(tmp_path, capsy
     import sys
 
     sys.path.insert(0, str(ROOT))
-    import train_vqgan
     from video_samples import write_video
 
+    import train_vqgan
     from lwm.vision.checkpoint import load_vqgan
 
     (tmp_path / "v").mkdir()
@@ -113,20 +138,41 @@ def test_train_entry_point_writes_weights_grids_logs_and_summary(tmp_path, capsy
     (tmp_path / "videos.jsonl").write_text("".join(json.dumps({"path": f"v/clip_{i}.mp4"}) + "\n" for i in range(3)))
     out = tmp_path / "run"
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose("vqgan", overrides=["vision=tiny", f"data.index={tmp_path / 'videos.jsonl'}", "data.held_out=1",
-                                          "trainer.max_steps=3", "trainer.max_minutes=1", "trainer.val_every=2", "trainer.log_every=1",
-                                          "vision.train.batch_size=2", "vision.train.grid_frames=3",
-                                          f"out_dir={out}", f"export={tmp_path / 'ckpt' / 'vqgan_tiny.safetensors'}"])
+        cfg = compose(
+            "vqgan",
+            overrides=[
+                "vision=tiny",
+                f"data.index={tmp_path / 'videos.jsonl'}",
+                "data.held_out=1",
+                "trainer.max_steps=3",
+                "trainer.max_minutes=1",
+                "trainer.val_every=2",
+                "trainer.log_every=1",
+                "vision.train.batch_size=2",
+                "vision.train.grid_frames=3",
+                f"out_dir={out}",
+                f"export={tmp_path / 'ckpt' / 'vqgan_tiny.safetensors'}",
+            ],
+        )
     summary = train_vqgan.train(from_hydra(cfg))
     assert summary["steps"] == 3 and summary["frames"] == {"train": 12, "val": 6, "train_videos": 2, "val_videos": 1}
     assert 0 < summary["held_out"]["psnr"] < 100 and summary["held_out"]["codes_used"] >= 1
-    for name in ("vqgan.safetensors", "vqgan.json", "summary.json", "csv/metrics.csv", "checkpoints/last.ckpt",
-                 "grids/step_000002.png", "grids/final.png"):
+    for name in (
+        "vqgan.safetensors",
+        "vqgan.json",
+        "summary.json",
+        "csv/metrics.csv",
+        "checkpoints/last.ckpt",
+        "grids/step_000002.png",
+        "grids/final.png",
+    ):
         assert (out / name).is_file(), name
     assert list((out / "tb").glob("events.out.tfevents.*"))
     assert Image.open(out / "grids" / "final.png").size == (3 * 64, 2 * 64)
     model = load_vqgan(tmp_path / "ckpt" / "vqgan_tiny.safetensors")
-    assert model.config == TINY and json.loads((tmp_path / "ckpt" / "vqgan_tiny.json").read_text())["result"]["steps"] == 3
+    assert (
+        model.config == TINY and json.loads((tmp_path / "ckpt" / "vqgan_tiny.json").read_text())["result"]["steps"] == 3
+    )
     printed = capsys.readouterr().out
     assert str(out / "checkpoints" / "last.ckpt") in printed and "held-out PSNR" in printed
 
@@ -160,7 +206,9 @@ def test_usage_window_forgets_old_steps():
     usage.update(torch.tensor([2, 2, 2]))  # step 1 falls out of the window
     assert usage.histogram().tolist() == [0, 1, 3, 0]
     assert usage.dead().tolist() == [True, False, False, True]
-    assert usage.usage() == 0.5 and usage.perplexity() == pytest.approx(math.exp(-(0.25 * math.log(0.25) + 0.75 * math.log(0.75))))
+    assert usage.usage() == 0.5 and usage.perplexity() == pytest.approx(
+        math.exp(-(0.25 * math.log(0.25) + 0.75 * math.log(0.75)))
+    )
 
 
 def test_dead_code_restart_revives_unused_codes_and_keeps_used_ones():
@@ -178,8 +226,8 @@ def test_dead_code_restart_revives_unused_codes_and_keeps_used_ones():
 
     assert moved == n - len(used)
     torch.testing.assert_close(lit.codebook[used], before[used], rtol=0, atol=0)  # used codes untouched
-    rest = lit.codebook[len(used):]
-    assert not torch.isclose(rest, before[len(used):]).all(dim=1).any()
+    rest = lit.codebook[len(used) :]
+    assert not torch.isclose(rest, before[len(used) :]).all(dim=1).any()
     # every moved code is now one of the encoder outputs (4096 z for 8182 codes: each z is taken, some twice)
     outputs = {tuple(row) for row in z.tolist()}
     assert all(tuple(row) in outputs for row in rest.tolist())
@@ -291,8 +339,17 @@ def test_configs_compose_and_build(vision):
 
 def test_overrides_reach_the_dataclasses():
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose("vqgan", overrides=["vision=tiny", "vision.train.lr=3e-3", "trainer.max_minutes=2", "vision.train.crop=16",
-                                          "+vision.model.code_dim=8", "vision.train.gan.enabled=true"])
+        cfg = compose(
+            "vqgan",
+            overrides=[
+                "vision=tiny",
+                "vision.train.lr=3e-3",
+                "trainer.max_minutes=2",
+                "vision.train.crop=16",
+                "+vision.model.code_dim=8",
+                "vision.train.gan.enabled=true",
+            ],
+        )
     run = from_hydra(cfg)
     assert (run.train.lr, run.trainer.max_minutes, run.train.crop, run.model.code_dim) == (3e-3, 2, 16, 8)
     assert run.train.gan.enabled and run.model.resolution == 64
@@ -315,7 +372,10 @@ def test_overrides_reach_the_dataclasses():
         (["trainer.precision=fp8"], r"precision must be one of"),
         (["data.held_out=0"], r"held_out must be a positive integer"),
         (["vision.train.crop=-32"], r"VQGANTrainConfig.crop must be an integer >= 0, got -32"),
-        (["vision.train.crop=30"], r"vision.train.crop 30 must be at most the resolution 64 and a multiple of the VQGAN's downsampling 4"),
+        (
+            ["vision.train.crop=30"],
+            r"vision.train.crop 30 must be at most the resolution 64 and a multiple of the VQGAN's downsampling 4",
+        ),
         (["vision.train.crop=128"], r"vision.train.crop 128 must be at most the resolution 64"),
         (["vision.train.betas=[0.9]"], r"betas must be two numbers in \[0, 1\), got \[0.9\]"),
         (["vision.train.gan.disc_start=-5"], r"disc_start must be >= 0 steps, got -5"),

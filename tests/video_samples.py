@@ -28,16 +28,33 @@ def frame_image(i: int, height: int, width: int) -> np.ndarray:
     return img
 
 
-def write_video(path: Path, *, width: int = 64, height: int = 48, frames: int = 40, fps: int = 10,
-                codec: str = "libx264", pts_ms: list[int] | None = None, keyframe_interval: int | None = None,
-                rotation: int | None = None) -> Path:
+def write_video(
+    path: Path,
+    *,
+    width: int = 64,
+    height: int = 48,
+    frames: int = 40,
+    fps: int = 10,
+    codec: str = "libx264",
+    pts_ms: list[int] | None = None,
+    keyframe_interval: int | None = None,
+    rotation: int | None = None,
+) -> Path:
     """A constant frame rate video, or with pts_ms (one time in milliseconds per frame) a variable one.
 
     rotation (degrees, mp4/mov) writes a display matrix into the track header (PyAV's set_display_rotation; ffprobe
     shows side data "Display Matrix", ffmpeg 4, decord's, a `rotate` tag), and marks the top left corner blue so that
     a turn the wrong way shows."""
-    options = dict(width=width, height=height, frames=frames, fps=fps, codec=codec, pts_ms=pts_ms,
-                   keyframe_interval=keyframe_interval, rotation=rotation)
+    options = dict(
+        width=width,
+        height=height,
+        frames=frames,
+        fps=fps,
+        codec=codec,
+        pts_ms=pts_ms,
+        keyframe_interval=keyframe_interval,
+        rotation=rotation,
+    )
     try:
         return _write(path, **options)
     except av.error.ArgumentError:
@@ -45,14 +62,28 @@ def write_video(path: Path, *, width: int = 64, height: int = 48, frames: int = 
             raise
     # decord, imported before PyAV in this process, loaded its own libvpx with global symbols, and PyAV's VP9 encoder
     # binds to that one ("ABI version mismatch"); a fresh interpreter has PyAV's only. (Decoding VP9 is ffmpeg's own.)
-    script = "import json, sys; sys.path.insert(0, sys.argv[1]); from video_samples import write_video; " \
-             "write_video(sys.argv[2], **json.loads(sys.argv[3]))"
-    subprocess.run([sys.executable, "-c", script, str(Path(__file__).parent), str(path), json.dumps(options)], check=True)
+    script = (
+        "import json, sys; sys.path.insert(0, sys.argv[1]); from video_samples import write_video; "
+        "write_video(sys.argv[2], **json.loads(sys.argv[3]))"
+    )
+    subprocess.run(
+        [sys.executable, "-c", script, str(Path(__file__).parent), str(path), json.dumps(options)], check=True
+    )
     return path
 
 
-def _write(path: Path, *, width: int, height: int, frames: int, fps, codec: str, pts_ms: list[int] | None,
-           keyframe_interval: int | None, rotation: int | None) -> Path:
+def _write(
+    path: Path,
+    *,
+    width: int,
+    height: int,
+    frames: int,
+    fps,
+    codec: str,
+    pts_ms: list[int] | None,
+    keyframe_interval: int | None,
+    rotation: int | None,
+) -> Path:
     with av.open(str(path), "w") as out:
         stream = out.add_stream(codec, rate=fps)
         # The MJPEG encoder takes full-range YUV only.

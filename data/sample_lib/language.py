@@ -13,8 +13,21 @@ import numpy as np
 
 from .scene import COLORS, DIRECTIONS, Event, Scene
 
-NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
-                "eleven", "twelve")
+NUMBER_WORDS = (
+    "zero",
+    "one",
+    "two",
+    "three",
+    "four",
+    "five",
+    "six",
+    "seven",
+    "eight",
+    "nine",
+    "ten",
+    "eleven",
+    "twelve",
+)
 
 
 def _pick(rng: np.random.Generator, options):
@@ -30,6 +43,7 @@ def _a(phrase: str) -> str:
 
 
 # --- events --------------------------------------------------------------------------------------
+
 
 def _verbs(e: Event) -> tuple[str, str]:
     """(third person, base form) of what happens: ("turns blue", "turn blue")."""
@@ -49,6 +63,7 @@ def event_text(scene: Scene, e: Event) -> str:
 
 # --- captions ------------------------------------------------------------------------------------
 
+
 def _motion_phrase(scene: Scene, i: int, rng: np.random.Generator) -> str:
     o, e = scene.objects[i], scene.event_of(i)
     if e is not None and e.kind == "start":
@@ -66,9 +81,16 @@ def _join(items: list[str]) -> str:
 def caption(scene: Scene, rng: np.random.Generator) -> str:
     n = len(scene.objects)
     shapes = f"{NUMBER_WORDS[n]} colored shape{'s' if n > 1 else ''}"
-    parts = [_pick(rng, (f"A video of {shapes} on a dark background.",
-                         f"{_sentence(shapes)} on a dark background.",
-                         f"This clip shows {shapes} on a dark background."))]
+    parts = [
+        _pick(
+            rng,
+            (
+                f"A video of {shapes} on a dark background.",
+                f"{_sentence(shapes)} on a dark background.",
+                f"This clip shows {shapes} on a dark background.",
+            ),
+        )
+    ]
     at_start = [i for i in range(n) if not (scene.event_of(i) and scene.event_of(i).kind == "appear")]
     if at_start:
         things = [f"{_a(scene.objects[i].name)} {_motion_phrase(scene, i, rng)}" for i in at_start]
@@ -77,17 +99,28 @@ def caption(scene: Scene, rng: np.random.Generator) -> str:
         parts.append("At first no shape is visible.")
     if scene.digit is not None:
         d = scene.digit
-        parts.append(_pick(rng, (f"A large gray digit {d} is drawn in the middle.",
-                                 f"The digit {d} is shown in gray behind the shapes.",
-                                 f"A big gray {d} stays in the center.")))
+        parts.append(
+            _pick(
+                rng,
+                (
+                    f"A large gray digit {d} is drawn in the middle.",
+                    f"The digit {d} is shown in gray behind the shapes.",
+                    f"A big gray {d} stays in the center.",
+                ),
+            )
+        )
     for k, e in enumerate(scene.events):
-        lead = _pick(rng, (f"At {e.t} seconds, ", f"After {e.t} seconds, ")) if k == 0 else \
-            _pick(rng, (f"At {e.t} seconds, ", f"Then at {e.t} seconds, ", f"Later, at {e.t} seconds, "))
+        lead = (
+            _pick(rng, (f"At {e.t} seconds, ", f"After {e.t} seconds, "))
+            if k == 0
+            else _pick(rng, (f"At {e.t} seconds, ", f"Then at {e.t} seconds, ", f"Later, at {e.t} seconds, "))
+        )
         parts.append(lead + event_text(scene, e) + ".")
     return " ".join(parts)
 
 
 # --- questions and answers -----------------------------------------------------------------------
+
 
 class QA(NamedTuple):
     question: str
@@ -122,8 +155,13 @@ def questions(scene: Scene) -> list[QA]:
             qa.append(QA(f"What color is the {o.shape} at the end?", _sentence(final), "color_end"))
         e = scene.event_of(i)
         if e is None or e.kind != "start":
-            axis = MOTION_ANSWERS[0] if o.motion == "still" else MOTION_ANSWERS[1] if DIRECTIONS[o.motion][0] \
+            axis = (
+                MOTION_ANSWERS[0]
+                if o.motion == "still"
+                else MOTION_ANSWERS[1]
+                if DIRECTIONS[o.motion][0]
                 else MOTION_ANSWERS[2]
+            )
             qa.append(QA(f"How does the {o.shape} move?", axis, "motion"))
     if scene.digit is not None:
         qa.append(QA("Which digit is shown?", f"{scene.digit}.", "digit"))
@@ -163,45 +201,339 @@ def multiple_choice(qa: QA, rng: np.random.Generator) -> Choice | None:
 
 # --- documents -----------------------------------------------------------------------------------
 
-SYLLABLES = ("ka", "lo", "mi", "ra", "ten", "vor", "sa", "bel", "dun", "ri", "ash", "el", "mar", "tho", "quin",
-             "zed", "ol", "pa", "ni", "ver", "gal", "fi", "ro", "sen", "tu", "ha", "jor", "lem", "cy", "dra",
-             "bri", "nor", "wen", "ish", "ul", "gor", "tam", "yev", "pel", "cor", "sku", "ame", "tris", "obo",
-             "ulf", "kel", "vin", "sha", "dor", "eth", "pim", "rax", "ju", "nev", "oss", "fal", "gri", "mun")
-PLACE_ENDINGS = ("ford", "ton", "vale", "port", "mere", "wick", "holm", "bridge", "stead", "haven", "field", "by",
-                 "moor", "dale", "crest", "hollow", "gate", "reach")
+SYLLABLES = (
+    "ka",
+    "lo",
+    "mi",
+    "ra",
+    "ten",
+    "vor",
+    "sa",
+    "bel",
+    "dun",
+    "ri",
+    "ash",
+    "el",
+    "mar",
+    "tho",
+    "quin",
+    "zed",
+    "ol",
+    "pa",
+    "ni",
+    "ver",
+    "gal",
+    "fi",
+    "ro",
+    "sen",
+    "tu",
+    "ha",
+    "jor",
+    "lem",
+    "cy",
+    "dra",
+    "bri",
+    "nor",
+    "wen",
+    "ish",
+    "ul",
+    "gor",
+    "tam",
+    "yev",
+    "pel",
+    "cor",
+    "sku",
+    "ame",
+    "tris",
+    "obo",
+    "ulf",
+    "kel",
+    "vin",
+    "sha",
+    "dor",
+    "eth",
+    "pim",
+    "rax",
+    "ju",
+    "nev",
+    "oss",
+    "fal",
+    "gri",
+    "mun",
+)
+PLACE_ENDINGS = (
+    "ford",
+    "ton",
+    "vale",
+    "port",
+    "mere",
+    "wick",
+    "holm",
+    "bridge",
+    "stead",
+    "haven",
+    "field",
+    "by",
+    "moor",
+    "dale",
+    "crest",
+    "hollow",
+    "gate",
+    "reach",
+)
 WORDS = {
-    "color": ("red", "green", "blue", "yellow", "white", "magenta", "cyan", "orange", "gray", "black", "purple",
-              "brown", "silver", "golden", "pink", "violet", "crimson", "amber", "teal", "ivory"),
+    "color": (
+        "red",
+        "green",
+        "blue",
+        "yellow",
+        "white",
+        "magenta",
+        "cyan",
+        "orange",
+        "gray",
+        "black",
+        "purple",
+        "brown",
+        "silver",
+        "golden",
+        "pink",
+        "violet",
+        "crimson",
+        "amber",
+        "teal",
+        "ivory",
+    ),
     "shape": ("circle", "square", "triangle"),
     "dir": ("left", "right", "up", "down", "north", "south", "east", "west"),
     "day": ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"),
-    "month": ("January", "February", "March", "April", "May", "June", "July", "August", "September",
-              "October", "November", "December"),
-    "item": ("lanterns", "baskets", "maps", "stones", "ribbons", "candles", "kites", "bells", "jars", "coins",
-             "letters", "marbles", "boxes", "flags", "keys", "shells", "feathers", "books", "cups", "tiles",
-             "blankets", "mirrors", "compasses", "needles", "buttons", "barrels", "ladders", "umbrellas",
-             "paintbrushes", "telescopes", "wheels", "hammers", "spoons", "pebbles", "scrolls", "whistles"),
-    "job": ("baker", "weaver", "painter", "sailor", "clockmaker", "gardener", "miller", "teacher", "scribe",
-            "carpenter", "potter", "shepherd", "glassblower", "mapmaker", "fisher", "smith", "astronomer",
-            "beekeeper", "librarian", "merchant", "musician", "innkeeper", "tailor", "cartographer", "blacksmith",
-            "apothecary", "lighthouse keeper", "bookbinder", "stonemason", "ferryman", "chemist", "surveyor"),
-    "animal": ("fox", "heron", "goat", "owl", "otter", "crow", "hare", "badger", "swan", "lynx", "beaver",
-               "squirrel", "falcon", "tortoise", "hedgehog", "salamander", "pelican", "reindeer", "woodpecker"),
-    "weather": ("rain", "fog", "snow", "wind", "sunshine", "hail", "thunder", "mist", "drizzle", "frost",
-                "lightning", "sleet"),
-    "feeling": ("glad", "tired", "curious", "worried", "calm", "proud", "puzzled", "hopeful", "grateful",
-                "nervous", "cheerful", "anxious", "delighted", "frightened", "embarrassed", "surprised"),
-    "thing": ("bridge", "tower", "market", "harbor", "mill", "library", "garden", "workshop", "station", "well",
-              "observatory", "cathedral", "orchard", "courtyard", "fountain", "greenhouse", "warehouse",
-              "lighthouse", "monastery", "university", "theater", "museum"),
-    "adj": ("ancient", "narrow", "quiet", "crowded", "forgotten", "enormous", "delicate", "mysterious",
-            "beautiful", "dangerous", "peaceful", "abandoned", "magnificent", "ordinary", "remarkable",
-            "wonderful", "terrible", "curious", "hidden", "famous", "crooked", "sparkling", "weathered"),
-    "verb": ("carried", "repaired", "discovered", "measured", "described", "remembered", "borrowed",
-             "returned", "collected", "polished", "examined", "purchased", "recorded", "decorated",
-             "exchanged", "delivered", "abandoned", "considered", "celebrated", "arranged"),
-    "food": ("bread", "apples", "cheese", "soup", "honey", "pears", "walnuts", "porridge", "pancakes",
-             "blueberries", "dumplings", "chestnuts", "pumpkins", "turnips", "biscuits"),
+    "month": (
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ),
+    "item": (
+        "lanterns",
+        "baskets",
+        "maps",
+        "stones",
+        "ribbons",
+        "candles",
+        "kites",
+        "bells",
+        "jars",
+        "coins",
+        "letters",
+        "marbles",
+        "boxes",
+        "flags",
+        "keys",
+        "shells",
+        "feathers",
+        "books",
+        "cups",
+        "tiles",
+        "blankets",
+        "mirrors",
+        "compasses",
+        "needles",
+        "buttons",
+        "barrels",
+        "ladders",
+        "umbrellas",
+        "paintbrushes",
+        "telescopes",
+        "wheels",
+        "hammers",
+        "spoons",
+        "pebbles",
+        "scrolls",
+        "whistles",
+    ),
+    "job": (
+        "baker",
+        "weaver",
+        "painter",
+        "sailor",
+        "clockmaker",
+        "gardener",
+        "miller",
+        "teacher",
+        "scribe",
+        "carpenter",
+        "potter",
+        "shepherd",
+        "glassblower",
+        "mapmaker",
+        "fisher",
+        "smith",
+        "astronomer",
+        "beekeeper",
+        "librarian",
+        "merchant",
+        "musician",
+        "innkeeper",
+        "tailor",
+        "cartographer",
+        "blacksmith",
+        "apothecary",
+        "lighthouse keeper",
+        "bookbinder",
+        "stonemason",
+        "ferryman",
+        "chemist",
+        "surveyor",
+    ),
+    "animal": (
+        "fox",
+        "heron",
+        "goat",
+        "owl",
+        "otter",
+        "crow",
+        "hare",
+        "badger",
+        "swan",
+        "lynx",
+        "beaver",
+        "squirrel",
+        "falcon",
+        "tortoise",
+        "hedgehog",
+        "salamander",
+        "pelican",
+        "reindeer",
+        "woodpecker",
+    ),
+    "weather": (
+        "rain",
+        "fog",
+        "snow",
+        "wind",
+        "sunshine",
+        "hail",
+        "thunder",
+        "mist",
+        "drizzle",
+        "frost",
+        "lightning",
+        "sleet",
+    ),
+    "feeling": (
+        "glad",
+        "tired",
+        "curious",
+        "worried",
+        "calm",
+        "proud",
+        "puzzled",
+        "hopeful",
+        "grateful",
+        "nervous",
+        "cheerful",
+        "anxious",
+        "delighted",
+        "frightened",
+        "embarrassed",
+        "surprised",
+    ),
+    "thing": (
+        "bridge",
+        "tower",
+        "market",
+        "harbor",
+        "mill",
+        "library",
+        "garden",
+        "workshop",
+        "station",
+        "well",
+        "observatory",
+        "cathedral",
+        "orchard",
+        "courtyard",
+        "fountain",
+        "greenhouse",
+        "warehouse",
+        "lighthouse",
+        "monastery",
+        "university",
+        "theater",
+        "museum",
+    ),
+    "adj": (
+        "ancient",
+        "narrow",
+        "quiet",
+        "crowded",
+        "forgotten",
+        "enormous",
+        "delicate",
+        "mysterious",
+        "beautiful",
+        "dangerous",
+        "peaceful",
+        "abandoned",
+        "magnificent",
+        "ordinary",
+        "remarkable",
+        "wonderful",
+        "terrible",
+        "curious",
+        "hidden",
+        "famous",
+        "crooked",
+        "sparkling",
+        "weathered",
+    ),
+    "verb": (
+        "carried",
+        "repaired",
+        "discovered",
+        "measured",
+        "described",
+        "remembered",
+        "borrowed",
+        "returned",
+        "collected",
+        "polished",
+        "examined",
+        "purchased",
+        "recorded",
+        "decorated",
+        "exchanged",
+        "delivered",
+        "abandoned",
+        "considered",
+        "celebrated",
+        "arranged",
+    ),
+    "food": (
+        "bread",
+        "apples",
+        "cheese",
+        "soup",
+        "honey",
+        "pears",
+        "walnuts",
+        "porridge",
+        "pancakes",
+        "blueberries",
+        "dumplings",
+        "chestnuts",
+        "pumpkins",
+        "turnips",
+        "biscuits",
+    ),
 }
 TEMPLATES = (
     "{name} the {job} lived in {place} and kept {num} {item} in a wooden chest.",
@@ -229,7 +561,7 @@ TEMPLATES = (
     "At second {small}, the {color} {shape} appeared; at second {small2}, it was gone.",
     "The {thing} of {place} was built in {year} and rebuilt {small} years later.",
     "{name} learned to be a {job} from {name2}, who had been one for {small} years.",
-    "In the old tongue of {place}, the word for {item} is \"{word}\" and the word for {weather} is \"{word2}\".",
+    'In the old tongue of {place}, the word for {item} is "{word}" and the word for {weather} is "{word2}".',
     "The {adj} {thing} near {place} is called {word} by the {job}s who work there.",
     "{name} {verb} the {adj} {item} of {name2} and {verb2} them again before {day}.",
     "For supper, {name} cooked {food} and {food2}, and gave {small} portions to the {animal}.",
@@ -240,11 +572,22 @@ TEMPLATES = (
     "{name2}'s {animal} was {feeling} when it saw the {color} {shape} spinning on the {thing}.",
     "The {word} is a {adj} dance from {place}, played on {small} drums and one whistle.",
 )
-TITLES = ("The chronicle of {place}", "Letters from {place}", "A year in {place}", "The {job} of {place}",
-          "Notes on {color} {shape}s", "The road from {place} to {place2}", "The {adj} {thing} of {place}")
-LONG_SLOTS = {"big": lambda r: f"{int(r.integers(1000, 100000)):,}", "year": lambda r: str(int(r.integers(1200, 2100))),
-              "num": lambda r: str(int(r.integers(2, 1000))), "small": lambda r: str(int(r.integers(1, 60))),
-              "hour": lambda r: NUMBER_WORDS[int(r.integers(1, 13))]}
+TITLES = (
+    "The chronicle of {place}",
+    "Letters from {place}",
+    "A year in {place}",
+    "The {job} of {place}",
+    "Notes on {color} {shape}s",
+    "The road from {place} to {place2}",
+    "The {adj} {thing} of {place}",
+)
+LONG_SLOTS = {
+    "big": lambda r: f"{int(r.integers(1000, 100000)):,}",
+    "year": lambda r: str(int(r.integers(1200, 2100))),
+    "num": lambda r: str(int(r.integers(2, 1000))),
+    "small": lambda r: str(int(r.integers(1, 60))),
+    "hour": lambda r: NUMBER_WORDS[int(r.integers(1, 13))],
+}
 
 
 def _word(rng: np.random.Generator, syllables: tuple[int, int] = (2, 4)) -> str:
@@ -269,20 +612,22 @@ def _fill(template: str, rng: np.random.Generator, cast: dict[str, list[str]]) -
             value = draw(key)
         chosen.setdefault(key, value)
         return value
+
     return re.sub(r"\{(\w+)\}", slot, template)
 
 
 def document(rng: np.random.Generator, chars: int) -> str:
     """About `chars` characters of prose: a title, then paragraphs of 3-8 sentences about one cast of
     invented names, places and words."""
-    cast = {"name": [_word(rng).capitalize() for _ in range(int(rng.integers(30, 60)))],
-            "place": [_word(rng).capitalize() + _pick(rng, PLACE_ENDINGS) for _ in range(int(rng.integers(12, 24)))],
-            "word": [_word(rng, (2, 5)) for _ in range(int(rng.integers(40, 80)))]}
+    cast = {
+        "name": [_word(rng).capitalize() for _ in range(int(rng.integers(30, 60)))],
+        "place": [_word(rng).capitalize() + _pick(rng, PLACE_ENDINGS) for _ in range(int(rng.integers(12, 24)))],
+        "word": [_word(rng, (2, 5)) for _ in range(int(rng.integers(40, 80)))],
+    }
     paragraphs = [_sentence(_fill(_pick(rng, TITLES), rng, cast))[:-1]]
     size = len(paragraphs[0])
     while size < chars:
-        text = " ".join(_sentence(_fill(_pick(rng, TEMPLATES), rng, cast)[:-1])
-                        for _ in range(int(rng.integers(3, 9))))
+        text = " ".join(_sentence(_fill(_pick(rng, TEMPLATES), rng, cast)[:-1]) for _ in range(int(rng.integers(3, 9))))
         paragraphs.append(text)
         size += len(text) + 2
     return "\n\n".join(paragraphs) + "\n"

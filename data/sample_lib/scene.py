@@ -17,8 +17,14 @@ SIZE = 64
 MIN_SECONDS, MAX_SECONDS = 8, 20
 
 PALETTE = {
-    "red": (230, 40, 40), "green": (40, 200, 60), "blue": (50, 90, 240), "yellow": (240, 220, 40),
-    "white": (240, 240, 240), "magenta": (220, 50, 220), "cyan": (40, 220, 230), "orange": (250, 140, 20),
+    "red": (230, 40, 40),
+    "green": (40, 200, 60),
+    "blue": (50, 90, 240),
+    "yellow": (240, 220, 40),
+    "white": (240, 240, 240),
+    "magenta": (220, 50, 220),
+    "cyan": (40, 220, 230),
+    "orange": (250, 140, 20),
 }
 COLORS = tuple(PALETTE)
 SHAPES = ("circle", "square", "triangle")
@@ -87,8 +93,13 @@ class Scene:
         return e.value if e is not None and e.kind == "recolor" else self.objects[i].color
 
 
-def random_scene(rng: np.random.Generator, video_id: str, seconds: int | None = None, fps: int = FPS,
-                 event_kinds: tuple[str, ...] = EVENT_KINDS) -> Scene:
+def random_scene(
+    rng: np.random.Generator,
+    video_id: str,
+    seconds: int | None = None,
+    fps: int = FPS,
+    event_kinds: tuple[str, ...] = EVENT_KINDS,
+) -> Scene:
     """1-3 shapes, maybe a digit, and events at whole seconds in [2, seconds - 2] (at most one per shape;
     at least one when there is room). `seconds` is drawn from [MIN_SECONDS, MAX_SECONDS] unless given.
     Generators in the same state give the same shapes, digit and background at every given length;
@@ -96,8 +107,10 @@ def random_scene(rng: np.random.Generator, video_id: str, seconds: int | None = 
     if seconds is None:
         seconds = int(rng.integers(MIN_SECONDS, MAX_SECONDS + 1))
     if seconds < 1 or fps < 1 or not event_kinds or not set(event_kinds) <= set(EVENT_KINDS):
-        raise ValueError(f"need seconds >= 1, fps >= 1 and event kinds among {EVENT_KINDS}; "
-                         f"got seconds={seconds}, fps={fps}, event_kinds={event_kinds}")
+        raise ValueError(
+            f"need seconds >= 1, fps >= 1 and event kinds among {EVENT_KINDS}; "
+            f"got seconds={seconds}, fps={fps}, event_kinds={event_kinds}"
+        )
     n = int(rng.integers(1, 4))
     shapes = [SHAPES[i] for i in rng.permutation(len(SHAPES))[:n]]
     colors = [COLORS[i] for i in rng.permutation(len(COLORS))[:n]]
@@ -125,8 +138,12 @@ def random_scene(rng: np.random.Generator, video_id: str, seconds: int | None = 
             value = spare_colors.pop(int(rng.integers(len(spare_colors))))
         elif kind == "start":  # from rest, towards a side at least one second of motion away
             o = objects[i]
-            room = {"left": o.start[0] - o.size, "right": SIZE - 1 - o.size - o.start[0],
-                    "up": o.start[1] - o.size, "down": SIZE - 1 - o.size - o.start[1]}
+            room = {
+                "left": o.start[0] - o.size,
+                "right": SIZE - 1 - o.size - o.start[0],
+                "up": o.start[1] - o.size,
+                "down": SIZE - 1 - o.size - o.start[1],
+            }
             value = str(rng.choice([d for d in DIRECTIONS if room[d] >= o.speed] or [max(room, key=room.get)]))
             o.motion = "still"
         events.append(Event(t, kind, i, value))
@@ -209,8 +226,15 @@ def scene_to_json(scene: Scene, event_texts: list[str]) -> dict:
         "width": SIZE,
         "height": SIZE,
         "objects": [
-            {"shape": o.shape, "color": o.color, "final_color": scene.final_color(i), "size": o.size,
-             "start": list(o.start), "motion": o.motion, "speed": o.speed}
+            {
+                "shape": o.shape,
+                "color": o.color,
+                "final_color": scene.final_color(i),
+                "size": o.size,
+                "start": list(o.start),
+                "motion": o.motion,
+                "speed": o.speed,
+            }
             for i, o in enumerate(scene.objects)
         ],
         "digit": scene.digit,

@@ -18,6 +18,7 @@ def __getattr__(name: str):
         return getattr(datamodule, name)
     raise AttributeError(f"module 'lwm.data' has no attribute {name!r}")
 
+
 __all__ = [
     "CodeStore",
     "DataConfig",

@@ -43,7 +43,7 @@ class CodeStore:
             # a line a killed lwm-tokenize cut short is skipped: its video was never finished
             for n, entry in records(manifest):
                 if not isinstance(entry, dict) or "id" not in entry:
-                    raise ValueError(f"{manifest}:{n}: a manifest record is a JSON object with an \"id\"")
+                    raise ValueError(f'{manifest}:{n}: a manifest record is a JSON object with an "id"')
                 self.meta[entry["id"]] = entry
 
     def path(self, video_id: str) -> Path:
@@ -60,7 +60,9 @@ class CodeStore:
         if fps is not None:
             stamps = self.meta.get(video_id, {}).get("timestamps")
             if stamps is None or len(stamps) != codes.shape[0]:
-                raise ValueError(f"video {video_id!r} has no timestamps for its {codes.shape[0]} frames in the manifest; cannot sample by rate")
+                raise ValueError(
+                    f"video {video_id!r} has no timestamps for its {codes.shape[0]} frames in the manifest; cannot sample by rate"
+                )
             codes = codes[rate_indices(np.asarray(stamps, dtype=np.float64), fps)]
         if max_frames is not None:
             codes = codes[uniform_indices(codes.shape[0], max_frames)]

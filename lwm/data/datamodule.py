@@ -22,7 +22,6 @@ from lwm.data.text_tokenizer import TextTokenizer
 from lwm.data.vocab import Vocab
 from lwm.parallel.layout import check_divisible, positions, shard
 
-
 POSITIONS = ("sequence", "document")
 
 
@@ -68,7 +67,9 @@ def document_positions(segment_ids: torch.Tensor) -> torch.Tensor:
     return idx - first
 
 
-def shard_batch(batch: dict[str, torch.Tensor], sharding: Sharding, position_mode: str = "sequence") -> dict[str, torch.Tensor]:
+def shard_batch(
+    batch: dict[str, torch.Tensor], sharding: Sharding, position_mode: str = "sequence"
+) -> dict[str, torch.Tensor]:
     """Every (B, S) tensor -> this rank's (B, S / cp) slice, plus `positions`: (S / cp,) global
     positions, or (B, S / cp) positions within each example (computed on the whole sequence)."""
     S = batch["tokens"].shape[1]
@@ -96,8 +97,15 @@ class LWMDataModule(L.LightningDataModule):
     """`sharding` places this process explicitly; without it, a datamodule attached to a Trainer
     places itself from the trainer's rank: dp = world / cp_size, global rank = dp_rank * cp + cp_rank."""
 
-    def __init__(self, config: DataConfig, seq_len: int, vocab: Vocab | None = None, sharding: Sharding | None = None,
-                 cp_size: int = 1, layout: str = "striped"):
+    def __init__(
+        self,
+        config: DataConfig,
+        seq_len: int,
+        vocab: Vocab | None = None,
+        sharding: Sharding | None = None,
+        cp_size: int = 1,
+        layout: str = "striped",
+    ):
         super().__init__()
         self.config, self.seq_len = config, seq_len
         self.explicit = sharding is not None
@@ -126,25 +134,44 @@ class LWMDataModule(L.LightningDataModule):
         if not c.sources:
             raise ValueError("DataConfig.sources is empty: give at least one JSON-lines file")
         self.stream = PackedStream(
-            c.sources, self.vocab, self.text_tokenizer, self.seq_len, c.batch_size,
-            codes=CodeStore(c.codes) if c.codes else None, seed=c.seed, dp_rank=sh.dp_rank, dp_size=sh.dp_size,
-            max_frames=c.max_frames, fps=c.fps, weighting=c.weighting, strict=c.strict, holdout=c.holdout,
+            c.sources,
+            self.vocab,
+            self.text_tokenizer,
+            self.seq_len,
+            c.batch_size,
+            codes=CodeStore(c.codes) if c.codes else None,
+            seed=c.seed,
+            dp_rank=sh.dp_rank,
+            dp_size=sh.dp_size,
+            max_frames=c.max_frames,
+            fps=c.fps,
+            weighting=c.weighting,
+            strict=c.strict,
+            holdout=c.holdout,
         )
 
     def train_dataloader(self) -> DataLoader:
         self.setup()
         # batch_size=None: the stream already yields whole batches; one process keeps the state exact
-        return DataLoader(_Batches(self.stream, StreamState(self.state.epoch, self.state.batches), self.sharding,
-                                   self.config.positions), batch_size=None)
+        return DataLoader(
+            _Batches(
+                self.stream, StreamState(self.state.epoch, self.state.batches), self.sharding, self.config.positions
+            ),
+            batch_size=None,
+        )
 
     def val_dataloader(self) -> DataLoader:
         """The held-out sequences (data.holdout), this rank's share, sharded like training batches."""
         self.setup()
         batches = self.stream.validation_batches() if self.config.holdout else []
         if self.config.holdout and not batches:
-            raise ValueError(f"data.holdout {self.config.holdout} gives fewer sequences than one global batch "
-                             f"({self.config.batch_size * self.sharding.dp_size} of {self.seq_len + 1} tokens)")
-        return DataLoader([shard_batch(to_tensors(b), self.sharding, self.config.positions) for b in batches], batch_size=None)
+            raise ValueError(
+                f"data.holdout {self.config.holdout} gives fewer sequences than one global batch "
+                f"({self.config.batch_size * self.sharding.dp_size} of {self.seq_len + 1} tokens)"
+            )
+        return DataLoader(
+            [shard_batch(to_tensors(b), self.sharding, self.config.positions) for b in batches], batch_size=None
+        )
 
     def on_before_batch_transfer(self, batch, dataloader_idx: int = 0):
         if "data_state" in batch:  # a training batch (validation batches carry no stream state)

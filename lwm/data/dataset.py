@@ -81,7 +81,9 @@ class PackedStream:
         for source in sources:
             lines = self._read(source)
             if holdout and len(lines) <= holdout:
-                raise ValueError(f"data source {source.path} has {len(lines)} examples: data.holdout {holdout} leaves none to train on")
+                raise ValueError(
+                    f"data source {source.path} has {len(lines)} examples: data.holdout {holdout} leaves none to train on"
+                )
             self.lines.append(lines[: len(lines) - holdout])
             self.heldout.append(lines[len(lines) - holdout :])
         self.stats: Counter = Counter()
@@ -108,8 +110,15 @@ class PackedStream:
             try:
                 example = line.parse()
                 enc = encode_example(
-                    example, self.vocab, self.text_tokenizer, self.codes, self.sources[s].fields,
-                    self.max_frames, self.fps, self.seed, key=where,
+                    example,
+                    self.vocab,
+                    self.text_tokenizer,
+                    self.codes,
+                    self.sources[s].fields,
+                    self.max_frames,
+                    self.fps,
+                    self.seed,
+                    key=where,
                 )
             except (ExampleError, JsonlError) as e:
                 why = e.reason if isinstance(e, JsonlError) else e  # a JsonlError names the place itself
@@ -132,8 +141,10 @@ class PackedStream:
         order = [(s, i) for s, lines in enumerate(self.heldout) for i in range(len(lines))]
         seqs = list(self._packed(order, self.heldout, count=False))
         per_global, B = self.batch_size * self.dp_size, self.batch_size
-        return [seqs[g * per_global + self.dp_rank * B : g * per_global + (self.dp_rank + 1) * B]
-                for g in range(len(seqs) // per_global)]
+        return [
+            seqs[g * per_global + self.dp_rank * B : g * per_global + (self.dp_rank + 1) * B]
+            for g in range(len(seqs) // per_global)
+        ]
 
     def _packed(self, order, lines, count: bool = True) -> Iterator[Packed]:
         """Pack the examples `order` names; `count`: add the packers' counts to the training stats."""
@@ -142,7 +153,9 @@ class PackedStream:
         def pack_all():
             for s, enc in self._encoded(order, lines):
                 policy = self.sources[s].overflow
-                packer = packers.setdefault(policy, Packer(self.seq_len, policy, self.weighting, pad_id=self.vocab.pad_id))
+                packer = packers.setdefault(
+                    policy, Packer(self.seq_len, policy, self.weighting, pad_id=self.vocab.pad_id)
+                )
                 yield from packer.add(enc)
             for packer in packers.values():
                 yield from packer.flush()

@@ -70,7 +70,14 @@ class Packer:
             return [Encoded(enc.tokens[: self.length], enc.loss_mask[: self.length], enc.vision_mask[: self.length])]
         self.stats["windowed"] += 1
         starts = range(0, len(enc), self.length)
-        return [Encoded(enc.tokens[s : s + self.length], enc.loss_mask[s : s + self.length], enc.vision_mask[s : s + self.length]) for s in starts]
+        return [
+            Encoded(
+                enc.tokens[s : s + self.length],
+                enc.loss_mask[s : s + self.length],
+                enc.vision_mask[s : s + self.length],
+            )
+            for s in starts
+        ]
 
     def _emit(self) -> Packed:
         tokens = np.full(self.length, self.pad_id, dtype=np.int64)

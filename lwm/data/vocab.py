@@ -1,9 +1,9 @@
 """The one vocabulary table (design.md): text ids, then vision codes, then four special tokens.
 
-    [0, text_size)                       text ids (sentencepiece)
-    [vision_offset, vision_offset+8192)  vision codes
-    eof, eov, vision_start, vision_end   <eof> <eov> <vision> </vision>
-    ... up to `size`                     padding rows (a multiple of 64)
+[0, text_size)                       text ids (sentencepiece)
+[vision_offset, vision_offset+8192)  vision codes
+eof, eov, vision_start, vision_end   <eof> <eov> <vision> </vision>
+... up to `size`                     padding rows (a multiple of 64)
 """
 
 from __future__ import annotations
@@ -65,17 +65,22 @@ class Vocab:
     def check_tokenizer(self, tokenizer) -> None:
         """A text tokenizer must have exactly the vocabulary's text ids."""
         if tokenizer.vocab_size != self.text_size:
-            raise ValueError(f"text tokenizer has {tokenizer.vocab_size} ids but the vocabulary expects {self.text_size}")
+            raise ValueError(
+                f"text tokenizer has {tokenizer.vocab_size} ids but the vocabulary expects {self.text_size}"
+            )
 
-    def video_tokens(self, codes: np.ndarray, markers: tuple[list[int], list[int]] | None = None
-                     ) -> tuple[np.ndarray, np.ndarray]:
+    def video_tokens(
+        self, codes: np.ndarray, markers: tuple[list[int], list[int]] | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """(T, 256) codes -> ids [<vision> f1 <eof> ... fT <eov> </vision>] and a vision mask that
         is True on the codes and the <eof>/<eov> that close each frame (the markers count as text).
         markers: text ids to write in place of the <vision> and </vision> ids (LWM's released
         models read the markers as text)."""
         codes = np.asarray(codes)
         if codes.ndim != 2 or codes.shape[0] == 0:
-            raise ValueError(f"codes must be (frames, tokens per frame) with at least one frame, got shape {codes.shape}")
+            raise ValueError(
+                f"codes must be (frames, tokens per frame) with at least one frame, got shape {codes.shape}"
+            )
         if codes.min() < 0 or codes.max() >= self.n_vision_codes:
             raise ValueError(f"codes must lie in [0, {self.n_vision_codes}), got [{codes.min()}, {codes.max()}]")
         T, n = codes.shape
@@ -84,7 +89,9 @@ class Vocab:
         frames[:, n] = self.eof
         frames[-1, n] = self.eov
         start, end = markers if markers is not None else ([self.vision_start], [self.vision_end])
-        ids = np.concatenate([np.asarray(start, np.int64), frames.reshape(-1), np.asarray(end, np.int64)])  # (T*(n+1) + markers,)
+        ids = np.concatenate(
+            [np.asarray(start, np.int64), frames.reshape(-1), np.asarray(end, np.int64)]
+        )  # (T*(n+1) + markers,)
         mask = np.zeros_like(ids, dtype=bool)
         mask[len(start) : len(ids) - len(end)] = True
         return ids, mask

@@ -66,8 +66,15 @@ class CachedLayer:
             past = (self.cache.keys, self.cache.values) if self.cache.length else (None, None)
             self.cache.append(k, v)
             return ring_prefill_attention(q, k, v, *past, o.group, o.layout, o.backend)
-        out = cached_attention(q, k, v, self.cache.keys if self.cache.length else None,
-                               self.cache.values if self.cache.length else None, o.group, backend=o.backend)
+        out = cached_attention(
+            q,
+            k,
+            v,
+            self.cache.keys if self.cache.length else None,
+            self.cache.values if self.cache.length else None,
+            o.group,
+            backend=o.backend,
+        )
         mine = o.own_new_tokens  # indices of the new tokens this rank keeps
         if mine.numel():
             self.cache.append(k.index_select(2, mine), v.index_select(2, mine))

@@ -17,8 +17,8 @@ import sys
 import time
 
 from lwm.infer.prompt import DEFAULT_VQGAN
-from lwm.interop.bundle import PROMPT_STYLES
 from lwm.infer.runtime import add_model_args, load_generator, require_paths, start
+from lwm.interop.bundle import PROMPT_STYLES
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,15 +31,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--video-id", help="the video's id in --codes")
     p.add_argument("--fps", type=float, default=1.0)
     p.add_argument("--max-frames", type=int)
-    p.add_argument("--vqgan", help="VQGAN checkpoint (tiny preset) or diffusers folder (default: the model folder's "
-                                   "vqgan/, else the bundled tiny VQGAN)")
+    p.add_argument(
+        "--vqgan",
+        help="VQGAN checkpoint (tiny preset) or diffusers folder (default: the model folder's "
+        "vqgan/, else the bundled tiny VQGAN)",
+    )
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-k", type=int)
     p.add_argument("--restrict", choices=["text", "vision", "none"], default="text")
-    p.add_argument("--prompt-style", choices=["auto", *PROMPT_STYLES], default="auto",
-                   help="how the chat prompt is written: auto = as the model folder's lwm.json says (native without "
-                        "one); lwm = LWM's own form, e.g. for LWM-Text-Chat's Hugging Face release")
+    p.add_argument(
+        "--prompt-style",
+        choices=["auto", *PROMPT_STYLES],
+        default="auto",
+        help="how the chat prompt is written: auto = as the model folder's lwm.json says (native without "
+        "one); lwm = LWM's own form, e.g. for LWM-Text-Chat's Hugging Face release",
+    )
     p.add_argument("--seed", type=int, default=0)
     return p
 
@@ -85,9 +92,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         loaded, gen = load_generator(args, runtime)
         ids = prompt_ids(args, loaded)
-        config = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                                  stop_tokens=[loaded.tokenizer.eos_id], seed=args.seed,
-                                  restrict=None if args.restrict == "none" else args.restrict)
+        config = GenerationConfig(
+            max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            stop_tokens=[loaded.tokenizer.eos_id],
+            seed=args.seed,
+            restrict=None if args.restrict == "none" else args.restrict,
+        )
     except (FileNotFoundError, ValueError, VideoError) as e:
         print(f"lwm-generate: {e}", file=sys.stderr)
         return 2

@@ -28,11 +28,14 @@ from lwm.parallel.layout import shard
 
 
 class Generator:
-    def __init__(self, model, vocab: Vocab, group=None, layout: str = "striped", prefill_chunk: int = 8192,
-                 backend: str = "auto"):
+    def __init__(
+        self, model, vocab: Vocab, group=None, layout: str = "striped", prefill_chunk: int = 8192, backend: str = "auto"
+    ):
         if model.config.vocab_size < vocab.used_size:
-            raise ValueError(f"the model has {model.config.vocab_size} vocabulary rows but the vocabulary uses "
-                             f"{vocab.used_size} ids (text {vocab.text_size} + vision + specials)")
+            raise ValueError(
+                f"the model has {model.config.vocab_size} vocabulary rows but the vocabulary uses "
+                f"{vocab.used_size} ids (text {vocab.text_size} + vision + specials)"
+            )
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
         self.model, self.vocab = model.eval(), vocab
@@ -56,8 +59,9 @@ class Generator:
         if ids.numel() == 0:
             raise ValueError("the prompt is empty")
         if int(ids.min()) < 0 or int(ids.max()) >= self.model.config.vocab_size:
-            raise ValueError(f"token ids must lie in [0, {self.model.config.vocab_size}), got "
-                             f"[{int(ids.min())}, {int(ids.max())}]")
+            raise ValueError(
+                f"token ids must lie in [0, {self.model.config.vocab_size}), got [{int(ids.min())}, {int(ids.max())}]"
+            )
         return ids.to(self.device)
 
     @torch.no_grad()

@@ -62,8 +62,10 @@ def load_model(source, tokenizer=None, device="cpu", dtype: torch.dtype | None =
     if model.config.vocab_size == text.vocab_size:
         model = with_vision_rows(model, vocab)
     if vocab.used_size > model.config.vocab_size:
-        raise ValueError(f"tokenizer has {text.vocab_size} text ids (vocabulary of {vocab.used_size} with vision and "
-                         f"specials) but the model {source} has only {model.config.vocab_size} rows")
+        raise ValueError(
+            f"tokenizer has {text.vocab_size} text ids (vocabulary of {vocab.used_size} with vision and "
+            f"specials) but the model {source} has only {model.config.vocab_size} rows"
+        )
     model = model.to(device=device, dtype=dtype) if dtype is not None else model.to(device)
     return Loaded(model.eval(), vocab, text, info.prompt, info.vqgan)
 

@@ -48,11 +48,17 @@ def _lwm_chat_prompt(tokenizer: TextTokenizer, vocab: Vocab, question: str, code
         return [tokenizer.bos_id, *tokenizer.encode(f"{SYSTEM} USER: {question} ASSISTANT:")]
     markers = (tokenizer.encode("<vision>"), tokenizer.encode("</vision>"))
     video = vocab.video_tokens(codes, markers)[0].tolist()
-    return [tokenizer.bos_id, *tokenizer.encode(f"{SYSTEM} USER: {question}\n"), *video, *tokenizer.encode(" ASSISTANT:")]
+    return [
+        tokenizer.bos_id,
+        *tokenizer.encode(f"{SYSTEM} USER: {question}\n"),
+        *video,
+        *tokenizer.encode(" ASSISTANT:"),
+    ]
 
 
-def chat_prompt(tokenizer: TextTokenizer, vocab: Vocab, question: str, codes: np.ndarray | None = None,
-                style: str = "native") -> list[int]:
+def chat_prompt(
+    tokenizer: TextTokenizer, vocab: Vocab, question: str, codes: np.ndarray | None = None, style: str = "native"
+) -> list[int]:
     """Token ids of a chat prompt; codes (T, 256) of the video's frames, or None for text only.
     style: "native" (this project's models) or "lwm" (LWM's released models, see above)."""
     if not isinstance(question, str) or not question.strip():

@@ -19,12 +19,20 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="Hugging Face folder, training stage folder, final.safetensors or .ckpt")
+    p.add_argument(
+        "--model", required=True, help="Hugging Face folder, training stage folder, final.safetensors or .ckpt"
+    )
     p.add_argument("--tokenizer", help="sentencepiece model (default: found next to the model)")
     p.add_argument("--device", help="cpu or cuda (default: cuda when available)")
-    p.add_argument("--dtype", choices=["auto", *DTYPES], default="auto", help="auto: bfloat16 on CUDA, as stored on CPU")
-    p.add_argument("--layout", choices=["striped", "zigzag", "contiguous"], default="striped",
-                   help="how the prompt is split over the ranks under torchrun")
+    p.add_argument(
+        "--dtype", choices=["auto", *DTYPES], default="auto", help="auto: bfloat16 on CUDA, as stored on CPU"
+    )
+    p.add_argument(
+        "--layout",
+        choices=["striped", "zigzag", "contiguous"],
+        default="striped",
+        help="how the prompt is split over the ranks under torchrun",
+    )
     p.add_argument("--prefill-chunk", type=int, default=8192, help="prompt tokens per rank processed at a time")
 
 
@@ -61,5 +69,7 @@ def load_generator(args: argparse.Namespace, runtime: Runtime) -> tuple[Loaded, 
     on_cuda = runtime.device.startswith("cuda")
     dtype = (torch.bfloat16 if on_cuda else None) if args.dtype == "auto" else DTYPES[args.dtype]
     loaded = load_model(args.model, args.tokenizer, device=runtime.device, dtype=dtype)
-    generator = Generator(loaded.model, loaded.vocab, runtime.group, layout=args.layout, prefill_chunk=args.prefill_chunk)
+    generator = Generator(
+        loaded.model, loaded.vocab, runtime.group, layout=args.layout, prefill_chunk=args.prefill_chunk
+    )
     return loaded, generator

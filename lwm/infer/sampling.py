@@ -46,7 +46,9 @@ def allowed_ids(vocab: Vocab, restrict: str | None, stop_tokens: list[int]) -> t
     return mask
 
 
-def next_token(logits: torch.Tensor, config: GenerationConfig, allowed: torch.Tensor, generator: torch.Generator) -> int:
+def next_token(
+    logits: torch.Tensor, config: GenerationConfig, allowed: torch.Tensor, generator: torch.Generator
+) -> int:
     """logits (V,) of the last position -> the chosen id."""
     logits = logits.float().masked_fill(~allowed[: logits.shape[-1]].to(logits.device), float("-inf"))
     if config.temperature == 0:

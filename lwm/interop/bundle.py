@@ -54,5 +54,7 @@ def read_bundle_info(folder: Path) -> BundleInfo:
         raise ValueError(f"{path}: prompt must be one of {PROMPT_STYLES}, got {prompt!r}")
     vqgan = info.get("vqgan")
     if vqgan is not None and not (Path(folder) / vqgan / "config.json").is_file():
-        raise FileNotFoundError(f"{path} names the VQGAN folder {vqgan!r}, but {Path(folder) / vqgan}/config.json is missing")
+        raise FileNotFoundError(
+            f"{path} names the VQGAN folder {vqgan!r}, but {Path(folder) / vqgan}/config.json is missing"
+        )
     return BundleInfo(prompt, Path(folder) / vqgan if vqgan is not None else None)

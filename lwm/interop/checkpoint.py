@@ -25,7 +25,7 @@ def checkpoint_weights(path: Path) -> dict[str, torch.Tensor]:
     else:
         state = torch.load(path, map_location="cpu", weights_only=False)["state_dict"]
     prefix = "model."
-    return {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in state.items()}
+    return {k[len(prefix) :] if k.startswith(prefix) else k: v for k, v in state.items()}
 
 
 def resolve(source: Path) -> tuple[dict | Path, Path]:
@@ -37,8 +37,6 @@ def resolve(source: Path) -> tuple[dict | Path, Path]:
     if not (stage_dir / "model_config.json").exists():
         raise FileNotFoundError(f"no model_config.json next to {source}; give the stage folder of a training run")
     return (source if source.suffix == ".safetensors" else checkpoint_weights(source)), stage_dir
-
-
 
 
 def load_stage(source) -> tuple[dict[str, torch.Tensor], ModelConfig]:

@@ -31,8 +31,9 @@ from lwm.model import Transformer
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 
 
-def convert_lwm(checkpoint: str, config, out_dir, vqgan=None, tokenizer=None, dtype: torch.dtype | None = None,
-                **overrides) -> Path:
+def convert_lwm(
+    checkpoint: str, config, out_dir, vqgan=None, tokenizer=None, dtype: torch.dtype | None = None, **overrides
+) -> Path:
     """Convert an LWM checkpoint (load string 'params::PATH', ...) with its LWM config (preset name,
     JSON path or dict; `overrides` change its fields) into out_dir; `vqgan`: LWM's VQGAN pickle;
     `tokenizer`: LLaMA's sentencepiece model. dtype: None keeps the checkpoint's (bf16 as released)."""
@@ -91,11 +92,14 @@ def main(argv: list[str] | None = None) -> int:
     for option in ("vqgan", "tokenizer"):
         if getattr(args, option) is not None and not getattr(args, option).is_file():
             p.error(f"--{option} {getattr(args, option)} does not exist")
-    overrides = {k: v for k, v in (("theta", args.theta), ("max_sequence_length", args.max_sequence_length)) if v is not None}
+    overrides = {
+        k: v for k, v in (("theta", args.theta), ("max_sequence_length", args.max_sequence_length)) if v is not None
+    }
     t0 = time.perf_counter()
     try:
-        out = convert_lwm(args.checkpoint, args.config, args.out, args.vqgan, args.tokenizer,
-                          DTYPES.get(args.dtype), **overrides)
+        out = convert_lwm(
+            args.checkpoint, args.config, args.out, args.vqgan, args.tokenizer, DTYPES.get(args.dtype), **overrides
+        )
     except (FileNotFoundError, ValueError) as e:
         print(f"lwm-convert-lwm: {e}", file=sys.stderr)
         return 2

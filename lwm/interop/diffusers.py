@@ -57,9 +57,19 @@ def from_diffusers_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, 
 
 # diffusers' VQModel defaults, for configs (plain dicts) that leave options out.
 _DIFFUSERS_DEFAULTS = dict(
-    in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",), up_block_types=("UpDecoderBlock2D",),
-    block_out_channels=(64,), layers_per_block=1, act_fn="silu", latent_channels=3, num_vq_embeddings=256,
-    norm_num_groups=32, vq_embed_dim=None, norm_type="group", mid_block_add_attention=True,
+    in_channels=3,
+    out_channels=3,
+    down_block_types=("DownEncoderBlock2D",),
+    up_block_types=("UpDecoderBlock2D",),
+    block_out_channels=(64,),
+    layers_per_block=1,
+    act_fn="silu",
+    latent_channels=3,
+    num_vq_embeddings=256,
+    norm_num_groups=32,
+    vq_embed_dim=None,
+    norm_type="group",
+    mid_block_add_attention=True,
 )
 
 

@@ -62,7 +62,9 @@ def _rope_theta(hf_config) -> float:
 
 def config_from_hf(hf_config, **overrides) -> ModelConfig:
     if getattr(hf_config, "model_type", None) != "llama":
-        raise ValueError(f"expected a LLaMA config (model_type 'llama'), got {getattr(hf_config, 'model_type', None)!r}")
+        raise ValueError(
+            f"expected a LLaMA config (model_type 'llama'), got {getattr(hf_config, 'model_type', None)!r}"
+        )
     unsupported = {
         "attention_bias": getattr(hf_config, "attention_bias", False),
         "mlp_bias": getattr(hf_config, "mlp_bias", False),
@@ -151,7 +153,9 @@ def extend_vocab_rows(weight: torch.Tensor, new_rows: int, noise: float = 0.01, 
     return torch.cat([w, fresh]).to(weight.dtype)
 
 
-def from_hf(path_or_model, *, extend_vocab: bool = False, dtype: torch.dtype | None = None, seed: int = 0, **overrides) -> Transformer:
+def from_hf(
+    path_or_model, *, extend_vocab: bool = False, dtype: torch.dtype | None = None, seed: int = 0, **overrides
+) -> Transformer:
     """A Transformer from a Hugging Face LLaMA folder or a LlamaForCausalLM object.
 
     extend_vocab: the checkpoint's vocabulary is text only (LLaMA-2, 32000 ids); grow the embedding
@@ -218,8 +222,15 @@ def _write_tokenizer(tokenizer_model: Path, vocab_size: int, out_dir: Path, prom
     shutil.copy(tokenizer_model, out_dir / "tokenizer.model")  # for sentencepiece users of the folder
 
 
-def to_hf(model: Transformer, out_dir, tokenizer_model=None, dtype: torch.dtype | None = None, max_shard_size: str = "5GB",
-          prompt: str = "native", generation: dict | None = None) -> Path:
+def to_hf(
+    model: Transformer,
+    out_dir,
+    tokenizer_model=None,
+    dtype: torch.dtype | None = None,
+    max_shard_size: str = "5GB",
+    prompt: str = "native",
+    generation: dict | None = None,
+) -> Path:
     """Write `model` as a Hugging Face LlamaForCausalLM folder (config, safetensors shards,
     generation config with `generation`'s extra fields; with a sentencepiece `tokenizer_model`, a
     tokenizer whose added tokens are the vision codes and special tokens at the ids of

@@ -59,10 +59,15 @@ _UNSCANNED = re.compile(r"^transformer/h/(?P<i>\d+)/(?P<leaf>.+)$")
 
 def model_config(cfg: LWMConfig, vision: bool) -> ModelConfig:
     return ModelConfig(
-        dim=cfg.hidden_size, n_layers=cfg.num_hidden_layers, n_heads=cfg.num_attention_heads,
-        n_kv_heads=cfg.num_attention_heads, ffn_dim=cfg.intermediate_size,
+        dim=cfg.hidden_size,
+        n_layers=cfg.num_hidden_layers,
+        n_heads=cfg.num_attention_heads,
+        n_kv_heads=cfg.num_attention_heads,
+        ffn_dim=cfg.intermediate_size,
         vocab_size=Vocab(cfg.vocab_size).size if vision else cfg.vocab_size,
-        norm_eps=cfg.rms_norm_eps, rope_theta=float(cfg.theta), max_seq_len=cfg.max_sequence_length,
+        norm_eps=cfg.rms_norm_eps,
+        rope_theta=float(cfg.theta),
+        max_seq_len=cfg.max_sequence_length,
     )
 
 
@@ -70,7 +75,9 @@ def _layer_shape(cfg: LWMConfig, leaf: str) -> tuple[int, ...]:
     D, F = cfg.hidden_size, cfg.intermediate_size
     if leaf.endswith("norm/kernel"):
         return (D,)
-    return {"feed_forward/w1/kernel": (D, F), "feed_forward/w3/kernel": (D, F), "feed_forward/w2/kernel": (F, D)}.get(leaf, (D, D))
+    return {"feed_forward/w1/kernel": (D, F), "feed_forward/w3/kernel": (D, F), "feed_forward/w2/kernel": (F, D)}.get(
+        leaf, (D, D)
+    )
 
 
 def _top_shape(cfg: LWMConfig, what: str) -> tuple[int, ...]:
@@ -83,7 +90,8 @@ def _check(name: str, got: torch.Tensor, want: tuple[int, ...], cfg: LWMConfig) 
         raise ValueError(
             f"{name}: shape {tuple(got.shape)} in the checkpoint, but the config (hidden_size {cfg.hidden_size}, "
             f"intermediate_size {cfg.intermediate_size}, num_hidden_layers {cfg.num_hidden_layers}, vocab_size "
-            f"{cfg.vocab_size}, vision_vocab_size {cfg.vision_vocab_size}) gives {want}")
+            f"{cfg.vocab_size}, vision_vocab_size {cfg.vision_vocab_size}) gives {want}"
+        )
 
 
 def rope_rows(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -100,8 +108,9 @@ def _layer_weight(kernel: torch.Tensor, kind: str, cfg: LWMConfig) -> torch.Tens
     return weight.clone(memory_format=torch.contiguous_format)  # its own memory: the leaf's bytes are let go
 
 
-def convert_params(leaves: Iterable[tuple[str, torch.Tensor]], cfg: LWMConfig, dtype: torch.dtype | None = None
-                   ) -> tuple[dict[str, torch.Tensor], ModelConfig, list[str]]:
+def convert_params(
+    leaves: Iterable[tuple[str, torch.Tensor]], cfg: LWMConfig, dtype: torch.dtype | None = None
+) -> tuple[dict[str, torch.Tensor], ModelConfig, list[str]]:
     """LWM's parameter leaves (lwm.interop.lwm_params.read_params) -> (our state dict, its model
     config, notes on what was dropped). Each leaf is converted as it arrives and then let go."""
     L = cfg.num_hidden_layers
@@ -111,12 +120,14 @@ def convert_params(leaves: Iterable[tuple[str, torch.Tensor]], cfg: LWMConfig, d
         leaf = leaf.to(dtype) if dtype is not None else leaf
         if name in _TOP:
             _check(name, leaf, _top_shape(cfg, _TOP[name]), cfg)
-            top[_TOP[name]] = leaf.clone()  # its own memory (a leaf may sit on the file's read-only bytes)
+            top[_TOP[name]] = leaf  # kept whole: its record's buffer is exactly its size
             continue
         m = _SCANNED.match(name) or _UNSCANNED.match(name)
         if m is None or m["leaf"] not in _LAYER:
-            raise ValueError(f"{name}: not a parameter of LWM's LLaMA / VideoLLaMA (expected {sorted(_TOP)} or "
-                             f"transformer/h/(scan_decoder|<i>)/{{{', '.join(sorted(_LAYER))}}})")
+            raise ValueError(
+                f"{name}: not a parameter of LWM's LLaMA / VideoLLaMA (expected {sorted(_TOP)} or "
+                f"transformer/h/(scan_decoder|<i>)/{{{', '.join(sorted(_LAYER))}}})"
+            )
         key, kind = _LAYER[m["leaf"]]
         per_layer = _layer_shape(cfg, m["leaf"])
         if m.groupdict().get("i") is None:  # scanned: the layer axis is param_scan_axis
@@ -138,7 +149,9 @@ def convert_params(leaves: Iterable[tuple[str, torch.Tensor]], cfg: LWMConfig, d
     if vision:
         missing += [k for k in ("vte", "vision_head") if k not in top]
     if missing:
-        raise ValueError(f"the checkpoint lacks {len(missing)} parameters: {missing[:8]}{' ...' if len(missing) > 8 else ''}")
+        raise ValueError(
+            f"the checkpoint lacks {len(missing)} parameters: {missing[:8]}{' ...' if len(missing) > 8 else ''}"
+        )
     notes: list[str] = []
     state["norm.weight"] = top["ln_f"]
     text_out = top["lm_head"].T  # (D, V) -> (V, D)
@@ -146,14 +159,20 @@ def convert_params(leaves: Iterable[tuple[str, torch.Tensor]], cfg: LWMConfig, d
         state["embed.weight"], state["output.weight"] = top["wte"], text_out.contiguous()
     else:
         if cfg.vision_vocab_size < LWM_VISION_IDS:
-            raise ValueError(f"vision_vocab_size {cfg.vision_vocab_size} < {LWM_VISION_IDS} (8192 codes, end of frame, "
-                             "end of video)")
+            raise ValueError(
+                f"vision_vocab_size {cfg.vision_vocab_size} < {LWM_VISION_IDS} (8192 codes, end of frame, end of video)"
+            )
         vocab = Vocab(cfg.vocab_size)
-        rows = lambda text, vis: torch.cat([text, vis[:LWM_VISION_IDS],  # noqa: E731
-                                            text.new_zeros(vocab.size - cfg.vocab_size - LWM_VISION_IDS, text.shape[1])])
+
+        def rows(text: torch.Tensor, vis: torch.Tensor) -> torch.Tensor:  # (V, D), (Vv, D) -> (Vocab.size, D)
+            unused = text.new_zeros(vocab.size - cfg.vocab_size - LWM_VISION_IDS, text.shape[1])
+            return torch.cat([text, vis[:LWM_VISION_IDS], unused])
+
         state["embed.weight"] = rows(top["wte"], top["vte"])  # (V + 8194 + unused, D)
         state["output.weight"] = rows(text_out, top["vision_head"].T)
-        notes.append(f"LWM's vision rows {LWM_VISION_IDS}..{cfg.vision_vocab_size - 1} (never produced by its "
-                     f"tokenizer) were dropped; ids {vocab.vision_start} and {vocab.vision_end} (<vision>, </vision>) "
-                     f"and {vocab.used_size}..{vocab.size - 1} (padding) are zero rows")
+        notes.append(
+            f"LWM's vision rows {LWM_VISION_IDS}..{cfg.vision_vocab_size - 1} (never produced by its "
+            f"tokenizer) were dropped; ids {vocab.vision_start} and {vocab.vision_end} (<vision>, </vision>) "
+            f"and {vocab.used_size}..{vocab.size - 1} (padding) are zero rows"
+        )
     return state, model_config(cfg, vision), notes

@@ -39,8 +39,9 @@ def parse_load_string(load: str) -> tuple[str, Path]:
     if not sep:
         kind, path = "params", str(load)
     if kind not in LOAD_TYPES:
-        raise ValueError(f"checkpoint {load!r}: unknown load type {kind!r}; expected one of "
-                         f"{[t + '::PATH' for t in LOAD_TYPES]}")
+        raise ValueError(
+            f"checkpoint {load!r}: unknown load type {kind!r}; expected one of {[t + '::PATH' for t in LOAD_TYPES]}"
+        )
     if not Path(path).is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
     return kind, Path(path)
@@ -80,10 +81,12 @@ def read_params(load: str) -> Iterator[tuple[str, torch.Tensor]]:
         try:
             for key, value in RecordReader(f):
                 if not (isinstance(key, list) and all(isinstance(k, str) for k in key)):
-                    raise ValueError(f"{path} is not an LWM streaming checkpoint: a record's key is not a list of names")
+                    raise ValueError(
+                        f"{path} is not an LWM streaming checkpoint: a record's key is not a list of names"
+                    )
                 if tuple(key[: len(prefix)]) != prefix:
                     continue  # optimizer state and step of a train state
-                name = "/".join(key[len(prefix):])
+                name = "/".join(key[len(prefix) :])
                 tensor = _leaf(value, f"{path}: {name}") if isinstance(value, memoryview) else None
                 value = None  # only the tensor keeps the record's buffer alive
                 if tensor is not None:
@@ -105,14 +108,24 @@ _SHAPES = {  # hidden_size, intermediate_size, num_hidden_layers, num_attention_
     "65b": (8192, 22016, 80, 64, 2048, 1e-5),
     "debug": (256, 256, 2, 2, 2048, 1e-6),
 }
-PRESETS = {name: dict(hidden_size=d, intermediate_size=f, num_hidden_layers=n, num_attention_heads=h,
-                      max_sequence_length=s, rms_norm_eps=eps, vocab_size=32000)
-           for name, (d, f, n, h, s, eps) in _SHAPES.items()}
+PRESETS = {
+    name: dict(
+        hidden_size=d,
+        intermediate_size=f,
+        num_hidden_layers=n,
+        num_attention_heads=h,
+        max_sequence_length=s,
+        rms_norm_eps=eps,
+        vocab_size=32000,
+    )
+    for name, (d, f, n, h, s, eps) in _SHAPES.items()
+}
 
 
 @dataclass(frozen=True)
 class LWMConfig:
     """The fields of LWM's model config that shape the weights and the forward pass."""
+
     hidden_size: int
     intermediate_size: int
     num_hidden_layers: int
@@ -142,7 +155,9 @@ def load_lwm_config(config: str | Path | dict) -> LWMConfig:
     else:
         path = Path(str(config).removeprefix("json::"))
         if not path.is_file():
-            raise FileNotFoundError(f"--config {config}: neither one of LWM's presets {sorted(PRESETS)} nor a JSON file")
+            raise FileNotFoundError(
+                f"--config {config}: neither one of LWM's presets {sorted(PRESETS)} nor a JSON file"
+            )
         try:
             raw = json.loads(path.read_text())
         except json.JSONDecodeError as e:
@@ -155,8 +170,9 @@ def load_lwm_config(config: str | Path | dict) -> LWMConfig:
     fields = {k: raw[k] for k in LWMConfig.__dataclass_fields__ if k in raw}
     cfg = LWMConfig(**fields)
     if cfg.hidden_size % cfg.num_attention_heads:
-        raise ValueError(f"{where}: hidden_size {cfg.hidden_size} is not divisible by num_attention_heads "
-                         f"{cfg.num_attention_heads}")
+        raise ValueError(
+            f"{where}: hidden_size {cfg.hidden_size} is not divisible by num_attention_heads {cfg.num_attention_heads}"
+        )
     if cfg.tie_word_embeddings or cfg.tie_vision_embeddings:
         raise ValueError(f"{where}: tied embeddings are not supported (LWM's released models untie them)")
     if cfg.param_scan_axis not in (0, 1):

@@ -21,8 +21,14 @@ from lwm.model.rope import apply_rope
 AttentionFn = Callable[..., torch.Tensor]  # attn(q, k, v, causal, segment_ids=None) -> out
 
 
-def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
-                   segment_ids: torch.Tensor | None = None, scale: float | None = None) -> torch.Tensor:
+def sdpa_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = True,
+    segment_ids: torch.Tensor | None = None,
+    scale: float | None = None,
+) -> torch.Tensor:
     """Local attention on one process (PyTorch SDPA); k/v may have fewer heads than q."""
     if segment_ids is not None:
         return document_attention(q, k, v, segment_ids, causal, scale)
@@ -39,8 +45,9 @@ class Attention(nn.Module):
         self.wo = nn.Linear(config.n_heads * config.head_dim, config.dim, bias=False)
         self.attn_fn: AttentionFn = sdpa_attention
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                segment_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, segment_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
         B, S, _ = x.shape
         q = self.wq(x).view(B, S, self.n_heads, self.head_dim).transpose(1, 2)  # (B, S, H*D) -> (B, H, S, D)
         k = self.wk(x).view(B, S, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, S, D)
@@ -48,8 +55,11 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         # Without segment ids the call is the plain one, so attention functions that know no
         # documents (the KV-cache paths of generation) keep working.
-        out = self.attn_fn(q, k, v, causal=True) if segment_ids is None else \
-            self.attn_fn(q, k, v, causal=True, segment_ids=segment_ids)  # (B, H, S, D)
+        out = (
+            self.attn_fn(q, k, v, causal=True)
+            if segment_ids is None
+            else self.attn_fn(q, k, v, causal=True, segment_ids=segment_ids)
+        )  # (B, H, S, D)
         return self.wo(out.transpose(1, 2).reshape(B, S, -1))  # (B, H, S, D) -> (B, S, H*D) -> (B, S, dim)
 
     def init_weights(self, std: float, out_std: float) -> None:

@@ -19,8 +19,9 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(config.dim, config.norm_eps)
         self.mlp = FeedForward(config.dim, config.ffn_dim, config.mlp_chunk_size)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                segment_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, segment_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
         h = x + self.attn(self.attn_norm(x), cos, sin, segment_ids)
         return h + self.mlp(self.mlp_norm(h))
 

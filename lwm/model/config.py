@@ -23,7 +23,16 @@ class ModelConfig:
     loss_chunk_size: int = 1024
 
     def __post_init__(self) -> None:
-        positive = ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size", "max_seq_len", "loss_chunk_size")
+        positive = (
+            "dim",
+            "n_layers",
+            "n_heads",
+            "n_kv_heads",
+            "ffn_dim",
+            "vocab_size",
+            "max_seq_len",
+            "loss_chunk_size",
+        )
         for name in positive:
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
@@ -39,7 +48,9 @@ class ModelConfig:
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
         if self.head_dim % 2:
-            raise ValueError(f"head_dim {self.head_dim} (dim {self.dim} / n_heads {self.n_heads}) must be even for RoPE")
+            raise ValueError(
+                f"head_dim {self.head_dim} (dim {self.dim} / n_heads {self.n_heads}) must be even for RoPE"
+            )
 
     @property
     def head_dim(self) -> int:
@@ -66,12 +77,29 @@ class ModelConfig:
 # padded to a multiple of 64 (tests check the two agree).
 PRESETS: dict[str, ModelConfig] = {
     # Tests: two layers, GQA (4 query heads share 2 kv heads), a 256-id text vocabulary.
-    "debug": ModelConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=176,
-                         vocab_size=8512, max_seq_len=2048, loss_chunk_size=256),
+    "debug": ModelConfig(
+        dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=176, vocab_size=8512, max_seq_len=2048, loss_chunk_size=256
+    ),
     # The CPU demo model (about 9M parameters, 4K-id text vocabulary).
-    "tiny": ModelConfig(dim=256, n_layers=4, n_heads=8, n_kv_heads=4, ffn_dim=704,
-                        vocab_size=12352, max_seq_len=8192, loss_chunk_size=1024),
+    "tiny": ModelConfig(
+        dim=256,
+        n_layers=4,
+        n_heads=8,
+        n_kv_heads=4,
+        ffn_dim=704,
+        vocab_size=12352,
+        max_seq_len=8192,
+        loss_chunk_size=1024,
+    ),
     # LLaMA-2 7B shapes with LWM's extended vocabulary (32000 text ids + vision + specials).
-    "7b": ModelConfig(dim=4096, n_layers=32, n_heads=32, n_kv_heads=32, ffn_dim=11008,
-                      vocab_size=40256, norm_eps=1e-6, max_seq_len=4096),
+    "7b": ModelConfig(
+        dim=4096,
+        n_layers=32,
+        n_heads=32,
+        n_kv_heads=32,
+        ffn_dim=11008,
+        vocab_size=40256,
+        norm_eps=1e-6,
+        max_seq_len=4096,
+    ),
 }

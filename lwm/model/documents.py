@@ -19,7 +19,9 @@ def check_segment_ids(segment_ids: torch.Tensor, batch: int, length: int, what: 
     if segment_ids.dtype.is_floating_point or segment_ids.dtype.is_complex or segment_ids.dtype == torch.bool:
         raise ValueError(f"{what} must be an integer tensor, got dtype {segment_ids.dtype}")
     if tuple(segment_ids.shape) != (batch, length):
-        raise ValueError(f"{what} {tuple(segment_ids.shape)} must be (batch, length) = ({batch}, {length}) for the queries")
+        raise ValueError(
+            f"{what} {tuple(segment_ids.shape)} must be (batch, length) = ({batch}, {length}) for the queries"
+        )
 
 
 def runs(row: torch.Tensor) -> list[Run]:
@@ -52,18 +54,25 @@ def _rows_attention(q, k, v, row_runs: list[Run], causal: bool, scale: float | N
     for run in row_runs:
         by_id.setdefault(run[2], []).append(run)
     if len(by_id) == len(row_runs):  # every document is one contiguous run: slices, no copies
-        return torch.cat([_sdpa(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], causal, scale) for a, b, _ in row_runs], dim=2)
+        return torch.cat(
+            [_sdpa(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], causal, scale) for a, b, _ in row_runs], dim=2
+        )
     index = [torch.cat([torch.arange(a, b) for a, b, _ in doc]).to(q.device) for doc in by_id.values()]
     parts = [_sdpa(q.index_select(2, i), k.index_select(2, i), v.index_select(2, i), causal, scale) for i in index]
     order = torch.cat(index)  # the position of each gathered row
     return torch.cat(parts, dim=2).index_select(2, torch.argsort(order))  # (B, H, L, D) in sequence order
 
 
-def document_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segment_ids: torch.Tensor,
-                       causal: bool = True, scale: float | None = None) -> torch.Tensor:
+def document_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    segment_ids: torch.Tensor,
+    causal: bool = True,
+    scale: float | None = None,
+) -> torch.Tensor:
     """q (B, Hq, S, D), k/v (B, Hkv, S, D), segment_ids (B, S) -> (B, Hq, S, D)."""
     check_segment_ids(segment_ids, q.shape[0], q.shape[2])
     groups = batch_runs(segment_ids)
     outs = [_rows_attention(q[rows], k[rows], v[rows], row_runs, causal, scale) for rows, row_runs in groups]
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
-

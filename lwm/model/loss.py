@@ -46,7 +46,9 @@ def token_coefficients(
     hold per-token weights (packing) instead of 0/1.
     """
     if loss_mask.shape != vision_mask.shape:
-        raise ValueError(f"loss_mask {tuple(loss_mask.shape)} and vision_mask {tuple(vision_mask.shape)} differ in shape")
+        raise ValueError(
+            f"loss_mask {tuple(loss_mask.shape)} and vision_mask {tuple(vision_mask.shape)} differ in shape"
+        )
     if text_weight < 0 or vision_weight < 0:
         raise ValueError(f"text_weight {text_weight} and vision_weight {vision_weight} must be >= 0")
     counts = group_counts(loss_mask, vision_mask) if counts is None else counts
@@ -77,7 +79,11 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         # more than the arithmetic on CPU (page faults), and the peak stays one chunk.
         rows = min(chunk_size, n)
         buf = torch.empty(rows, weight.shape[0], dtype=torch.float32, device=dev)
-        low = None if weight.dtype == torch.float32 else torch.empty(rows, weight.shape[0], dtype=weight.dtype, device=dev)
+        low = (
+            None
+            if weight.dtype == torch.float32
+            else torch.empty(rows, weight.shape[0], dtype=weight.dtype, device=dev)
+        )
         for s in range(0, n, chunk_size):
             h, t = hidden[s : s + chunk_size], targets[s : s + chunk_size]
             r = h.shape[0]

@@ -64,8 +64,9 @@ class Transformer(nn.Module):
             return self.output(h)  # (B, S, dim) -> (B, S, V)
         return chunked_cross_entropy(h, self.output.weight, targets, loss_coeff, self.config.loss_chunk_size)
 
-    def hidden(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
-               segment_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def hidden(
+        self, tokens: torch.Tensor, positions: torch.Tensor | None = None, segment_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """The final normalized hidden states (B, S, dim), before the output projection: what
         generation needs when only the last position's logits matter."""
         if tokens.dim() != 2:
@@ -74,7 +75,9 @@ class Transformer(nn.Module):
         if positions is None:
             positions = torch.arange(S, device=tokens.device)
         elif positions.shape not in ((S,), (B, S)):
-            raise ValueError(f"positions must be ({S},) or ({B}, {S}) for tokens {tuple(tokens.shape)}, got {tuple(positions.shape)}")
+            raise ValueError(
+                f"positions must be ({S},) or ({B}, {S}) for tokens {tuple(tokens.shape)}, got {tuple(positions.shape)}"
+            )
         if segment_ids is not None:
             check_segment_ids(segment_ids, B, S)
         cos, sin = rope_angles(positions, self.config.head_dim, self.config.rope_theta)  # (S, D) or (B, S, D)

@@ -15,9 +15,9 @@ from __future__ import annotations
 import torch
 
 from lwm.parallel.comm import RingComm, all_gather_stack
+from lwm.parallel.documents import StepPlanner
 from lwm.parallel.kernels import block_forward
 from lwm.parallel.merge import acc_dtype, merge_, merge_stack
-from lwm.parallel.documents import StepPlanner
 from lwm.parallel.ring import ring_blocks, ring_forward
 
 
@@ -47,11 +47,18 @@ def ring_prefill_attention(q, k, v, k_cache, v_cache, group=None, layout: str = 
     non-causal ring pass over the earlier segments' cache slices (all of them come before)."""
     comm = RingComm(group)
     L = q.shape[2]
-    out, lse, _ = ring_forward(q, ring_blocks(comm, k, v), StepPlanner(layout, comm.rank, comm.world_size, L, True), None, backend)
+    out, lse, _ = ring_forward(
+        q, ring_blocks(comm, k, v), StepPlanner(layout, comm.rank, comm.world_size, L, True), None, backend
+    )
     if k_cache is None or k_cache.shape[2] == 0:
         return out
     out = out.to(acc_dtype(q.dtype))
-    past_out, past_lse, _ = ring_forward(q, ring_blocks(RingComm(group), k_cache, v_cache),
-                                         StepPlanner(layout, comm.rank, comm.world_size, L, False), None, backend)
+    past_out, past_lse, _ = ring_forward(
+        q,
+        ring_blocks(RingComm(group), k_cache, v_cache),
+        StepPlanner(layout, comm.rank, comm.world_size, L, False),
+        None,
+        backend,
+    )
     merge_(out, lse, past_out, past_lse)
     return out.to(q.dtype)

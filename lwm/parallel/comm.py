@@ -29,7 +29,9 @@ class RingComm:
             self.recv_from = dist.get_global_rank(g, (self.rank - 1) % self.world_size)
         self._pending: list = []
 
-    def send_recv(self, tensors: list[torch.Tensor], recv_buffers: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+    def send_recv(
+        self, tensors: list[torch.Tensor], recv_buffers: list[torch.Tensor] | None = None
+    ) -> list[torch.Tensor]:
         """Start sending `tensors` to the next rank and receiving the previous rank's into buffers
         (new ones unless given); the buffers hold the data after `wait()`."""
         bufs = [torch.empty_like(t) for t in tensors] if recv_buffers is None else recv_buffers

@@ -91,9 +91,22 @@ def document_pieces(plan: BlockPlan, local_len: int, q_runs: BatchRuns, k_runs: 
 class StepPlanner:
     """The pieces of every ring step of one rank: `planner(step, key_segment_ids)`."""
 
-    def __init__(self, layout: str, rank: int, world_size: int, local_len: int, causal: bool,
-                 segment_ids: torch.Tensor | None = None):
-        self.layout, self.rank, self.world_size, self.local_len, self.causal = layout, rank, world_size, local_len, causal
+    def __init__(
+        self,
+        layout: str,
+        rank: int,
+        world_size: int,
+        local_len: int,
+        causal: bool,
+        segment_ids: torch.Tensor | None = None,
+    ):
+        self.layout, self.rank, self.world_size, self.local_len, self.causal = (
+            layout,
+            rank,
+            world_size,
+            local_len,
+            causal,
+        )
         self.batch = None if segment_ids is None else segment_ids.shape[0]
         self.q_runs = None if segment_ids is None else batch_runs(segment_ids)
 

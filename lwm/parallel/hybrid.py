@@ -15,8 +15,18 @@ from lwm.parallel.ring import check_qkv, check_segments, ring_attention
 from lwm.parallel.ulysses import check_heads, gather_segments, heads_to_seq, replicate_kv, seq_to_heads
 
 
-def hybrid_attention(q, k, v, ring_group, ulysses_group, causal: bool = True, layout: str = "striped",
-                     scale: float | None = None, segment_ids: torch.Tensor | None = None, backend: str = "auto"):
+def hybrid_attention(
+    q,
+    k,
+    v,
+    ring_group,
+    ulysses_group,
+    causal: bool = True,
+    layout: str = "striped",
+    scale: float | None = None,
+    segment_ids: torch.Tensor | None = None,
+    backend: str = "auto",
+):
     check_qkv(q, k, v)
     check_layout(layout)
     segment_ids = check_segments(segment_ids, q)

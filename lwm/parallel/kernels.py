@@ -27,7 +27,12 @@ def select_backend(q: torch.Tensor, backend: str = "auto") -> str:
         return backend
     if q.device.type == "cpu":
         return "cpu_flash"
-    if q.device.type == "cuda" and q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] <= 256 and q.shape[-1] % 8 == 0:
+    if (
+        q.device.type == "cuda"
+        and q.dtype in (torch.float16, torch.bfloat16)
+        and q.shape[-1] <= 256
+        and q.shape[-1] % 8 == 0
+    ):
         return "cuda_flash"
     return "math"
 
@@ -83,7 +88,9 @@ def block_forward(q, k, v, causal: bool, scale: float | None = None, backend: st
     """-> out (B, Hq, Lq, D) in q's dtype, lse (B, Hq, Lq) in fp32 (fp64 for fp64 inputs)."""
     backend, scale = select_backend(q, backend), _scale(q, scale)
     if backend == "cpu_flash":
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, attn_mask=None, scale=scale)
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, causal, attn_mask=None, scale=scale
+        )
     elif backend == "cuda_flash":
         kx, vx = _expand_kv(k, q.shape[1]), _expand_kv(v, q.shape[1])
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, kx, vx, 0.0, causal, False, scale=scale)[:2]
@@ -97,7 +104,16 @@ def block_backward(dout, q, k, v, out, lse, causal: bool, scale: float | None = 
     backend, scale = select_backend(q, backend), _scale(q, scale)
     if backend == "cpu_flash":
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            dout, q, k, v, out, lse.float() if q.dtype != torch.float64 else lse, 0.0, causal, attn_mask=None, scale=scale
+            dout,
+            q,
+            k,
+            v,
+            out,
+            lse.float() if q.dtype != torch.float64 else lse,
+            0.0,
+            causal,
+            attn_mask=None,
+            scale=scale,
         )
     if backend == "cuda_flash":
         kx, vx = _expand_kv(k, q.shape[1]), _expand_kv(v, q.shape[1])
@@ -105,7 +121,21 @@ def block_backward(dout, q, k, v, out, lse, causal: bool, scale: float | None = 
         seed = torch.zeros(2, dtype=torch.uint64, device=q.device)
         offset = torch.zeros((), dtype=torch.uint64, device=q.device)
         dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_backward(
-            dout, q, kx, vx, out, lse.float(), None, None, q.shape[2], k.shape[2], 0.0, causal, seed, offset, scale=scale
+            dout,
+            q,
+            kx,
+            vx,
+            out,
+            lse.float(),
+            None,
+            None,
+            q.shape[2],
+            k.shape[2],
+            0.0,
+            causal,
+            seed,
+            offset,
+            scale=scale,
         )
         return dq, _reduce_kv(dk, k.shape[1]), _reduce_kv(dv, k.shape[1])
     return _math_backward(dout, q, k, v, out, lse, causal, scale)

@@ -42,8 +42,13 @@ def run_distributed(fn, world_size: int, *args, timeout: float = 300.0, threads:
     per-rank results in rank order. An exception on any rank is raised here with its traceback;
     processes still running after `timeout` seconds are killed."""
     with tempfile.TemporaryDirectory() as out_dir:
-        ctx = mp.start_processes(_worker, args=(world_size, _free_port(), out_dir, fn, args, threads), nprocs=world_size,
-                                 join=False, start_method="spawn")
+        ctx = mp.start_processes(
+            _worker,
+            args=(world_size, _free_port(), out_dir, fn, args, threads),
+            nprocs=world_size,
+            join=False,
+            start_method="spawn",
+        )
         deadline = time.monotonic() + timeout
         while not ctx.join(timeout=1.0):
             if time.monotonic() > deadline:

@@ -44,7 +44,9 @@ def _ring_positions(seq_len: int, rank: int, ring: int, layout: str) -> torch.Te
     if layout == "striped":
         return torch.arange(rank, seq_len, ring)
     c = seq_len // (2 * ring)  # zigzag chunk
-    return torch.cat([torch.arange(rank * c, (rank + 1) * c), torch.arange((2 * ring - 1 - rank) * c, (2 * ring - rank) * c)])
+    return torch.cat(
+        [torch.arange(rank * c, (rank + 1) * c), torch.arange((2 * ring - 1 - rank) * c, (2 * ring - rank) * c)]
+    )
 
 
 def positions(seq_len: int, rank: int, world_size: int, layout: str = "striped", ulysses_size: int = 1) -> torch.Tensor:
@@ -63,13 +65,17 @@ def gathered_positions(seq_len: int, world_size: int, layout: str, ulysses_size:
     return torch.cat([positions(seq_len, r, world_size, layout, ulysses_size) for r in range(world_size)])
 
 
-def shard(x: torch.Tensor, dim: int, rank: int, world_size: int, layout: str = "striped", ulysses_size: int = 1) -> torch.Tensor:
+def shard(
+    x: torch.Tensor, dim: int, rank: int, world_size: int, layout: str = "striped", ulysses_size: int = 1
+) -> torch.Tensor:
     """The slice of the full tensor x (sequence along `dim`) that `rank` holds."""
     idx = positions(x.shape[dim], rank, world_size, layout, ulysses_size).to(x.device)
     return x.index_select(dim, idx)
 
 
-def unshard(pieces: list[torch.Tensor] | tuple[torch.Tensor, ...], dim: int, layout: str = "striped", ulysses_size: int = 1) -> torch.Tensor:
+def unshard(
+    pieces: list[torch.Tensor] | tuple[torch.Tensor, ...], dim: int, layout: str = "striped", ulysses_size: int = 1
+) -> torch.Tensor:
     """The full tensor from every rank's slice (in rank order); differentiable."""
     world_size = len(pieces)
     sizes = {p.shape[dim] for p in pieces}

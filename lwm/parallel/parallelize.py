@@ -23,8 +23,14 @@ from lwm.parallel.ulysses import ulysses_attention
 MODES = ("ring", "ulysses", "hybrid")
 
 
-def parallelize(model: Transformer, group=None, layout: str = "striped", mode: str = "ring",
-                ulysses_group=None, backend: str = "auto") -> Transformer:
+def parallelize(
+    model: Transformer,
+    group=None,
+    layout: str = "striped",
+    mode: str = "ring",
+    ulysses_group=None,
+    backend: str = "auto",
+) -> Transformer:
     """Swap `model`'s attention for context-parallel attention over `group` (hybrid: `group` is the
     ring group and `ulysses_group` the Ulysses one). Returns the model."""
     check_layout(layout)

@@ -71,8 +71,15 @@ def ring_backward(dout, q, out, lse, kv_blocks, step_pieces, scale, backend) -> 
         grads = []
         for p in pieces:
             dq_b, dk_b, dv_b = block_backward(
-                dout[p.b, :, p.q], q[p.b, :, p.q], k[p.b, :, p.k], v[p.b, :, p.k],
-                out[p.b, :, p.q], lse[p.b, :, p.q], p.causal, scale, backend,
+                dout[p.b, :, p.q],
+                q[p.b, :, p.q],
+                k[p.b, :, p.k],
+                v[p.b, :, p.k],
+                out[p.b, :, p.q],
+                lse[p.b, :, p.q],
+                p.causal,
+                scale,
+                backend,
             )
             dq[p.b, :, p.q] += dq_b
             del dq_b
@@ -162,8 +169,17 @@ class _RingAttention(torch.autograd.Function):
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None, None
 
 
-def ring_attention(q, k, v, group=None, causal: bool = True, layout: str = "striped", scale: float | None = None,
-                   segment_ids: torch.Tensor | None = None, backend: str = "auto"):
+def ring_attention(
+    q,
+    k,
+    v,
+    group=None,
+    causal: bool = True,
+    layout: str = "striped",
+    scale: float | None = None,
+    segment_ids: torch.Tensor | None = None,
+    backend: str = "auto",
+):
     """Exact attention for this rank's slice. q (B, Hq, L, D), k/v (B, Hkv, L, D), the rank's slice
     of the sequence in `layout`; returns (B, Hq, L, D). segment_ids (B, L): the rank's slice of
     the sequence's document ids (same layout); a query attends only keys of its own document.
@@ -207,8 +223,16 @@ class _SimulatedRing(torch.autograd.Function):
         dqs = []
         for r in range(n):
             kv_blocks = ((ks[(r - s) % n], vs[(r - s) % n]) for s in range(n))
-            steps = ring_backward(shard(dout, 2, r, n, layout).contiguous(), qs[r], outs[r], lses[r], kv_blocks,
-                                  rank_pieces[r], scale, backend)
+            steps = ring_backward(
+                shard(dout, 2, r, n, layout).contiguous(),
+                qs[r],
+                outs[r],
+                lses[r],
+                kv_blocks,
+                rank_pieces[r],
+                scale,
+                backend,
+            )
             step = 0
             while True:
                 try:
@@ -223,8 +247,17 @@ class _SimulatedRing(torch.autograd.Function):
         return dq.to(qs[0].dtype), dk.to(ks[0].dtype), dv.to(vs[0].dtype), None, None, None, None, None, None
 
 
-def simulate_ring(q, k, v, world_size: int, causal: bool = True, layout: str = "striped", scale: float | None = None,
-                  segment_ids: torch.Tensor | None = None, backend: str = "auto"):
+def simulate_ring(
+    q,
+    k,
+    v,
+    world_size: int,
+    causal: bool = True,
+    layout: str = "striped",
+    scale: float | None = None,
+    segment_ids: torch.Tensor | None = None,
+    backend: str = "auto",
+):
     """Full-sequence attention computed as an N-rank ring would, in one process (differentiable).
     segment_ids: the full sequence's (B, S) document ids."""
     check_qkv(q, k, v)

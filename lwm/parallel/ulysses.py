@@ -15,7 +15,7 @@ import torch
 
 from lwm.model.attention import sdpa_attention
 from lwm.parallel.comm import all_gather_stack, all_to_all, group_size_and_rank
-from lwm.parallel.layout import gathered_positions, check_layout
+from lwm.parallel.layout import check_layout, gathered_positions
 from lwm.parallel.ring import check_qkv, check_segments
 
 
@@ -62,8 +62,16 @@ def gather_segments(segment_ids: torch.Tensor, group, order: torch.Tensor | None
     return full if order is None else full.index_select(1, order)
 
 
-def ulysses_attention(q, k, v, group=None, causal: bool = True, layout: str = "striped", scale: float | None = None,
-                      segment_ids: torch.Tensor | None = None):
+def ulysses_attention(
+    q,
+    k,
+    v,
+    group=None,
+    causal: bool = True,
+    layout: str = "striped",
+    scale: float | None = None,
+    segment_ids: torch.Tensor | None = None,
+):
     """Exact attention for this rank's slice (same contract as ring_attention)."""
     check_qkv(q, k, v)
     check_layout(layout)

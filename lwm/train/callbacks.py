@@ -71,9 +71,18 @@ class StageProgress(TQDMProgressBar):
         return self.steps
 
     def init_train_tqdm(self) -> Tqdm:
-        return Tqdm(desc=self.stage, total=self.steps, initial=self.trainer.global_step, position=2 * self.process_position,
-                    disable=self.is_disabled, leave=True, dynamic_ncols=True, file=sys.stdout, smoothing=0,
-                    bar_format=self.BAR_FORMAT)
+        return Tqdm(
+            desc=self.stage,
+            total=self.steps,
+            initial=self.trainer.global_step,
+            position=2 * self.process_position,
+            disable=self.is_disabled,
+            leave=True,
+            dynamic_ncols=True,
+            file=sys.stdout,
+            smoothing=0,
+            bar_format=self.BAR_FORMAT,
+        )
 
     def on_train_epoch_start(self, trainer, *_) -> None:
         pass  # the stream is one endless epoch: the bar made in on_train_start runs to the stage's end
@@ -111,7 +120,9 @@ class MetricHistory(L.Callback):
         for row in self.rows:
             step = int(row["step"])
             if step < trainer.global_step:
-                csv_logger.experiment.log_metrics({k: float(v) for k, v in row.items() if v != "" and k != "step"}, step)
+                csv_logger.experiment.log_metrics(
+                    {k: float(v) for k, v in row.items() if v != "" and k != "step"}, step
+                )
         csv_logger.save()
 
 
@@ -121,8 +132,14 @@ class StageCheckpoint(ModelCheckpoint):
     final.safetensors holds the weights anyway)."""
 
     def __init__(self, dirpath, every: int, steps: int, keep: bool):
-        super().__init__(dirpath=dirpath, every_n_train_steps=every or None, save_last=True, save_top_k=0,
-                         monitor=None, enable_version_counter=False)
+        super().__init__(
+            dirpath=dirpath,
+            every_n_train_steps=every or None,
+            save_last=True,
+            save_top_k=0,
+            monitor=None,
+            enable_version_counter=False,
+        )
         self.steps, self.keep = steps, keep
 
     def on_train_end(self, trainer, pl_module) -> None:

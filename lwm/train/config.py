@@ -36,7 +36,9 @@ class StageConfig:
         if self.global_batch is not None and self.global_batch <= 0:
             raise ValueError(f"stage {self.name!r}: global_batch must be positive, got {self.global_batch}")
         if not 0 <= self.warmup_steps <= self.steps:
-            raise ValueError(f"stage {self.name!r}: warmup_steps {self.warmup_steps} must lie in [0, steps {self.steps}]")
+            raise ValueError(
+                f"stage {self.name!r}: warmup_steps {self.warmup_steps} must lie in [0, steps {self.steps}]"
+            )
 
     def per_rank_batch(self, dp: int) -> int:
         if self.global_batch is None:

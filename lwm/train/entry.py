@@ -10,9 +10,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from lwm.model import ModelConfig
 from lwm.train.config import OptimConfig, ParallelConfig, ScheduleConfig, TrainerConfig
+from lwm.train.console import say
 from lwm.train.evaluate import NeedleEvalConfig
 from lwm.train.probe import ProbeConfig
-from lwm.train.console import say
 from lwm.train.run import DataSpec, RunConfig
 from lwm.train.run_dir import register_resolver
 
@@ -26,8 +26,10 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
     """Each group becomes its dataclass; unknown keys are errors that name them."""
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
-        raise ValueError(f"{', '.join(missing)} must be given (no default), e.g. "
-                         + " ".join(f"{k}={EXAMPLES.get(k, '...')}" for k in missing))
+        raise ValueError(
+            f"{', '.join(missing)} must be given (no default), e.g. "
+            + " ".join(f"{k}={EXAMPLES.get(k, '...')}" for k in missing)
+        )
     c = OmegaConf.to_container(cfg, resolve=True)
     data = DataSpec(**c["data"])
     model = ModelConfig.from_preset(c["model"]["preset"], **(c["model"].get("overrides") or {}))
@@ -36,7 +38,9 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
 
         rows = Vocab(TextTokenizer(data.tokenizer).vocab_size).size
         if rows != model.vocab_size:
-            say(f"note: vocab_size {model.vocab_size} of model {c['model']['preset']!r} set to {rows} for {data.tokenizer}")
+            say(
+                f"note: vocab_size {model.vocab_size} of model {c['model']['preset']!r} set to {rows} for {data.tokenizer}"
+            )
             model = model.replace(vocab_size=rows)
     return RunConfig(
         model=model,
@@ -65,9 +69,28 @@ def ensure_sample_needles(root: Path = ROOT / "data" / "sample" / "needles") -> 
     for name, (low, high, n) in SAMPLE_NEEDLES.items():
         if (root / name / "heldout.jsonl").is_file():
             continue
-        subprocess.run([sys.executable, str(ROOT / "data" / "make_retrieval.py"), "--form", "chat", "--needles", "1",
-                        "--ask", "1", "--numberless", "--no-instruction", "--lengths", str(low), str(high),
-                        "--n", str(n), "--out", str(root / name)], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "data" / "make_retrieval.py"),
+                "--form",
+                "chat",
+                "--needles",
+                "1",
+                "--ask",
+                "1",
+                "--numberless",
+                "--no-instruction",
+                "--lengths",
+                str(low),
+                str(high),
+                "--n",
+                str(n),
+                "--out",
+                str(root / name),
+            ],
+            check=True,
+        )
 
 
 def ensure_sample_data(data: DataSpec) -> None:
@@ -78,8 +101,18 @@ def ensure_sample_data(data: DataSpec) -> None:
     codes = Path(data.codes)
     if list(codes.glob("manifest*.jsonl")) and not (codes / "failures.jsonl").read_text().strip():
         return
-    cmd = [sys.executable, "-m", "lwm.vision.tokenize", str(ROOT / "data" / "sample" / "videos"), "--out", str(codes),
-           "--tokenizer", "tiny", "--ids", "stem"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "lwm.vision.tokenize",
+        str(ROOT / "data" / "sample" / "videos"),
+        "--out",
+        str(codes),
+        "--tokenizer",
+        "tiny",
+        "--ids",
+        "stem",
+    ]
     cmd += ["--fps", str(data.fps)] if data.fps else ["--max-frames", str(data.max_frames or 8)]
     if data.vqgan_checkpoint and Path(data.vqgan_checkpoint).exists():
         cmd += ["--checkpoint", data.vqgan_checkpoint]

@@ -22,7 +22,9 @@ class NeedleEvalConfig:
     trials: int = 4  # per (length, depth) cell
     digits: int = 1  # digits of the needles' numbers (chance: 1 / 10 ** digits)
     haystack: str | None = None  # text file or JSON lines with "text"; None: eval/needle.py's default
-    instruction: bool = True  # False: LWM's instruction after the question left out, as a curriculum's first step trains
+    instruction: bool = (
+        True  # False: LWM's instruction after the question left out, as a curriculum's first step trains
+    )
     max_new_tokens: int = 4
 
     def __post_init__(self) -> None:
@@ -36,16 +38,34 @@ class NeedleEvalConfig:
 
 
 def needle_command(cfg: NeedleEvalConfig, model: Path, tokenizer: str, out: Path, device: str | None) -> list[str]:
-    cmd = [sys.executable, str(ROOT / "eval" / "needle.py"), "--model", str(model), "--tokenizer", str(tokenizer),
-           "--lengths", *map(str, cfg.lengths), "--depths", *(f"{float(d):g}" for d in cfg.depths),
-           "--trials", str(cfg.trials), "--digits", str(cfg.digits), "--max-new-tokens", str(cfg.max_new_tokens),
-           "--out", str(out)]
+    cmd = [
+        sys.executable,
+        str(ROOT / "eval" / "needle.py"),
+        "--model",
+        str(model),
+        "--tokenizer",
+        str(tokenizer),
+        "--lengths",
+        *map(str, cfg.lengths),
+        "--depths",
+        *(f"{float(d):g}" for d in cfg.depths),
+        "--trials",
+        str(cfg.trials),
+        "--digits",
+        str(cfg.digits),
+        "--max-new-tokens",
+        str(cfg.max_new_tokens),
+        "--out",
+        str(out),
+    ]
     cmd += ["--haystack", cfg.haystack] if cfg.haystack else []
     cmd += [] if cfg.instruction else ["--no-instruction"]
     return cmd + (["--device", device] if device else [])
 
 
-def evaluate_needles(cfg: NeedleEvalConfig, model: Path, tokenizer: str, out: Path, device: str | None = None) -> Path | None:
+def evaluate_needles(
+    cfg: NeedleEvalConfig, model: Path, tokenizer: str, out: Path, device: str | None = None
+) -> Path | None:
     """Run the grid on `model` (a stage folder or Hugging Face folder); returns needle.json, or None
     when the evaluation failed (said, not raised: the run's weights are kept either way)."""
     cmd = needle_command(cfg, model, tokenizer, out, device)

@@ -41,8 +41,9 @@ def codes_vqgan(codes_dir) -> Path | None:
     if source is None or not Path(source).exists():
         print(f"export: the codes' VQGAN {made_by} is not on disk; the export has no vqgan/")
         return None
-    vqgan = load_tokenizer(source if "diffusers" in made_by else made_by["preset"],
-                           None if "diffusers" in made_by else Path(source))[0]
+    vqgan = load_tokenizer(
+        source if "diffusers" in made_by else made_by["preset"], None if "diffusers" in made_by else Path(source)
+    )[0]
     if weights_hash(vqgan) != made_by.get("weights"):
         print(f"export: {source} no longer holds the weights that made the codes; the export has no vqgan/")
         return None
@@ -71,7 +72,9 @@ def main(argv=None) -> int:
     parser.add_argument("source", type=Path, help="stage folder, final.safetensors, or a Lightning checkpoint")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--tokenizer", type=Path, help="the sentencepiece model, to write a tokenizer too")
-    parser.add_argument("--vqgan", type=Path, help="the run's VQGAN (safetensors checkpoint or diffusers folder), bundled as vqgan/")
+    parser.add_argument(
+        "--vqgan", type=Path, help="the run's VQGAN (safetensors checkpoint or diffusers folder), bundled as vqgan/"
+    )
     args = parser.parse_args(argv)
     for name, path in (("source", args.source), ("--vqgan", args.vqgan), ("--tokenizer", args.tokenizer)):
         if path is not None and not path.exists():

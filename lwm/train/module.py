@@ -49,8 +49,15 @@ def lr_lambda(stage: StageConfig):
 
 
 class LWMModule(L.LightningModule):
-    def __init__(self, model_config: ModelConfig, stage: StageConfig, optim: OptimConfig, parallel: ParallelConfig,
-                 init_state: dict[str, torch.Tensor] | None = None, seed: int = 0):
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        stage: StageConfig,
+        optim: OptimConfig,
+        parallel: ParallelConfig,
+        init_state: dict[str, torch.Tensor] | None = None,
+        seed: int = 0,
+    ):
         super().__init__()
         self.model_config = model_config  # with the stage's RoPE theta (lwm.train.run.stage_model_config)
         self.stage, self.optim, self.parallel = stage, optim, parallel
@@ -89,12 +96,18 @@ class LWMModule(L.LightningModule):
 
     def _loss(self, batch: dict):
         """(this rank's share of the loss, differentiable; the whole sequence's loss, detached)."""
-        counts = global_group_counts(batch["loss_weight"], batch["vision_mask"], group=self.cp_group) if self.cp_size > 1 \
+        counts = (
+            global_group_counts(batch["loss_weight"], batch["vision_mask"], group=self.cp_group)
+            if self.cp_size > 1
             else None
-        coeff = token_coefficients(batch["loss_weight"], batch["vision_mask"], self.optim.text_weight,
-                                   self.optim.vision_weight, counts=counts)
+        )
+        coeff = token_coefficients(
+            batch["loss_weight"], batch["vision_mask"], self.optim.text_weight, self.optim.vision_weight, counts=counts
+        )
         segments = batch["segment_ids"] if self.parallel.document_mask else None
-        out = self.model(batch["tokens"], batch["positions"], targets=batch["targets"], loss_coeff=coeff, segment_ids=segments)
+        out = self.model(
+            batch["tokens"], batch["positions"], targets=batch["targets"], loss_coeff=coeff, segment_ids=segments
+        )
         loss = out.loss.detach().clone()
         if self.cp_size > 1:
             dist.all_reduce(loss, group=self.cp_group)  # the whole sequence's loss

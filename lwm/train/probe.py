@@ -72,8 +72,18 @@ def read_examples(config: ProbeConfig, datamodule) -> list[Encoded]:
         if len(out) == config.examples:
             break
         try:
-            out.append(encode_example(row, datamodule.vocab, datamodule.text_tokenizer, codes, max_frames=dc.max_frames,
-                                      fps=dc.fps, seed=dc.seed, key=f"{config.path}:{n}"))
+            out.append(
+                encode_example(
+                    row,
+                    datamodule.vocab,
+                    datamodule.text_tokenizer,
+                    codes,
+                    max_frames=dc.max_frames,
+                    fps=dc.fps,
+                    seed=dc.seed,
+                    key=f"{config.path}:{n}",
+                )
+            )
         except ExampleError as e:
             raise ValueError(f"probe.path {config.path}:{n}: {e}") from None
     if not out:

@@ -42,6 +42,8 @@ def gather_states() -> dict[str, bytes]:
 def restore_own(states: dict[str, bytes]) -> None:
     rank = dist.get_rank() if dist.is_initialized() else 0
     if str(rank) not in states:
-        raise KeyError(f"the checkpoint has random states for ranks {sorted(states)}, not for rank {rank} "
-                       "(resumed with a different world size?)")
+        raise KeyError(
+            f"the checkpoint has random states for ranks {sorted(states)}, not for rank {rank} "
+            "(resumed with a different world size?)"
+        )
     restore(pickle.loads(states[str(rank)]))

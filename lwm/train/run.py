@@ -1,11 +1,11 @@
 """Running a schedule: stage after stage, each from the previous stage's final weights.
 
-    out_dir/
-      <stage>/checkpoints/   Lightning checkpoints (sharded when distributed): model, optimizer,
-                             LR schedule, loop and data position; last.ckpt resumes the stage
-      <stage>/logs/          CSV metrics;  <stage>/tb/  TensorBoard
-      <stage>/final.safetensors   the stage's final weights (the next stage starts from them)
-      hf/                    the last stage exported as a Hugging Face LLaMA folder
+out_dir/
+  <stage>/checkpoints/   Lightning checkpoints (sharded when distributed): model, optimizer,
+                         LR schedule, loop and data position; last.ckpt resumes the stage
+  <stage>/logs/          CSV metrics;  <stage>/tb/  TensorBoard
+  <stage>/final.safetensors   the stage's final weights (the next stage starts from them)
+  hf/                    the last stage exported as a Hugging Face LLaMA folder
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ import torch.distributed as dist
 from lwm.data import DataConfig, LWMDataModule, Source
 from lwm.model import ModelConfig
 from lwm.train.callbacks import MetricHistory, PeakMemory, StageCheckpoint, StageProgress, Throughput
+from lwm.train.config import OptimConfig, ParallelConfig, ScheduleConfig, StageConfig, TrainerConfig
 from lwm.train.console import say
 from lwm.train.evaluate import NeedleEvalConfig, evaluate_needles
-from lwm.train.config import OptimConfig, ParallelConfig, ScheduleConfig, StageConfig, TrainerConfig
 from lwm.train.module import LWMModule
 from lwm.train.probe import AnswerProbe, ProbeConfig
 
@@ -57,11 +57,22 @@ class DataSpec:
             try:
                 sources.append(Source(**self.sources[n]))
             except TypeError as e:
-                raise ValueError(f"data.sources.{n} {self.sources[n]} is not a source (path, fields, overflow, repeat): {e}") from None
+                raise ValueError(
+                    f"data.sources.{n} {self.sources[n]} is not a source (path, fields, overflow, repeat): {e}"
+                ) from None
         positions = self.positions or ("document" if document_mask else "sequence")
-        return DataConfig(sources=sources, tokenizer=self.tokenizer, codes=self.codes, batch_size=batch_size,
-                          seed=self.seed, max_frames=self.max_frames, fps=self.fps, weighting=self.weighting,
-                          positions=positions, holdout=self.holdout)
+        return DataConfig(
+            sources=sources,
+            tokenizer=self.tokenizer,
+            codes=self.codes,
+            batch_size=batch_size,
+            seed=self.seed,
+            max_frames=self.max_frames,
+            fps=self.fps,
+            weighting=self.weighting,
+            positions=positions,
+            holdout=self.holdout,
+        )
 
 
 @dataclass
@@ -98,10 +109,14 @@ def validate(cfg: RunConfig) -> None:
         check_divisible(stage.seq_len, stage.cp, cfg.parallel.layout)
         cfg.data.for_stage(stage, 1)
     if cfg.schedule.init_hf is not None and not (Path(cfg.schedule.init_hf) / "config.json").exists():
-        raise FileNotFoundError(f"schedule.init_hf {cfg.schedule.init_hf} is not a Hugging Face model folder (no config.json)")
+        raise FileNotFoundError(
+            f"schedule.init_hf {cfg.schedule.init_hf} is not a Hugging Face model folder (no config.json)"
+        )
     if cfg.resume and not Path(cfg.trainer.out_dir).is_dir():
-        raise FileNotFoundError(f"resume=true: trainer.out_dir {cfg.trainer.out_dir} does not exist; "
-                                "name the folder of the run to continue (trainer.out_dir=runs/X resume=true)")
+        raise FileNotFoundError(
+            f"resume=true: trainer.out_dir {cfg.trainer.out_dir} does not exist; "
+            "name the folder of the run to continue (trainer.out_dir=runs/X resume=true)"
+        )
     if cfg.probe.path is not None and not Path(cfg.probe.path).is_file():
         raise FileNotFoundError(f"probe.path {cfg.probe.path} does not exist")
     if not cfg.data.sample:  # the sample data (and its needle sets) is made on first use, then checked
@@ -111,7 +126,11 @@ def validate(cfg: RunConfig) -> None:
 def check_files(cfg: RunConfig) -> None:
     """The data files and the evaluation's haystack exist."""
     check_data_files(cfg.data)
-    if cfg.evaluate.lengths is not None and cfg.evaluate.haystack is not None and not Path(cfg.evaluate.haystack).is_file():
+    if (
+        cfg.evaluate.lengths is not None
+        and cfg.evaluate.haystack is not None
+        and not Path(cfg.evaluate.haystack).is_file()
+    ):
         raise FileNotFoundError(f"evaluate.haystack {cfg.evaluate.haystack} does not exist")
 
 
@@ -128,13 +147,16 @@ def check_data_files(data: DataSpec) -> None:
 def _strategy(stage: StageConfig, trainer_cfg: TrainerConfig):
     # On GPUs FSDP2 runs even on one device: it is what computes in bf16 on fp32 master weights
     # (lwm/train/sharding.py); one CPU process trains the plain model.
-    gpu = trainer_cfg.accelerator in ("gpu", "cuda") or (trainer_cfg.accelerator == "auto" and torch.cuda.is_available())
+    gpu = trainer_cfg.accelerator in ("gpu", "cuda") or (
+        trainer_cfg.accelerator == "auto" and torch.cuda.is_available()
+    )
     if trainer_cfg.world_size == 1 and not gpu:
         return "auto"
     from lightning.pytorch.strategies import ModelParallelStrategy
 
     return ModelParallelStrategy(
-        data_parallel_size=trainer_cfg.world_size // stage.cp, tensor_parallel_size=stage.cp,
+        data_parallel_size=trainer_cfg.world_size // stage.cp,
+        tensor_parallel_size=stage.cp,
         timeout=timedelta(seconds=trainer_cfg.timeout_s),
     )
 
@@ -160,31 +182,54 @@ def run_stage(cfg: RunConfig, stage: StageConfig, model_config: ModelConfig, ini
     resume_from = last if cfg.resume and last.exists() else None
     stage_model = stage_model_config(model_config, stage)
     dp = stage.check_world(cfg.trainer.world_size)
-    say(f"stage {stage.name}: seq_len {stage.seq_len}, rope_theta {stage.rope_theta:g}, {stage.steps} steps, "
-        f"cp {stage.cp}, dp {dp}" + (f" (resuming from {resume_from})" if resume_from else ""))
+    say(
+        f"stage {stage.name}: seq_len {stage.seq_len}, rope_theta {stage.rope_theta:g}, {stage.steps} steps, "
+        f"cp {stage.cp}, dp {dp}" + (f" (resuming from {resume_from})" if resume_from else "")
+    )
     if global_rank() == 0:
         out.mkdir(parents=True, exist_ok=True)
         (out / "model_config.json").write_text(json.dumps(asdict(stage_model), indent=2))
     L.seed_everything(cfg.trainer.seed, workers=True, verbose=False)
     module = LWMModule(stage_model, stage, cfg.optim, cfg.parallel, init_state=init, seed=cfg.trainer.seed)
-    datamodule = LWMDataModule(cfg.data.for_stage(stage, stage.per_rank_batch(dp), cfg.parallel.document_mask), seq_len=stage.seq_len,
-                               cp_size=stage.cp, layout=cfg.parallel.layout)
+    datamodule = LWMDataModule(
+        cfg.data.for_stage(stage, stage.per_rank_batch(dp), cfg.parallel.document_mask),
+        seq_len=stage.seq_len,
+        cp_size=stage.cp,
+        layout=cfg.parallel.layout,
+    )
     from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
     global_batch = stage.per_rank_batch(dp) * dp
     history = MetricHistory(MetricHistory.read(out / "logs" / "metrics.csv") if resume_from else [])
     trainer = L.Trainer(
-        accelerator=cfg.trainer.accelerator, devices=cfg.trainer.devices, num_nodes=cfg.trainer.num_nodes,
-        strategy=_strategy(stage, cfg.trainer), precision=cfg.trainer.precision,
-        max_steps=min(stage.steps, cfg.stop_at_step or stage.steps), log_every_n_steps=cfg.trainer.log_every,
-        logger=[CSVLogger(out.parent, name=stage.name, version="logs"), TensorBoardLogger(out.parent, name=stage.name, version="tb")],
-        callbacks=[StageCheckpoint(out / "checkpoints", cfg.trainer.checkpoint_every, stage.steps,
-                                   cfg.trainer.keep_checkpoints), StageProgress(stage.name, stage.steps), history,
-                   Throughput(module.model_config, stage.seq_len, global_batch, cfg.trainer.peak_tflops), PeakMemory()]
-                  + ([AnswerProbe(cfg.probe, out, stage.name)] if cfg.probe.path else []),
-        num_sanity_val_steps=0, use_distributed_sampler=False, enable_model_summary=False, default_root_dir=out,
+        accelerator=cfg.trainer.accelerator,
+        devices=cfg.trainer.devices,
+        num_nodes=cfg.trainer.num_nodes,
+        strategy=_strategy(stage, cfg.trainer),
+        precision=cfg.trainer.precision,
+        max_steps=min(stage.steps, cfg.stop_at_step or stage.steps),
+        log_every_n_steps=cfg.trainer.log_every,
+        logger=[
+            CSVLogger(out.parent, name=stage.name, version="logs"),
+            TensorBoardLogger(out.parent, name=stage.name, version="tb"),
+        ],
+        callbacks=[
+            StageCheckpoint(
+                out / "checkpoints", cfg.trainer.checkpoint_every, stage.steps, cfg.trainer.keep_checkpoints
+            ),
+            StageProgress(stage.name, stage.steps),
+            history,
+            Throughput(module.model_config, stage.seq_len, global_batch, cfg.trainer.peak_tflops),
+            PeakMemory(),
+        ]
+        + ([AnswerProbe(cfg.probe, out, stage.name)] if cfg.probe.path else []),
+        num_sanity_val_steps=0,
+        use_distributed_sampler=False,
+        enable_model_summary=False,
+        default_root_dir=out,
         # val/loss on data.holdout every trainer.val_every steps (0: at the stage's last step)
-        limit_val_batches=1.0 if cfg.data.holdout else 0, check_val_every_n_epoch=None,
+        limit_val_batches=1.0 if cfg.data.holdout else 0,
+        check_val_every_n_epoch=None,
         val_check_interval=cfg.trainer.val_every or stage.steps,
     )
     trainer.fit(module, datamodule=datamodule, ckpt_path=str(resume_from) if resume_from else None)
@@ -239,7 +284,9 @@ def run_schedule(cfg: RunConfig) -> dict[str, Path]:
         from lwm.train.export import codes_vqgan, export_weights
 
         vqgan = codes_vqgan(cfg.data.codes) if cfg.data.codes is not None else None
-        where["hf"] = export_weights(finished, stage_model_config(model_config, last), out / "hf", cfg.data.tokenizer, vqgan)
+        where["hf"] = export_weights(
+            finished, stage_model_config(model_config, last), out / "hf", cfg.data.tokenizer, vqgan
+        )
     if cfg.evaluate.lengths is not None and finished is not None and global_rank() == 0:
         device = "cpu" if cfg.trainer.accelerator == "cpu" else None
         needle = evaluate_needles(cfg.evaluate, finished.parent, cfg.data.tokenizer, out / "needle", device)

@@ -26,8 +26,9 @@ def _torchrun_agreed(name: str) -> str:
     """rank 0's name, through the torchrun agent's store (MASTER_ADDR:MASTER_PORT)."""
     from torch.distributed import TCPStore
 
-    store = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                     timeout=timedelta(seconds=300))
+    store = TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timedelta(seconds=300)
+    )
     # every rank composes the same configs in the same order, so the count keys them alike
     key = f"lwm_run_id/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{len(_made)}"
     if int(os.environ["RANK"]) == 0:
@@ -44,8 +45,9 @@ def run_id() -> str:
         name = f"slurm-{os.environ['SLURM_JOB_ID']}.{os.environ['SLURM_STEP_ID']}"
     elif int(os.environ.get("WORLD_SIZE", "1")) > 1 and "TORCHELASTIC_RUN_ID" in os.environ:
         if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-            raise RuntimeError("torchrun without its agent store: give every rank the same trainer.out_dir "
-                               f"(or set {ENV})")
+            raise RuntimeError(
+                f"torchrun without its agent store: give every rank the same trainer.out_dir (or set {ENV})"
+            )
         name = _torchrun_agreed(name)
     base, n = name, 1
     while name in _made:  # a second run of this process within the same second (or SLURM step)

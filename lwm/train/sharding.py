@@ -37,8 +37,11 @@ def shard_model(config: ModelConfig, mesh, parallel: ParallelConfig, init_state:
     if parallel.activation_checkpointing:
         apply_activation_checkpointing(model)
     flat = mesh._flatten("dp_cp") if mesh.ndim > 1 else mesh
-    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if device.type == "cuda" \
+    policy = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if device.type == "cuda"
         else MixedPrecisionPolicy()
+    )
     for layer in model.layers:
         fully_shard(layer, mesh=flat, mp_policy=policy)
     fully_shard(model, mesh=flat, mp_policy=policy)

@@ -58,7 +58,9 @@ class DownBlock(nn.Module):
     def __init__(self, in_channels: int, out_channels: int, n_layers: int, downsample: bool, groups: int, eps: float):
         super().__init__()
         channels = [in_channels] + [out_channels] * n_layers
-        self.resnets = nn.ModuleList(ResnetBlock(c_in, c_out, groups, eps) for c_in, c_out in zip(channels, channels[1:]))
+        self.resnets = nn.ModuleList(
+            ResnetBlock(c_in, c_out, groups, eps) for c_in, c_out in zip(channels, channels[1:])
+        )
         self.downsample = Downsample(out_channels) if downsample else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -73,7 +75,9 @@ class UpBlock(nn.Module):
     def __init__(self, in_channels: int, out_channels: int, n_layers: int, upsample: bool, groups: int, eps: float):
         super().__init__()
         channels = [in_channels] + [out_channels] * n_layers
-        self.resnets = nn.ModuleList(ResnetBlock(c_in, c_out, groups, eps) for c_in, c_out in zip(channels, channels[1:]))
+        self.resnets = nn.ModuleList(
+            ResnetBlock(c_in, c_out, groups, eps) for c_in, c_out in zip(channels, channels[1:])
+        )
         self.upsample = Upsample(out_channels) if upsample else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -22,7 +22,9 @@ def config_path(weights: str | Path) -> Path:
     return Path(weights).with_suffix(".json")
 
 
-def save_vqgan(model: VQGAN, path: str | Path, preset: str | None = None, extra: dict | None = None) -> tuple[Path, Path]:
+def save_vqgan(
+    model: VQGAN, path: str | Path, preset: str | None = None, extra: dict | None = None
+) -> tuple[Path, Path]:
     from safetensors.torch import save_file
 
     path = Path(path)
@@ -42,8 +44,10 @@ def load_vqgan(path: str | Path) -> VQGAN:
     path = Path(path)
     meta_path = config_path(path)
     if not path.is_file() or not meta_path.is_file():
-        raise FileNotFoundError(f"a VQGAN checkpoint is {path} and {meta_path}; missing: "
-                                f"{[str(p) for p in (path, meta_path) if not p.is_file()]}")
+        raise FileNotFoundError(
+            f"a VQGAN checkpoint is {path} and {meta_path}; missing: "
+            f"{[str(p) for p in (path, meta_path) if not p.is_file()]}"
+        )
     meta = json.loads(meta_path.read_text())
     model = VQGAN(VQGANConfig(**meta["vqgan"]))
     model.load_state_dict(load_file(str(path)))

@@ -69,11 +69,15 @@ class CodeUsage:
 
 
 @torch.no_grad()
-def restart_codes(codebook: torch.Tensor, dead: torch.Tensor, z: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+def restart_codes(
+    codebook: torch.Tensor, dead: torch.Tensor, z: torch.Tensor, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """Move the `dead` rows of `codebook` (n_codes, D) onto random rows of `z` (N, D) (encoder outputs),
     in place; distinct rows of z while there are enough. Returns the indices of the restarted codes."""
     if dead.shape != codebook.shape[:1] or dead.dtype != torch.bool:
-        raise ValueError(f"dead must be a bool mask of shape ({codebook.shape[0]},), got {tuple(dead.shape)} {dead.dtype}")
+        raise ValueError(
+            f"dead must be a bool mask of shape ({codebook.shape[0]},), got {tuple(dead.shape)} {dead.dtype}"
+        )
     if z.dim() != 2 or z.shape[1] != codebook.shape[1] or len(z) == 0:
         raise ValueError(f"z must be (N, {codebook.shape[1]}) encoder outputs with N >= 1, got shape {tuple(z.shape)}")
     idx = dead.nonzero().squeeze(1)

@@ -75,8 +75,9 @@ def generator_loss(logits_fake: torch.Tensor) -> torch.Tensor:
     return -logits_fake.mean()
 
 
-def adaptive_weight(rec_loss: torch.Tensor, gan_loss: torch.Tensor, last_layer: torch.Tensor,
-                    max_weight: float = 1e4, eps: float = 1e-4) -> torch.Tensor:
+def adaptive_weight(
+    rec_loss: torch.Tensor, gan_loss: torch.Tensor, last_layer: torch.Tensor, max_weight: float = 1e4, eps: float = 1e-4
+) -> torch.Tensor:
     """||d rec_loss / d last_layer|| / (||d gan_loss / d last_layer|| + eps), clamped to [0, max_weight],
     detached. Both losses must still have their graphs (they are kept for the real backward)."""
     rec_grad = torch.autograd.grad(rec_loss, last_layer, retain_graph=True)[0]

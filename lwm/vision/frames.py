@@ -34,7 +34,9 @@ class FramesConfig:
         if not (isinstance(self.fps, (int, float)) and self.fps > 0):
             raise ValueError(f"FramesConfig.fps must be a positive number, got {self.fps!r}")
         if isinstance(self.held_out, bool) or not isinstance(self.held_out, int) or self.held_out < 1:
-            raise ValueError(f"FramesConfig.held_out must be a positive integer (videos held out), got {self.held_out!r}")
+            raise ValueError(
+                f"FramesConfig.held_out must be a positive integer (videos held out), got {self.held_out!r}"
+            )
         if not isinstance(self.num_workers, int) or self.num_workers < 0:
             raise ValueError(f"FramesConfig.num_workers must be an integer >= 0, got {self.num_workers!r}")
 
@@ -77,7 +79,9 @@ class FrameDataset(Dataset):
             raise ValueError(f"frames must be (N, H, W, 3) uint8, got shape {tuple(frames.shape)} dtype {frames.dtype}")
         size = min(frames.shape[1:3])
         if crop and (crop > size or crop % align):
-            raise ValueError(f"crop {crop} must be at most the frame size {size} and a multiple of the downsampling {align}")
+            raise ValueError(
+                f"crop {crop} must be at most the frame size {size} and a multiple of the downsampling {align}"
+            )
         self.frames, self.hflip, self.crop, self.align = frames, hflip, crop, align
 
     def __len__(self) -> int:
@@ -86,7 +90,9 @@ class FrameDataset(Dataset):
     def __getitem__(self, i: int) -> torch.Tensor:
         frame = self.frames[i]  # (H, W, 3)
         if self.crop:
-            top, left = (int(torch.randint((s - self.crop) // self.align + 1, ())) * self.align for s in frame.shape[:2])
+            top, left = (
+                int(torch.randint((s - self.crop) // self.align + 1, ())) * self.align for s in frame.shape[:2]
+            )
             frame = frame[top : top + self.crop, left : left + self.crop]  # (crop, crop, 3)
         x = frame.permute(2, 0, 1).float() / 127.5 - 1.0  # (H, W, 3) uint8 -> (3, H, W) in [-1, 1]
         if self.hflip and torch.rand(()) < 0.5:
@@ -102,7 +108,13 @@ class FrameData(L.LightningDataModule):
         super().__init__()
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-        self.config, self.resolution, self.batch_size, self.crop, self.align = config, resolution, batch_size, crop, align
+        self.config, self.resolution, self.batch_size, self.crop, self.align = (
+            config,
+            resolution,
+            batch_size,
+            crop,
+            align,
+        )
         self.train: FrameDataset | None = None
         self.val: FrameDataset | None = None
 
@@ -110,14 +122,24 @@ class FrameData(L.LightningDataModule):
         if self.train is not None:
             return  # read once: fit and a later validate share the frames
         train_paths, val_paths = split_videos(read_index(self.config.index), self.config.held_out)
-        self.train = FrameDataset(load_frames(train_paths, self.resolution, self.config.fps), hflip=self.config.hflip,
-                                  crop=self.crop, align=self.align)
+        self.train = FrameDataset(
+            load_frames(train_paths, self.resolution, self.config.fps),
+            hflip=self.config.hflip,
+            crop=self.crop,
+            align=self.align,
+        )
         self.val = FrameDataset(load_frames(val_paths, self.resolution, self.config.fps))
         self.videos = {"train": len(train_paths), "val": len(val_paths)}
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.train, batch_size=self.batch_size, shuffle=True, drop_last=True,
-                          num_workers=self.config.num_workers, persistent_workers=self.config.num_workers > 0)
+        return DataLoader(
+            self.train,
+            batch_size=self.batch_size,
+            shuffle=True,
+            drop_last=True,
+            num_workers=self.config.num_workers,
+            persistent_workers=self.config.num_workers > 0,
+        )
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.val, batch_size=64, shuffle=False, num_workers=0)

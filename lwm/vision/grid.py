@@ -16,7 +16,9 @@ def to_uint8(x: torch.Tensor) -> torch.Tensor:
 def recon_grid(originals: torch.Tensor, recons: torch.Tensor) -> Image.Image:
     """originals, recons (n, 3, H, W) in [-1, 1] -> an image (2H tall, nW wide): originals above, reconstructions below."""
     if originals.shape != recons.shape or originals.dim() != 4 or originals.shape[1] != 3:
-        raise ValueError(f"originals and recons must both be (n, 3, H, W), got {tuple(originals.shape)} and {tuple(recons.shape)}")
+        raise ValueError(
+            f"originals and recons must both be (n, 3, H, W), got {tuple(originals.shape)} and {tuple(recons.shape)}"
+        )
     n, _, h, w = originals.shape
     rows = torch.stack([to_uint8(originals), to_uint8(recons)])  # (2, n, H, W, 3)
     grid = rows.permute(0, 2, 1, 3, 4).reshape(2 * h, n * w, 3)  # (2, H, n, W, 3) -> (2H, nW, 3)

@@ -22,9 +22,9 @@ import math
 from pathlib import Path
 
 import lightning as L
-from lightning.pytorch.callbacks import Timer
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.callbacks import Timer
 
 from lwm.vision.codebook import CodeUsage, EMACodebook, code_histogram, perplexity, restart_codes, usage_fraction
 from lwm.vision.discriminator import PatchDiscriminator, adaptive_weight, generator_loss, hinge_d_loss
@@ -51,7 +51,9 @@ class LitVQGAN(L.LightningModule):
         if self.ema is not None:
             self.model.quantizer.codebook.weight.requires_grad_(False)  # moved by EMA, not by the optimizer
         self.discriminator = (
-            PatchDiscriminator(train_config.gan.channels, train_config.gan.n_layers) if train_config.gan.enabled else None
+            PatchDiscriminator(train_config.gan.channels, train_config.gan.n_layers)
+            if train_config.gan.enabled
+            else None
         )
         self.usage = CodeUsage(n_codes, train_config.usage_window)
         self.grid_dir = None if grid_dir is None else Path(grid_dir)
@@ -135,9 +137,18 @@ class LitVQGAN(L.LightningModule):
             opt_d.optimizer.step()  # the raw optimizer: Lightning's global_step counts generator steps only
             logs["gan_d"] = d_loss
 
-        logs.update(loss=loss, psnr=frame_psnr(x, recon.detach()).mean(), usage=self.usage.usage(),
-                    perplexity=self.usage.perplexity(), lr=opt_g.optimizer.param_groups[0]["lr"])
-        self.log_dict({f"train/{k}": float(v.detach()) if torch.is_tensor(v) else float(v) for k, v in logs.items()}, on_step=True, prog_bar=False)
+        logs.update(
+            loss=loss,
+            psnr=frame_psnr(x, recon.detach()).mean(),
+            usage=self.usage.usage(),
+            perplexity=self.usage.perplexity(),
+            lr=opt_g.optimizer.param_groups[0]["lr"],
+        )
+        self.log_dict(
+            {f"train/{k}": float(v.detach()) if torch.is_tensor(v) else float(v) for k, v in logs.items()},
+            on_step=True,
+            prog_bar=False,
+        )
         self.log("psnr", float(logs["psnr"]), prog_bar=True, logger=False)
         self.log("usage", self.usage.usage(), prog_bar=True, logger=False)
 
@@ -162,10 +173,18 @@ class LitVQGAN(L.LightningModule):
 
     def _val_end(self, step: int, grid_name: str) -> dict[str, float]:
         v, hist = self._val, self._val["hist"]
-        result = {"psnr": v["psnr"] / max(1, v["frames"]), "usage": usage_fraction(hist), "perplexity": perplexity(hist),
-                  "codes_used": float((hist > 0).sum()), "frames": float(v["frames"]), "step": float(step)}
+        result = {
+            "psnr": v["psnr"] / max(1, v["frames"]),
+            "usage": usage_fraction(hist),
+            "perplexity": perplexity(hist),
+            "codes_used": float((hist > 0).sum()),
+            "frames": float(v["frames"]),
+            "step": float(step),
+        }
         if self.grid_dir is not None and v["grid"][0]:
-            self.last_val_grid = save_grid(torch.stack(v["grid"][0]), torch.stack(v["grid"][1]), self.grid_dir / grid_name)
+            self.last_val_grid = save_grid(
+                torch.stack(v["grid"][0]), torch.stack(v["grid"][1]), self.grid_dir / grid_name
+            )
         return result
 
     def on_validation_epoch_start(self) -> None:
@@ -182,7 +201,9 @@ class LitVQGAN(L.LightningModule):
         self.log_dict({f"val/{k}": val for k, val in self.last_val.items() if k not in ("frames", "step")})
 
     @torch.no_grad()
-    def evaluate(self, frames: torch.utils.data.Dataset, step: int, batch_size: int = 64, grid_name: str = "final.png") -> dict[str, float]:
+    def evaluate(
+        self, frames: torch.utils.data.Dataset, step: int, batch_size: int = 64, grid_name: str = "final.png"
+    ) -> dict[str, float]:
         """The validation numbers outside Lightning, in the model's own precision (fp32 whatever the
         training precision was): PSNR, usage, perplexity, codes used on `frames`; writes the grid."""
         was_training = self.training
@@ -190,7 +211,9 @@ class LitVQGAN(L.LightningModule):
         self._val_begin(len(frames))
         device = self.codebook.device
         for start in range(0, len(frames), batch_size):
-            self._val_add(torch.stack([frames[i] for i in range(start, min(start + batch_size, len(frames)))]).to(device))
+            self._val_add(
+                torch.stack([frames[i] for i in range(start, min(start + batch_size, len(frames)))]).to(device)
+            )
         self.train(was_training)
         return self._val_end(step, grid_name)
 
@@ -228,7 +251,8 @@ class LitVQGAN(L.LightningModule):
         if cfg.lr_schedule == "cosine":
             trainer = self._trainer
             has_budget = trainer is not None and (
-                (trainer.max_steps or 0) > 0 or any(isinstance(c, Timer) and c.time_remaining() is not None for c in trainer.callbacks)
+                (trainer.max_steps or 0) > 0
+                or any(isinstance(c, Timer) and c.time_remaining() is not None for c in trainer.callbacks)
             )
             if not has_budget:
                 max_steps = None if trainer is None else trainer.max_steps

@@ -34,8 +34,14 @@ class TrainerConfig:
     def __post_init__(self) -> None:
         if not self.max_minutes > 0:
             raise ValueError(f"TrainerConfig.max_minutes must be > 0, got {self.max_minutes}")
-        if isinstance(self.max_steps, bool) or not isinstance(self.max_steps, int) or (self.max_steps < 1 and self.max_steps != -1):
-            raise ValueError(f"TrainerConfig.max_steps must be a positive integer or -1 (no limit), got {self.max_steps!r}")
+        if (
+            isinstance(self.max_steps, bool)
+            or not isinstance(self.max_steps, int)
+            or (self.max_steps < 1 and self.max_steps != -1)
+        ):
+            raise ValueError(
+                f"TrainerConfig.max_steps must be a positive integer or -1 (no limit), got {self.max_steps!r}"
+            )
         for name in ("log_every", "val_every", "threads"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

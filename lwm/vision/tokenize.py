@@ -38,9 +38,7 @@ import torch
 from lwm.io import append_jsonl, read_jsonl
 from lwm.vision.video import Sampling, Video, VideoError
 
-VIDEO_EXTENSIONS = frozenset(
-    ".mp4 .m4v .mkv .webm .avi .mov .mpg .mpeg .ts .flv .wmv .3gp .ogv".split()
-)
+VIDEO_EXTENSIONS = frozenset(".mp4 .m4v .mkv .webm .avi .mov .mpg .mpeg .ts .flv .wmv .3gp .ogv".split())
 LIST_EXTENSIONS = frozenset({".txt", ".lst", ".list"})
 # Codes are stored as uint16.
 _MAX_CODES = 1 << 16
@@ -99,16 +97,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, type=Path, help="output folder (tokens/, manifest, failures)")
     rate = p.add_mutually_exclusive_group()
     rate.add_argument("--fps", type=_positive_float, help="frames per second to sample (default 1.0)")
-    rate.add_argument("--max-frames", type=_positive_int, help="sample this many frames uniformly over the clip instead")
+    rate.add_argument(
+        "--max-frames", type=_positive_int, help="sample this many frames uniformly over the clip instead"
+    )
     p.add_argument("--start", type=_seconds, help="clip start in seconds (default: the first frame)")
     p.add_argument("--end", type=_seconds, help="clip end in seconds (default: the end of the video)")
-    p.add_argument("--tokenizer", default="lwm", help="a VQGAN preset name (lwm, tiny) or a folder saved by diffusers (VQModel)")
+    p.add_argument(
+        "--tokenizer", default="lwm", help="a VQGAN preset name (lwm, tiny) or a folder saved by diffusers (VQModel)"
+    )
     p.add_argument("--checkpoint", type=Path, help="state dict for the preset (.pt/.pth/.bin or .safetensors)")
-    p.add_argument("--batch-size", type=_positive_int, default=16, help="frames per VQGAN batch; also frames decoded at once")
+    p.add_argument(
+        "--batch-size", type=_positive_int, default=16, help="frames per VQGAN batch; also frames decoded at once"
+    )
     p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
-    p.add_argument("--ids", choices=["hashed", "stem"], default="hashed",
-                   help="video ids: file stem + path hash (default), or the file stem alone (must be unique)")
-    p.add_argument("--shard", type=_shard, default=(0, 1), metavar="I/N", help="take every N-th video, starting at the I-th")
+    p.add_argument(
+        "--ids",
+        choices=["hashed", "stem"],
+        default="hashed",
+        help="video ids: file stem + path hash (default), or the file stem alone (must be unique)",
+    )
+    p.add_argument(
+        "--shard", type=_shard, default=(0, 1), metavar="I/N", help="take every N-th video, starting at the I-th"
+    )
     return p
 
 
@@ -214,7 +224,9 @@ def load_tokenizer(name: str, checkpoint: Path | None):
                 )
         identity = {"preset": name, "checkpoint": None if checkpoint is None else os.path.abspath(checkpoint)}
     if model.config.n_codes > _MAX_CODES:
-        raise ValueError(f"the tokenizer has {model.config.n_codes} codes; uint16 token files hold at most {_MAX_CODES}")
+        raise ValueError(
+            f"the tokenizer has {model.config.n_codes} codes; uint16 token files hold at most {_MAX_CODES}"
+        )
     identity["weights"] = weights_hash(model)
     return model.eval(), identity
 
@@ -260,7 +272,9 @@ class OutputDir:
 # ------------------------------------------------------------------------------------ the run
 
 
-def tokenize_video(path: str, model, sampling: Sampling, batch_size: int, progress=None) -> tuple[np.ndarray, Video, np.ndarray]:
+def tokenize_video(
+    path: str, model, sampling: Sampling, batch_size: int, progress=None
+) -> tuple[np.ndarray, Video, np.ndarray]:
     """Codes (T, 256) uint16 of one video, encoded chunk by chunk; also the Video and the timestamps (T,)."""
     video = Video(path, model.config.resolution)
     plan = video.plan(sampling)
@@ -272,7 +286,9 @@ def tokenize_video(path: str, model, sampling: Sampling, batch_size: int, progre
     try:
         for frames, _ in video.chunks(plan, chunk_size=batch_size):
             # (t, r, r, 3) uint8 -> (t, 256) long
-            codes[done : done + len(frames)] = model.encode(torch.from_numpy(frames), batch_size=batch_size).cpu().numpy()
+            codes[done : done + len(frames)] = (
+                model.encode(torch.from_numpy(frames), batch_size=batch_size).cpu().numpy()
+            )
             done += len(frames)
             if progress is not None:
                 progress.update(len(frames))
@@ -352,8 +368,12 @@ def main(argv: list[str] | None = None) -> int:
                         "timestamps": [round(float(t), 6) for t in timestamps],
                         "sampling": sampling.to_dict(),
                         "resolution": model.config.resolution,
-                        "video": {"width": int(video.width), "height": int(video.height),
-                                  "num_frames": int(video.num_frames), "duration": round(video.duration, 6)},
+                        "video": {
+                            "width": int(video.width),
+                            "height": int(video.height),
+                            "num_frames": int(video.num_frames),
+                            "duration": round(video.duration, 6),
+                        },
                         "tokenizer": tokenizer,
                     }
                     out.write(record, codes)
@@ -373,8 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     shard = "" if shard_n == 1 else f" (shard {shard_i}/{shard_n})"
     print(
         f"{len(videos)} videos{shard}: {done} done ({frames} frames, {frames / max(elapsed, 1e-9):.1f} frames/s), "
-        f"{skipped} skipped (already in the manifest), {failed} failed"
-        + (f" (see {out.failures})" if failed else "")
+        f"{skipped} skipped (already in the manifest), {failed} failed" + (f" (see {out.failures})" if failed else "")
     )
     return 1 if failed else 0
 

@@ -36,7 +36,9 @@ class VQGANTrainConfig:
         if isinstance(self.gan, dict):  # Hydra hands a dict
             unknown = sorted(set(self.gan) - {f.name for f in fields(GANConfig)})
             if unknown:
-                raise ValueError(f"VQGANTrainConfig.gan: unknown key(s) {unknown}; expected some of {[f.name for f in fields(GANConfig)]}")
+                raise ValueError(
+                    f"VQGANTrainConfig.gan: unknown key(s) {unknown}; expected some of {[f.name for f in fields(GANConfig)]}"
+                )
             self.gan = GANConfig(**self.gan)
         self.betas = tuple(self.betas)
         for name in ("batch_size", "usage_window", "grid_frames"):
@@ -52,7 +54,9 @@ class VQGANTrainConfig:
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise ValueError(f"VQGANTrainConfig.betas must be two numbers in [0, 1), got {list(self.betas)}")
         if self.lr_schedule not in LR_SCHEDULES:
-            raise ValueError(f"VQGANTrainConfig.lr_schedule must be one of {list(LR_SCHEDULES)}, got {self.lr_schedule!r}")
+            raise ValueError(
+                f"VQGANTrainConfig.lr_schedule must be one of {list(LR_SCHEDULES)}, got {self.lr_schedule!r}"
+            )
         if not 0 <= self.min_lr_ratio <= 1:
             raise ValueError(f"VQGANTrainConfig.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         if self.l1_weight < 0 or self.l2_weight < 0 or self.l1_weight + self.l2_weight == 0:
@@ -60,8 +64,14 @@ class VQGANTrainConfig:
                 f"reconstruction weights must be >= 0 and not both 0, got l1_weight {self.l1_weight}, l2_weight {self.l2_weight}"
             )
         if self.beta < 0 or self.weight_decay < 0:
-            raise ValueError(f"beta and weight_decay must be >= 0, got beta {self.beta}, weight_decay {self.weight_decay}")
+            raise ValueError(
+                f"beta and weight_decay must be >= 0, got beta {self.beta}, weight_decay {self.weight_decay}"
+            )
         if not 0 <= self.ema_decay < 1:
-            raise ValueError(f"VQGANTrainConfig.ema_decay must be in [0, 1) (0: gradient codebook), got {self.ema_decay}")
+            raise ValueError(
+                f"VQGANTrainConfig.ema_decay must be in [0, 1) (0: gradient codebook), got {self.ema_decay}"
+            )
         if self.restart_until < -1:
-            raise ValueError(f"VQGANTrainConfig.restart_until must be a step >= 0 or -1 (to the end), got {self.restart_until}")
+            raise ValueError(
+                f"VQGANTrainConfig.restart_until must be a step >= 0 or -1 (to the end), got {self.restart_until}"
+            )

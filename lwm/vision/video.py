@@ -54,12 +54,18 @@ class Sampling:
 
     def __post_init__(self) -> None:
         if self.fps is not None and self.max_frames is not None:
-            raise ValueError(f"sample by fps or by max_frames, not both (got fps={self.fps}, max_frames={self.max_frames})")
+            raise ValueError(
+                f"sample by fps or by max_frames, not both (got fps={self.fps}, max_frames={self.max_frames})"
+            )
         if self.fps is None and self.max_frames is None:
             object.__setattr__(self, "fps", 1.0)  # the default: one frame per second
-        if self.fps is not None and not (isinstance(self.fps, (int, float)) and math.isfinite(self.fps) and self.fps > 0):
+        if self.fps is not None and not (
+            isinstance(self.fps, (int, float)) and math.isfinite(self.fps) and self.fps > 0
+        ):
             raise ValueError(f"fps must be a positive number, got {self.fps!r}")
-        if self.max_frames is not None and (isinstance(self.max_frames, bool) or not isinstance(self.max_frames, int) or self.max_frames <= 0):
+        if self.max_frames is not None and (
+            isinstance(self.max_frames, bool) or not isinstance(self.max_frames, int) or self.max_frames <= 0
+        ):
             raise ValueError(f"max_frames must be a positive integer, got {self.max_frames!r}")
         for name in ("start", "end"):
             value = getattr(self, name)
@@ -207,14 +213,18 @@ class Video:
                 # Decoding one frame tells the size after rotation; in decord 0.6 the (height, width) of the
                 # returned array are right even where its channel count is not (see _safe_width).
                 self.height, self.width = probe[0].shape[:2]
-                times = probe.get_frame_timestamp(np.arange(self.num_frames))  # (N, 2) start, end; a slice would decode all
+                times = probe.get_frame_timestamp(
+                    np.arange(self.num_frames)
+                )  # (N, 2) start, end; a slice would decode all
                 avg_fps = float(probe.get_avg_fps())
                 keys = np.asarray(probe.get_key_indices(), dtype=np.int64)
             except Exception as e:
                 raise VideoError(f"{self.path}: cannot decode (corrupt or truncated file?): {_short(e)}") from e
             del probe
         self.starts, self.duration, self._timed = self._frame_times(np.asarray(times, dtype=np.float64), avg_fps)
-        self.key_indices = keys if len(keys) and keys[0] == 0 else np.append(0, keys)  # the first frame starts an interval
+        self.key_indices = (
+            keys if len(keys) and keys[0] == 0 else np.append(0, keys)
+        )  # the first frame starts an interval
 
         self.decode_size = _decode_size(self.height, self.width, resolution)
         self._reader = None  # decord's scaling reader, opened by the first read()
@@ -226,8 +236,11 @@ class Video:
             raise VideoError(f"{self.path}: the video has no frames") from e
         except Exception as e:
             detail = _short(e)
-            reason = "no video stream, or no frames in it" if "video stream" in detail else (
-                "not a video file, or corrupt or truncated (or no video frames)")
+            reason = (
+                "no video stream, or no frames in it"
+                if "video stream" in detail
+                else ("not a video file, or corrupt or truncated (or no video frames)")
+            )
             raise VideoError(f"{self.path}: cannot open as a video: {reason} (decord: {detail})") from e
         if len(reader) == 0:
             raise VideoError(f"{self.path}: the video has no frames")
@@ -275,7 +288,9 @@ class Video:
             indices = np.clip(indices, 0, self.num_frames - 1)
         else:
             # Frames shown at some moment of [start, end).
-            inside = np.flatnonzero((self.starts < end - _TIME_EPS) & (np.append(self.starts[1:], self.duration) > start + _TIME_EPS))
+            inside = np.flatnonzero(
+                (self.starts < end - _TIME_EPS) & (np.append(self.starts[1:], self.duration) > start + _TIME_EPS)
+            )
             if len(inside) == 0:
                 raise VideoError(f"{self.path}: no frame is shown between {start:.3f} s and {end:.3f} s")
             if len(inside) > sampling.max_frames:
@@ -301,7 +316,9 @@ class Video:
                     f"{self.path}: decoding frames {indices[0]}..{indices[-1]} failed (corrupt or truncated file?): {_short(e)}"
                 ) from e
         if frames.shape[1:] != (*self.decode_size, 3):
-            raise VideoError(f"{self.path}: decord returned frames of shape {frames.shape[1:]}, expected {(*self.decode_size, 3)}")
+            raise VideoError(
+                f"{self.path}: decord returned frames of shape {frames.shape[1:]}, expected {(*self.decode_size, 3)}"
+            )
         return self._crop_resize(frames)
 
     def chunks(self, plan: Plan, chunk_size: int = 32) -> Iterator[tuple[np.ndarray, np.ndarray]]:
@@ -355,7 +372,9 @@ class Video:
                 try:
                     frame = next(decoded, None)
                 except Exception as e:
-                    raise VideoError(f"{self.path}: decoding failed before frame {target} (corrupt or truncated file?): {e}") from e
+                    raise VideoError(
+                        f"{self.path}: decoding failed before frame {target} (corrupt or truncated file?): {e}"
+                    ) from e
                 if frame is None and pos is not None:
                     raise VideoError(f"{self.path}: the video ended before frame {target} (corrupt or truncated file?)")
                 t = (frame.pts - origin) * tb if frame is not None and self._timed and frame.pts is not None else None
@@ -367,7 +386,9 @@ class Video:
                         back += 1
                         key = int(np.searchsorted(self.key_indices, target, side="right")) - 1 - back
                         if key < 0:
-                            raise VideoError(f"{self.path}: seeking cannot reach frame {target} (it lands on frame {pos})")
+                            raise VideoError(
+                                f"{self.path}: seeking cannot reach frame {target} (it lands on frame {pos})"
+                            )
                         decoded, pos = self._seek(container, stream, origin, tb, self._key_time(key)), None
                         continue
                     back = None
@@ -375,7 +396,9 @@ class Video:
                     pos += 1
                 if pos < target:
                     continue  # decoded, never converted
-                if pos > target or (t is not None and abs(t - self.starts[pos]) > _TIME_EPS + np.spacing(np.float32(t))):
+                if pos > target or (
+                    t is not None and abs(t - self.starts[pos]) > _TIME_EPS + np.spacing(np.float32(t))
+                ):
                     raise VideoError(
                         f"{self.path}: decoding forward met frame {pos} at {t} s where frame {target} at "
                         f"{self.starts[target]:.4f} s was due (PyAV and decord disagree on the frames)"
@@ -385,7 +408,9 @@ class Video:
                 scale.push(frame)
                 image = scale.pull().to_ndarray()  # (Hd, Wd, 3)
                 if image.shape != (*self.decode_size, 3):
-                    raise VideoError(f"{self.path}: PyAV returned frames of shape {image.shape}, expected {(*self.decode_size, 3)}")
+                    raise VideoError(
+                        f"{self.path}: PyAV returned frames of shape {image.shape}, expected {(*self.decode_size, 3)}"
+                    )
                 while k < len(indices) and indices[k] == pos:
                     yield image  # a held frame repeats
                     k += 1
@@ -447,7 +472,9 @@ class Video:
             return np.ascontiguousarray(frames)
         # Only when the decode width was widened for decord (small frames): a mild downscale.
         x = torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2).float()  # (t, 3, side, side)
-        x = F.interpolate(x, size=(self.resolution, self.resolution), mode="bilinear", antialias=True, align_corners=False)
+        x = F.interpolate(
+            x, size=(self.resolution, self.resolution), mode="bilinear", antialias=True, align_corners=False
+        )
         return x.round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1).contiguous().numpy()  # (t, r, r, 3)
 
 

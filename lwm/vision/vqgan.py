@@ -66,7 +66,9 @@ class VQGAN(nn.Module):
         else:
             raise ValueError(f"frames must be uint8 or floating point, i.e. {expected}; {got}")
         if size != (r, r):
-            raise ValueError(f"frames are {size[0]}x{size[1]} but this VQGAN takes {r}x{r} (resize or crop first); {got}")
+            raise ValueError(
+                f"frames are {size[0]}x{size[1]} but this VQGAN takes {r}x{r} (resize or crop first); {got}"
+            )
         if frames.is_floating_point() and frames.numel() and not frames.is_meta:
             lo, hi = (float(v) for v in frames.aminmax())
             if lo < -1 - _FLOAT_RANGE_SLACK or hi > 1 + _FLOAT_RANGE_SLACK:

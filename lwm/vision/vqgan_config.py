@@ -24,7 +24,15 @@ class VQGANConfig:
 
     def __post_init__(self) -> None:
         self.channel_mult = tuple(self.channel_mult)  # Hydra hands lists
-        positive = ("resolution", "base_channels", "layers_per_block", "z_channels", "n_codes", "code_dim", "norm_groups")
+        positive = (
+            "resolution",
+            "base_channels",
+            "layers_per_block",
+            "z_channels",
+            "n_codes",
+            "code_dim",
+            "norm_groups",
+        )
         for name in positive:
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
@@ -86,6 +94,13 @@ PRESETS: dict[str, VQGANConfig] = {
     "lwm": VQGANConfig(),
     # Tests and the CPU demo: 64x64 frames, downsampling 4 -> 16x16 codes, the full 8192-code codebook
     # so its codes fit the vocabulary.
-    "tiny": VQGANConfig(resolution=64, base_channels=32, channel_mult=(1, 2, 2), layers_per_block=1,
-                        z_channels=16, code_dim=16, norm_groups=8),
+    "tiny": VQGANConfig(
+        resolution=64,
+        base_channels=32,
+        channel_mult=(1, 2, 2),
+        layers_per_block=1,
+        z_channels=16,
+        code_dim=16,
+        norm_groups=8,
+    ),
 }
