@@ -35,8 +35,7 @@ from report import command_line, host_line, publish, sync  # noqa: E402
 from lwm.parallel import block_backward, block_forward, block_plan, block_work, shard, simulate_ring  # noqa: E402
 from lwm.parallel.documents import StepPlanner, piece_work  # noqa: E402
 from lwm.parallel.launch import run_distributed  # noqa: E402
-
-LAYOUTS = ("contiguous", "striped", "zigzag")
+from lwm.parallel.layout import LAYOUTS  # noqa: E402
 
 
 def timed(fn, repeats: int, reduce=statistics.median, device="cpu") -> float:

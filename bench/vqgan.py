@@ -286,7 +286,7 @@ def part_encode(args) -> list[str]:
     best_fps = args.frames_per_round / times[best_bs]
     where = "within it" if 1 <= best_fps <= 2 else ("above it" if best_fps > 2 else f"{best_fps:.2f}x of its low end")
     ref = (
-        f"design.md estimates about 1-2 frames/s on 2 CPU cores for this model; the best here, "
+        f"the project's planning estimate is about 1-2 frames/s on 2 CPU cores for this model; the best here, "
         f"{best_fps:.2f} frames/s at batch {best_bs}, is {where}."
         if args.device == "cpu"
         else f"target on an H200 (preset `lwm`, bf16): >= 2000 frames/s; the best here is {best_fps:.0f} frames/s at batch {best_bs}."

@@ -66,7 +66,7 @@ if __package__ in (None, ""):  # run as a script: make `eval` and `lwm` importab
 from eval.plots import markdown_table  # noqa: E402
 from lwm.infer.prompt import DEFAULT_VQGAN  # noqa: E402
 from lwm.io import JsonlAppender, JsonlError, lines, write_atomic  # noqa: E402
-from lwm.parallel.comm import group_size_and_rank  # noqa: E402
+from lwm.parallel.comm import broadcast_object_from_first, group_size_and_rank  # noqa: E402
 
 # The rest of lwm.infer (and lwm.data under it) is imported where used: a usage error should not
 # wait for it. (lwm.infer.prompt, for the bundled VQGAN's path, adds little to torch.)
@@ -403,20 +403,6 @@ class VideoSource:
 # ------------------------------------------------------------------------------------ the run
 
 
-def _broadcast(obj, group):
-    """The group's first rank's object on every rank."""
-    world, _ = group_size_and_rank(group)
-    if world == 1:
-        return obj
-    import torch.distributed as dist
-
-    box = [obj]
-    dist.broadcast_object_list(
-        box, src=dist.get_global_rank(group if group is not None else dist.group.WORLD, 0), group=group
-    )
-    return box[0]
-
-
 def _prepare(item: Item, source) -> dict:
     if item.error is not None:
         return {"error": item.error, "kind": item.error_kind}
@@ -450,7 +436,7 @@ def evaluate_item(
 
     group = getattr(generator, "group", None)
     _, rank = group_size_and_rank(group)
-    prepared = _broadcast(_prepare(item, source) if rank == 0 else None, group)
+    prepared = broadcast_object_from_first(_prepare(item, source) if rank == 0 else None, group)
     info = prepared.get("info", {})
     duration = item.duration if item.duration is not None else info.get("video_seconds")
     rec = {

@@ -1,4 +1,4 @@
-"""Every config field takes effect, and a test shows it (design.md). This file holds the tests no
+"""Every config field takes effect, and a test shows it. This file holds the tests no
 other file has; fields already shown elsewhere are listed here with the test that shows them.
 
 Shown elsewhere (tests/test_train.py unless named):

@@ -297,7 +297,8 @@ def test_heatmap_and_tables(tmp_path):
         img.verify()
     with Image.open(png) as img:
         assert img.format == "PNG" and img.width > 100 and img.height > 100
-        assert color_at(1.0) in {img.getpixel((x, y)) for x in range(img.width) for y in range(img.height)}
+        rgb = img.convert("RGB")  # matplotlib writes RGBA
+        assert color_at(1.0) in {rgb.getpixel((x, y)) for x in range(rgb.width) for y in range(rgb.height)}
     assert (
         color_at(0.0) == (0xF0, 0x49, 0x6E) and color_at(1.0) == (0x0C, 0xD7, 0x9F) and color_at(2.0) == color_at(1.0)
     )

@@ -1,4 +1,4 @@
-"""The one vocabulary table (design.md): text ids, then vision codes, then four special tokens.
+"""The one vocabulary table: text ids, then vision codes, then four special tokens.
 
 [0, text_size)                       text ids (sentencepiece)
 [vision_offset, vision_offset+8192)  vision codes

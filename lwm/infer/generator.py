@@ -24,7 +24,7 @@ from lwm.infer.cache import KVCache
 from lwm.infer.sampling import GenerationConfig, allowed_ids, next_token
 from lwm.parallel.comm import broadcast_from_first
 from lwm.parallel.layout import positions as layout_positions
-from lwm.parallel.layout import shard
+from lwm.parallel.layout import ring_parts, shard
 
 
 class Generator:
@@ -80,7 +80,7 @@ class Generator:
         S = prompt.numel()
         self.cache = cache = KVCache(self.model, self.group, self.layout, self.backend)
         N, rank = cache.world_size, cache.rank
-        unit = 2 * N if self.layout == "zigzag" else N
+        unit = ring_parts(N, self.layout)
         ring = 0 if N == 1 else (S - 1) // unit * unit
         like = self._kv_like()
         cache.reserve(like, -(-(S + reserve) // N) + 1)

@@ -14,6 +14,7 @@ from lwm.infer.generator import Generator
 from lwm.infer.load import Loaded, load_model
 from lwm.parallel.comm import group_size_and_rank
 from lwm.parallel.launch import init_from_env
+from lwm.parallel.layout import LAYOUTS
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -29,7 +30,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--layout",
-        choices=["striped", "zigzag", "contiguous"],
+        choices=LAYOUTS,
         default="striped",
         help="how the prompt is split over the ranks under torchrun",
     )

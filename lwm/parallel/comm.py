@@ -66,6 +66,18 @@ def broadcast_from_first(value: int, group=None) -> int:
     return int(t)
 
 
+def broadcast_object_from_first(obj, group=None):
+    """The group's first rank's (picklable) object on every rank."""
+    world, _ = group_size_and_rank(group)
+    if world == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(
+        box, src=dist.get_global_rank(group if group is not None else dist.group.WORLD, 0), group=group
+    )
+    return box[0]
+
+
 class _AllToAll(torch.autograd.Function):
     """Chunk i of dim 0 goes to rank i; chunk i of the result came from rank i. Its own inverse."""
 

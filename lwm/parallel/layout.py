@@ -23,13 +23,18 @@ def check_layout(layout: str) -> None:
         raise ValueError(f"unknown layout {layout!r}; expected one of {LAYOUTS}")
 
 
+def ring_parts(ring: int, layout: str) -> int:
+    """How many equal parts a layout cuts a sequence into over `ring` ranks: 2N chunks for zigzag, else N."""
+    return 2 * ring if layout == "zigzag" else ring
+
+
 def check_divisible(seq_len: int, world_size: int, layout: str, ulysses_size: int = 1) -> None:
     """Raise a ValueError naming the values when seq_len cannot be split this way."""
     check_layout(layout)
     if world_size < 1 or ulysses_size < 1 or world_size % ulysses_size:
         raise ValueError(f"world_size {world_size} must be a positive multiple of ulysses_size {ulysses_size}")
     ring = world_size // ulysses_size
-    parts = 2 * ring if layout == "zigzag" else ring
+    parts = ring_parts(ring, layout)
     if seq_len % parts:
         what = f"2 * ring size = {parts}" if layout == "zigzag" else f"ring size {parts}"
         raise ValueError(f"seq_len {seq_len} is not divisible by {what} ({layout})")

@@ -91,7 +91,7 @@ class OptimConfig:
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.95)
     grad_clip: float | None = 1.0  # max total gradient 2-norm; None or 0: no clipping
-    text_weight: float = 0.5  # loss = weighted means of text and vision targets (design.md)
+    text_weight: float = 0.5  # loss = weighted means of text and vision targets (lwm.model.loss)
     vision_weight: float = 0.5
 
     def __post_init__(self) -> None:

@@ -92,7 +92,7 @@ class Plan:
 def _decord():
     try:
         import decord
-    except ImportError as e:  # no aarch64 wheel (design.md)
+    except ImportError as e:  # decord has no aarch64 wheel: PyAV reads instead
         raise ImportError("reading videos needs decord (pip install decord; x86-64 only)") from e
     # Its ffmpeg's messages would land in the callers' progress bars and repeat what our errors say; also those of
     # its decoder thread, which runs on after a call returns. Process-wide, for decord's copy of ffmpeg only (PyAV

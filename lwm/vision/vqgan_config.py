@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-# A frame is 16x16 = 256 codes in the vocabulary layout (design.md); every VQGAN here produces that.
+# A frame is 16x16 = 256 codes in the vocabulary layout (lwm.data.Vocab); every VQGAN here produces that.
 TOKENS_PER_FRAME = 256
 
 
