@@ -354,7 +354,7 @@ class VideoSource:
 
     def vqgan(self):
         if self._vqgan is None:
-            from lwm.infer.prompt import load_vqgan
+            from lwm.vision.checkpoint import load_vqgan
 
             if self.vqgan_path is None or not Path(self.vqgan_path).exists():
                 raise ItemError(
@@ -363,7 +363,7 @@ class VideoSource:
                     f"{self.vqgan_path} to tokenize it does not exist (--vqgan)",
                 )
             try:
-                self._vqgan = load_vqgan(self.vqgan_path).to(self.device).eval()
+                self._vqgan = load_vqgan(self.vqgan_path, preset="tiny").to(self.device).eval()
             except Exception as e:
                 raise ItemError(
                     "vqgan", f"cannot load the VQGAN checkpoint {self.vqgan_path}: {type(e).__name__}: {e}"

@@ -488,9 +488,9 @@ def test_one_folder_with_the_vqgan_serves_generation_and_video_qa(tmp_path, caps
 def test_export_bundles_a_runs_vqgan(tmp_path):
     """python -m lwm.train.export --vqgan puts the run's VQGAN beside the weights; prompts stay native."""
     from lwm.infer.load import load_model
-    from lwm.infer.prompt import load_vqgan
     from lwm.model import ModelConfig
     from lwm.train.export import export_weights
+    from lwm.vision.checkpoint import load_vqgan
 
     model = Transformer(ModelConfig.from_preset("debug", vocab_size=12352))
     vqgan = ROOT / "data" / "checkpoints" / "vqgan_tiny.safetensors"
@@ -507,9 +507,8 @@ def test_a_runs_export_finds_the_vqgan_that_made_its_codes(tmp_path, capsys):
     while its file still holds the weights that made the codes."""
     import json
 
-    from lwm.infer.prompt import load_vqgan
     from lwm.train.export import codes_vqgan
-    from lwm.vision.tokenize import weights_hash
+    from lwm.vision.checkpoint import load_vqgan, weights_hash
 
     vqgan = ROOT / "data" / "checkpoints" / "vqgan_tiny.safetensors"
     made_by = {"preset": "tiny", "checkpoint": str(vqgan), "weights": weights_hash(load_vqgan(vqgan))}

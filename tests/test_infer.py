@@ -234,11 +234,11 @@ def test_cli_default_paths_work_from_any_folder_and_bad_paths_name_the_option(tm
     monkeypatch.chdir(tmp_path)
     video = tmp_path / "clip.mp4"
     video.write_bytes(b"")  # only its existence is checked before loading
+    # Without --vqgan the model folder's VQGAN is used, else the bundled one (found from the package).
     args = cli.parse_args(["--model", str(tmp_path), "--prompt", "x", "--video", str(video)])
-    assert Path(args.vqgan).is_absolute() and Path(args.vqgan).is_file()
-    assert Path(args.vqgan) == root / "data" / "checkpoints" / "vqgan_tiny.safetensors"
-    qa_args = video_qa.build_parser().parse_args(["--model", "m", "--data", "d"])
-    assert Path(qa_args.vqgan) == Path(args.vqgan)
+    assert args.vqgan is None and video_qa.build_parser().parse_args(["--model", "m", "--data", "d"]).vqgan is None
+    assert Path(cli.DEFAULT_VQGAN).is_absolute() and Path(cli.DEFAULT_VQGAN).is_file()
+    assert Path(cli.DEFAULT_VQGAN) == root / "data" / "checkpoints" / "vqgan_tiny.safetensors"
 
     for argv, option in [
         (["--video", str(video), "--vqgan", "path/x"], "--vqgan path/x"),

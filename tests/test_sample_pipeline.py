@@ -34,7 +34,7 @@ def sample(tmp_path_factory):
         str(out / "videos"),
         "--out",
         str(codes),
-        "--tokenizer",
+        "--vqgan",
         "tiny",
         "--ids",
         "stem",

@@ -15,7 +15,8 @@ skip_module_without_decord()
 import decord  # noqa: E402,F401
 from video_samples import make_bad, make_good  # noqa: E402
 
-from lwm.vision.tokenize import collect_videos, main, video_id, weights_hash  # noqa: E402
+from lwm.vision.checkpoint import weights_hash  # noqa: E402
+from lwm.vision.tokenize import collect_videos, main, video_id  # noqa: E402
 from lwm.vision.video import read_video  # noqa: E402
 from lwm.vision.vqgan import VQGAN, VQGANConfig  # noqa: E402
 
@@ -46,7 +47,7 @@ def run(data, out, *extra, inputs=None):
         *inputs,
         "--out",
         str(out),
-        "--tokenizer",
+        "--vqgan",
         "tiny",
         "--checkpoint",
         str(data["checkpoint"]),
@@ -202,12 +203,12 @@ def test_shards_split_without_overlap(data, tmp_path, capsys):
         (["--batch-size", "0"], "expected a positive integer, got '0'"),
         (["--fps", "-1"], "expected a positive number, got '-1'"),
         (["--start", "2", "--end", "1"], "end 1.0 s must be after start 2.0 s"),
-        (["--tokenizer", "nope"], "'nope' is neither a folder nor a preset"),
+        (["--vqgan", "nope"], "'nope' is neither a folder nor a preset"),
     ],
 )
 def test_usage_errors_exit_2(data, tmp_path, capsys, extra, message):
     with pytest.raises(SystemExit) as info:
-        main([str(data["good"]["portrait"]), "--out", str(tmp_path / "out"), "--tokenizer", "tiny", *extra])
+        main([str(data["good"]["portrait"]), "--out", str(tmp_path / "out"), "--vqgan", "tiny", *extra])
     assert info.value.code == 2
     assert message in capsys.readouterr().err
 
@@ -216,7 +217,7 @@ def test_missing_checkpoint_and_other_settings_exit_2(data, tmp_path, capsys):
     out = tmp_path / "out"
     source = [str(data["good"]["portrait"])]
     with pytest.raises(SystemExit) as info:
-        main([*source, "--out", str(out), "--tokenizer", "tiny", "--checkpoint", str(tmp_path / "none.pt")])
+        main([*source, "--out", str(out), "--vqgan", "tiny", "--checkpoint", str(tmp_path / "none.pt")])
     assert info.value.code == 2 and "none.pt not found" in capsys.readouterr().err
     assert run(data, out, inputs=source) == 0
     with pytest.raises(SystemExit) as info:  # resuming with another rate would mix two samplings in one folder
@@ -233,6 +234,7 @@ def test_diffusers_folder(data, tmp_path):
     to_diffusers(data["model"]).save_pretrained(folder)
     out = tmp_path / "out"
     source = data["good"]["portrait"]
+    # --tokenizer: the option's former name still works
     assert main([str(source), "--out", str(out), "--tokenizer", str(folder), "--device", "cpu"]) == 0
     [record] = records(out, "manifest.jsonl")
     assert record["tokenizer"] == {"diffusers": str(folder), "weights": record["tokenizer"]["weights"]}
@@ -250,7 +252,7 @@ def test_module_entry_point(data, tmp_path):
         *inputs,
         "--out",
         str(out),
-        "--tokenizer",
+        "--vqgan",
         "tiny",
         "--device",
         "cpu",

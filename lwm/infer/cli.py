@@ -52,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def prompt_ids(args, loaded) -> list[int]:
-    from lwm.infer.prompt import chat_prompt, load_vqgan, video_codes
+    from lwm.infer.prompt import chat_prompt, video_codes
+    from lwm.vision.checkpoint import load_vqgan
 
     codes = None
     if args.video_id or args.codes:
@@ -63,7 +64,9 @@ def prompt_ids(args, loaded) -> list[int]:
         codes = CodeStore(args.codes).load(args.video_id, max_frames=args.max_frames, fps=args.fps)
     elif args.video:
         vqgan = args.vqgan or loaded.vqgan or DEFAULT_VQGAN
-        codes = video_codes(args.video, load_vqgan(vqgan).to(args.device), fps=args.fps, max_frames=args.max_frames)
+        codes = video_codes(
+            args.video, load_vqgan(vqgan, preset="tiny").to(args.device), fps=args.fps, max_frames=args.max_frames
+        )
     if args.raw:
         if codes is not None:
             raise ValueError("--raw takes text only; a video goes in the chat form")

@@ -74,20 +74,6 @@ def chat_prompt(
     return ids + tokenizer.encode(fields["assistant"])
 
 
-def load_vqgan(checkpoint: str | Path | None = DEFAULT_VQGAN, preset: str = "tiny"):
-    """A VQGAN for on-the-fly tokenization: a diffusers folder, a checkpoint with its config beside it
-    (lwm.vision.checkpoint), a bare state dict for `preset`, or None: the preset's random weights."""
-    from lwm.vision.checkpoint import config_path
-    from lwm.vision.checkpoint import load_vqgan as load_checkpoint
-    from lwm.vision.tokenize import load_tokenizer
-
-    if checkpoint is not None and Path(checkpoint).is_dir():
-        return load_tokenizer(str(checkpoint), None)[0]
-    if checkpoint is not None and config_path(checkpoint).is_file():
-        return load_checkpoint(checkpoint)
-    return load_tokenizer(preset, None if checkpoint is None else Path(checkpoint))[0]
-
-
 @torch.no_grad()
 def video_codes(path, vqgan, fps: float = 1.0, max_frames: int | None = None, batch_size: int = 16) -> np.ndarray:
     """Read a video at `fps` (at most `max_frames`, spread evenly) and tokenize it -> (T, 256) codes.

@@ -108,7 +108,7 @@ def ensure_sample_data(data: DataSpec) -> None:
         str(ROOT / "data" / "sample" / "videos"),
         "--out",
         str(codes),
-        "--tokenizer",
+        "--vqgan",
         "tiny",
         "--ids",
         "stem",

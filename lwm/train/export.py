@@ -30,7 +30,7 @@ def codes_vqgan(codes_dir) -> Path | None:
     """The VQGAN that made a code store (lwm-tokenize's manifest records it): its checkpoint or
     diffusers folder, when that still holds the same weights; else None, with the reason printed."""
     from lwm.io import records
-    from lwm.vision.tokenize import load_tokenizer, weights_hash
+    from lwm.vision.checkpoint import open_vqgan
 
     manifests = sorted(Path(codes_dir).glob("manifest*.jsonl"))
     first = next((r for m in manifests for _, r in records(m) if isinstance(r, dict) and "tokenizer" in r), None)
@@ -41,10 +41,7 @@ def codes_vqgan(codes_dir) -> Path | None:
     if source is None or not Path(source).exists():
         print(f"export: the codes' VQGAN {made_by} is not on disk; the export has no vqgan/")
         return None
-    vqgan = load_tokenizer(
-        source if "diffusers" in made_by else made_by["preset"], None if "diffusers" in made_by else Path(source)
-    )[0]
-    if weights_hash(vqgan) != made_by.get("weights"):
+    if open_vqgan(source, made_by.get("preset"))[1]["weights"] != made_by.get("weights"):
         print(f"export: {source} no longer holds the weights that made the codes; the export has no vqgan/")
         return None
     return Path(source)
@@ -61,9 +58,9 @@ def export_weights(weights, model_config: ModelConfig, out_dir, tokenizer_model=
     model.load_state_dict(weights, strict=True, assign=True)
     out = to_hf(model, out_dir, tokenizer_model=tokenizer_model)
     if vqgan is not None:
-        from lwm.infer.prompt import load_vqgan
+        from lwm.vision.checkpoint import load_vqgan
 
-        write_bundle_info(out, "native", load_vqgan(vqgan), vqgan_source=str(vqgan))
+        write_bundle_info(out, "native", load_vqgan(vqgan, preset="tiny"), vqgan_source=str(vqgan))
     return out
 
 

@@ -1,18 +1,22 @@
-"""VQGAN weights as safetensors (the VQGAN's state dict) with its config as JSON beside it.
+"""VQGAN weights: saved as safetensors (the VQGAN's state dict) with its config as JSON beside it,
+and the one loader for every VQGAN this project reads.
 
     save_vqgan(model, "data/checkpoints/vqgan_tiny.safetensors", preset="tiny", extra={...})
       -> vqgan_tiny.safetensors, vqgan_tiny.json {"preset", "vqgan": VQGANConfig fields, ...extra}
-    model = load_vqgan("data/checkpoints/vqgan_tiny.safetensors")
-
-The state dict is the plain VQGAN's, so `lwm-tokenize --tokenizer tiny --checkpoint
-vqgan_tiny.safetensors` loads it as well (when the config is the preset's).
+    model = load_vqgan("data/checkpoints/vqgan_tiny.safetensors")   # or a diffusers folder, or
+    model = load_vqgan("weights.pt", preset="tiny")                 # a bare state dict for a preset
+    model, identity = open_vqgan(...)                               # identity: what made a code store
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import os
 from pathlib import Path
+
+import torch
 
 from lwm.vision.vqgan import VQGAN
 from lwm.vision.vqgan_config import VQGANConfig
@@ -38,17 +42,65 @@ def save_vqgan(
     return path, config_path(path)
 
 
-def load_vqgan(path: str | Path) -> VQGAN:
-    from safetensors.torch import load_file
+def weights_hash(model: torch.nn.Module) -> str:
+    """Short sha256 over the state dict (names, dtypes, shapes, bytes): identifies the weights that made the codes."""
+    h = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        t = tensor.detach().cpu().contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
 
-    path = Path(path)
-    meta_path = config_path(path)
-    if not path.is_file() or not meta_path.is_file():
-        raise FileNotFoundError(
-            f"a VQGAN checkpoint is {path} and {meta_path}; missing: "
-            f"{[str(p) for p in (path, meta_path) if not p.is_file()]}"
-        )
-    meta = json.loads(meta_path.read_text())
-    model = VQGAN(VQGANConfig(**meta["vqgan"]))
-    model.load_state_dict(load_file(str(path)))
-    return model.eval()
+
+def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(path))
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
+        state = state["state_dict"]  # a training checkpoint
+    if not isinstance(state, dict):
+        raise ValueError(f"checkpoint {path} holds a {type(state).__name__}, expected a state dict")
+    return state
+
+
+def open_vqgan(source: str | Path | None = None, preset: str | None = None) -> tuple[VQGAN, dict]:
+    """A VQGAN (in eval mode) and its identity, what lwm-tokenize's manifest records. `source`: a
+    diffusers folder; a checkpoint with its config beside it (save_vqgan; the config wins over
+    `preset`); a bare state dict (.safetensors, .pt, a training checkpoint) for `preset`; or None,
+    `preset`'s random weights (seed 0). Raises FileNotFoundError / ValueError naming the source."""
+    if source is not None and Path(source).is_dir():
+        from lwm.interop.diffusers import from_diffusers
+
+        model, identity = from_diffusers(source), {"diffusers": os.path.abspath(source)}
+    elif source is not None and Path(source).is_file() and config_path(source).is_file():
+        meta = json.loads(config_path(source).read_text())
+        model = VQGAN(VQGANConfig(**meta["vqgan"]))
+        model.load_state_dict(_read_state_dict(Path(source)))
+        identity = {"preset": meta.get("preset"), "checkpoint": os.path.abspath(source)}
+    elif source is not None and not Path(source).is_file():
+        raise FileNotFoundError(f"VQGAN checkpoint {source} not found")
+    else:
+        if preset is None:
+            raise ValueError(
+                f"VQGAN checkpoint {source} has no config beside it ({config_path(source)}); name its preset"
+            )
+        config = VQGANConfig.from_preset(preset)
+        torch.manual_seed(0)  # without a checkpoint the (random) weights are at least reproducible
+        model = VQGAN(config)
+        if source is not None:
+            result = model.load_state_dict(_read_state_dict(Path(source)), strict=False)
+            if result.missing_keys or result.unexpected_keys:
+                raise ValueError(
+                    f"checkpoint {source} does not fit preset {preset!r}: missing keys {result.missing_keys[:5]}, "
+                    f"unexpected keys {result.unexpected_keys[:5]}"
+                )
+        identity = {"preset": preset, "checkpoint": None if source is None else os.path.abspath(source)}
+    identity["weights"] = weights_hash(model)
+    return model.eval(), identity
+
+
+def load_vqgan(source: str | Path | None, preset: str | None = None) -> VQGAN:
+    """open_vqgan's model alone."""
+    return open_vqgan(source, preset)[0]

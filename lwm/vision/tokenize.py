@@ -1,7 +1,7 @@
 """lwm-tokenize: videos -> VQGAN codes on disk, once per video, resumable, split over workers.
 
-    lwm-tokenize videos/ extra.mp4 list.txt --out data/tokens --fps 1 --tokenizer lwm --checkpoint vqgan.pt
-    lwm-tokenize list.txt --out data/tokens --max-frames 64 --tokenizer path/to/diffusers_vqmodel
+    lwm-tokenize videos/ extra.mp4 list.txt --out data/tokens --fps 1 --vqgan lwm --checkpoint vqgan.pt
+    lwm-tokenize list.txt --out data/tokens --max-frames 64 --vqgan path/to/diffusers_vqmodel
     lwm-tokenize videos/ --out data/tokens --shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT
     (or python -m lwm.vision.tokenize ...)
 
@@ -103,7 +103,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--start", type=_seconds, help="clip start in seconds (default: the first frame)")
     p.add_argument("--end", type=_seconds, help="clip end in seconds (default: the end of the video)")
     p.add_argument(
-        "--tokenizer", default="lwm", help="a VQGAN preset name (lwm, tiny) or a folder saved by diffusers (VQModel)"
+        "--vqgan",
+        "--tokenizer",  # its former name
+        dest="vqgan",
+        default="lwm",
+        help="a VQGAN preset name (lwm, tiny) or a folder saved by diffusers (VQModel)",
     )
     p.add_argument("--checkpoint", type=Path, help="state dict for the preset (.pt/.pth/.bin or .safetensors)")
     p.add_argument(
@@ -169,66 +173,27 @@ def check_unique_ids(paths: list[str], scheme: str) -> str | None:
     return None
 
 
-# ------------------------------------------------------------------------------------ tokenizer
+# ------------------------------------------------------------------------------------ the VQGAN
 
 
-def weights_hash(model: torch.nn.Module) -> str:
-    """Short sha256 over the state dict (names, dtypes, shapes, bytes): identifies the weights that made the codes."""
-    h = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
-        t = tensor.detach().cpu().contiguous()
-        h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()[:16]
+def _open(args: argparse.Namespace):
+    """The VQGAN of --vqgan (a preset, with --checkpoint its weights, or a diffusers folder) and its identity."""
+    from lwm.vision.checkpoint import open_vqgan
+    from lwm.vision.vqgan_config import PRESETS
 
-
-def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        return load_file(str(path))
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
-        state = state["state_dict"]  # a training checkpoint
-    if not isinstance(state, dict):
-        raise ValueError(f"checkpoint {path} holds a {type(state).__name__}, expected a state dict")
-    return state
-
-
-def load_tokenizer(name: str, checkpoint: Path | None):
-    """The VQGAN and its identity for the manifest. Raises ValueError / FileNotFoundError for bad arguments."""
-    from lwm.vision.vqgan import VQGAN, VQGANConfig
-
-    if Path(name).is_dir():
-        if checkpoint is not None:
-            raise ValueError(f"--checkpoint is for a preset; {name} is a diffusers folder and holds its own weights")
-        from lwm.interop.diffusers import from_diffusers
-
-        model = from_diffusers(name)
-        identity = {"diffusers": os.path.abspath(name)}
+    if Path(args.vqgan).is_dir():
+        if args.checkpoint is not None:
+            raise ValueError(
+                f"--checkpoint is for a preset; {args.vqgan} is a diffusers folder and holds its own weights"
+            )
+        model, identity = open_vqgan(args.vqgan)
+    elif args.vqgan not in PRESETS:
+        raise ValueError(f"--vqgan {args.vqgan!r} is neither a folder nor a preset; presets: {sorted(PRESETS)}")
     else:
-        try:
-            config = VQGANConfig.from_preset(name)
-        except ValueError as e:
-            raise ValueError(f"--tokenizer {name!r} is neither a folder nor a preset: {e}") from e
-        torch.manual_seed(0)  # without a checkpoint the (random) weights are at least reproducible
-        model = VQGAN(config)
-        if checkpoint is not None:
-            if not checkpoint.is_file():
-                raise FileNotFoundError(f"checkpoint {checkpoint} not found")
-            result = model.load_state_dict(_read_state_dict(checkpoint), strict=False)
-            if result.missing_keys or result.unexpected_keys:
-                raise ValueError(
-                    f"checkpoint {checkpoint} does not fit preset {name!r}: missing keys {result.missing_keys[:5]}, "
-                    f"unexpected keys {result.unexpected_keys[:5]}"
-                )
-        identity = {"preset": name, "checkpoint": None if checkpoint is None else os.path.abspath(checkpoint)}
+        model, identity = open_vqgan(args.checkpoint, args.vqgan)
     if model.config.n_codes > _MAX_CODES:
-        raise ValueError(
-            f"the tokenizer has {model.config.n_codes} codes; uint16 token files hold at most {_MAX_CODES}"
-        )
-    identity["weights"] = weights_hash(model)
-    return model.eval(), identity
+        raise ValueError(f"the VQGAN has {model.config.n_codes} codes; uint16 token files hold at most {_MAX_CODES}")
+    return model, identity
 
 
 # ------------------------------------------------------------------------------------ output
@@ -321,12 +286,12 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as e:
         parser.error(f"--device {args.device!r}: {e}")
     try:
-        model, tokenizer = load_tokenizer(args.tokenizer, args.checkpoint)
+        model, tokenizer = _open(args)
         model.to(device)
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         parser.error(str(e))
     if args.checkpoint is None and "preset" in tokenizer:
-        print(f"warning: no --checkpoint; preset {args.tokenizer!r} has random weights (seed 0)", file=sys.stderr)
+        print(f"warning: no --checkpoint; preset {args.vqgan!r} has random weights (seed 0)", file=sys.stderr)
 
     try:
         out = OutputDir(args.out, args.shard)
