@@ -69,6 +69,15 @@ def test_attention_function_is_replaceable(debug_model):
     assert calls == [((1, cfg.n_heads, 16, cfg.head_dim), (1, cfg.n_kv_heads, 16, cfg.head_dim), True)] * cfg.n_layers
     debug_model.set_attention(lambda q, k, v, causal=True: reference_attention(q, k, v, False).to(q.dtype))
     assert (debug_model(tokens) - base).abs().max() > 1e-3
+    # one function per block, and back: attention_fns is what set_attention takes
+    before = debug_model.attention_fns()
+    per_block = [recording] + before[1:]
+    debug_model.set_attention(per_block)
+    assert debug_model.attention_fns() == per_block
+    debug_model.set_attention(before)
+    assert debug_model.attention_fns() == before
+    with pytest.raises(ValueError, match=f"1 attention functions for {cfg.n_layers} blocks"):
+        debug_model.set_attention([recording])
 
 
 def test_meta_construction_and_init_weights():

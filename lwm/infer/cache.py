@@ -88,8 +88,7 @@ class KVCache:
         self.group, self.layout, self.backend = group, layout, backend
         self.world_size, self.rank = group_size_and_rank(group)
         self.layers = [CachedLayer(self) for _ in model.layers]
-        for layer, cached in zip(model.layers, self.layers):
-            layer.attn.attn_fn = cached
+        model.set_attention(self.layers)
         self.mode = "extend"
         self.own_new_tokens = torch.empty(0, dtype=torch.long)
         self.seen = 0  # tokens of the sequence so far (all ranks)

@@ -41,14 +41,13 @@ class Generator:
         self.model, self.vocab = model.eval(), vocab
         self.group, self.layout, self.prefill_chunk, self.backend = group, layout, prefill_chunk, backend
         self.cache: KVCache | None = None
-        self._original_attention = [layer.attn.attn_fn for layer in model.layers]
+        self._original_attention = model.attention_fns()
 
     def release(self) -> None:
         """Drop the cache and give the model back its own attention (generate and score do this
         when they return; prefill and extend leave the cache attached for more extend calls)."""
         self.cache = None
-        for layer, fn in zip(self.model.layers, self._original_attention):
-            layer.attn.attn_fn = fn
+        self.model.set_attention(self._original_attention)
 
     @property
     def device(self) -> torch.device:

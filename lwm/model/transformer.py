@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -39,10 +40,18 @@ class Transformer(nn.Module):
         self.norm.reset_parameters()
         nn.init.normal_(self.output.weight, std=std)
 
-    def set_attention(self, attn_fn: AttentionFn) -> None:
-        """Replace the attention function of every block (lwm.parallel uses this)."""
-        for layer in self.layers:
-            layer.attn.attn_fn = attn_fn
+    def set_attention(self, attn_fn: AttentionFn | Sequence[AttentionFn]) -> None:
+        """The one way to change the blocks' attention: one function for every block, or one per
+        block (lwm.parallel swaps in ring attention; inference swaps in its KV cache and back)."""
+        fns = list(attn_fn) if isinstance(attn_fn, (list, tuple)) else [attn_fn] * len(self.layers)
+        if len(fns) != len(self.layers):
+            raise ValueError(f"{len(fns)} attention functions for {len(self.layers)} blocks")
+        for layer, fn in zip(self.layers, fns):
+            layer.attn.attn_fn = fn
+
+    def attention_fns(self) -> list[AttentionFn]:
+        """Each block's attention function, in order (what set_attention takes back)."""
+        return [layer.attn.attn_fn for layer in self.layers]
 
     def forward(
         self,
