@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 
@@ -35,7 +36,7 @@ def main(cfg: DictConfig) -> None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
         say(
-            f"run {out}: model {cfg.model.preset}, schedule {run.schedule.name} "
+            f"run {out}: model {HydraConfig.get().runtime.choices.get('model')}, schedule {run.schedule.name} "
             f"({len(run.schedule.stages)} stages), {run.trainer.world_size} process(es)"
         )
     start = time.perf_counter()

@@ -15,7 +15,7 @@ Shown elsewhere (tests/test_train.py unless named):
   stage.cp, trainer.devices  test_context_parallel_losses_equal_one_process, test_torchrun_two_processes
   trainer.timeout_s      test_a_dead_rank_stops_the_others
   trainer.out_dir        every run
-  model.preset           tests/test_config.py, test_every_config_composes
+  model.*                test_model_fields_and_schedule_name, test_conf_models_are_the_presets
   probe.path, probe.examples  tests/test_learning.py (200 held-out answers scored at the stage's start and end)
   evaluate.*             tests/test_learning.py (eval/needle.py after the run, every field in its needle.json);
                          evaluate.lengths=null in every other test run (no needle/ folder)
@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import dataclasses
 import json
 import math
 import os
@@ -484,10 +485,10 @@ def test_data_seed_weighting_and_stage_sources(sample, tmp_path):
 def test_source_overflow_and_repeat(sample, tmp_path):
     spec = run_config(tmp_path).data
     _, once = first_sequences(spec, n=None)
-    spec.sources["text"] = {**spec.sources["text"], "repeat": 2}
+    spec.sources["text"] = dataclasses.replace(spec.sources["text"], repeat=2)
     _, twice = first_sequences(spec, n=None)
     assert abs(len(twice) - 2 * len(once)) <= 1
-    spec.sources["text"] = {**spec.sources["text"], "repeat": 1, "overflow": "drop"}
+    spec.sources["text"] = dataclasses.replace(spec.sources["text"], repeat=1, overflow="drop")
     _, dropped = first_sequences(spec, n=None)
     assert len(once) > 0 and dropped == []  # every document is longer than 64 tokens
 
@@ -535,8 +536,23 @@ def test_sample_and_vqgan_checkpoint(tmp_path, monkeypatch):
 # --------------------------------------------------------------------------- model and names
 
 
-def test_model_overrides_and_schedule_name(tmp_path):
-    run = run_config(tmp_path, "+model.overrides.n_layers=3")
+def test_conf_models_are_the_presets():
+    """conf/model/<name>.yaml writes out every field of lwm.model.config's preset <name> (7b with
+    2048-token loss chunks), so the YAML shows the model it builds and the two cannot drift."""
+    from omegaconf import OmegaConf
+
+    from lwm.model.config import PRESETS
+
+    names = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
+    assert names == sorted(PRESETS)
+    for name in names:
+        fields = OmegaConf.to_container(OmegaConf.load(CONF / "model" / f"{name}.yaml"))
+        expected = PRESETS[name].replace(**({"loss_chunk_size": 2048} if name == "7b" else {}))
+        assert fields == dataclasses.asdict(expected), name
+
+
+def test_model_fields_and_schedule_name(tmp_path):
+    run = run_config(tmp_path, "model.n_layers=3")
     assert run.model.n_layers == 3 and ModelConfig.from_preset("debug").n_layers == 2
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         big = to_run_config(compose("train", overrides=[f"trainer.out_dir={tmp_path}", "model=7b"]))

@@ -106,11 +106,19 @@ def test_default_run_config_is_valid():
         (["data=custom"], r"data.sources, data.tokenizer must be given \(no default\), e.g. data.sources="),
         (
             ["data=custom", "data.tokenizer=data/sample/tokenizer.model", "data.sources={text: {pth: x}}"],
-            r"data.sources.text \{'pth': 'x'\} is not a source",
+            r"data.sources.text: unknown key\(s\) \['pth'\] for Source; expected some of \['fields', 'overflow', 'path', 'repeat'\]",
         ),
         (["resume=true"], "resume=true: trainer.out_dir .* does not exist"),
         (["evaluate.lengths=[128]", "evaluate.haystack=/no/such.txt"], "evaluate.haystack /no/such.txt does not exist"),
         (["evaluate.trials=0"], r"evaluate.trials must be >= 1, got 0"),
+        # lwm.configs.from_dict: unknown keys and wrong types, named by their key path
+        (["+trainer.devicez=2"], r"trainer: unknown key\(s\) \['devicez'\] for TrainerConfig"),
+        (["trainer.devices=two"], r"trainer.devices: expected an integer, got 'two'"),
+        (["model.dim=1.5"], r"model.dim: expected an integer, got 1.5"),
+        (["+model.preset=tiny"], r"model: unknown key\(s\) \['preset'\] for ModelConfig"),
+        (["optim.betas=[0.9]"], r"optim.betas: expected 2 values, got \[0.9\]"),
+        (["schedule.stages.0.steps=many"], r"schedule.stages\[0\].steps: expected an integer, got 'many'"),
+        (["+evaluate.trails=3"], r"evaluate: unknown key\(s\) \['trails'\] for NeedleEvalConfig"),
     ],
 )
 def test_bad_input_is_refused_before_the_run(tmp_path, overrides, message, monkeypatch, capsys):

@@ -3,6 +3,7 @@ revived, usage/perplexity and the adaptive GAN weight are computed right, the gr
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -18,7 +19,7 @@ from lwm.vision.discriminator import GANConfig, PatchDiscriminator, adaptive_wei
 from lwm.vision.frames import FrameDataset, FramesConfig, read_index, split_videos
 from lwm.vision.grid import recon_grid, save_grid
 from lwm.vision.lit_vqgan import LitVQGAN, frame_psnr
-from lwm.vision.run_config import TrainerConfig, from_hydra
+from lwm.vision.run_config import VQGANTrainerConfig, from_hydra
 from lwm.vision.train_config import VQGANTrainConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -330,9 +331,11 @@ def test_configs_compose_and_build(vision):
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("vqgan", overrides=[f"vision={vision}"])
     run = from_hydra(cfg)
+    # conf/vision/<name>.yaml writes out every field of the preset, so it shows the VQGAN it builds
+    assert sorted(cfg.vision.model) == sorted(f.name for f in dataclasses.fields(VQGANConfig))
     assert run.preset == vision and run.model == VQGANConfig.from_preset(vision)
     assert isinstance(run.train, VQGANTrainConfig) and isinstance(run.train.gan, GANConfig)
-    assert isinstance(run.data, FramesConfig) and isinstance(run.trainer, TrainerConfig)
+    assert isinstance(run.data, FramesConfig) and isinstance(run.trainer, VQGANTrainerConfig)
     assert run.out_dir.startswith(f"runs/vqgan/{vision}/")
     assert run.train.gan.enabled == (vision == "lwm")
 
@@ -346,7 +349,7 @@ def test_overrides_reach_the_dataclasses():
                 "vision.train.lr=3e-3",
                 "trainer.max_minutes=2",
                 "vision.train.crop=16",
-                "+vision.model.code_dim=8",
+                "vision.model.code_dim=8",
                 "vision.train.gan.enabled=true",
             ],
         )
@@ -364,9 +367,11 @@ def test_overrides_reach_the_dataclasses():
         (["vision.train.ema_decay=1.0"], r"ema_decay must be in \[0, 1\)"),
         (["+vision.train.foo=1"], r"vision.train: unknown key\(s\) \['foo'\]"),
         (["+vision.train.gan.foo=1"], r"gan: unknown key\(s\) \['foo'\]"),
-        (["+vision.model.width=3"], r"vision.model: unknown VQGANConfig field\(s\) \['width'\]"),
+        (["+vision.model.width=3"], r"vision.model: unknown key\(s\) \['width'\] for VQGANConfig"),
+        (["vision.train.batch_size=abc"], r"vision.train.batch_size: expected an integer, got 'abc'"),
+        (["trainer.progress_bar=3"], r"trainer.progress_bar: expected true or false, got 3"),
         (["vision.preset=huge"], r"unknown VQGAN preset 'huge'"),
-        (["+vision.model.code_dim=0"], r"code_dim must be a positive integer, got 0"),
+        (["vision.model.code_dim=0"], r"code_dim must be a positive integer, got 0"),
         (["trainer.max_minutes=0"], r"max_minutes must be > 0, got 0"),
         (["trainer.max_steps=0"], r"max_steps must be a positive integer or -1"),
         (["trainer.precision=fp8"], r"precision must be one of"),
@@ -377,7 +382,8 @@ def test_overrides_reach_the_dataclasses():
             r"vision.train.crop 30 must be at most the resolution 64 and a multiple of the VQGAN's downsampling 4",
         ),
         (["vision.train.crop=128"], r"vision.train.crop 128 must be at most the resolution 64"),
-        (["vision.train.betas=[0.9]"], r"betas must be two numbers in \[0, 1\), got \[0.9\]"),
+        (["vision.train.betas=[0.9]"], r"vision.train.betas: expected 2 values, got \[0.9\]"),
+        (["vision.train.betas=[0.9,1.5]"], r"betas must be two numbers in \[0, 1\), got \[0.9, 1.5\]"),
         (["vision.train.gan.disc_start=-5"], r"disc_start must be >= 0 steps, got -5"),
     ],
 )

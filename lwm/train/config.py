@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from lwm.configs import from_dict
 from lwm.parallel.layout import LAYOUTS
 
 SCHEDULES = ("constant", "cosine")
@@ -61,7 +62,7 @@ class ScheduleConfig:
     init_hf: str | None = None  # a Hugging Face LLaMA folder for the first stage (vocabulary extended)
 
     def __post_init__(self) -> None:
-        self.stages = [s if isinstance(s, StageConfig) else StageConfig(**s) for s in self.stages]
+        self.stages = [from_dict(StageConfig, s, f"schedule.stages[{i}]") for i, s in enumerate(self.stages)]
         if not self.stages:
             raise ValueError(f"schedule {self.name!r} has no stages")
         names = [s.name for s in self.stages]
@@ -100,17 +101,31 @@ class OptimConfig:
 
 
 @dataclass
-class TrainerConfig:
+class TrainerBase:
+    """The Lightning Trainer settings every training run has: train.py's stages (TrainerConfig) and
+    train_vqgan.py's VQGAN (lwm.vision.run_config.VQGANTrainerConfig)."""
+
+    precision: str = "32-true"
+    log_every: int = 5  # steps between logger writes
+    val_every: int = 0  # steps between validations
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.log_every < 1 or self.val_every < 0:
+            raise ValueError(
+                f"trainer.log_every must be >= 1 and trainer.val_every >= 0, got {self.log_every}, {self.val_every}"
+            )
+
+
+@dataclass
+class TrainerConfig(TrainerBase):
     accelerator: str = "cpu"
     devices: int = 1
     num_nodes: int = 1
-    precision: str = "32-true"
     out_dir: str = "runs/latest"
-    log_every: int = 5
     val_every: int = 0  # steps between validation losses on data.holdout; 0: at the end of each stage
     checkpoint_every: int = 0  # steps between checkpoints (checkpoints/last.ckpt); 0 = only when a stage stops early
     keep_checkpoints: bool = False  # keep last.ckpt (optimizer included, saved at the end) once a stage is finished
-    seed: int = 0
     timeout_s: int = 600  # a rank that dies makes the others fail within this many seconds
     peak_tflops: float = 0.0  # for MFU in the throughput log; 0 = not logged
 

@@ -8,11 +8,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from lwm.configs import from_dict
 from lwm.model import ModelConfig
-from lwm.train.config import OptimConfig, ParallelConfig, ScheduleConfig, TrainerConfig
 from lwm.train.console import say
-from lwm.train.evaluate import NeedleEvalConfig
-from lwm.train.probe import ProbeConfig
 from lwm.train.run import DataSpec, RunConfig
 from lwm.train.run_dir import register_resolver
 
@@ -31,31 +29,17 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
             + " ".join(f"{k}={EXAMPLES.get(k, '...')}" for k in missing)
         )
     c = OmegaConf.to_container(cfg, resolve=True)
-    data = DataSpec(**c["data"])
-    model = ModelConfig.from_preset(c["model"]["preset"], **(c["model"].get("overrides") or {}))
+    data = from_dict(DataSpec, c["data"], "data")
+    model = from_dict(ModelConfig, c["model"], "model")
     if Path(data.tokenizer).is_file():  # the embedding has exactly the rows of the vocabulary layout
         from lwm.data import TextTokenizer, Vocab
 
         rows = Vocab(TextTokenizer(data.tokenizer).vocab_size).size
         if rows != model.vocab_size:
-            say(
-                f"note: vocab_size {model.vocab_size} of model {c['model']['preset']!r} set to {rows} for {data.tokenizer}"
-            )
+            say(f"note: model.vocab_size {model.vocab_size} set to {rows} for {data.tokenizer}")
             model = model.replace(vocab_size=rows)
-    return RunConfig(
-        model=model,
-        data=data,
-        parallel=ParallelConfig(**c["parallel"]),
-        schedule=ScheduleConfig(**c["schedule"]),
-        trainer=TrainerConfig(**c["trainer"]),
-        optim=OptimConfig(**{**c["optim"], "betas": tuple(c["optim"]["betas"])}),
-        stage_only=c.get("stage_only"),
-        resume=bool(c.get("resume", False)),
-        export=bool(c.get("export", True)),
-        stop_at_step=c.get("stop_at_step"),
-        probe=ProbeConfig(**(c.get("probe") or {})),
-        evaluate=NeedleEvalConfig(**(c.get("evaluate") or {})),
-    )
+    run = {k: v for k, v in c.items() if k not in ("model", "data")}
+    return from_dict(RunConfig, {**run, "model": model, "data": data})
 
 
 # The sample's needle sets (data/make_retrieval.py): LWM's needle and question in the chat form, 1-digit

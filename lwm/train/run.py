@@ -36,7 +36,7 @@ class DataSpec:
     """conf/data: where examples, tokenizer and codes are, and which sources exist."""
 
     tokenizer: str
-    sources: dict[str, dict] = field(default_factory=dict)
+    sources: dict[str, Source] = field(default_factory=dict)
     codes: str | None = None
     sample: bool = False  # make data/sample and tokenize its videos on first use
     vqgan_checkpoint: str | None = None  # sample only: the VQGAN that tokenizes the sample videos
@@ -52,14 +52,7 @@ class DataSpec:
         unknown = [n for n in names if n not in self.sources]
         if unknown:
             raise ValueError(f"stage {stage.name!r} names data sources {unknown}; conf/data has {sorted(self.sources)}")
-        sources = []
-        for n in names:
-            try:
-                sources.append(Source(**self.sources[n]))
-            except TypeError as e:
-                raise ValueError(
-                    f"data.sources.{n} {self.sources[n]} is not a source (path, fields, overflow, repeat): {e}"
-                ) from None
+        sources = [self.sources[n] for n in names]
         positions = self.positions or ("document" if document_mask else "sequence")
         return DataConfig(
             sources=sources,
@@ -140,8 +133,8 @@ def check_data_files(data: DataSpec) -> None:
     if data.codes is not None and not list(Path(data.codes).glob("manifest*.jsonl")):
         raise FileNotFoundError(f"data.codes {data.codes} has no manifest*.jsonl; run lwm-tokenize into it first")
     for name, source in data.sources.items():
-        if not Path(source["path"]).is_file():
-            raise FileNotFoundError(f"data.sources.{name}.path {source['path']} does not exist")
+        if not Path(source.path).is_file():
+            raise FileNotFoundError(f"data.sources.{name}.path {source.path} does not exist")
 
 
 def _strategy(stage: StageConfig, trainer_cfg: TrainerConfig):

@@ -1,18 +1,22 @@
 """The VQGAN training run's configuration: conf/vqgan.yaml (composed by Hydra) -> typed dataclasses.
 
-    conf/vqgan.yaml             data:, trainer:, out_dir, export, report; defaults: vision=tiny
-    conf/vision/<name>.yaml     preset: (a VQGANConfig preset), model: (overrides of its fields),
+    conf/vqgan.yaml             data: (FramesConfig), trainer: (VQGANTrainerConfig), out_dir, export,
+                                report; defaults: vision=tiny
+    conf/vision/<name>.yaml     preset: (a VQGANConfig preset), model: (its fields, each one overriding the preset's),
                                 train: (VQGANTrainConfig, with gan:)
 
-`from_hydra(cfg)` builds one dataclass per part; train_vqgan.py hands each component only its own.
+`from_hydra(cfg)` builds one dataclass per part with lwm.configs.from_dict (unknown keys and wrong
+types are errors naming the key); train_vqgan.py hands each component only its own.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
+from lwm.configs import from_dict
+from lwm.train.config import TrainerBase
 from lwm.vision.frames import FramesConfig
 from lwm.vision.train_config import VQGANTrainConfig
 from lwm.vision.vqgan_config import VQGANConfig
@@ -21,33 +25,25 @@ PRECISIONS = ("32-true", "bf16-mixed")
 
 
 @dataclass
-class TrainerConfig:
+class VQGANTrainerConfig(TrainerBase):
     max_minutes: float = 10.0  # wall-clock limit of fit() (validation included); <= 0 is an error, use max_steps
     max_steps: int = -1  # -1: until max_minutes
     log_every: int = 25  # steps between logger writes
     val_every: int = 250  # training steps between validations (one more runs after fit)
-    precision: str = "32-true"
     threads: int = 2  # torch.set_num_threads
-    seed: int = 0
     progress_bar: bool = False
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not self.max_minutes > 0:
-            raise ValueError(f"TrainerConfig.max_minutes must be > 0, got {self.max_minutes}")
-        if (
-            isinstance(self.max_steps, bool)
-            or not isinstance(self.max_steps, int)
-            or (self.max_steps < 1 and self.max_steps != -1)
-        ):
-            raise ValueError(
-                f"TrainerConfig.max_steps must be a positive integer or -1 (no limit), got {self.max_steps!r}"
-            )
-        for name in ("log_every", "val_every", "threads"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"TrainerConfig.{name} must be a positive integer, got {value!r}")
+            raise ValueError(f"trainer.max_minutes must be > 0, got {self.max_minutes}")
+        if self.max_steps < 1 and self.max_steps != -1:
+            raise ValueError(f"trainer.max_steps must be a positive integer or -1 (no limit), got {self.max_steps!r}")
+        for name in ("val_every", "threads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"trainer.{name} must be a positive integer, got {getattr(self, name)!r}")
         if self.precision not in PRECISIONS:
-            raise ValueError(f"TrainerConfig.precision must be one of {list(PRECISIONS)}, got {self.precision!r}")
+            raise ValueError(f"trainer.precision must be one of {list(PRECISIONS)}, got {self.precision!r}")
 
 
 class RunConfigs(NamedTuple):
@@ -55,20 +51,10 @@ class RunConfigs(NamedTuple):
     model: VQGANConfig
     train: VQGANTrainConfig
     data: FramesConfig
-    trainer: TrainerConfig
+    trainer: VQGANTrainerConfig
     out_dir: str
     export: str | None  # also save the final weights here (.safetensors; the config as .json beside it)
     report: bool  # write the run's numbers to docs/benchmarks.md (section vqgan-train)
-
-
-def _build(cls, values: Any, where: str):
-    """cls(**values) with unknown keys named in the error."""
-    values = dict(values or {})
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ValueError(f"{where}: unknown key(s) {unknown} for {cls.__name__}; expected some of {sorted(known)}")
-    return cls(**values)
 
 
 def from_hydra(cfg) -> RunConfigs:
@@ -86,12 +72,9 @@ def from_hydra(cfg) -> RunConfigs:
     unknown = sorted(set(vision) - {"preset", "model", "train"})
     if unknown:
         raise ValueError(f"vision: unknown key(s) {unknown}; expected preset, model (overrides), train")
-    overrides = dict(vision.get("model") or {})
-    bad = sorted(set(overrides) - {f.name for f in dataclasses.fields(VQGANConfig)})
-    if bad:
-        raise ValueError(f"vision.model: unknown VQGANConfig field(s) {bad}")
-    model = VQGANConfig.from_preset(vision["preset"], **overrides)
-    train = _build(VQGANTrainConfig, vision.get("train"), "vision.train")
+    preset = dataclasses.asdict(VQGANConfig.from_preset(vision["preset"]))
+    model = from_dict(VQGANConfig, {**preset, **(vision.get("model") or {})}, "vision.model")
+    train = from_dict(VQGANTrainConfig, vision.get("train"), "vision.train")
     if train.crop and (train.crop > model.resolution or train.crop % model.downsample):
         raise ValueError(
             f"vision.train.crop {train.crop} must be at most the resolution {model.resolution} and a multiple of the "
@@ -101,8 +84,8 @@ def from_hydra(cfg) -> RunConfigs:
         preset=vision["preset"],
         model=model,
         train=train,
-        data=_build(FramesConfig, cfg["data"], "data"),
-        trainer=_build(TrainerConfig, cfg["trainer"], "trainer"),
+        data=from_dict(FramesConfig, cfg["data"], "data"),
+        trainer=from_dict(VQGANTrainerConfig, cfg["trainer"], "trainer"),
         out_dir=str(cfg["out_dir"]),
         export=cfg.get("export"),
         report=bool(cfg.get("report", False)),

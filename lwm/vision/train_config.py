@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
+from lwm.configs import from_dict
 from lwm.vision.discriminator import GANConfig
 
 LR_SCHEDULES = ("constant", "cosine")
@@ -33,22 +34,14 @@ class VQGANTrainConfig:
     gan: GANConfig = field(default_factory=GANConfig)
 
     def __post_init__(self) -> None:
-        if isinstance(self.gan, dict):  # Hydra hands a dict
-            unknown = sorted(set(self.gan) - {f.name for f in fields(GANConfig)})
-            if unknown:
-                raise ValueError(
-                    f"VQGANTrainConfig.gan: unknown key(s) {unknown}; expected some of {[f.name for f in fields(GANConfig)]}"
-                )
-            self.gan = GANConfig(**self.gan)
+        self.gan = from_dict(GANConfig, self.gan, "VQGANTrainConfig.gan")
         self.betas = tuple(self.betas)
         for name in ("batch_size", "usage_window", "grid_frames"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"VQGANTrainConfig.{name} must be a positive integer, got {value!r}")
+            if getattr(self, name) < 1:
+                raise ValueError(f"VQGANTrainConfig.{name} must be a positive integer, got {getattr(self, name)!r}")
         for name in ("crop", "warmup_steps", "restart_every"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"VQGANTrainConfig.{name} must be an integer >= 0, got {value!r}")
+            if getattr(self, name) < 0:
+                raise ValueError(f"VQGANTrainConfig.{name} must be an integer >= 0, got {getattr(self, name)!r}")
         if not self.lr > 0:
             raise ValueError(f"VQGANTrainConfig.lr must be > 0, got {self.lr}")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
