@@ -11,8 +11,6 @@ over the group so that the ranks' losses add up to the loss of the whole sequenc
 
 from __future__ import annotations
 
-import math
-
 import lightning as L
 import torch
 import torch.distributed as dist
@@ -22,6 +20,7 @@ from lwm.model import ModelConfig, Transformer, token_coefficients
 from lwm.parallel import global_group_counts
 from lwm.train import rng
 from lwm.train.config import OptimConfig, ParallelConfig, StageConfig
+from lwm.train.lr import lr_factor
 
 
 def clip_grad_norm(parameters, max_norm: float | None) -> torch.Tensor:
@@ -37,13 +36,18 @@ def clip_grad_norm(parameters, max_norm: float | None) -> torch.Tensor:
 
 
 def lr_lambda(stage: StageConfig):
+    """LambdaLR's factor for a stage: the cosine runs over the steps after warm-up."""
+
     def factor(step: int) -> float:
-        if step < stage.warmup_steps:
-            return (step + 1) / stage.warmup_steps
-        if stage.schedule == "constant":
-            return 1.0
-        progress = min(1.0, (step - stage.warmup_steps) / max(1, stage.steps - stage.warmup_steps))
-        return stage.min_lr_ratio + (1 - stage.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+        decay = max(1, stage.steps - stage.warmup_steps)
+        progress = min(1.0, max(0.0, (step - stage.warmup_steps) / decay))
+        return lr_factor(
+            step,
+            warmup_steps=stage.warmup_steps,
+            schedule=stage.schedule,
+            min_lr_ratio=stage.min_lr_ratio,
+            progress=progress,
+        )
 
     return factor
 

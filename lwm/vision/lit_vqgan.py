@@ -18,7 +18,6 @@ PSNR is per frame on the [0, 1] scale, 10 log10(1 / MSE), with the reconstructio
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import lightning as L
@@ -26,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.callbacks import Timer
 
+from lwm.train.lr import lr_factor
 from lwm.vision.codebook import CodeUsage, EMACodebook, code_histogram, perplexity, restart_codes, usage_fraction
 from lwm.vision.discriminator import PatchDiscriminator, adaptive_weight, generator_loss, hinge_d_loss
 from lwm.vision.grid import save_grid
@@ -262,10 +262,12 @@ class LitVQGAN(L.LightningModule):
                 )
 
         def factor(step: int) -> float:
-            warm = min(1.0, (step + 1) / cfg.warmup_steps) if cfg.warmup_steps else 1.0
-            if cfg.lr_schedule == "constant":
-                return warm
-            cosine = 0.5 * (1 + math.cos(math.pi * self.budget_progress()))
-            return warm * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * cosine)
+            return lr_factor(
+                step,
+                warmup_steps=cfg.warmup_steps,
+                schedule=cfg.lr_schedule,
+                min_lr_ratio=cfg.min_lr_ratio,
+                progress=self.budget_progress(),
+            )
 
         return factor
