@@ -23,6 +23,7 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
+from bench.report import host_line, write_section
 from lwm.vision.checkpoint import save_vqgan
 from lwm.vision.frames import FrameData
 from lwm.vision.lit_vqgan import LitVQGAN
@@ -136,9 +137,6 @@ def train(run: RunConfigs) -> dict:
 
 
 def write_report(summary: dict, run: RunConfigs) -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parent / "bench"))
-    from report import host_line, write_section
-
     tr, ho, tw = run.train, summary["held_out"], summary["train_window"]
     with torch.device("meta"):  # shapes only
         n_params = sum(p.numel() for p in VQGAN(run.model).parameters())

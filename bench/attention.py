@@ -1,7 +1,7 @@
 """Context-parallel attention: balance, decomposition overhead, and scaling over gloo processes.
 
-    python bench/attention.py                       # all three parts, writes docs/benchmarks.md
-    python bench/attention.py --parts balance --no-write
+    python -m bench.attention                       # all three parts, writes docs/benchmarks.md
+    python -m bench.attention --parts balance --no-write
 
 1. balance: per-rank work per ring step under a causal mask, for contiguous / striped / zigzag at
    N = 2, 4, 8: unmasked score entries (exact counts from the block plans) and the measured time of
@@ -22,20 +22,17 @@ import argparse
 import gc
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import command_line, host_line, publish, sync  # noqa: E402
-
-from lwm.parallel import block_backward, block_forward, block_plan, block_work, shard, simulate_ring  # noqa: E402
-from lwm.parallel.documents import StepPlanner, piece_work  # noqa: E402
-from lwm.parallel.launch import run_distributed  # noqa: E402
-from lwm.parallel.layout import LAYOUTS  # noqa: E402
+from bench.report import command_line, host_line, publish, sync
+from lwm.parallel import block_backward, block_forward, block_plan, block_work, shard, simulate_ring
+from lwm.parallel.documents import StepPlanner, piece_work
+from lwm.parallel.launch import run_distributed
+from lwm.parallel.layout import LAYOUTS
 
 
 def timed(fn, repeats: int, reduce=statistics.median, device="cpu") -> float:

@@ -7,8 +7,8 @@ RSS the kernel reports (VmHWM). Baselines measured in the same run: copying the 
 (the disk's read + write speed) and a child that only imports the converter (the interpreter's
 own RSS). The full 7B (32 layers) is extrapolated from the measured rates.
 
-    python bench/convert_lwm.py                  # writes docs/benchmarks.md
-    python bench/convert_lwm.py --layers 2 --no-write
+    python -m bench.convert_lwm                  # writes docs/benchmarks.md
+    python -m bench.convert_lwm --layers 2 --no-write
 """
 
 from __future__ import annotations
@@ -27,10 +27,8 @@ import msgpack
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import command_line, host_line, publish  # noqa: E402
-
-from lwm.model import ModelConfig  # noqa: E402
+from bench.report import command_line, host_line, publish
+from lwm.model import ModelConfig
 
 WIDTH = dict(
     hidden_size=4096,

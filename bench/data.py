@@ -4,15 +4,14 @@ A synthetic corpus is written to a temporary folder (cached video codes of 8-64 
 question-answer examples over them, long text documents), then the datamodule is timed from a
 cold start: reading, encoding, packing, making targets and sharding for context parallelism.
 
-    python bench/data.py                    # writes docs/benchmarks.md
-    python bench/data.py --seq-len 32768 --batches 20 --no-write
+    python -m bench.data                    # writes docs/benchmarks.md
+    python -m bench.data --seq-len 32768 --batches 20 --no-write
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -20,10 +19,8 @@ from pathlib import Path
 import numpy as np
 import sentencepiece as spm
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import command_line, host_line, publish  # noqa: E402
-
-from lwm.data import DataConfig, LWMDataModule, Sharding, Source  # noqa: E402
+from bench.report import command_line, host_line, publish
+from lwm.data import DataConfig, LWMDataModule, Sharding, Source
 
 WORDS = "the a red green blue yellow circle square triangle moves left right up down appears turns stops frame video second".split()
 

@@ -4,22 +4,19 @@ and peak memory per rank against prompt length. `--parts longest`: the longest p
 model can prefill on one device (chunked prefill, bf16), from 128K tokens up to 2M, and decode
 tokens/s after it.
 
-    python bench/infer.py                      # writes docs/benchmarks.md
-    python bench/infer.py --lengths 2048 --no-write
-    python bench/infer.py --parts longest --device cuda
+    python -m bench.infer                      # writes docs/benchmarks.md
+    python -m bench.infer --lengths 2048 --no-write
+    python -m bench.infer --parts longest --device cuda
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import command_line, host_line, peak_mib, publish, sync  # noqa: E402
+from bench.report import command_line, host_line, peak_mib, publish, sync
 
 N_DECODE = 32
 

@@ -9,8 +9,8 @@ warm-up; the median is reported. Memory: each (model, length) runs in a fresh su
 resets the peak resident set size (/proc/self/clear_refs) after building the model and reports
 how far the peak rose during one forward+backward.
 
-    python bench/model.py                     # tiny preset, 1K/4K/8K, prints and writes docs/benchmarks.md
-    python bench/model.py --no-write --lengths 1024
+    python -m bench.model                     # tiny preset, 1K/4K/8K, prints and writes docs/benchmarks.md
+    python -m bench.model --no-write --lengths 1024
 """
 
 from __future__ import annotations
@@ -26,11 +26,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import command_line, host_line, publish  # noqa: E402
-
-from lwm.interop.hf import config_to_hf, to_hf_state_dict  # noqa: E402
-from lwm.model import ModelConfig, Transformer  # noqa: E402
+from bench.report import command_line, host_line, publish
+from lwm.interop.hf import config_to_hf, to_hf_state_dict
+from lwm.model import ModelConfig, Transformer
 
 
 def build(impl: str, preset: str, seed: int = 0):

@@ -48,7 +48,10 @@ def peak_tflops(device) -> float | None:
 
 
 def command_line() -> str:
-    return "python " + " ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:])
+    """The command that ran this benchmark, as it was typed: python -m bench.<name> ARGS."""
+    spec = getattr(sys.modules["__main__"], "__spec__", None)
+    prog = f"-m {spec.name}" if spec is not None else os.path.relpath(sys.argv[0])
+    return "python " + " ".join([prog] + sys.argv[1:])
 
 
 def write_section(name: str, markdown: str, doc: Path = DOC) -> None:

@@ -9,9 +9,9 @@ of a large preset on one GPU (tokens/s, TFLOP/s, MFU, peak memory).
    FLOPs are model FLOPs (6 x matmul parameters per token + causal attention once; the
    recomputation of checkpointing is not counted), MFU against the device's dense bf16 peak.
 
-    python bench/train.py            # writes docs/benchmarks.md
-    python bench/train.py --steps 4 --no-write
-    python bench/train.py --part layers --device cuda --preset 7b --layers 4 --lengths 8192 32768
+    python -m bench.train            # writes docs/benchmarks.md
+    python -m bench.train --steps 4 --no-write
+    python -m bench.train --part layers --device cuda --preset 7b --layers 4 --lengths 8192 32768
 """
 
 from __future__ import annotations
@@ -28,8 +28,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import command_line, host_line, peak_mib, peak_tflops, publish, sync  # noqa: E402
+from bench.report import command_line, host_line, peak_mib, peak_tflops, publish, sync
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -14,10 +14,10 @@ are generated once into a cache folder; each is then streamed at 1 fps, resized 
 and time linear in the number of sampled frames (time per sampled frame at 60 minutes at most
 1.1x that at 10 minutes).
 
-    python bench/vqgan.py      # both parts; 3-8 min on 2 CPU cores (quiet - shared); writes docs/benchmarks.md
-    python bench/vqgan.py --no-write --parts stream --minutes 2 12
-    python bench/vqgan.py --no-write --parts encode --batch-sizes 1 8 --rounds 1
-    python bench/vqgan.py --device cuda --batch-sizes 8 32 64 --frames-per-round 64   # bf16 + channels_last
+    python -m bench.vqgan      # both parts; 3-8 min on 2 CPU cores (quiet - shared); writes docs/benchmarks.md
+    python -m bench.vqgan --no-write --parts stream --minutes 2 12
+    python -m bench.vqgan --no-write --parts encode --batch-sizes 1 8 --rounds 1
+    python -m bench.vqgan --device cuda --batch-sizes 8 32 64 --frames-per-round 64   # bf16 + channels_last
 """
 
 from __future__ import annotations
@@ -37,10 +37,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import command_line, host_line, write_section  # noqa: E402
-
-from lwm.vision.video import stream_video  # noqa: E402
+from bench.report import command_line, host_line, write_section
+from lwm.vision.video import stream_video
 
 DEFAULT_CACHE = Path(tempfile.gettempdir()) / "lwm-bench-vqgan"
 # Video files are made with libx264 at this quality; "ultrafast" keeps generating an hour quick.

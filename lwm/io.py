@@ -10,7 +10,7 @@ A killed writer leaves at most its last line cut short. The reader skips such a 
 line without its newline that does not parse, or, where a later append has started a fresh line
 after it, a line that is a JSON object or array cut short (a proper prefix of one). Any other line
 that is not JSON is an error naming the file and line (JsonlError). Callers that record a bad line
-as a failed item and go on (eval/video_qa.py) take the raw lines (`lines`) and parse each one.
+as a failed item and go on (lwm/eval/video_qa.py) take the raw lines (`lines`) and parse each one.
 """
 
 from __future__ import annotations

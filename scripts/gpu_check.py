@@ -69,7 +69,8 @@ PARTS = [
         "attention",
         100,
         [
-            "bench/attention.py",
+            "-m",
+            "bench.attention",
             "--parts",
             "decomposition",
             "--device",
@@ -87,7 +88,8 @@ PARTS = [
             "3",
         ],
         [
-            "bench/attention.py",
+            "-m",
+            "bench.attention",
             "--parts",
             "decomposition",
             "--device",
@@ -109,7 +111,8 @@ PARTS = [
         "train",
         100,
         [
-            "bench/train.py",
+            "-m",
+            "bench.train",
             "--part",
             "layers",
             "--device",
@@ -125,7 +128,8 @@ PARTS = [
             "3",
         ],
         [
-            "bench/train.py",
+            "-m",
+            "bench.train",
             "--part",
             "layers",
             "--device",
@@ -144,15 +148,16 @@ PARTS = [
     Part(
         "infer",
         110,
-        ["bench/infer.py", "--parts", "longest", "--device", "cuda"],
-        ["bench/infer.py", "--parts", "longest", "--device", "cpu", "--longest-lengths", "512", "--chunk", "256"],
+        ["-m", "bench.infer", "--parts", "longest", "--device", "cuda"],
+        ["-m", "bench.infer", "--parts", "longest", "--device", "cpu", "--longest-lengths", "512", "--chunk", "256"],
     ),
     # the lwm VQGAN's encode frames/s in bf16 (target >= 2000 on an H200)
     Part(
         "vqgan",
         50,
         [
-            "bench/vqgan.py",
+            "-m",
+            "bench.vqgan",
             "--device",
             "cuda",
             "--preset",
@@ -171,7 +176,8 @@ PARTS = [
             "0",
         ],
         [
-            "bench/vqgan.py",
+            "-m",
+            "bench.vqgan",
             "--device",
             "cpu",
             "--preset",

@@ -17,7 +17,7 @@ Shown elsewhere (tests/test_train.py unless named):
   trainer.out_dir        every run
   model.*                test_model_fields_and_schedule_name, test_conf_models_are_the_presets
   probe.path, probe.examples  tests/test_learning.py (200 held-out answers scored at the stage's start and end)
-  evaluate.*             tests/test_learning.py (eval/needle.py after the run, every field in its needle.json);
+  evaluate.*             tests/test_learning.py (lwm/eval/needle.py after the run, every field in its needle.json);
                          evaluate.lengths=null in every other test run (no needle/ folder)
   data.holdout           tests/test_data.py (held-out examples never trained on), tests/test_learning.py
   parallel.document_mask, data.positions

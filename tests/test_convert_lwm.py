@@ -410,7 +410,7 @@ def test_lwm_presets_are_lwms_shapes():
 
 def test_one_folder_with_the_vqgan_serves_generation_and_video_qa(tmp_path, capsys):
     """--vqgan puts LWM's VQGAN into DIR/vqgan as a diffusers VQModel; load_model finds it, and
-    lwm-generate and eval/video_qa.py answer about a video file from DIR alone, with LWM's prompt."""
+    lwm-generate and lwm/eval/video_qa.py answer about a video file from DIR alone, with LWM's prompt."""
     import json
     import pickle
 
@@ -418,7 +418,7 @@ def test_one_folder_with_the_vqgan_serves_generation_and_video_qa(tmp_path, caps
     from test_convert_lwm_vqgan import SMALL, lwm_params
     from video_samples import write_video
 
-    from eval.video_qa import main as video_qa_main
+    from lwm.eval.video_qa import main as video_qa_main
     from lwm.infer.cli import build_parser, prompt_ids
     from lwm.infer.cli import main as generate_main
     from lwm.infer.load import load_model

@@ -13,7 +13,7 @@ from pathlib import Path
 import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
-CODE = ["lwm", "eval", "data", "bench", "train.py", "train_vqgan.py"]
+CODE = ["lwm", "bench", "train.py", "train_vqgan.py"]
 # Needed at run time but imported by a library, not by our code; each with the reason.
 INDIRECT = {
     "tensorboard": "Lightning's TensorBoardLogger (every training run, lwm/train/run.py) writes through it",
@@ -59,9 +59,9 @@ def python_files(entries: list[str]) -> list[Path]:
 
 
 def local_names() -> set[str]:
-    """Our own modules: top-level folders and files, and the scripts' folders (put on sys.path)."""
+    """Our own modules: top-level folders and files, and the test helpers (pytest puts tests/ on sys.path)."""
     names = {p.stem for p in ROOT.iterdir() if p.suffix == ".py" or (p.is_dir() and not p.name.startswith("."))}
-    for folder in ("tests", "data", "bench", "eval"):
+    for folder in ("tests",):
         names |= {p.stem for p in (ROOT / folder).glob("*.py")} | {
             p.name for p in (ROOT / folder).iterdir() if p.is_dir()
         }

@@ -229,7 +229,7 @@ def test_cli_default_paths_work_from_any_folder_and_bad_paths_name_the_option(tm
 
     root = Path(__file__).resolve().parents[1]
     monkeypatch.syspath_prepend(str(root))
-    from eval import video_qa
+    from lwm.eval import video_qa
 
     monkeypatch.chdir(tmp_path)
     video = tmp_path / "clip.mp4"

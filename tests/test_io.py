@@ -4,7 +4,6 @@ leaves: a last line cut short, and that line closed by a later append."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +12,6 @@ import pytest
 from lwm.io import JsonlAppender, JsonlError, append_jsonl, lines, read_jsonl, read_lines, records
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 RECORDS = [{"id": "a", "timestamps": [0.0, 0.5]}, {"id": "b", "text": 'caf\u00e9 "quoted"\nnew line'}]
 CUT = '{"id": "c", "timestamps": [0.0, 0.'  # a record a kill cut short
@@ -129,7 +127,7 @@ def test_readers_on_a_partial_last_line(tmp_path):
     with pytest.raises(ValueError, match=r"videos\.jsonl:2: a video record needs a 'path', got list"):
         read_index(index)
 
-    from eval.needle import read_documents
+    from lwm.eval.needle import read_documents
 
     hay = jsonl(tmp_path / "hay.jsonl", [{"text": "One."}, {"text": "Two."}], '{"text": "Thr')
     assert list(read_documents(hay)) == ["One.", "Two."]
@@ -155,7 +153,7 @@ def test_tokenize_output_dir_reads_and_appends_through_lwm_io(tmp_path):
 
 def test_video_qa_records_a_bad_last_line_and_goes_on(tmp_path):
     """video_qa keeps its behaviour: every bad line, the last one included, is an item recorded as malformed."""
-    from eval import video_qa as vqa
+    from lwm.eval import video_qa as vqa
 
     data = jsonl(
         tmp_path / "qa.jsonl", [{"video": "a.mp4", "question": "Q?", "answer": "A"}], '{"video": "b.mp4", "quest'

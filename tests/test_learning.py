@@ -7,17 +7,15 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
-import sys
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
+from lwm.synth import make_retrieval
 from lwm.train.entry import to_run_config
 from lwm.train.run import run_schedule
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "data"))
-import make_retrieval  # noqa: E402
 
 
 def test_debug_model_learns_retrieval_from_chance_to_90_percent(tmp_path):
@@ -38,7 +36,7 @@ def test_debug_model_learns_retrieval_from_chance_to_90_percent(tmp_path):
                     f"trainer.out_dir={tmp_path / 'run'}",
                     f"data.sources.retrieval.path={data / 'train.jsonl'}",
                     f"probe.path={data / 'heldout.jsonl'}",
-                    # evaluate.*: eval/needle.py on the trained weights after the run, each field on its command line
+                    # evaluate.*: lwm/eval/needle.py on the trained weights after the run, each field on its command line
                     "evaluate.lengths=[128]",
                     "evaluate.depths=[0,100]",
                     "evaluate.trials=2",

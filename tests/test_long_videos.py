@@ -1,4 +1,4 @@
-"""data/make_long_videos.py: the long-video QA set's durations, questions, determinism and resumption."""
+"""lwm/synth/make_long_videos.py: the long-video QA set's durations, questions, determinism and resumption."""
 
 from __future__ import annotations
 
@@ -10,15 +10,14 @@ from pathlib import Path
 import av  # noqa: F401  (the generator writes its videos with PyAV)
 import numpy as np
 import pytest
-from data_scripts import DATA, load_script, read_jsonl
 
-SCRIPT = DATA / "make_long_videos.py"
+from lwm.io import read_jsonl
+from lwm.synth import language
+from lwm.synth import make_long_videos as long_videos
+from lwm.synth import scene as scene_lib
+
 DURATIONS = [4, 6]
 PER = 2
-
-long_videos = load_script("make_long_videos")
-from sample_lib import language  # noqa: E402
-from sample_lib import scene as scene_lib  # noqa: E402
 
 
 def _args(out: Path, seed: int = 0, durations=DURATIONS, per: int = PER) -> list[str]:
@@ -29,7 +28,9 @@ def _args(out: Path, seed: int = 0, durations=DURATIONS, per: int = PER) -> list
 def made(tmp_path_factory) -> Path:
     """Made through the command line, as users do."""
     out = tmp_path_factory.mktemp("long") / "lv"
-    run = subprocess.run([sys.executable, str(SCRIPT), *_args(out)], capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [sys.executable, "-m", "lwm.synth.make_long_videos", *_args(out)], capture_output=True, text=True, timeout=120
+    )
     assert run.returncode == 0, run.stderr
     assert f"[{len(DURATIONS) * PER}/{len(DURATIONS) * PER}] long_0006s_01" in run.stdout  # progress
     return out
@@ -62,7 +63,9 @@ def test_qa_rows(made):
         texts = [o[3:] for o in r["options"]]
         assert [o[:3] for o in r["options"]] == ["A. ", "B. ", "C. ", "D. "] and len(set(texts)) == 4
         assert r["answer"] in ("A", "B", "C", "D") and set(texts) <= set(language.CHOICES[r["kind"]])
-        assert all(t.endswith(".") for t in texts)  # listed as in training: "A. Red." (eval/video_qa.py option_text)
+        assert all(
+            t.endswith(".") for t in texts
+        )  # listed as in training: "A. Red." (lwm/eval/video_qa.py option_text)
         question, right = r["question"], texts["ABCD".index(r["answer"])]
         shapes = {o["shape"]: o for o in v["objects"]}
         if r["kind"] == "count":

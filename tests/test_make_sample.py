@@ -1,4 +1,4 @@
-"""data/make_sample.py: the synthetic sample's files, formats, consistency and determinism."""
+"""lwm/synth/make_sample.py: the synthetic sample's files, formats, consistency and determinism."""
 
 from __future__ import annotations
 
@@ -10,15 +10,13 @@ from pathlib import Path
 import av  # noqa: F401  (the generator writes its videos with PyAV)
 import numpy as np
 import pytest
-from data_scripts import DATA, load_script, read_jsonl
 from deps import needs_decord
 
-SCRIPT = DATA / "make_sample.py"
-N = 4
+from lwm.io import read_jsonl
+from lwm.synth import language, make_sample
+from lwm.synth import scene as scene_lib
 
-make_sample = load_script("make_sample")
-from sample_lib import language  # noqa: E402
-from sample_lib import scene as scene_lib  # noqa: E402
+N = 4
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +24,7 @@ def sample(tmp_path_factory) -> Path:
     """Made through the command line, as users and other scripts do."""
     out = tmp_path_factory.mktemp("sample") / "s"
     run = subprocess.run(
-        [sys.executable, str(SCRIPT), "--out", str(out), "--n-videos", str(N)],
+        [sys.executable, "-m", "lwm.synth.make_sample", "--out", str(out), "--n-videos", str(N)],
         capture_output=True,
         text=True,
         timeout=120,

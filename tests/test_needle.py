@@ -1,4 +1,4 @@
-"""eval/needle.py: needles land at sentence breaks at the requested depths, prompts have exactly the
+"""lwm/eval/needle.py: needles land at sentence breaks at the requested depths, prompts have exactly the
 requested length (and equal chat_prompt of their text), scoring, multi-needle bookkeeping, stub
 generators that always / never answer, failures recorded, and the command (one process, torchrun,
 bad input) on a random-weight model exported to a Hugging Face folder."""
@@ -18,12 +18,11 @@ import torch
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from eval import needle as nd  # noqa: E402
-from eval.plots import color_at, grid_table, heatmap, human_count  # noqa: E402
 from lwm.data.text_tokenizer import TextTokenizer  # noqa: E402
 from lwm.data.vocab import Vocab  # noqa: E402
+from lwm.eval import needle as nd  # noqa: E402
+from lwm.eval.plots import color_at, grid_table, heatmap, human_count  # noqa: E402
 from lwm.infer.prompt import chat_prompt  # noqa: E402
 
 TOKENIZER = ROOT / "data" / "sample" / "tokenizer.model"
@@ -341,7 +340,7 @@ CLI_ARGS = [
 
 def run_cli(launcher, args, timeout=120):
     return subprocess.run(
-        launcher + [str(ROOT / "eval" / "needle.py"), *args],
+        launcher + ["-m", "lwm.eval.needle", *args],
         cwd=ROOT,
         env=ENV,
         capture_output=True,
@@ -404,7 +403,7 @@ def test_command_bad_input(hf_model, tmp_path, capsys):
         err = capsys.readouterr().err
         assert code == 2 and err.startswith("needle: ") and message in err, (extra, err)
     assert not (tmp_path / "o").exists()  # nothing written for bad input
-    assert (ROOT / "eval" / "needle.py").read_text().rstrip().endswith("sys.exit(main())")
+    assert (ROOT / "lwm" / "eval" / "needle.py").read_text().rstrip().endswith("sys.exit(main())")
 
 
 def test_min_length_is_enough(tok, hay):
@@ -441,11 +440,10 @@ def test_digits_and_haystack_start(tok, hay):
 
 
 def test_chat_training_examples_are_the_evaluation_prompts(tmp_path, tok):
-    """data/make_retrieval.py --form chat: each prompt is eval/needle.py's (LWM's chat form, its
+    """lwm/synth/make_retrieval.py --form chat: each prompt is lwm/eval/needle.py's (LWM's chat form, its
     template and question, the stated length with BOS), its answer the asked number; seeded, and
     the held-out file disjoint from the training one."""
-    sys.path.insert(0, str(ROOT / "data"))
-    import make_retrieval
+    from lwm.synth import make_retrieval
 
     args = ["--form", "chat", "--lengths", "120", "300", "--needles", "1", "--ask", "1", "--n", "30", "--heldout", "10"]
     make_retrieval.main(["--out", str(tmp_path / "a"), *args])

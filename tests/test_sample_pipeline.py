@@ -1,6 +1,5 @@
 """The sample corpus end to end: generate it, tokenize its videos, read packed batches."""
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -10,22 +9,20 @@ import torch
 
 from lwm.data import DataConfig, LWMDataModule, Source, Vocab
 from lwm.model import ModelConfig
+from lwm.synth import make_sample
 
 ROOT = Path(__file__).resolve().parent.parent
 from deps import skip_module_without_decord  # noqa: E402
 
 skip_module_without_decord()
-import av  # noqa: E402,F401
-import decord  # noqa: E402,F401
+import av  # noqa: E402, F401
+import decord  # noqa: E402, F401
 
 
 @pytest.fixture(scope="module")
 def sample(tmp_path_factory):
     out = tmp_path_factory.mktemp("sample")
-    spec = importlib.util.spec_from_file_location("make_sample", ROOT / "data" / "make_sample.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.main(["--out", str(out), "--n-videos", "4"])
+    make_sample.main(["--out", str(out), "--n-videos", "4"])
     codes = out / "codes"
     cmd = [
         sys.executable,

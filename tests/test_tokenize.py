@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from deps import skip_module_without_decord  # noqa: E402
+from deps import skip_module_without_decord
 
 skip_module_without_decord()
-import decord  # noqa: E402,F401
+import decord  # noqa: E402, F401
 from video_samples import make_bad, make_good  # noqa: E402
 
 from lwm.vision.checkpoint import weights_hash  # noqa: E402

@@ -2,10 +2,10 @@
 
 import numpy as np
 import pytest
-from deps import skip_module_without_decord  # noqa: E402
+from deps import skip_module_without_decord
 
 skip_module_without_decord()
-import decord  # noqa: E402,F401
+import decord  # noqa: E402, F401
 from video_samples import VFR_PTS_MS, make_bad, make_formats, make_good, write_video  # noqa: E402
 
 from lwm.vision.video import Sampling, Video, VideoError, read_video, stream_video  # noqa: E402

@@ -1,4 +1,4 @@
-"""eval/video_qa.py: reading plain and Video-MME items, duration buckets, answer normalization,
+"""lwm/eval/video_qa.py: reading plain and Video-MME items, duration buckets, answer normalization,
 scoring with stub generators (an oracle gets 100%), bad items recorded while good ones are scored,
 and the command line end to end on a random-weight debug model (one process and torchrun with 2)."""
 
@@ -16,11 +16,9 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).parent))
 from video_samples import write_video  # noqa: E402
 
-from eval import video_qa as vqa  # noqa: E402
+from lwm.eval import video_qa as vqa  # noqa: E402
 from lwm.infer.prompt import chat_prompt  # noqa: E402
 
 SPM = ROOT / "data" / "sample" / "tokenizer.model"
@@ -557,7 +555,8 @@ def test_torchrun_two_ranks_match_one(e2e, tmp_path):
             "--standalone",
             "--nproc_per_node",
             "2",
-            str(ROOT / "eval" / "video_qa.py"),
+            "-m",
+            "lwm.eval.video_qa",
             *_args(e2e, two, "--limit", "2"),
         ],
         capture_output=True,

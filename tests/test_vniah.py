@@ -1,21 +1,18 @@
-"""data/make_vniah.py: the visual needle is designed so that the tiny VQGAN's codes carry its
+"""lwm/synth/make_vniah.py: the visual needle is designed so that the tiny VQGAN's codes carry its
 answer. A nearest-centroid probe on the codes of held-out frames tells the six needle colors and
 "no needle" (haystack frames) apart; fitted on shuffled labels it is at chance."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from lwm.synth import make_vniah
+from lwm.vision.checkpoint import load_vqgan
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "data"))
-
-import make_vniah  # noqa: E402
-
-from lwm.vision.checkpoint import load_vqgan  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""eval/vniah.py (frames x depth grid of visual needles) and data/make_card_qa.py (video QA about the
+"""lwm/eval/vniah.py (frames x depth grid of visual needles) and lwm/synth/make_card_qa.py (video QA about the
 cards). References: a nearest-centroid probe on the codes, fitted on frames of other seeds, reads
 the needle (or the cards) back from the prompt or the written videos."""
 
@@ -14,14 +14,10 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-for p in (ROOT, ROOT / "data"):
-    sys.path.insert(0, str(p))
 
-import make_card_qa  # noqa: E402
-import make_vniah  # noqa: E402
-
-from eval import vniah  # noqa: E402
 from lwm.data import TextTokenizer, Vocab  # noqa: E402
+from lwm.eval import vniah  # noqa: E402
+from lwm.synth import make_card_qa, make_vniah  # noqa: E402
 from lwm.vision.checkpoint import load_vqgan  # noqa: E402
 
 TOKENIZER = ROOT / "data" / "sample" / "tokenizer.model"
@@ -145,7 +141,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
 
 def run_cli(launcher, args):
     return subprocess.run(
-        [*launcher, str(ROOT / "eval" / "vniah.py"), *args],
+        [*launcher, "-m", "lwm.eval.vniah", *args],
         cwd=ROOT,
         env=ENV,
         capture_output=True,
@@ -187,8 +183,8 @@ def test_command_bad_input(stage_model, tmp_path):
 def test_card_qa_answers_are_what_the_videos_show(tmp_path, vqgan):
     """Every question's answer letter points at the option the video holds: each frame is looked up
     in the frame pool (remade from its seed) to learn what it shows; the first and the last card's
-    colors are the answers. The held-out rows load in eval/video_qa.py."""
-    from eval.video_qa import VideoSource, read_items
+    colors are the answers. The held-out rows load in lwm/eval/video_qa.py."""
+    from lwm.eval.video_qa import VideoSource, read_items
 
     make_card_qa.write(vqgan, tmp_path, n=6, heldout=6, frames=(3, 6), pool=6)
     train = [json.loads(line) for line in open(tmp_path / "train.jsonl")]

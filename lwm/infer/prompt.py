@@ -19,19 +19,17 @@ Without a video it is LWM's text chat form, [BOS] "You are a helpful assistant. 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import torch
 
-import lwm
 from lwm.data.text_tokenizer import TextTokenizer
 from lwm.data.vocab import Vocab
 from lwm.interop.bundle import PROMPT_STYLES
+from lwm.paths import TINY_VQGAN
 
 # data/ is in the repository, not the package (installed editable): found from the package's
 # location, so the default works from any working directory
-DEFAULT_VQGAN = Path(lwm.__file__).resolve().parents[1] / "data" / "checkpoints" / "vqgan_tiny.safetensors"
+DEFAULT_VQGAN = TINY_VQGAN
 
 SYSTEM = "You are a helpful assistant."
 CHAT_SPEC = "[user+vision+assistant],answer"

@@ -10,13 +10,15 @@ from omegaconf import DictConfig, OmegaConf
 
 from lwm.configs import from_dict
 from lwm.model import ModelConfig
+from lwm.paths import SAMPLE
+from lwm.synth import make_retrieval
+from lwm.synth.make_sample import ensure_sample
 from lwm.train.console import say
 from lwm.train.run import DataSpec, RunConfig
 from lwm.train.run_dir import register_resolver
 
 register_resolver()  # ${run_id:} in trainer.out_dir: one folder name shared by every rank
 
-ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = {"data.tokenizer": "path/to/tokenizer.model", "data.sources": "'{docs: {path: docs.jsonl}}'"}
 
 
@@ -42,45 +44,27 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
     return from_dict(RunConfig, {**run, "model": model, "data": data})
 
 
-# The sample's needle sets (data/make_retrieval.py): LWM's needle and question in the chat form, 1-digit
+# The sample's needle sets (lwm.synth.make_retrieval): LWM's needle and question in the chat form, 1-digit
 # numbers, the bundled text without its numbers, LWM's instruction left out (what a small model learns
 # in minutes); name -> (shortest, longest whole prompt in tokens, training examples).
 SAMPLE_NEEDLES = {"128": (90, 128, 6000), "512": (128, 512, 3000), "2k": (512, 2048, 1000)}
 
 
-def ensure_sample_needles(root: Path = ROOT / "data" / "sample" / "needles") -> None:
+def ensure_sample_needles(root: Path = SAMPLE / "needles") -> None:
     """Make the sample's needle sets that are missing (root/<name>/train.jsonl, heldout.jsonl, haystack.txt)."""
     for name, (low, high, n) in SAMPLE_NEEDLES.items():
         if (root / name / "heldout.jsonl").is_file():
             continue
-        subprocess.run(
-            [
-                sys.executable,
-                str(ROOT / "data" / "make_retrieval.py"),
-                "--form",
-                "chat",
-                "--needles",
-                "1",
-                "--ask",
-                "1",
-                "--numberless",
-                "--no-instruction",
-                "--lengths",
-                str(low),
-                str(high),
-                "--n",
-                str(n),
-                "--out",
-                str(root / name),
-            ],
-            check=True,
-        )
+        form = ["--form", "chat", "--needles", "1", "--ask", "1", "--numberless", "--no-instruction"]
+        code = make_retrieval.main(form + ["--lengths", str(low), str(high), "--n", str(n), "--out", str(root / name)])
+        if code:
+            raise RuntimeError(f"making the sample's needle set {root / name} failed (exit status {code})")
 
 
 def ensure_sample_data(data: DataSpec) -> None:
     """Make data/sample (videos, texts, needle sets) and tokenize its videos once (each skips what is
     already there)."""
-    subprocess.run([sys.executable, str(ROOT / "data" / "make_sample.py")], check=True)
+    ensure_sample()
     ensure_sample_needles()
     codes = Path(data.codes)
     if list(codes.glob("manifest*.jsonl")) and not (codes / "failures.jsonl").read_text().strip():
@@ -89,7 +73,7 @@ def ensure_sample_data(data: DataSpec) -> None:
         sys.executable,
         "-m",
         "lwm.vision.tokenize",
-        str(ROOT / "data" / "sample" / "videos"),
+        str(SAMPLE / "videos"),
         "--out",
         str(codes),
         "--vqgan",

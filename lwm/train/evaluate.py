@@ -1,4 +1,4 @@
-"""After the run: a needle grid on what it trained. eval/needle.py runs on the last stage's weights
+"""After the run: a needle grid on what it trained. lwm/eval/needle.py runs on the last stage's weights
 in a process of its own (rank 0 only; the same command a user would type, printed first), prints
 its table, and writes <out_dir>/needle/needle.json and needle_heatmap.png. A failed evaluation is
 reported and leaves the trained weights as they are."""
@@ -12,8 +12,6 @@ from pathlib import Path
 
 from lwm.train.console import say
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 @dataclass
 class NeedleEvalConfig:
@@ -21,7 +19,7 @@ class NeedleEvalConfig:
     depths: list[float] = field(default_factory=lambda: [0.0, 50.0, 100.0])  # needle depths, percent
     trials: int = 4  # per (length, depth) cell
     digits: int = 1  # digits of the needles' numbers (chance: 1 / 10 ** digits)
-    haystack: str | None = None  # text file or JSON lines with "text"; None: eval/needle.py's default
+    haystack: str | None = None  # text file or JSON lines with "text"; None: lwm/eval/needle.py's default
     instruction: bool = (
         True  # False: LWM's instruction after the question left out, as a curriculum's first step trains
     )
@@ -40,7 +38,8 @@ class NeedleEvalConfig:
 def needle_command(cfg: NeedleEvalConfig, model: Path, tokenizer: str, out: Path, device: str | None) -> list[str]:
     cmd = [
         sys.executable,
-        str(ROOT / "eval" / "needle.py"),
+        "-m",
+        "lwm.eval.needle",
         "--model",
         str(model),
         "--tokenizer",

@@ -45,7 +45,9 @@ def read_index(index: str | Path) -> list[Path]:
     """Video paths listed in a jsonl index (a "path" per line, relative to the index's folder)."""
     index = Path(index)
     if not index.is_file():
-        raise FileNotFoundError(f"video index {index} not found (make the sample data with python data/make_sample.py)")
+        raise FileNotFoundError(
+            f"video index {index} not found (make the sample data with python -m lwm.synth.make_sample)"
+        )
     paths = []
     for n, record in records(index):
         if not isinstance(record, dict) or "path" not in record:

@@ -2,16 +2,16 @@
 a sentencepiece tokenizer trained on all the text. Deterministic: the same seed gives byte-identical
 jsonl, text and tokenizer files (and videos that decode to the same frames).
 
-    python data/make_sample.py [--out data/sample] [--seed 0] [--n-videos 48] [--force]
+    python -m lwm.synth.make_sample [--out data/sample] [--seed 0] [--n-videos 48] [--force]
 
 From Python (data/ is not a package; load this file by path, or run it as a subprocess):
 
-    spec = importlib.util.spec_from_file_location("make_sample", "data/make_sample.py")
+    spec = importlib.util.spec_from_file_location("make_sample", "lwm/synth/make_sample.py")
     make_sample = importlib.util.module_from_spec(spec); spec.loader.exec_module(make_sample)
     out = make_sample.ensure_sample()               # -> Path of data/sample, made if missing
     out = make_sample.main(["--out", "/tmp/s", "--n-videos", "4"])
 
-The pieces live in data/sample_lib/: scene.py (random scenes, numpy rendering), video.py (mp4 with
+The pieces live in lwm/synth/: scene.py (random scenes, numpy rendering), video.py (mp4 with
 PyAV), language.py (captions, questions, documents).
 
 Layout of the output folder:
@@ -60,22 +60,18 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import sentencepiece as spm
 
-_HERE = str(Path(__file__).resolve().parent)
-if _HERE not in sys.path:  # for sample_lib/, when this file is run or loaded by path
-    sys.path.insert(0, _HERE)
+from lwm.paths import SAMPLE
+from lwm.synth.language import caption, document, event_text, multiple_choice, questions
+from lwm.synth.scene import FPS, random_scene, render, scene_to_json
+from lwm.synth.video import write_mp4
 
-from sample_lib.language import caption, document, event_text, multiple_choice, questions  # noqa: E402
-from sample_lib.scene import FPS, random_scene, render, scene_to_json  # noqa: E402
-from sample_lib.video import write_mp4  # noqa: E402
-
-DEFAULT_OUT = Path(__file__).resolve().parent / "sample"
+DEFAULT_OUT = SAMPLE
 N_DOCS = 8
 DOC_CHARS = (20_000, 40_000)
 VOCAB_SIZE = 4096

@@ -1,8 +1,8 @@
 """Needle in a haystack, in LWM's form: can the model find one sentence anywhere in a long context?
 
-    python eval/needle.py --model runs/X/hf --lengths 1024 2048 --depths 0 25 50 75 100 --trials 2 --out results/needle
-    python eval/needle.py --model ... --needles 4 --ask 2              # multi-needle: 4 inserted, 2 asked for
-    torchrun --nproc_per_node 2 eval/needle.py --model ...             # prompt and KV cache split over 2 ranks
+    python -m lwm.eval.needle --model runs/X/hf --lengths 1024 2048 --depths 0 25 50 75 100 --trials 2 --out results/needle
+    python -m lwm.eval.needle --model ... --needles 4 --ask 2              # multi-needle: 4 inserted, 2 asked for
+    torchrun --nproc_per_node 2 -m lwm.eval.needle --model ...             # prompt and KV cache split over 2 ranks
 
 The needle "The special magic {city} number is: {number}." (a random city and 7-digit number per
 trial, seeded; `--digits` for shorter ones) goes into a haystack of real text (any text file, or JSON lines with a "text" field
@@ -36,10 +36,10 @@ goes on. Exit status: 0, 1 if some trial failed, 2 for bad input. Only rank 0 wr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 import re
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -48,17 +48,15 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-if __package__ in (None, ""):  # run as a script: make `eval` and `lwm` importable from the checkout
-    sys.path.insert(0, str(ROOT))
-
-from eval.plots import grid_table, heatmap, human_count  # noqa: E402
-from lwm.io import JsonlError, records, write_atomic  # noqa: E402
+from lwm.eval.plots import grid_table, heatmap, human_count
+from lwm.io import JsonlError, records, write_atomic
+from lwm.paths import REPO, SAMPLE
+from lwm.synth.make_sample import ensure_sample
 
 # lwm.infer and lwm.data are imported where used: importing lwm.data takes seconds (it loads
 # Lightning), and `--help` or a bad argument should not wait for that.
 
-DEFAULT_HAYSTACK = ROOT / "data" / "sample" / "text.jsonl"
+DEFAULT_HAYSTACK = SAMPLE / "text.jsonl"
 NEEDLE = "The special magic {city} number is: {number}."
 QUESTION = "What is the special magic {city} number?"
 QUESTION_MANY = "What are the special magic numbers for {cities}?"
@@ -595,7 +593,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--haystack",
         type=Path,
-        help=f'text file, or JSON lines with "text" (default {DEFAULT_HAYSTACK.relative_to(ROOT)})',
+        help=f'text file, or JSON lines with "text" (default {DEFAULT_HAYSTACK.relative_to(REPO)})',
     )
     p.add_argument("--out", type=Path, default=Path("results/needle"))
     p.add_argument("--max-new-tokens", type=int, default=16)
@@ -604,7 +602,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--no-instruction",
         action="store_true",
-        help="leave LWM's instruction after the question out (as data/make_retrieval.py --no-instruction)",
+        help="leave LWM's instruction after the question out (as lwm/synth/make_retrieval.py --no-instruction)",
     )
     return p
 
@@ -635,10 +633,11 @@ def main(argv: list[str] | None = None) -> int:
         check_lengths(tokenizer, args.lengths, args.needles, args.ask)
         hay_path = args.haystack or DEFAULT_HAYSTACK
         if args.haystack is None and not DEFAULT_HAYSTACK.exists():  # the sample data is made, not committed
-            subprocess.run([sys.executable, str(ROOT / "data" / "make_sample.py")], check=True, capture_output=True)
+            with contextlib.redirect_stdout(sys.stderr):  # stdout is the grid's
+                ensure_sample()
         haystack = Haystack.from_file(tokenizer, hay_path, max(args.lengths) + 4096)
         loaded, gen = load_generator(args, runtime)
-    except (FileNotFoundError, ValueError, subprocess.CalledProcessError) as e:
+    except (FileNotFoundError, ValueError) as e:
         print(f"needle: {e}", file=sys.stderr)
         return 2
     world = runtime.world

@@ -1,8 +1,8 @@
 """Video QA whose answers the tiny VQGAN's codes carry: four-option questions (Video-MME style, chance
-25%) about the color cards of data/make_vniah.py hidden among sample-style haystack frames.
+25%) about the color cards of lwm/synth/make_vniah.py hidden among sample-style haystack frames.
 
-    python data/make_card_qa.py --out data/card_qa/f6 --frames 3 6 --n 4000
-    python eval/video_qa.py --model M --data data/card_qa/f6/qa.jsonl --codes data/card_qa/f6/codes
+    python -m lwm.synth.make_card_qa --out data/card_qa/f6 --frames 3 6 --n 4000
+    python -m lwm.eval.video_qa --model M --data data/card_qa/f6/qa.jsonl --codes data/card_qa/f6/codes
 
 Each video has LOW to HIGH frames at 1 fps; one to four of them are cards of distinct colors, at
 random frames. Two questions per video, each answered by the color of one card and offered with
@@ -12,14 +12,14 @@ three other colors:
     last   "What color is the last card in the video?"
 
 A nearest-centroid probe on the codes tells the cards' colors and "no card" apart on held-out
-frames (`python data/make_vniah.py --probe`: 99.1%), so both answers are readable from the codes;
+frames (`python -m lwm.synth.make_vniah --probe`: 99.1%), so both answers are readable from the codes;
 what the model has to learn is finding the first and the last card among up to four. (Counting the
 cards was tried too and not learned by the debug model in the demo's budget: README "Video demo".)
 
 Writes OUT/codes (or --codes; tokens/<id>.npy and manifest.*.jsonl, as lwm-tokenize writes them),
 OUT/train.jsonl (every question twice, as the sample QA: the bare question answered with the
 option's text, and the question with its options answered with the letter, in the chat form) and
-OUT/qa.jsonl (held-out videos from frames of their own, in eval/video_qa.py's form):
+OUT/qa.jsonl (held-out videos from frames of their own, in lwm/eval/video_qa.py's form):
 
     {"vision": "cardqa_f6_heldout_000003", "id": "cardqa_f6_heldout_000003_last", "question": "What color
      is the last card in the video?", "options": ["A. Red.", "B. Blue.", "C. Green.", "D. Cyan."],
@@ -35,19 +35,15 @@ from pathlib import Path
 
 import numpy as np
 
-_HERE = str(Path(__file__).resolve().parent)
-if _HERE not in sys.path:
-    sys.path.insert(0, _HERE)
-
-from make_vniah import (  # noqa: E402
+from lwm.synth.language import LETTERS, choice_question
+from lwm.synth.make_vniah import (
     DEFAULT_CHECKPOINT,
     NEEDLE_COLORS,
     check_set_args,
     code_pool,
-    save_video,  # noqa: E402
+    save_video,
     write_manifest,
 )
-from sample_lib.language import LETTERS, choice_question  # noqa: E402
 
 MAX_CARDS = 4
 QUESTIONS = {"first": "What color is the first card in the video?", "last": "What color is the last card in the video?"}

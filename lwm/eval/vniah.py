@@ -1,13 +1,13 @@
 """Visual needle in a video haystack (LongVA's V-NIAH idea): can the model find one frame anywhere in
 a video? A grid of video lengths (frames) x needle depths, several trials per cell.
 
-    python eval/vniah.py --model runs/vniah/f24 --frames 2 6 12 24 --depths 0 25 50 75 100 --trials 6 --out results/vniah
-    torchrun --nproc_per_node 2 eval/vniah.py --model ...        # prompt and KV cache split over 2 ranks
+    python -m lwm.eval.vniah --model runs/vniah/f24 --frames 2 6 12 24 --depths 0 25 50 75 100 --trials 6 --out results/vniah
+    torchrun --nproc_per_node 2 -m lwm.eval.vniah --model ...        # prompt and KV cache split over 2 ranks
 
 Each trial is a video of N frames at 1 fps: N - 1 haystack frames (sample-style scenes) and one
-needle, a color card of data/make_vniah.py (six colors: chance 1/6), at frame round(depth * (N - 1)).
+needle, a color card of lwm/synth/make_vniah.py (six colors: chance 1/6), at frame round(depth * (N - 1)).
 The frames come from a pool made and encoded with the VQGAN (--vqgan) for this evaluation, from
-seeds that data/make_vniah.py never trains on. The prompt is the training data's chat form, the
+seeds that lwm/synth/make_vniah.py never trains on. The prompt is the training data's chat form, the
 question before the video:
 
     [BOS] "You are a helpful assistant. USER: What color is the card in the video?" <vision> frames </vision> "ASSISTANT:"
@@ -37,15 +37,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-for _p in (ROOT, ROOT / "data"):
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
-
-from make_vniah import NEEDLE_COLORS, QUESTION, code_pool  # noqa: E402
-
-from eval.plots import grid_table, heatmap  # noqa: E402
-from lwm.io import write_atomic  # noqa: E402
+from lwm.eval.plots import grid_table, heatmap
+from lwm.io import write_atomic
+from lwm.synth.make_vniah import NEEDLE_COLORS, QUESTION, code_pool
 
 METHODS = ("generated", "ll")
 EVAL_SEED = 3 * 10**6  # the frame pools: make_vniah trains on seed 0.. and holds out 10**6..

@@ -1,13 +1,13 @@
 """Visual needles for a needle-in-a-video-haystack test (LongVA's V-NIAH idea), designed so that
 the tiny VQGAN's codes carry the answer.
 
-The haystack is sample-style frames (data/sample_lib/scene.py: a few small shapes on a dark
+The haystack is sample-style frames (lwm/synth/scene.py: a few small shapes on a dark
 background). The needle is one frame filled with a color of NEEDLE_COLORS (the closed answer set;
 chance 1/6), with a white ring so it reads as a card and not as a background, per-pixel noise and
 a small dark shape at a random place, so that no two needle frames are alike.
 
-    python data/make_vniah.py --probe        # can the codes tell the needle's color? (seconds)
-    python data/make_vniah.py --out data/vniah --n 4000 --frames 2 6   # training / held-out examples
+    python -m lwm.synth.make_vniah --probe        # can the codes tell the needle's color? (seconds)
+    python -m lwm.synth.make_vniah --out data/vniah --n 4000 --frames 2 6   # training / held-out examples
 
 The probe encodes needle frames of every color and haystack frames with the VQGAN, takes each
 frame's histogram over the codebook, and classifies held-out frames by the nearest class mean
@@ -35,15 +35,12 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT / "data") not in sys.path:
-    sys.path.insert(0, str(ROOT / "data"))
-
-from sample_lib.scene import PALETTE, SIZE, _shape_mask, random_scene, render  # noqa: E402
+from lwm.paths import TINY_VQGAN
+from lwm.synth.scene import PALETTE, SIZE, _shape_mask, random_scene, render
 
 NEEDLE_COLORS = ("red", "green", "blue", "yellow", "magenta", "cyan")
 NO_NEEDLE = "none"
-DEFAULT_CHECKPOINT = ROOT / "data" / "checkpoints" / "vqgan_tiny.safetensors"
+DEFAULT_CHECKPOINT = TINY_VQGAN
 
 
 def needle_frame(color: str, rng: np.random.Generator) -> np.ndarray:

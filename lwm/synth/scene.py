@@ -3,7 +3,7 @@
 A scene is plain data; `scene_to_json` is what videos.jsonl records and `render` turns it into
 frames (T, 64, 64, 3) uint8. Objects move in a straight line and bounce off the frame's edges.
 The sample clips are 8-20 s at 4 fps; `random_scene` also makes scenes of a given length, frame
-rate and kinds of events (data/make_long_videos.py: up to an hour at 1 fps, only "start" events).
+rate and kinds of events (lwm/synth/make_long_videos.py: up to an hour at 1 fps, only "start" events).
 """
 
 from __future__ import annotations

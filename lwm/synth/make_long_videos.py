@@ -1,9 +1,9 @@
 """Make a synthetic long-video QA set on demand (Video-MME style: four options, the answer is a letter),
 to measure how accuracy changes with the length of the video. Not committed; deterministic per seed.
 
-    python data/make_long_videos.py --out data/long_videos --durations 8 16 32 64 128 3600 --per-duration 8 --seed 0
+    python -m lwm.synth.make_long_videos --out data/long_videos --durations 8 16 32 64 128 3600 --per-duration 8 --seed 0
 
-The videos are the sample corpus's scenes (data/sample_lib) made longer: the same shapes, colors,
+The videos are the sample corpus's scenes (lwm/synth) made longer: the same shapes, colors,
 motions, digits and rendering, at 1 frame per second (--fps), with every shape on screen for the
 whole video and events that do not change what the questions ask about (a still shape starts moving
 at a known second). So every question can be answered from any part of the video, and the questions
@@ -28,8 +28,8 @@ Layout of the output folder:
                                "options": ["A. Red.", "B. Cyan.", "C. Green.", "D. White."], "answer": "B"}
                               (Video-MME style: `question` is the bare question; listed with its options
                               as in training, it reads "What color is the circle? A. Red. B. Cyan.
-                              C. Green. D. White. Answer with the letter." (eval/video_qa.py's letter
-                              form; sample_lib.language.choice_question); `video` is relative to this
+                              C. Green. D. White. Answer with the letter." (lwm/eval/video_qa.py's letter
+                              form; lwm.synth.language.choice_question); `video` is relative to this
                               folder; `id` is the video's id and the question's number in it, the same
                               at every duration.
     DONE                      the arguments of the finished run; a run with the same arguments skips
@@ -43,20 +43,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-_HERE = str(Path(__file__).resolve().parent)
-if _HERE not in sys.path:  # for sample_lib/ and make_sample, when this file is run or loaded by path
-    sys.path.insert(0, _HERE)
+from lwm.paths import DATA
+from lwm.synth.language import event_text, multiple_choice, questions
+from lwm.synth.make_sample import _mb, _rng, _write_jsonl
+from lwm.synth.scene import random_scene, render, scene_to_json
+from lwm.synth.video import write_mp4
 
-from make_sample import _mb, _rng, _write_jsonl  # noqa: E402
-from sample_lib.language import event_text, multiple_choice, questions  # noqa: E402
-from sample_lib.scene import random_scene, render, scene_to_json  # noqa: E402
-from sample_lib.video import write_mp4  # noqa: E402
-
-DEFAULT_OUT = Path(__file__).resolve().parent / "long_videos"
+DEFAULT_OUT = DATA / "long_videos"
 FORMAT = 1  # bump when the output changes, so old folders are remade
 EVENT_KINDS = ("start",)  # shapes stay on screen and keep their colors
 KINDS = ("count", "color", "motion", "digit")  # questions whose answer holds in every part of the video

@@ -6,13 +6,13 @@ haystack of the bundled text, several of them asked for, each answer trained.
      "q1": "What is the special magic Lima number?", "a1": "7.",
      "fields": "[context+q0],a0,[q1],a1"}
 
-    python data/make_retrieval.py --out data/retrieval --n 4000 --needles 4 --ask 2 --digits 1
+    python -m lwm.synth.make_retrieval --out data/retrieval --n 4000 --needles 4 --ask 2 --digits 1
 
-Needle and question are eval/needle.py's sentences; the numbers are shorter (`--digits`, 1 by
+Needle and question are lwm/eval/needle.py's sentences; the numbers are shorter (`--digits`, 1 by
 default: ten answers, chance 10%). Before each needle and after the last go 0 to `--filler` words
 of the bundled text, so needles sit at varying depths.
 
-`--form chat` writes eval/needle.py's own prompts instead (LWM's chat form: system line, the
+`--form chat` writes lwm/eval/needle.py's own prompts instead (LWM's chat form: system line, the
 context and the question in the user turn, LWM's instruction, "ASSISTANT:"), each of a random
 whole-prompt length in `--lengths` with its needle at a random depth, so what is trained is what
 the needle evaluation asks:
@@ -21,7 +21,7 @@ the needle evaluation asks:
      give information ... ASSISTANT:", "answer": "2.", "fields": "[prompt],answer", "length": 117,
      "depths": [41.3]}
 
-    python data/make_retrieval.py --form chat --out data/needle_demo/s512 --lengths 128 512
+    python -m lwm.synth.make_retrieval --form chat --out data/needle_demo/s512 --lengths 128 512
 
 `--numberless` drops the haystack's sentences that hold a digit (the bundled text is full of
 numbers a small model takes for the needle's) and writes the text it used to OUT/haystack.txt.
@@ -39,25 +39,22 @@ import re
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from eval.needle import (  # noqa: E402
+from lwm.eval.needle import (
     CITIES,
     DEFAULT_HAYSTACK,
     INSTRUCTION,
     NEEDLE,
     QUESTION,
-    Haystack,  # noqa: E402
+    Haystack,
     build_prompt,
     make_needles,
     number_range,
     question_for,
     read_documents,
 )
+from lwm.paths import SAMPLE
 
-DEFAULT_TOKENIZER = ROOT / "data" / "sample" / "tokenizer.model"
+DEFAULT_TOKENIZER = SAMPLE / "tokenizer.model"
 
 HELDOUT_SEED = 10**6  # held-out examples use seeds from here on: never trained on
 
@@ -100,7 +97,7 @@ def chat_example(
     digits: int,
     instruction: str = INSTRUCTION,
 ) -> dict:
-    """One prompt exactly as eval/needle.py builds it (LWM's chat form, `length` tokens in all with
+    """One prompt exactly as lwm/eval/needle.py builds it (LWM's chat form, `length` tokens in all with
     BOS), at a random length in `lengths` and a random depth, over haystack text from a random
     point; the answer is the asked numbers. instruction="": the prompt without LWM's instruction
     after the question."""
@@ -169,7 +166,7 @@ def main(argv=None) -> int:
         "--form",
         choices=["plain", "chat"],
         default="plain",
-        help="plain: context, question, answer; chat: eval/needle.py's prompts (LWM's chat form)",
+        help="plain: context, question, answer; chat: lwm/eval/needle.py's prompts (LWM's chat form)",
     )
     p.add_argument(
         "--lengths",
@@ -184,7 +181,7 @@ def main(argv=None) -> int:
         "--numberless",
         action="store_true",
         help="drop the haystack's sentences that hold a digit; the text used is written to OUT/haystack.txt "
-        "(give it to eval/needle.py --haystack)",
+        "(give it to lwm/eval/needle.py --haystack)",
     )
     p.add_argument(
         "--no-instruction",

@@ -1,9 +1,9 @@
 """Long-video question answering: accuracy of a model on questions about videos, overall and by
 video duration.
 
-    python eval/video_qa.py --model runs/X/hf --data qa.jsonl --out runs/X/eval
-    python eval/video_qa.py --model M --data videomme.jsonl --video-dir videomme/data --codes codes/ --fps 1 --max-frames 512
-    torchrun --nproc_per_node 2 eval/video_qa.py --model M --data qa.jsonl     # prompts split over 2 ranks (context parallel)
+    python -m lwm.eval.video_qa --model runs/X/hf --data qa.jsonl --out runs/X/eval
+    python -m lwm.eval.video_qa --model M --data videomme.jsonl --video-dir videomme/data --codes codes/ --fps 1 --max-frames 512
+    torchrun --nproc_per_node 2 -m lwm.eval.video_qa --model M --data qa.jsonl     # prompts split over 2 ranks (context parallel)
 
 Data: JSON lines, one question each,
 
@@ -59,14 +59,10 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-if __package__ in (None, ""):  # run as a script: make `eval` and `lwm` importable from the checkout
-    sys.path.insert(0, str(ROOT))
-
-from eval.plots import markdown_table  # noqa: E402
-from lwm.infer.prompt import DEFAULT_VQGAN  # noqa: E402
-from lwm.io import JsonlAppender, JsonlError, lines, write_atomic  # noqa: E402
-from lwm.parallel.comm import broadcast_object_from_first, group_size_and_rank  # noqa: E402
+from lwm.eval.plots import markdown_table
+from lwm.infer.prompt import DEFAULT_VQGAN
+from lwm.io import JsonlAppender, JsonlError, lines, write_atomic
+from lwm.parallel.comm import broadcast_object_from_first, group_size_and_rank
 
 # The rest of lwm.infer (and lwm.data under it) is imported where used: a usage error should not
 # wait for it. (lwm.infer.prompt, for the bundled VQGAN's path, adds little to torch.)
