@@ -26,7 +26,14 @@ def flops_per_token(config: ModelConfig, seq_len: int) -> float:
 
 
 class Throughput(L.Callback):
-    """Logs tokens/s over all ranks, model TFLOP/s and MFU (when a peak is given)."""
+    """Logs perf/tokens_per_s over all ranks, perf/tflops_per_device and perf/mfu (when a peak is
+    given) for each step, timed from its batch start to its batch end.
+
+    Lightning's ThroughputMonitor does not serve: it logs other names (train/device/items_per_sec,
+    train/device/flops_per_sec, train/device/mfu), and a rate only once `window_size` batches
+    (default 100) are in, as a rolling mean, so a stage's first 99 steps log none; it times from the
+    start of training, data loading included; and it takes the MFU peak from its own table of CUDA
+    and TPU chips (none on CPU), not from trainer.peak_tflops."""
 
     def __init__(self, model_config: ModelConfig, seq_len: int, global_batch: int, peak_tflops: float = 0.0):
         self.tokens_per_step = seq_len * global_batch
