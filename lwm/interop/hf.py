@@ -124,6 +124,8 @@ def config_to_hf(config: ModelConfig, dtype: torch.dtype = torch.float32):
 
 
 def _read_hf_weights(folder: Path) -> dict[str, torch.Tensor]:
+    # Read by hand: huggingface_hub reads a sharded folder only into a module with the checkpoint's
+    # own keys and shapes (load_torch_model), and ours differ (the key map, the extended vocab).
     from safetensors.torch import load_file
 
     index = folder / "model.safetensors.index.json"
