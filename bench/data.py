@@ -20,7 +20,8 @@ import numpy as np
 import sentencepiece as spm
 
 from bench.report import command_line, host_line, publish
-from lwm.data import DataConfig, LWMDataModule, Sharding, Source
+from lwm.data import DataConfig, Sharding, Source
+from lwm.train.datamodule import LWMDataModule
 
 WORDS = "the a red green blue yellow circle square triangle moves left right up down appears turns stops frame video second".split()
 

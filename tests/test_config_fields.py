@@ -50,9 +50,10 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from lwm.data import LWMDataModule, Vocab
+from lwm.data import Vocab
 from lwm.model import ModelConfig, Transformer, token_coefficients
 from lwm.train.config import OptimConfig, ParallelConfig, StageConfig, TrainerConfig
+from lwm.train.datamodule import LWMDataModule
 from lwm.train.entry import ensure_sample_data, to_run_config
 from lwm.train.module import LWMModule, clip_grad_norm, lr_lambda
 from lwm.train.run import run_schedule, stage_model_config, validate

@@ -9,7 +9,6 @@ from lwm.data import (
     DataConfig,
     Encoded,
     ExampleError,
-    LWMDataModule,
     Packer,
     Sharding,
     Source,
@@ -20,6 +19,7 @@ from lwm.data import (
 )
 from lwm.data.codes import rate_indices, uniform_indices
 from lwm.parallel import unshard
+from lwm.train.datamodule import LWMDataModule
 
 T_FRAMES = {"clip_a": 4, "clip_b": 6, "clip_c": 3}
 

@@ -13,7 +13,7 @@ from documents import allowed, masked_sdpa, one_by_one_grads, packed_pair, packi
 from hydra import compose, initialize_config_dir
 
 from lwm.data import DataConfig, Sharding, shard_batch
-from lwm.data.datamodule import document_positions
+from lwm.data.batches import document_positions
 from lwm.model import ModelConfig
 from lwm.model.documents import document_attention
 from lwm.parallel import simulate_ring

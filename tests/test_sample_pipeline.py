@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from lwm.data import DataConfig, LWMDataModule, Source, Vocab
+from lwm.data import DataConfig, Source, Vocab
 from lwm.model import ModelConfig
 from lwm.synth import make_sample
+from lwm.train.datamodule import LWMDataModule
 
 ROOT = Path(__file__).resolve().parent.parent
 from deps import skip_module_without_decord  # noqa: E402

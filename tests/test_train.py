@@ -229,8 +229,9 @@ def test_stage_hand_over(tmp_path):
     train(tmp_path)
     from safetensors.torch import load_file
 
-    from lwm.data import DataConfig, LWMDataModule, Source
+    from lwm.data import DataConfig, Source
     from lwm.model import ModelConfig, Transformer, token_coefficients
+    from lwm.train.datamodule import LWMDataModule
 
     cfg = ModelConfig(**__import__("json").loads((tmp_path / "b" / "model_config.json").read_text()))
     model = Transformer(cfg)

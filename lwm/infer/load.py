@@ -51,7 +51,7 @@ def load_model(source, tokenizer=None, device="cpu", dtype: torch.dtype | None =
         info = read_bundle_info(source)
         model = from_hf(source, dtype=dtype)
     else:
-        from lwm.interop.checkpoint import load_stage
+        from lwm.train.outputs import load_stage
 
         weights, config = load_stage(source)
         with torch.device("meta"):

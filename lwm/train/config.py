@@ -7,8 +7,7 @@ from dataclasses import dataclass, field
 
 from lwm.configs import from_dict
 from lwm.parallel.layout import LAYOUTS
-
-SCHEDULES = ("constant", "cosine")
+from lwm.train.lr import SCHEDULES
 
 
 @dataclass

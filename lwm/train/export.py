@@ -21,9 +21,10 @@ from pathlib import Path
 import torch
 
 from lwm.interop.bundle import write_bundle_info
-from lwm.interop.checkpoint import resolve
 from lwm.interop.hf import to_hf
 from lwm.model import ModelConfig, Transformer
+from lwm.train.outputs import resolve
+from lwm.weights import read_weights
 
 
 def codes_vqgan(codes_dir) -> Path | None:
@@ -49,13 +50,9 @@ def codes_vqgan(codes_dir) -> Path | None:
 
 def export_weights(weights, model_config: ModelConfig, out_dir, tokenizer_model=None, vqgan=None) -> Path:
     """weights: a path to a safetensors file or a state dict; vqgan: a VQGAN checkpoint or folder to bundle."""
-    if not isinstance(weights, dict):
-        from safetensors.torch import load_file
-
-        weights = load_file(weights)
     with torch.device("meta"):
         model = Transformer(model_config)
-    model.load_state_dict(weights, strict=True, assign=True)
+    model.load_state_dict(read_weights(weights), strict=True, assign=True)
     out = to_hf(model, out_dir, tokenizer_model=tokenizer_model)
     if vqgan is not None:
         from lwm.vision.checkpoint import load_vqgan

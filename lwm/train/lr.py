@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 
+SCHEDULES = ("constant", "cosine")
+
 
 def lr_factor(step: int, *, warmup_steps: int, schedule: str, min_lr_ratio: float, progress: float) -> float:
     """Factor of the base LR at `step`: (step + 1) / warmup_steps during warm-up (1 without), times

@@ -21,14 +21,16 @@ import lightning as L
 import torch
 import torch.distributed as dist
 
-from lwm.data import DataConfig, LWMDataModule, Source
+from lwm.data import DataConfig, Source
 from lwm.model import ModelConfig
 from lwm.train.callbacks import MetricHistory, PeakMemory, StageCheckpoint, StageProgress, Throughput
 from lwm.train.config import OptimConfig, ParallelConfig, ScheduleConfig, StageConfig, TrainerConfig
 from lwm.train.console import say
+from lwm.train.datamodule import LWMDataModule
 from lwm.train.evaluate import NeedleEvalConfig, evaluate_needles
 from lwm.train.module import LWMModule
 from lwm.train.probe import AnswerProbe, ProbeConfig
+from lwm.weights import read_weights, save_weights
 
 
 @dataclass
@@ -230,20 +232,12 @@ def run_stage(cfg: RunConfig, stage: StageConfig, model_config: ModelConfig, ini
         return None
     state = full_state(module)
     if trainer.global_rank == 0:
-        from safetensors.torch import save_file
-
-        save_file({k: v.contiguous() for k, v in state.items()}, final)
+        save_weights(state, final)
         if not cfg.trainer.keep_checkpoints:
             shutil.rmtree(out / "checkpoints", ignore_errors=True)
     if dist.is_initialized():
         dist.barrier()
     return final
-
-
-def load_weights(path: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    return load_file(path)
 
 
 def run_schedule(cfg: RunConfig) -> dict[str, Path]:
@@ -263,15 +257,15 @@ def run_schedule(cfg: RunConfig) -> dict[str, Path]:
         final = out / stage.name / "final.safetensors"
         if cfg.stage_only is not None and stage.name != cfg.stage_only:
             if final.exists():
-                init = load_weights(final)
+                init = read_weights(final)
             continue
         if cfg.resume and final.exists():
-            init, finished, last = load_weights(final), final, stage
+            init, finished, last = read_weights(final), final, stage
             continue
         finished, last = run_stage(cfg, stage, model_config, init), stage
         if finished is None:
             return {"stopped": out / stage.name / "checkpoints" / "last.ckpt"}
-        init = load_weights(finished)
+        init = read_weights(finished)
     where = {"run": out, "last_weights": finished}
     if cfg.export and finished is not None and global_rank() == 0:
         from lwm.train.export import codes_vqgan, export_weights

@@ -20,6 +20,7 @@ import torch
 
 from lwm.vision.vqgan import VQGAN
 from lwm.vision.vqgan_config import VQGANConfig
+from lwm.weights import read_weights, save_weights
 
 
 def config_path(weights: str | Path) -> Path:
@@ -29,14 +30,7 @@ def config_path(weights: str | Path) -> Path:
 def save_vqgan(
     model: VQGAN, path: str | Path, preset: str | None = None, extra: dict | None = None
 ) -> tuple[Path, Path]:
-    from safetensors.torch import save_file
-
-    path = Path(path)
-    if path.suffix != ".safetensors":
-        raise ValueError(f"VQGAN weights are saved as .safetensors, got {path}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    save_file(state, str(path), metadata={"format": "pt"})
+    path = save_weights(model.state_dict(), path, metadata={"format": "pt"})
     meta = {"preset": preset, "vqgan": dataclasses.asdict(model.config), **(extra or {})}
     config_path(path).write_text(json.dumps(meta, indent=2, default=str) + "\n")
     return path, config_path(path)
@@ -52,19 +46,6 @@ def weights_hash(model: torch.nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
-def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        return load_file(str(path))
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
-        state = state["state_dict"]  # a training checkpoint
-    if not isinstance(state, dict):
-        raise ValueError(f"checkpoint {path} holds a {type(state).__name__}, expected a state dict")
-    return state
-
-
 def open_vqgan(source: str | Path | None = None, preset: str | None = None) -> tuple[VQGAN, dict]:
     """A VQGAN (in eval mode) and its identity, what lwm-tokenize's manifest records. `source`: a
     diffusers folder; a checkpoint with its config beside it (save_vqgan; the config wins over
@@ -77,7 +58,7 @@ def open_vqgan(source: str | Path | None = None, preset: str | None = None) -> t
     elif source is not None and Path(source).is_file() and config_path(source).is_file():
         meta = json.loads(config_path(source).read_text())
         model = VQGAN(VQGANConfig(**meta["vqgan"]))
-        model.load_state_dict(_read_state_dict(Path(source)))
+        model.load_state_dict(read_weights(source))
         identity = {"preset": meta.get("preset"), "checkpoint": os.path.abspath(source)}
     elif source is not None and not Path(source).is_file():
         raise FileNotFoundError(f"VQGAN checkpoint {source} not found")
@@ -90,7 +71,7 @@ def open_vqgan(source: str | Path | None = None, preset: str | None = None) -> t
         torch.manual_seed(0)  # without a checkpoint the (random) weights are at least reproducible
         model = VQGAN(config)
         if source is not None:
-            result = model.load_state_dict(_read_state_dict(Path(source)), strict=False)
+            result = model.load_state_dict(read_weights(source), strict=False)
             if result.missing_keys or result.unexpected_keys:
                 raise ValueError(
                     f"checkpoint {source} does not fit preset {preset!r}: missing keys {result.missing_keys[:5]}, "

@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from lwm.configs import from_dict
+from lwm.train.lr import SCHEDULES
 from lwm.vision.discriminator import GANConfig
-
-LR_SCHEDULES = ("constant", "cosine")
 
 
 @dataclass
@@ -46,10 +45,8 @@ class VQGANTrainConfig:
             raise ValueError(f"VQGANTrainConfig.lr must be > 0, got {self.lr}")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise ValueError(f"VQGANTrainConfig.betas must be two numbers in [0, 1), got {list(self.betas)}")
-        if self.lr_schedule not in LR_SCHEDULES:
-            raise ValueError(
-                f"VQGANTrainConfig.lr_schedule must be one of {list(LR_SCHEDULES)}, got {self.lr_schedule!r}"
-            )
+        if self.lr_schedule not in SCHEDULES:
+            raise ValueError(f"VQGANTrainConfig.lr_schedule must be one of {list(SCHEDULES)}, got {self.lr_schedule!r}")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ValueError(f"VQGANTrainConfig.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         if self.l1_weight < 0 or self.l2_weight < 0 or self.l1_weight + self.l2_weight == 0:

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from lwm.model import ModelConfig
+from lwm.weights import read_weights
 
 
 def checkpoint_weights(path: Path) -> dict[str, torch.Tensor]:
@@ -42,8 +43,4 @@ def resolve(source: Path) -> tuple[dict | Path, Path]:
 def load_stage(source) -> tuple[dict[str, torch.Tensor], ModelConfig]:
     """(state dict, model config) of a stage folder, final.safetensors or checkpoint."""
     weights, stage_dir = resolve(Path(source))
-    if not isinstance(weights, dict):
-        from safetensors.torch import load_file
-
-        weights = load_file(weights)
-    return weights, ModelConfig(**json.loads((stage_dir / "model_config.json").read_text()))
+    return read_weights(weights), ModelConfig(**json.loads((stage_dir / "model_config.json").read_text()))

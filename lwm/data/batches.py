@@ -1,0 +1,89 @@
+"""Configuring the packed stream and cutting its batches for one rank.
+
+Targets are made on the full packed sequence; then every tensor is sharded along the sequence for
+this rank of its context-parallel group (the layout of the parallel config), with the global
+positions of its tokens, or each token's position within its example.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+from torch.utils.data import IterableDataset
+
+from lwm.data.dataset import PackedStream, Source, StreamState, to_tensors
+from lwm.parallel.layout import positions, shard
+
+POSITIONS = ("sequence", "document")
+
+
+@dataclass
+class DataConfig:
+    sources: list[Source] = field(default_factory=list)
+    tokenizer: str = "data/sample/tokenizer.model"
+    codes: str | None = None  # output folder of lwm-tokenize
+    batch_size: int = 1  # sequences per data-parallel rank
+    seed: int = 0
+    max_frames: int | None = None  # frames per video (uniform over the clip)
+    fps: float | None = None  # or frames per second
+    weighting: str = "example"  # loss weight per example ("example") or per token ("token")
+    strict: bool = False  # raise on a bad example instead of skipping it
+    positions: str = "sequence"  # RoPE positions: "sequence" (0..S-1) or "document" (restart in each example)
+    holdout: int = 0  # the last this many examples of every source: never trained on, the validation loss's
+
+    def __post_init__(self) -> None:
+        if self.positions not in POSITIONS:
+            raise ValueError(f"data.positions must be one of {POSITIONS}, got {self.positions!r}")
+
+
+@dataclass
+class Sharding:
+    """Where this process sits: data-parallel rank/size, context-parallel rank/size and layout."""
+
+    dp_rank: int = 0
+    dp_size: int = 1
+    cp_rank: int = 0
+    cp_size: int = 1
+    layout: str = "striped"
+    ulysses_size: int = 1
+
+
+def document_positions(segment_ids: torch.Tensor) -> torch.Tensor:
+    """(B, S) ids -> (B, S) long: each token's position in its example, restarting at 0 where the
+    id changes (as Hugging Face packing with position_ids does)."""
+    B, S = segment_ids.shape
+    idx = torch.arange(S).expand(B, S)
+    start = torch.ones(B, S, dtype=torch.bool)
+    start[:, 1:] = segment_ids[:, 1:] != segment_ids[:, :-1]
+    first = torch.where(start, idx, torch.zeros_like(idx)).cummax(dim=1).values  # (B, S): where each run starts
+    return idx - first
+
+
+def shard_batch(
+    batch: dict[str, torch.Tensor], sharding: Sharding, position_mode: str = "sequence"
+) -> dict[str, torch.Tensor]:
+    """Every (B, S) tensor -> this rank's (B, S / cp) slice, plus `positions`: (S / cp,) global
+    positions, or (B, S / cp) positions within each example (computed on the whole sequence)."""
+    S = batch["tokens"].shape[1]
+    sh = sharding
+    if position_mode == "document":
+        batch = {**batch, "positions": document_positions(batch["segment_ids"])}
+    out = {k: shard(v, 1, sh.cp_rank, sh.cp_size, sh.layout, sh.ulysses_size) for k, v in batch.items()}
+    if position_mode == "sequence":
+        out["positions"] = positions(S, sh.cp_rank, sh.cp_size, sh.layout, sh.ulysses_size)
+    return out
+
+
+class ShardedBatches(IterableDataset):
+    """The stream's batches from `state` on, sharded for this rank; each carries the stream state after it."""
+
+    def __init__(self, stream: PackedStream, state: StreamState, sharding: Sharding, position_mode: str):
+        self.stream, self.state, self.sharding, self.position_mode = stream, state, sharding, position_mode
+
+    def __iter__(self) -> Iterator[dict]:
+        for seqs, after in self.stream.batches(self.state):
+            batch = shard_batch(to_tensors(seqs), self.sharding, self.position_mode)
+            batch["data_state"] = torch.tensor([after.epoch, after.batches])
+            yield batch

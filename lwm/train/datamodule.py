@@ -1,0 +1,108 @@
+"""The Lightning datamodule: the packed stream of lwm.data, sharded for this rank, as loaders.
+
+The datamodule's state (epoch, global batches consumed) goes into checkpoints: it is updated when
+the training loop takes a batch (on_before_batch_transfer), not when the loader prefetches one, so
+a resumed run continues with the very next batch.
+"""
+
+from __future__ import annotations
+
+import lightning as L
+from torch.utils.data import DataLoader
+
+from lwm.data import CodeStore, PackedStream, StreamState, TextTokenizer, Vocab, to_tensors
+from lwm.data.batches import DataConfig, ShardedBatches, Sharding, shard_batch
+from lwm.parallel.layout import check_divisible
+
+
+class LWMDataModule(L.LightningDataModule):
+    """`sharding` places this process explicitly; without it, a datamodule attached to a Trainer
+    places itself from the trainer's rank: dp = world / cp_size, global rank = dp_rank * cp + cp_rank."""
+
+    def __init__(
+        self,
+        config: DataConfig,
+        seq_len: int,
+        vocab: Vocab | None = None,
+        sharding: Sharding | None = None,
+        cp_size: int = 1,
+        layout: str = "striped",
+    ):
+        super().__init__()
+        self.config, self.seq_len = config, seq_len
+        self.explicit = sharding is not None
+        self.sharding = sharding or Sharding(cp_size=cp_size, layout=layout)
+        sh = self.sharding
+        check_divisible(seq_len, sh.cp_size, sh.layout, sh.ulysses_size)
+        self.text_tokenizer = TextTokenizer(config.tokenizer)
+        self.vocab = vocab or Vocab(self.text_tokenizer.vocab_size)
+        self.state = StreamState()
+        self.stream: PackedStream | None = None
+
+    def _place_from_trainer(self) -> None:
+        trainer = getattr(self, "trainer", None)
+        if self.explicit or trainer is None or trainer.world_size == 1:
+            return
+        cp, world, rank = self.sharding.cp_size, trainer.world_size, trainer.global_rank
+        if world % cp:
+            raise ValueError(f"world size {world} is not divisible by the context-parallel degree {cp}")
+        self.sharding = Sharding(rank // cp, world // cp, rank % cp, cp, self.sharding.layout)
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.stream is not None:
+            return
+        self._place_from_trainer()
+        c, sh = self.config, self.sharding
+        if not c.sources:
+            raise ValueError("DataConfig.sources is empty: give at least one JSON-lines file")
+        self.stream = PackedStream(
+            c.sources,
+            self.vocab,
+            self.text_tokenizer,
+            self.seq_len,
+            c.batch_size,
+            codes=CodeStore(c.codes) if c.codes else None,
+            seed=c.seed,
+            dp_rank=sh.dp_rank,
+            dp_size=sh.dp_size,
+            max_frames=c.max_frames,
+            fps=c.fps,
+            weighting=c.weighting,
+            strict=c.strict,
+            holdout=c.holdout,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        self.setup()
+        # batch_size=None: the stream already yields whole batches; one process keeps the state exact
+        return DataLoader(
+            ShardedBatches(
+                self.stream, StreamState(self.state.epoch, self.state.batches), self.sharding, self.config.positions
+            ),
+            batch_size=None,
+        )
+
+    def val_dataloader(self) -> DataLoader:
+        """The held-out sequences (data.holdout), this rank's share, sharded like training batches."""
+        self.setup()
+        batches = self.stream.validation_batches() if self.config.holdout else []
+        if self.config.holdout and not batches:
+            raise ValueError(
+                f"data.holdout {self.config.holdout} gives fewer sequences than one global batch "
+                f"({self.config.batch_size * self.sharding.dp_size} of {self.seq_len + 1} tokens)"
+            )
+        return DataLoader(
+            [shard_batch(to_tensors(b), self.sharding, self.config.positions) for b in batches], batch_size=None
+        )
+
+    def on_before_batch_transfer(self, batch, dataloader_idx: int = 0):
+        if "data_state" in batch:  # a training batch (validation batches carry no stream state)
+            epoch, done = batch.pop("data_state").tolist()
+            self.state = StreamState(epoch, done)  # the loop has taken this batch
+        return batch
+
+    def state_dict(self) -> dict:
+        return self.state.as_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.state = StreamState(int(state["epoch"]), int(state["batches"]))

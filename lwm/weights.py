@@ -1,0 +1,43 @@
+"""Weights files: the one reader and writer of state dicts on disk (a training stage's
+final.safetensors, a VQGAN checkpoint, a Lightning checkpoint's weights).
+
+    save_weights(state, "run/a/final.safetensors")    # contiguous CPU copies, parent folders made
+    state = read_weights(path_or_state)               # a dict is returned as it is
+
+A config sidecar, where there is one, is the caller's (model_config.json beside a stage's weights,
+<name>.json beside a VQGAN's).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+
+def save_weights(state: dict[str, torch.Tensor], path: str | Path, metadata: dict[str, str] | None = None) -> Path:
+    path = Path(path)
+    if path.suffix != ".safetensors":
+        raise ValueError(f"weights are saved as .safetensors, got {path}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(path), metadata=metadata)
+    return path
+
+
+def read_weights(source: str | Path | dict) -> dict[str, torch.Tensor]:
+    """A state dict from a .safetensors file, or from a torch file holding one (a training
+    checkpoint's "state_dict" is taken out); a dict is passed through."""
+    if isinstance(source, dict):
+        return source
+    path = Path(source)
+    if not path.is_file():
+        raise FileNotFoundError(f"weights file {path} does not exist")
+    if path.suffix == ".safetensors":
+        return load_file(str(path))
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
+        state = state["state_dict"]
+    if not isinstance(state, dict):
+        raise ValueError(f"{path} holds a {type(state).__name__}, expected a state dict")
+    return state
