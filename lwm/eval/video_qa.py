@@ -59,6 +59,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lwm.arg_types import csv_list, positive_float, positive_int
 from lwm.eval.plots import markdown_table
 from lwm.infer.prompt import DEFAULT_VQGAN
 from lwm.io import JsonlAppender, JsonlError, lines, write_atomic
@@ -688,25 +689,6 @@ class RecordLog:
 # ------------------------------------------------------------------------------------ command line
 
 
-def _positive(kind):
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            value = None
-        if value is None or not value > 0 or (kind is float and not math.isfinite(value)):
-            raise argparse.ArgumentTypeError(
-                f"expected a positive {'integer' if kind is int else 'number'}, got {text!r}"
-            )
-        return value
-
-    return parse
-
-
-def _csv(text: str) -> list[str]:
-    return [t.strip() for t in text.split(",") if t.strip()]
-
-
 def build_parser() -> argparse.ArgumentParser:
     from lwm.infer.runtime import add_model_args
 
@@ -731,20 +713,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="VQGAN checkpoint (tiny preset) or diffusers folder for videos not in the cache "
         "(default: the model folder's vqgan/, else the bundled tiny VQGAN)",
     )
-    p.add_argument("--fps", type=_positive(float), default=1.0, help="frames per second (default 1)")
-    p.add_argument("--max-frames", type=_positive(int), help="at most this many frames, spread evenly")
+    p.add_argument("--fps", type=positive_float, default=1.0, help="frames per second (default 1)")
+    p.add_argument("--max-frames", type=positive_int, help="at most this many frames, spread evenly")
     p.add_argument(
-        "--methods", type=_csv, default=list(METHODS), help="multiple-choice scoring: ll, letter or ll,letter"
+        "--methods", type=csv_list, default=list(METHODS), help="multiple-choice scoring: ll, letter or ll,letter"
     )
     p.add_argument(
-        "--bucket-edges", type=_csv, default=["120", "900"], help="duration bucket edges in seconds (default 120,900)"
+        "--bucket-edges",
+        type=csv_list,
+        default=["120", "900"],
+        help="duration bucket edges in seconds (default 120,900)",
     )
     p.add_argument(
-        "--bucket-names", type=_csv, help="names of the buckets (one more than edges; default short,medium,long)"
+        "--bucket-names", type=csv_list, help="names of the buckets (one more than edges; default short,medium,long)"
     )
-    p.add_argument("--max-new-tokens", type=_positive(int), default=32, help="tokens generated for an open question")
-    p.add_argument("--letter-tokens", type=_positive(int), default=8, help="tokens generated for the letter")
-    p.add_argument("--limit", type=_positive(int), help="only the first N items")
+    p.add_argument("--max-new-tokens", type=positive_int, default=32, help="tokens generated for an open question")
+    p.add_argument("--letter-tokens", type=positive_int, default=8, help="tokens generated for the letter")
+    p.add_argument("--limit", type=positive_int, help="only the first N items")
     p.add_argument(
         "--max-duration",
         type=float,

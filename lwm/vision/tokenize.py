@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from lwm.arg_types import positive_float, positive_int, seconds
 from lwm.io import append_jsonl, read_jsonl
 from lwm.vision.video import Sampling, Video, VideoError
 
@@ -57,36 +58,6 @@ def _shard(text: str) -> tuple[int, int]:
     return i, n
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a time in seconds >= 0, got {text!r}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="lwm-tokenize",
@@ -96,12 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("inputs", nargs="+", help="video files, folders (recursive) and list files (.txt/.lst/.list)")
     p.add_argument("--out", required=True, type=Path, help="output folder (tokens/, manifest, failures)")
     rate = p.add_mutually_exclusive_group()
-    rate.add_argument("--fps", type=_positive_float, help="frames per second to sample (default 1.0)")
-    rate.add_argument(
-        "--max-frames", type=_positive_int, help="sample this many frames uniformly over the clip instead"
-    )
-    p.add_argument("--start", type=_seconds, help="clip start in seconds (default: the first frame)")
-    p.add_argument("--end", type=_seconds, help="clip end in seconds (default: the end of the video)")
+    rate.add_argument("--fps", type=positive_float, help="frames per second to sample (default 1.0)")
+    rate.add_argument("--max-frames", type=positive_int, help="sample this many frames uniformly over the clip instead")
+    p.add_argument("--start", type=seconds, help="clip start in seconds (default: the first frame)")
+    p.add_argument("--end", type=seconds, help="clip end in seconds (default: the end of the video)")
     p.add_argument(
         "--vqgan",
         "--tokenizer",  # its former name
@@ -111,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--checkpoint", type=Path, help="state dict for the preset (.pt/.pth/.bin or .safetensors)")
     p.add_argument(
-        "--batch-size", type=_positive_int, default=16, help="frames per VQGAN batch; also frames decoded at once"
+        "--batch-size", type=positive_int, default=16, help="frames per VQGAN batch; also frames decoded at once"
     )
     p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     p.add_argument(
