@@ -1,7 +1,8 @@
 """The key/value cache of one rank, and the attention functions that fill and read it.
 
-Each layer's attention is swapped from outside (the model never knows) for a `CachedLayer`,
-which runs in one of two modes:
+Each layer's attention is swapped from outside (the model never knows) for a `CachedLayer`.
+Before each forward pass the generator says which of two kinds it is (`KVCache.start_prefill` or
+`start_extend`):
 
     prefill   the rank holds a slice of a prompt segment (its layout's tokens); attention is ring
               attention over the group (plus a ring pass over the earlier segments' cache
@@ -55,14 +56,14 @@ class LayerCache:
 
 
 class CachedLayer:
-    """One layer's attention function; `KVCache` sets the mode and the new tokens' positions."""
+    """One layer's attention function; `KVCache` says what the pass is and which new tokens this rank keeps."""
 
     def __init__(self, owner: "KVCache"):
         self.owner, self.cache = owner, LayerCache()
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True) -> torch.Tensor:
         o = self.owner
-        if o.mode == "prefill":  # this rank's slice of one prefill segment
+        if o.prefilling:  # this rank's slice of one prefill segment
             past = (self.cache.keys, self.cache.values) if self.cache.length else (None, None)
             self.cache.append(k, v)
             return ring_prefill_attention(q, k, v, *past, o.group, o.layout, o.backend)
@@ -89,7 +90,7 @@ class KVCache:
         self.world_size, self.rank = group_size_and_rank(group)
         self.layers = [CachedLayer(self) for _ in model.layers]
         model.set_attention(self.layers)
-        self.mode = "extend"
+        self.prefilling = False  # set only by start_prefill / start_extend
         self.own_new_tokens = torch.empty(0, dtype=torch.long)
         self.seen = 0  # tokens of the sequence so far (all ranks)
 
@@ -107,9 +108,15 @@ class KVCache:
         for layer, n in zip(self.layers, lengths):
             layer.cache.length = n
 
+    def start_prefill(self, n_new: int) -> None:
+        """The next pass is a prompt segment of n_new tokens (all ranks), each rank holding its
+        layout's slice; every rank keeps its slice's keys and values."""
+        self.prefilling, self.seen = True, self.seen + n_new
+
     def start_extend(self, n_new: int, device) -> torch.Tensor:
-        """Positions (n_new,) of the next tokens; marks the ones this rank will keep."""
+        """The next pass is n_new tokens that every rank runs whole: their positions (n_new,);
+        marks the ones this rank will keep."""
         pos = torch.arange(self.seen, self.seen + n_new, device=device)
         self.own_new_tokens = torch.nonzero(pos % self.world_size == self.rank).flatten()
-        self.mode, self.seen = "extend", self.seen + n_new
+        self.prefilling, self.seen = False, self.seen + n_new
         return pos

@@ -86,11 +86,10 @@ class Generator:
         segment = max(unit, self.prefill_chunk * N // unit * unit)  # at most prefill_chunk tokens per rank
         for start in range(0, ring, segment):
             part = prompt[start : min(ring, start + segment)]
-            cache.mode = "prefill"
+            cache.start_prefill(part.numel())
             local = shard(part, 0, rank, N, self.layout)  # this rank's slice of the segment
             pos = start + layout_positions(part.numel(), rank, N, self.layout).to(self.device)
             self.model.hidden(local[None], pos)
-            cache.seen = start + part.numel()
         logits = None
         for start in range(ring, S, self.prefill_chunk):
             logits = self.extend(prompt[start : start + self.prefill_chunk])
