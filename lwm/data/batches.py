@@ -20,18 +20,27 @@ POSITIONS = ("sequence", "document")
 
 
 @dataclass
-class DataConfig:
-    sources: list[Source] = field(default_factory=list)
+class StreamOptions:
+    """How examples become sequences: what a run's data config (conf/data, lwm.train.run.DataSpec)
+    and the stream of one stage (DataConfig) have in common."""
+
     tokenizer: str = "data/sample/tokenizer.model"
     codes: str | None = None  # output folder of lwm-tokenize
-    batch_size: int = 1  # sequences per data-parallel rank
     seed: int = 0
     max_frames: int | None = None  # frames per video (uniform over the clip)
     fps: float | None = None  # or frames per second
     weighting: str = "example"  # loss weight per example ("example") or per token ("token")
+    holdout: int = 0  # the last this many examples of every source: never trained on, the validation loss's
+
+
+@dataclass
+class DataConfig(StreamOptions):
+    """The packed stream of one stage."""
+
+    sources: list[Source] = field(default_factory=list)
+    batch_size: int = 1  # sequences per data-parallel rank
     strict: bool = False  # raise on a bad example instead of skipping it
     positions: str = "sequence"  # RoPE positions: "sequence" (0..S-1) or "document" (restart in each example)
-    holdout: int = 0  # the last this many examples of every source: never trained on, the validation loss's
 
     def __post_init__(self) -> None:
         if self.positions not in POSITIONS:

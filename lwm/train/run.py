@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from datetime import timedelta
 from pathlib import Path
 
@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from lwm.data import DataConfig, Source
+from lwm.data.batches import StreamOptions
 from lwm.model import ModelConfig
 from lwm.train.callbacks import MetricHistory, PeakMemory, StageCheckpoint, StageProgress, Throughput
 from lwm.train.config import OptimConfig, ParallelConfig, ScheduleConfig, StageConfig, TrainerConfig
@@ -34,39 +35,25 @@ from lwm.weights import read_weights, save_weights
 
 
 @dataclass
-class DataSpec:
-    """conf/data: where examples, tokenizer and codes are, and which sources exist."""
+class DataSpec(StreamOptions):
+    """conf/data: the stream's options, the named sources a stage picks from, and the sample data."""
 
-    tokenizer: str
     sources: dict[str, Source] = field(default_factory=dict)
-    codes: str | None = None
     sample: bool = False  # make data/sample and tokenize its videos on first use
     vqgan_checkpoint: str | None = None  # sample only: the VQGAN that tokenizes the sample videos
-    max_frames: int | None = None
-    fps: float | None = None
-    seed: int = 0
-    weighting: str = "example"
     positions: str | None = None  # sequence | document (RoPE restarts per example); None: document when masked
-    holdout: int = 0  # the last this many examples of every source: not trained on, scored as val/loss
 
     def for_stage(self, stage: StageConfig, batch_size: int, document_mask: bool = True) -> DataConfig:
         names = stage.sources or list(self.sources)
         unknown = [n for n in names if n not in self.sources]
         if unknown:
             raise ValueError(f"stage {stage.name!r} names data sources {unknown}; conf/data has {sorted(self.sources)}")
-        sources = [self.sources[n] for n in names]
-        positions = self.positions or ("document" if document_mask else "sequence")
+        shared = {f.name: getattr(self, f.name) for f in fields(StreamOptions)}
         return DataConfig(
-            sources=sources,
-            tokenizer=self.tokenizer,
-            codes=self.codes,
+            **shared,
+            sources=[self.sources[n] for n in names],
             batch_size=batch_size,
-            seed=self.seed,
-            max_frames=self.max_frames,
-            fps=self.fps,
-            weighting=self.weighting,
-            positions=positions,
-            holdout=self.holdout,
+            positions=self.positions or ("document" if document_mask else "sequence"),
         )
 
 
