@@ -30,6 +30,7 @@ import os
 import re
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -243,9 +244,23 @@ def _check_compatible(finished: dict[str, dict], sampling: dict, tokenizer: dict
     return None
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+@dataclass
+class Job:
+    """A checked lwm-tokenize command: the VQGAN on its device, the output folder, what is left."""
+
+    model: torch.nn.Module
+    tokenizer: dict  # the VQGAN's identity, recorded with every video
+    sampling: Sampling
+    out: OutputDir
+    finished: dict[str, dict]  # id -> manifest record of the videos already done
+    videos: list[str]  # this shard's videos
+    ids: str
+    batch_size: int
+    shard: tuple[int, int]
+
+
+def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Job:
+    """Everything checked before any video is read; a problem exits with argparse's status 2."""
     try:
         sampling = Sampling(fps=args.fps, max_frames=args.max_frames, start=args.start, end=args.end)
     except ValueError as e:
@@ -261,7 +276,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(e))
     if args.checkpoint is None and "preset" in tokenizer:
         print(f"warning: no --checkpoint; preset {args.vqgan!r} has random weights (seed 0)", file=sys.stderr)
-
     try:
         out = OutputDir(args.out, args.shard)
         finished = out.finished()
@@ -270,53 +284,61 @@ def main(argv: list[str] | None = None) -> int:
     problem = _check_compatible(finished, sampling.to_dict(), tokenizer)
     if problem:
         parser.error(problem)
-    shard_i, shard_n = args.shard
     all_videos = collect_videos(args.inputs)
     clash = check_unique_ids(all_videos, args.ids)
     if clash:
         parser.error(clash)
+    shard_i, shard_n = args.shard
     videos = all_videos[shard_i::shard_n]
-    out.failures.write_text("")  # failures of this run only: a rerun retries them
+    return Job(model, tokenizer, sampling, out, finished, videos, args.ids, args.batch_size, args.shard)
 
+
+def manifest_record(job: Job, vid: str, path: str, codes: np.ndarray, video, timestamps) -> dict:
+    return {
+        "id": vid,
+        "source": path,
+        "tokens": f"tokens/{vid}.npy",
+        "frames": len(codes),
+        "shape": list(codes.shape),
+        "timestamps": [round(float(t), 6) for t in timestamps],
+        "sampling": job.sampling.to_dict(),
+        "resolution": job.model.config.resolution,
+        "video": {
+            "width": int(video.width),
+            "height": int(video.height),
+            "num_frames": int(video.num_frames),
+            "duration": round(video.duration, 6),
+        },
+        "tokenizer": job.tokenizer,
+    }
+
+
+def run(job: Job) -> int:
+    """Tokenize the videos not in the manifest yet; a video that fails is recorded and the run goes on.
+    Exit status 0, 1 when some video failed, 130 when interrupted (a rerun resumes)."""
     from tqdm import tqdm  # lwm.vision.video keeps decord's and ffmpeg's own messages out of the bar
 
+    job.out.failures.write_text("")  # failures of this run only: a rerun retries them
     done = skipped = failed = frames = 0
     started = time.perf_counter()
     progress = tqdm(total=0, unit="frame", desc="tokenize", dynamic_ncols=True, mininterval=1.0)
     try:
         with torch.inference_mode():
-            for path in videos:
-                vid = video_id(path, args.ids)
-                progress.set_postfix_str(f"videos {done + skipped + failed}/{len(videos)}, failed {failed}")
-                if vid in finished:
+            for path in job.videos:
+                vid = video_id(path, job.ids)
+                progress.set_postfix_str(f"videos {done + skipped + failed}/{len(job.videos)}, failed {failed}")
+                if vid in job.finished:
                     skipped += 1
                     continue
                 try:
-                    codes, video, timestamps = tokenize_video(path, model, sampling, args.batch_size, progress)
-                    record = {
-                        "id": vid,
-                        "source": path,
-                        "tokens": f"tokens/{vid}.npy",
-                        "frames": len(codes),
-                        "shape": list(codes.shape),
-                        "timestamps": [round(float(t), 6) for t in timestamps],
-                        "sampling": sampling.to_dict(),
-                        "resolution": model.config.resolution,
-                        "video": {
-                            "width": int(video.width),
-                            "height": int(video.height),
-                            "num_frames": int(video.num_frames),
-                            "duration": round(video.duration, 6),
-                        },
-                        "tokenizer": tokenizer,
-                    }
-                    out.write(record, codes)
+                    codes, video, timestamps = tokenize_video(path, job.model, job.sampling, job.batch_size, progress)
+                    job.out.write(manifest_record(job, vid, path, codes, video, timestamps), codes)
                     done += 1
                     frames += len(codes)
                 except Exception as e:  # one bad video must not stop the run
                     failed += 1
                     error = str(e) if isinstance(e, VideoError) else f"{path}: {type(e).__name__}: {e}"
-                    out.fail({"id": vid, "source": path, "error": error, "type": type(e).__name__})
+                    job.out.fail({"id": vid, "source": path, "error": error, "type": type(e).__name__})
                     progress.write(f"failed: {error}")
     except KeyboardInterrupt:
         progress.close()
@@ -324,12 +346,19 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     progress.close()
     elapsed = time.perf_counter() - started
+    shard_i, shard_n = job.shard
     shard = "" if shard_n == 1 else f" (shard {shard_i}/{shard_n})"
     print(
-        f"{len(videos)} videos{shard}: {done} done ({frames} frames, {frames / max(elapsed, 1e-9):.1f} frames/s), "
-        f"{skipped} skipped (already in the manifest), {failed} failed" + (f" (see {out.failures})" if failed else "")
+        f"{len(job.videos)} videos{shard}: {done} done ({frames} frames, {frames / max(elapsed, 1e-9):.1f} frames/s), "
+        f"{skipped} skipped (already in the manifest), {failed} failed"
+        + (f" (see {job.out.failures})" if failed else "")
     )
     return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    return run(validate(parser, parser.parse_args(argv)))
 
 
 if __name__ == "__main__":
