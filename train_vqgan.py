@@ -31,28 +31,13 @@ from lwm.vision.run_config import RunConfigs, from_hydra
 from lwm.vision.vqgan import VQGAN
 
 
-def train(run: RunConfigs) -> dict:
+def make_trainer(run: RunConfigs, out: Path):
     import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
-    torch.set_num_threads(run.trainer.threads)
-    L.seed_everything(run.trainer.seed, verbose=False)
-    out = Path(run.out_dir)
     t = run.trainer
-
-    start = time.time()
-    data = FrameData(
-        run.data,
-        resolution=run.model.resolution,
-        batch_size=run.train.batch_size,
-        crop=run.train.crop,
-        align=run.model.downsample,
-    )
-    data.setup()
-    load_s = time.time() - start
-    lit = LitVQGAN(run.model, run.train, grid_dir=out / "grids")
-    trainer = L.Trainer(
+    return L.Trainer(
         accelerator="cpu" if not torch.cuda.is_available() else "auto",
         devices=1,
         precision=t.precision,
@@ -69,44 +54,37 @@ def train(run: RunConfigs) -> dict:
         enable_model_summary=False,
         default_root_dir=out,
     )
+
+
+def train(run: RunConfigs) -> dict:
+    import lightning as L
+
+    torch.set_num_threads(run.trainer.threads)
+    L.seed_everything(run.trainer.seed, verbose=False)
+    out = Path(run.out_dir)
+    start = time.time()
+    data = FrameData(
+        run.data,
+        resolution=run.model.resolution,
+        batch_size=run.train.batch_size,
+        crop=run.train.crop,
+        align=run.model.downsample,
+    )
+    data.setup()
+    load_s = time.time() - start
+    lit = LitVQGAN(run.model, run.train, grid_dir=out / "grids")
+    trainer = make_trainer(run, out)
     start, cpu_start, load_before = time.time(), time.process_time(), os.getloadavg()[0]
     trainer.fit(lit, datamodule=data)
-    fit_minutes = (time.time() - start) / 60
-    fit_cpu_minutes = (time.process_time() - cpu_start) / 60  # all of this process's threads: core-minutes
-    steps = trainer.global_step
-    window = lit.usage.histogram()
-    train_window = {
-        "usage": lit.usage.usage(),
-        "perplexity": lit.usage.perplexity(),
-        "codes_used": int((window > 0).sum()),
-        "steps": min(steps, lit.usage.window),
-        "positions": int(window.sum()),
-    }
-    val = lit.evaluate(data.val, steps)  # the final weights on the held-out frames, in fp32; grids/final.png
-
-    summary = {
-        "preset": run.preset,
-        "steps": steps,
-        "fit_minutes": round(fit_minutes, 2),
-        "fit_cpu_minutes": round(fit_cpu_minutes, 2),
+    timing = {
+        "fit_minutes": round((time.time() - start) / 60, 2),
+        "fit_cpu_minutes": round((time.process_time() - cpu_start) / 60, 2),  # all of this process's threads
         # 1-minute load averages of the machine (all processes) when fit began and ended: > threads means others ran too
         "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "frames_load_seconds": round(load_s, 1),
-        "frames": {
-            "train": len(data.train),
-            "val": len(data.val),
-            **{f"{k}_videos": v for k, v in data.videos.items()},
-        },
-        "held_out": {k: val[k] for k in ("psnr", "usage", "perplexity", "codes_used")},
-        "train_window": train_window,
-        "threads": torch.get_num_threads(),
-        "command": "python " + " ".join(sys.argv),
-        "config": {
-            "train": dataclasses.asdict(run.train),
-            "data": dataclasses.asdict(run.data),
-            "trainer": dataclasses.asdict(run.trainer),
-        },
     }
+    val = lit.evaluate(data.val, trainer.global_step)  # the final weights on the held-out frames, in fp32
+    summary = summarize(run, lit, data, trainer.global_step, val, timing)
     extra = {
         "result": {
             k: summary[k] for k in ("steps", "fit_minutes", "fit_cpu_minutes", "held_out", "train_window", "command")
@@ -118,13 +96,48 @@ def train(run: RunConfigs) -> dict:
     exported = save_vqgan(lit.model, run.export, run.preset, extra) if run.export else None
     if run.report:
         write_report(summary, run)
+    print_summary(summary, out, weights, config, exported)
+    return summary
 
+
+def summarize(run: RunConfigs, lit: LitVQGAN, data: FrameData, steps: int, val: dict, timing: dict) -> dict:
+    """The run's numbers (summary.json): held-out and training-window codebook use, times, config."""
+    window = lit.usage.histogram()
+    return {
+        "preset": run.preset,
+        "steps": steps,
+        **timing,
+        "frames": {
+            "train": len(data.train),
+            "val": len(data.val),
+            **{f"{k}_videos": v for k, v in data.videos.items()},
+        },
+        "held_out": {k: val[k] for k in ("psnr", "usage", "perplexity", "codes_used")},
+        "train_window": {
+            "usage": lit.usage.usage(),
+            "perplexity": lit.usage.perplexity(),
+            "codes_used": int((window > 0).sum()),
+            "steps": min(steps, lit.usage.window),
+            "positions": int(window.sum()),
+        },
+        "threads": torch.get_num_threads(),
+        "command": "python " + " ".join(sys.argv),
+        "config": {
+            "train": dataclasses.asdict(run.train),
+            "data": dataclasses.asdict(run.data),
+            "trainer": dataclasses.asdict(run.trainer),
+        },
+    }
+
+
+def print_summary(summary: dict, out: Path, weights: Path, config: Path, exported) -> None:
+    ho, tw = summary["held_out"], summary["train_window"]
     grids = sorted((out / "grids").glob("*.png"))
     print(
-        f"steps {steps} in {fit_minutes:.1f} min ({fit_cpu_minutes:.1f} CPU core-minutes); "
-        f"held-out PSNR {val['psnr']:.2f} dB, codebook usage "
-        f"{val['usage']:.1%} ({int(val['codes_used'])} codes), perplexity {val['perplexity']:.0f}; last "
-        f"{train_window['steps']} training steps: usage {train_window['usage']:.1%}, perplexity {train_window['perplexity']:.0f}"
+        f"steps {summary['steps']} in {summary['fit_minutes']:.1f} min ({summary['fit_cpu_minutes']:.1f} CPU "
+        f"core-minutes); held-out PSNR {ho['psnr']:.2f} dB, codebook usage {ho['usage']:.1%} "
+        f"({int(ho['codes_used'])} codes), perplexity {ho['perplexity']:.0f}; last {tw['steps']} training steps: "
+        f"usage {tw['usage']:.1%}, perplexity {tw['perplexity']:.0f}"
     )
     print(f"run folder        {out}")
     print(f"lightning ckpt    {out / 'checkpoints' / 'last.ckpt'}")
@@ -133,7 +146,6 @@ def train(run: RunConfigs) -> dict:
         print(f"exported          {exported[0]} ({exported[0].stat().st_size / 2**20:.1f} MiB) + {exported[1]}")
     print(f"logs              {out / 'csv' / 'metrics.csv'}, TensorBoard: tensorboard --logdir {out / 'tb'}")
     print(f"grids             {out / 'grids'} ({len(grids)} PNGs; the final weights': final.png)")
-    return summary
 
 
 def write_report(summary: dict, run: RunConfigs) -> None:
