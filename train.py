@@ -14,12 +14,13 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from lwm.train.console import is_rank0, quiet_lightning, say
+from lwm.train.entry import ensure_sample_data, to_run_config
+from lwm.train.run import check_files, run_schedule, validate
+
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> None:
-    from lwm.train.console import is_rank0, quiet_lightning, say
-    from lwm.train.entry import ensure_sample_data, to_run_config
-    from lwm.train.run import check_files, run_schedule, validate
 
     try:
         run = to_run_config(cfg)

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from bench.report import command_line, host_line, publish, sync
-from lwm.parallel import block_backward, block_forward, block_plan, block_work, shard, simulate_ring
+from lwm.parallel import block_backward, block_forward, block_plan, block_work, ring_attention, shard, simulate_ring
 from lwm.parallel.documents import StepPlanner, piece_work
 from lwm.parallel.launch import run_distributed
 from lwm.parallel.layout import LAYOUTS
@@ -153,7 +153,6 @@ def _status_kib(field):
 
 
 def _scaling_worker(rank, world, seq_len, heads, dim, layers, repeats):
-    from lwm.parallel import ring_attention
 
     def make(L):
         x = torch.randn(1, heads, L, dim, requires_grad=True)

@@ -17,13 +17,15 @@ import time
 import torch
 
 from bench.report import command_line, host_line, peak_mib, publish, sync
+from lwm.data.vocab import Vocab
+from lwm.infer import Generator
+from lwm.model import ModelConfig, Transformer
+from lwm.parallel.launch import run_distributed
 
 N_DECODE = 32
 
 
 def _model(device="cpu", dtype=torch.float32):
-    from lwm.data.vocab import Vocab
-    from lwm.model import ModelConfig, Transformer
 
     torch.manual_seed(0)
     vocab = Vocab(4096)
@@ -35,8 +37,6 @@ def _model(device="cpu", dtype=torch.float32):
 
 def _measure(rank: int, world: int, length: int, threads: int) -> dict:
     import torch.distributed as dist
-
-    from lwm.infer import Generator
 
     torch.set_num_threads(threads)
     model, vocab = _model()
@@ -67,7 +67,6 @@ def _measure(rank: int, world: int, length: int, threads: int) -> dict:
 
 
 def measure_cpu(cp: int, length: int) -> dict:
-    from lwm.parallel.launch import run_distributed
 
     results = run_distributed(_measure, cp, length, 2 // cp, timeout=3600)
     return {
@@ -82,7 +81,6 @@ def measure_cpu(cp: int, length: int) -> dict:
 def longest_prefill(device: str, lengths: list[int], chunk: int) -> list[dict]:
     """Prefill each length in turn (bf16, chunks of `chunk` tokens), then decode N_DECODE tokens;
     stops at the first length that runs out of memory (its row says so)."""
-    from lwm.infer import Generator
 
     model, vocab = _model(device, torch.bfloat16)
     cuda = device == "cuda"

@@ -29,6 +29,9 @@ from pathlib import Path
 import torch
 
 from bench.report import command_line, host_line, peak_mib, peak_tflops, publish, sync
+from lwm.model import ModelConfig, Transformer
+from lwm.train.config import ParallelConfig
+from lwm.train.sharding import shard_model
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -73,10 +76,6 @@ def model_flops_per_token(config, seq_len: int) -> float:
 def layer_step(preset: str, layers: int, seq_len: int, steps: int, device_type: str) -> dict:
     """In a one-rank process group: times `steps` optimizer steps after one warm-up step."""
     from torch.distributed.device_mesh import init_device_mesh
-
-    from lwm.model import ModelConfig, Transformer
-    from lwm.train.config import ParallelConfig
-    from lwm.train.sharding import shard_model
 
     device = torch.device(device_type, 0) if device_type == "cuda" else torch.device("cpu")
     if device.type == "cuda":

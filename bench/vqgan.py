@@ -39,6 +39,8 @@ import torch.nn.functional as F
 
 from bench.report import command_line, host_line, write_section
 from lwm.vision.video import stream_video
+from lwm.vision.vqgan import VQGAN
+from lwm.vision.vqgan_config import VQGANConfig
 
 DEFAULT_CACHE = Path(tempfile.gettempdir()) / "lwm-bench-vqgan"
 # Video files are made with libx264 at this quality; "ultrafast" keeps generating an hour quick.
@@ -120,8 +122,6 @@ def cached_videos(cache: Path, lengths_s: list[float], width: int, height: int, 
 
 
 def build_model(preset: str, device: str):
-    from lwm.vision.vqgan import VQGAN
-    from lwm.vision.vqgan_config import VQGANConfig
 
     torch.manual_seed(0)
     model = VQGAN(VQGANConfig.from_preset(preset)).eval()

@@ -16,9 +16,13 @@ import argparse
 import sys
 import time
 
-from lwm.infer.prompt import DEFAULT_VQGAN
+from lwm.data.codes import CodeStore
+from lwm.infer import GenerationConfig
+from lwm.infer.prompt import DEFAULT_VQGAN, chat_prompt, video_codes
 from lwm.infer.runtime import add_model_args, load_generator, require_paths, start
 from lwm.interop.bundle import PROMPT_STYLES
+from lwm.vision.checkpoint import load_vqgan
+from lwm.vision.video import VideoError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,14 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def prompt_ids(args, loaded) -> list[int]:
-    from lwm.infer.prompt import chat_prompt, video_codes
-    from lwm.vision.checkpoint import load_vqgan
 
     codes = None
     if args.video_id or args.codes:
         if not (args.video_id and args.codes):
             raise ValueError("--codes and --video-id go together")
-        from lwm.data.codes import CodeStore
 
         codes = CodeStore(args.codes).load(args.video_id, max_frames=args.max_frames, fps=args.fps)
     elif args.video:
@@ -87,8 +88,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from lwm.infer import GenerationConfig
-    from lwm.vision.video import VideoError
 
     runtime = start(args.device)
     args.device = runtime.device

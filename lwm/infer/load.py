@@ -11,7 +11,9 @@ import torch
 from lwm.data.text_tokenizer import TextTokenizer
 from lwm.data.vocab import Vocab
 from lwm.interop.bundle import BundleInfo, read_bundle_info
+from lwm.interop.hf import from_hf
 from lwm.model import Transformer
+from lwm.train.outputs import load_stage
 
 
 @dataclass
@@ -46,13 +48,9 @@ def load_model(source, tokenizer=None, device="cpu", dtype: torch.dtype | None =
         raise FileNotFoundError(f"model {source} does not exist")
     info = BundleInfo()
     if source.is_dir() and (source / "config.json").exists():
-        from lwm.interop.hf import from_hf
-
         info = read_bundle_info(source)
         model = from_hf(source, dtype=dtype)
     else:
-        from lwm.train.outputs import load_stage
-
         weights, config = load_stage(source)
         with torch.device("meta"):
             model = Transformer(config)

@@ -15,6 +15,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from lwm.interop.diffusers import to_diffusers
+
 PROMPT_STYLES = ("native", "lwm")
 INFO = "lwm.json"
 VQGAN_DIR = "vqgan"
@@ -32,8 +34,6 @@ def write_bundle_info(out_dir: Path, prompt: str, vqgan=None, **notes) -> Path:
         raise ValueError(f"prompt style must be one of {PROMPT_STYLES}, got {prompt!r}")
     out_dir = Path(out_dir)
     if vqgan is not None:
-        from lwm.interop.diffusers import to_diffusers
-
         to_diffusers(vqgan).save_pretrained(out_dir / VQGAN_DIR)
     info = {"prompt": prompt, "vqgan": VQGAN_DIR if vqgan is not None else None, **notes}
     (out_dir / INFO).write_text(json.dumps(info, indent=2, default=str) + "\n")

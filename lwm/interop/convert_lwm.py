@@ -26,6 +26,7 @@ from lwm.interop.bundle import write_bundle_info
 from lwm.interop.hf import to_hf
 from lwm.interop.lwm_jax import convert_params
 from lwm.interop.lwm_params import load_lwm_config, parse_load_string, read_params
+from lwm.interop.lwm_vqgan import from_lwm_vqgan
 from lwm.model import Transformer
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
@@ -49,8 +50,6 @@ def convert_lwm(
             raise ValueError(f"tokenizer {tokenizer} has {text} ids but the config's vocab_size is {cfg.vocab_size}")
     vq_model = None
     if vqgan is not None:  # small: converted first, so that a bad file fails before the long part
-        from lwm.interop.lwm_vqgan import from_lwm_vqgan
-
         vq_model = from_lwm_vqgan(vqgan)
     leaves = tqdm(read_params(checkpoint), desc="parameters", unit=" leaves", disable=None)
     state, model_config, notes = convert_params(leaves, cfg, dtype)

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lwm.infer.prompt import CHAT_SPEC, chat_fields
 from lwm.synth.language import LETTERS, choice_question
 from lwm.synth.make_vniah import (
     DEFAULT_CHECKPOINT,
@@ -44,6 +45,7 @@ from lwm.synth.make_vniah import (
     save_video,
     write_manifest,
 )
+from lwm.vision.checkpoint import load_vqgan
 
 MAX_CARDS = 4
 QUESTIONS = {"first": "What color is the first card in the video?", "last": "What color is the last card in the video?"}
@@ -96,7 +98,6 @@ def write(
     codes_dir: Path | None = None,
 ) -> None:
     """codes_dir: where the videos' codes go (default out/codes; several sets may share one)."""
-    from lwm.infer.prompt import CHAT_SPEC, chat_fields
 
     codes_dir = codes_dir or out / "codes"
     (codes_dir / "tokens").mkdir(parents=True, exist_ok=True)
@@ -168,7 +169,6 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     check_set_args(p, args)
-    from lwm.vision.checkpoint import load_vqgan
 
     write(
         load_vqgan(args.checkpoint).eval(),

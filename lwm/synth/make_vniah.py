@@ -35,8 +35,10 @@ from pathlib import Path
 
 import numpy as np
 
+from lwm.infer.prompt import CHAT_SPEC, chat_fields
 from lwm.paths import TINY_VQGAN
 from lwm.synth.scene import PALETTE, SIZE, _shape_mask, random_scene, render
+from lwm.vision.checkpoint import load_vqgan
 
 NEEDLE_COLORS = ("red", "green", "blue", "yellow", "magenta", "cyan")
 NO_NEEDLE = "none"
@@ -135,7 +137,6 @@ def code_pool(vqgan, per_class: int, seed: int) -> tuple[np.ndarray, np.ndarray]
 def examples(codes, labels, n: int, frames: tuple[int, int], seed: int, prefix: str, out: Path) -> list[dict]:
     """n examples: each video frames[0] to frames[1] frames of the pool, one of them a needle, its
     codes written to out/tokens/<id>.npy; returns the JSON lines."""
-    from lwm.infer.prompt import CHAT_SPEC, chat_fields
 
     rng = np.random.default_rng(seed)
     hay = np.flatnonzero(labels == len(NEEDLE_COLORS))
@@ -235,7 +236,6 @@ def main(argv=None) -> int:
     check_set_args(p, args)
     if args.train_per_class < 1 or args.test_per_class < 1:
         p.error("--train-per-class and --test-per-class must be positive")
-    from lwm.vision.checkpoint import load_vqgan
 
     vqgan = load_vqgan(args.checkpoint).eval()
     if args.probe:

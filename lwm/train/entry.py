@@ -9,6 +9,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from lwm.configs import from_dict
+from lwm.data import TextTokenizer, Vocab
 from lwm.model import ModelConfig
 from lwm.paths import SAMPLE
 from lwm.synth import make_retrieval
@@ -34,8 +35,6 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
     data = from_dict(DataSpec, c["data"], "data")
     model = from_dict(ModelConfig, c["model"], "model")
     if Path(data.tokenizer).is_file():  # the embedding has exactly the rows of the vocabulary layout
-        from lwm.data import TextTokenizer, Vocab
-
         rows = Vocab(TextTokenizer(data.tokenizer).vocab_size).size
         if rows != model.vocab_size:
             say(f"note: model.vocab_size {model.vocab_size} set to {rows} for {data.tokenizer}")

@@ -22,16 +22,16 @@ import torch
 
 from lwm.interop.bundle import write_bundle_info
 from lwm.interop.hf import to_hf
+from lwm.io import records
 from lwm.model import ModelConfig, Transformer
 from lwm.train.outputs import resolve
+from lwm.vision.checkpoint import load_vqgan, open_vqgan
 from lwm.weights import read_weights
 
 
 def codes_vqgan(codes_dir) -> Path | None:
     """The VQGAN that made a code store (lwm-tokenize's manifest records it): its checkpoint or
     diffusers folder, when that still holds the same weights; else None, with the reason printed."""
-    from lwm.io import records
-    from lwm.vision.checkpoint import open_vqgan
 
     manifests = sorted(Path(codes_dir).glob("manifest*.jsonl"))
     first = next((r for m in manifests for _, r in records(m) if isinstance(r, dict) and "tokenizer" in r), None)
@@ -55,8 +55,6 @@ def export_weights(weights, model_config: ModelConfig, out_dir, tokenizer_model=
     model.load_state_dict(read_weights(weights), strict=True, assign=True)
     out = to_hf(model, out_dir, tokenizer_model=tokenizer_model)
     if vqgan is not None:
-        from lwm.vision.checkpoint import load_vqgan
-
         write_bundle_info(out, "native", load_vqgan(vqgan, preset="tiny"), vqgan_source=str(vqgan))
     return out
 

@@ -21,6 +21,7 @@ from lwm.parallel import global_group_counts
 from lwm.train import rng
 from lwm.train.config import OptimConfig, ParallelConfig, StageConfig
 from lwm.train.lr import lr_factor
+from lwm.train.sharding import apply_activation_checkpointing, shard_model
 
 
 def clip_grad_norm(parameters, max_norm: float | None) -> torch.Tensor:
@@ -79,11 +80,8 @@ class LWMModule(L.LightningModule):
             if self.init_state is not None:
                 self.model.load_state_dict(self.init_state)
             if self.parallel.activation_checkpointing:
-                from lwm.train.sharding import apply_activation_checkpointing
-
                 apply_activation_checkpointing(self.model)
             return
-        from lwm.train.sharding import shard_model
 
         init = self.init_state
         if init is None and dist.get_rank() == 0:  # rank 0 broadcasts the same weights one process starts from

@@ -23,12 +23,15 @@ import torch.distributed as dist
 
 from lwm.data import DataConfig, Source
 from lwm.data.batches import StreamOptions
+from lwm.interop.hf import from_hf
 from lwm.model import ModelConfig
+from lwm.parallel.layout import check_divisible
 from lwm.train.callbacks import MetricHistory, PeakMemory, StageCheckpoint, StageProgress, Throughput
 from lwm.train.config import OptimConfig, ParallelConfig, ScheduleConfig, StageConfig, TrainerConfig
 from lwm.train.console import say
 from lwm.train.datamodule import LWMDataModule
 from lwm.train.evaluate import NeedleEvalConfig, evaluate_needles
+from lwm.train.export import codes_vqgan, export_weights
 from lwm.train.module import LWMModule
 from lwm.train.probe import AnswerProbe, ProbeConfig
 from lwm.weights import read_weights, save_weights
@@ -83,7 +86,6 @@ def validate(cfg: RunConfig) -> None:
     names = [s.name for s in cfg.schedule.stages]
     if cfg.stage_only is not None and cfg.stage_only not in names:
         raise ValueError(f"stage_only {cfg.stage_only!r} is not a stage of schedule {cfg.schedule.name!r}: {names}")
-    from lwm.parallel.layout import check_divisible
 
     for stage in cfg.schedule.stages:
         dp = stage.check_world(world)
@@ -234,8 +236,6 @@ def run_schedule(cfg: RunConfig) -> dict[str, Path]:
     model_config = cfg.model
     init: Path | dict | None = None
     if cfg.schedule.init_hf is not None:
-        from lwm.interop.hf import from_hf
-
         hf_model = from_hf(cfg.schedule.init_hf, extend_vocab=True)
         model_config, init = hf_model.config, hf_model.state_dict()
     finished: Path | None = None
@@ -255,8 +255,6 @@ def run_schedule(cfg: RunConfig) -> dict[str, Path]:
         init = read_weights(finished)
     where = {"run": out, "last_weights": finished}
     if cfg.export and finished is not None and global_rank() == 0:
-        from lwm.train.export import codes_vqgan, export_weights
-
         vqgan = codes_vqgan(cfg.data.codes) if cfg.data.codes is not None else None
         where["hf"] = export_weights(
             finished, stage_model_config(model_config, last), out / "hf", cfg.data.tokenizer, vqgan

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from lwm.interop.diffusers import from_diffusers
 from lwm.vision.vqgan import VQGAN
 from lwm.vision.vqgan_config import VQGANConfig
 from lwm.weights import read_weights, save_weights
@@ -52,8 +53,6 @@ def open_vqgan(source: str | Path | None = None, preset: str | None = None) -> t
     `preset`); a bare state dict (.safetensors, .pt, a training checkpoint) for `preset`; or None,
     `preset`'s random weights (seed 0). Raises FileNotFoundError / ValueError naming the source."""
     if source is not None and Path(source).is_dir():
-        from lwm.interop.diffusers import from_diffusers
-
         model, identity = from_diffusers(source), {"diffusers": os.path.abspath(source)}
     elif source is not None and Path(source).is_file() and config_path(source).is_file():
         meta = json.loads(config_path(source).read_text())

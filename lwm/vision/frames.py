@@ -20,6 +20,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from lwm.io import records
+from lwm.vision.video import read_video
 
 
 @dataclass
@@ -66,7 +67,6 @@ def split_videos(paths: list[Path], held_out: int) -> tuple[list[Path], list[Pat
 
 def load_frames(paths: list[Path], resolution: int, fps: float) -> torch.Tensor:
     """All frames of `paths` sampled at `fps`: (N, resolution, resolution, 3) uint8."""
-    from lwm.vision.video import read_video
 
     frames = [read_video(p, fps=fps, resolution=resolution)[0] for p in paths]
     return torch.from_numpy(np.concatenate(frames))

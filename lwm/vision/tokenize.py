@@ -38,7 +38,9 @@ import torch
 
 from lwm.arg_types import positive_float, positive_int, seconds
 from lwm.io import append_jsonl, read_jsonl
+from lwm.vision.checkpoint import open_vqgan
 from lwm.vision.video import Sampling, Video, VideoError
+from lwm.vision.vqgan_config import PRESETS
 
 VIDEO_EXTENSIONS = frozenset(".mp4 .m4v .mkv .webm .avi .mov .mpg .mpeg .ts .flv .wmv .3gp .ogv".split())
 LIST_EXTENSIONS = frozenset({".txt", ".lst", ".list"})
@@ -148,8 +150,6 @@ def check_unique_ids(paths: list[str], scheme: str) -> str | None:
 
 def _open(args: argparse.Namespace):
     """The VQGAN of --vqgan (a preset, with --checkpoint its weights, or a diffusers folder) and its identity."""
-    from lwm.vision.checkpoint import open_vqgan
-    from lwm.vision.vqgan_config import PRESETS
 
     if Path(args.vqgan).is_dir():
         if args.checkpoint is not None:
