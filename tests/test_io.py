@@ -153,19 +153,20 @@ def test_tokenize_output_dir_reads_and_appends_through_lwm_io(tmp_path):
 
 def test_video_qa_records_a_bad_last_line_and_goes_on(tmp_path):
     """video_qa keeps its behaviour: every bad line, the last one included, is an item recorded as malformed."""
-    from lwm.eval import video_qa as vqa
+    from lwm.eval.qa_items import read_items
+    from lwm.eval.qa_report import RecordLog
 
     data = jsonl(
         tmp_path / "qa.jsonl", [{"video": "a.mp4", "question": "Q?", "answer": "A"}], '{"video": "b.mp4", "quest'
     )
-    items = vqa.read_items(data)
+    items = read_items(data)
     assert items[0].error is None
     assert (items[1].id, items[1].error_kind) == ("qa.jsonl:2", "malformed") and "line 2 is not JSON" in items[1].error
 
-    log = vqa.RecordLog(tmp_path / "out" / "records.jsonl")
+    log = RecordLog(tmp_path / "out" / "records.jsonl")
     log({"id": "x", "path": Path("p"), "score": np.float32(0.5)})
     log.close()
     assert read_jsonl(tmp_path / "out" / "records.jsonl") == [{"id": "x", "path": "p", "score": 0.5}]
-    log = vqa.RecordLog(tmp_path / "out" / "records.jsonl")  # a new run starts the file again
+    log = RecordLog(tmp_path / "out" / "records.jsonl")  # a new run starts the file again
     log.close()
     assert read_jsonl(tmp_path / "out" / "records.jsonl") == []

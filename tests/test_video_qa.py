@@ -1,6 +1,7 @@
-"""lwm/eval/video_qa.py: reading plain and Video-MME items, duration buckets, answer normalization,
-scoring with stub generators (an oracle gets 100%), bad items recorded while good ones are scored,
-and the command line end to end on a random-weight debug model (one process and torchrun with 2)."""
+"""lwm/eval/video_qa.py and its qa_* modules: reading plain and Video-MME items, duration buckets,
+answer normalization, scoring with stub generators (an oracle gets 100%), bad items recorded while
+good ones are scored, and the command line end to end on a random-weight debug model (one process
+and torchrun with 2)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,19 @@ ROOT = Path(__file__).resolve().parents[1]
 from video_samples import write_video  # noqa: E402
 
 from lwm.eval import video_qa as vqa  # noqa: E402
+from lwm.eval.qa_items import ItemError, answer_index, parse_options, read_items  # noqa: E402
+from lwm.eval.qa_report import markdown  # noqa: E402
+from lwm.eval.qa_summary import Buckets  # noqa: E402
+from lwm.eval.qa_text import (  # noqa: E402
+    LETTER_INSTRUCTION,
+    LETTERS,
+    bare_question,
+    first_letter,
+    letter_question,
+    normalize,
+    option_text,
+)
+from lwm.eval.qa_videos import VideoSource  # noqa: E402
 from lwm.infer.prompt import chat_prompt  # noqa: E402
 
 SPM = ROOT / "data" / "sample" / "tokenizer.model"
@@ -80,7 +94,7 @@ def test_read_plain_and_videomme(tmp_path):
             [1, 2],
         ],
     )
-    items = vqa.read_items(data, video_dir=tmp_path / "vids")
+    items = read_items(data, video_dir=tmp_path / "vids")
     by_id = {it.id: it for it in items}
     assert len(items) == 11
 
@@ -107,33 +121,29 @@ def test_read_plain_and_videomme(tmp_path):
     # A .json file holding a list; without --video-dir a videoID is only a key for cached codes.
     lst = tmp_path / "mme.json"
     lst.write_text(json.dumps([{"videoID": "v1", "question": "Q?", "options": ["A. a", "B. b"], "answer": "A"}]))
-    (only,) = vqa.read_items(lst)
+    (only,) = read_items(lst)
     assert only.video is None and only.video_key == "v1" and only.answer_index == 0
 
 
 def test_options_and_answers():
-    assert vqa.parse_options({"A": "Red", "B": "Blue"}) == ["Red", "Blue"]
-    assert vqa.parse_options(["(A) Red", "(B) Blue"]) == ["Red", "Blue"]
-    assert vqa.parse_options(["A. Red", "C. Blue"]) == ["A. Red", "C. Blue"]  # not A, B, ...: kept as text
+    assert parse_options({"A": "Red", "B": "Blue"}) == ["Red", "Blue"]
+    assert parse_options(["(A) Red", "(B) Blue"]) == ["Red", "Blue"]
+    assert parse_options(["A. Red", "C. Blue"]) == ["A. Red", "C. Blue"]  # not A, B, ...: kept as text
     for bad in (["Red"], ["Red", ""], ["Red", "red."], "Red, Blue", {"A": "x", "C": "y"}):
-        with pytest.raises(vqa.ItemError):
-            vqa.parse_options(bad)
+        with pytest.raises(ItemError):
+            parse_options(bad)
     opts = ["Red.", "Cyan.", "Green.", "White."]
-    assert [vqa.answer_index(a, opts) for a in ("Cyan.", "the cyan", "B", "b. cyan", "(C)", "D.")] == [1, 1, 1, 1, 2, 3]
-    with pytest.raises(vqa.ItemError, match="not among"):
-        vqa.answer_index("E", opts)
+    assert [answer_index(a, opts) for a in ("Cyan.", "the cyan", "B", "b. cyan", "(C)", "D.")] == [1, 1, 1, 1, 2, 3]
+    with pytest.raises(ItemError, match="not among"):
+        answer_index("E", opts)
     # The letter prompt is the training form of a multiple-choice question.
-    assert vqa.letter_question("What color is the circle?", ["Red", "Cyan.", "Green", "White"]) == (
+    assert letter_question("What color is the circle?", ["Red", "Cyan.", "Green", "White"]) == (
         "What color is the circle? A. Red. B. Cyan. C. Green. D. White. Answer with the letter."
     )
-    assert vqa.first_letter("B.", 4) == 1
-    assert vqa.first_letter("Answer: C", 4) == 2
-    assert vqa.first_letter("(D) white", 4) == 3
-    assert (
-        vqa.first_letter("E. none", 4) is None
-        and vqa.first_letter("", 4) is None
-        and vqa.first_letter("bad", 4) is None
-    )
+    assert first_letter("B.", 4) == 1
+    assert first_letter("Answer: C", 4) == 2
+    assert first_letter("(D) white", 4) == 3
+    assert first_letter("E. none", 4) is None and first_letter("", 4) is None and first_letter("bad", 4) is None
 
 
 def test_sample_choice_rows_and_tasks(tmp_path):
@@ -155,18 +165,14 @@ def test_sample_choice_rows_and_tasks(tmp_path):
         "options": ["A. 1", "B. 2"],
         "answer": "B",
     }
-    items = vqa.read_items(
-        write_jsonl(tmp_path / "qa.jsonl", [row, mme, {**row, "kind": "motion"}]), video_dir=tmp_path
-    )
+    items = read_items(write_jsonl(tmp_path / "qa.jsonl", [row, mme, {**row, "kind": "motion"}]), video_dir=tmp_path)
     assert (
         items[0].question == "What color is the triangle?" and items[0].answer_index == 1 and items[0].task == "color"
     )
-    assert vqa.letter_question(items[0].question, items[0].options) == row["question"]
+    assert letter_question(items[0].question, items[0].options) == row["question"]
     assert items[0].video == str(tmp_path / "clip_0000.mp4") and items[0].video_key == "clip_0000"
     assert items[1].task == "Counting Problem" and items[1].question == "How many?"
-    assert (
-        vqa.bare_question("Is it red? Answer with the letter.", ["Yes", "No"]) == "Is it red? Answer with the letter."
-    )
+    assert bare_question("Is it red? Answer with the letter.", ["Yes", "No"]) == "Is it red? Answer with the letter."
 
     tok = Tok()
     gen = Oracle(tok, items[:2])
@@ -174,21 +180,21 @@ def test_sample_choice_rows_and_tasks(tmp_path):
     assert result["summary"]["all"]["accuracy_letter"] == 1.0
     assert list(result["summary"]["tasks"]) == ["Counting Problem", "color", "motion"]
     assert result["summary"]["tasks"]["color"]["n"] == 1 and result["records"][2]["task"] == "motion"
-    md = flat(vqa.markdown(result))
+    md = flat(markdown(result))
     assert "By task:" in md and "| Counting Problem | 1 | 100.0% | 100.0% | 50.0% | 0 |" in md
 
 
 def test_normalize():
-    assert vqa.normalize("  The Cyan   circle! ") == "cyan circle"
-    assert vqa.normalize("Up and down.") == vqa.normalize("up and down") == "up and down"
-    assert vqa.normalize("An apple, a pear") == "apple pear"
-    assert vqa.normalize("Up-and-down") == "up and down"
-    assert vqa.normalize("Theory.") == "theory"  # only whole-word articles go
-    assert vqa.normalize("Two.") != vqa.normalize("Three.")
+    assert normalize("  The Cyan   circle! ") == "cyan circle"
+    assert normalize("Up and down.") == normalize("up and down") == "up and down"
+    assert normalize("An apple, a pear") == "apple pear"
+    assert normalize("Up-and-down") == "up and down"
+    assert normalize("Theory.") == "theory"  # only whole-word articles go
+    assert normalize("Two.") != normalize("Three.")
 
 
 def test_buckets():
-    b = vqa.Buckets()
+    b = Buckets()
     assert b.names == ("short", "medium", "long")
     assert [b.of(d) for d in (0.0, 119.9, 120.0, 899.0, 900.0, 4000.0)] == [
         "short",
@@ -200,12 +206,12 @@ def test_buckets():
     ]
     assert b.of("medium") == "medium" and b.of("Long-ish") == "Long-ish" and b.of(None) == "unknown"
     assert b.order(["unknown", "long", "x", "short"]) == ["short", "long", "x", "unknown"]
-    c = vqa.Buckets((10, 60, 600))
+    c = Buckets((10, 60, 600))
     assert c.names == ("<10s", "10-60s", "60-600s", ">=600s") and c.of(60) == "60-600s"
-    assert vqa.Buckets((30,), ("clip", "film")).of(31) == "film"
+    assert Buckets((30,), ("clip", "film")).of(31) == "film"
     for edges, names in (((), None), ((60, 10), None), ((0,), None), ((10,), ("a", "b", "c")), ((10,), ("a", "a"))):
         with pytest.raises(ValueError):
-            vqa.Buckets(edges, names)
+            Buckets(edges, names)
 
 
 # ------------------------------------------------------------------------------------ scoring with stubs
@@ -249,7 +255,7 @@ class Oracle:
         item, _ = self._item(prompt)
         self.calls.append(("score", len(continuations)))
         want = (item.answer_index + self.wrong) % len(item.options)
-        assert [self.tok.decode(c) for c in continuations] == [vqa.option_text(o) for o in item.options]
+        assert [self.tok.decode(c) for c in continuations] == [option_text(o) for o in item.options]
         return [0.0 if i == want else -5.0 - i for i in range(len(continuations))]
 
     def generate(self, prompt, config):
@@ -258,8 +264,8 @@ class Oracle:
         assert config.restrict == "text" and config.stop_tokens == [self.tok.eos_id]
         if item.options is None:
             return self.tok.encode("Nope." if self.wrong else item.answer.upper() + "!")
-        assert vqa.LETTER_INSTRUCTION in text
-        return self.tok.encode("A." if self.wrong else f"{vqa.LETTERS[item.answer_index]}.")
+        assert LETTER_INSTRUCTION in text
+        return self.tok.encode("A." if self.wrong else f"{LETTERS[item.answer_index]}.")
 
 
 def mc_items(tmp_path):
@@ -270,7 +276,7 @@ def mc_items(tmp_path):
         ("Where is it?", ["Left.", "Right."], "A", 5000),
     ]
     rows = [{"video": "a.mp4", "question": q, "options": o, "answer": a, "duration": d} for q, o, a, d in rows]
-    return vqa.read_items(write_jsonl(tmp_path / "mc.jsonl", rows))
+    return read_items(write_jsonl(tmp_path / "mc.jsonl", rows))
 
 
 def test_oracle_scores_gets_everything_right(tmp_path):
@@ -299,7 +305,7 @@ def test_oracle_scores_gets_everything_right(tmp_path):
         {"videoID": "v", "questions": [{"question": "How many?", "options": ["One", "Two"], "answer": "A"}]},
     ]
     res = vqa.run_video_qa(
-        Oracle(tok, vqa.read_items(write_jsonl(tmp_path / "d.jsonl", as_dicts))),
+        Oracle(tok, read_items(write_jsonl(tmp_path / "d.jsonl", as_dicts))),
         tok,
         vocab,
         as_dicts,
@@ -317,14 +323,14 @@ def test_oracle_scores_gets_everything_right(tmp_path):
     assert (
         only_letter["summary"]["all"]["accuracy_ll"] is None and only_letter["summary"]["all"]["accuracy_letter"] == 1.0
     )
-    assert "accuracy (LL)" not in vqa.markdown({**only_letter, "config": {"methods": ["letter"]}})
+    assert "accuracy (LL)" not in markdown({**only_letter, "config": {"methods": ["letter"]}})
 
 
 def test_open_answers_exact_match(tmp_path):
     from lwm.data.vocab import Vocab
 
     tok = Tok()
-    items = vqa.read_items(
+    items = read_items(
         write_jsonl(
             tmp_path / "o.jsonl",
             [
@@ -385,9 +391,9 @@ def test_bad_items_recorded_good_ones_scored(tmp_path):
             {"videoID": "nowhere", "question": "Q nowhere?", "options": opts, "answer": "A"},
         ],
     )
-    items = vqa.read_items(data)
+    items = read_items(data)
     tok, vocab = Tok(), Vocab(Tok.vocab_size)
-    source = vqa.VideoSource(codes, VQGAN, fps=2.0, max_frames=4)
+    source = VideoSource(codes, VQGAN, fps=2.0, max_frames=4)
     result = vqa.run_video_qa(Oracle(tok, items), tok, vocab, items, source, progress=False)
     recs = {r["question"] or r["id"]: r for r in result["records"]}
     s = result["summary"]
@@ -413,7 +419,7 @@ def test_bad_items_recorded_good_ones_scored(tmp_path):
     assert recs["Q nowhere?"]["error_kind"] == "video_missing" and "--video-dir" in recs["Q nowhere?"]["error"]
     assert recs["qa.jsonl:5"]["error_kind"] == "malformed"
     assert all(r["correct"] is None for r in result["records"] if r["error"])
-    md = flat(vqa.markdown(result))
+    md = flat(markdown(result))
     assert "| **all** | 3 | 100.0% | 100.0% | 50.0% | 5 |" in md and "video_missing 2" in md
 
     # A model that fails on one prompt: recorded, and the others still scored.

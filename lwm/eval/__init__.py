@@ -1,2 +1,4 @@
-"""Evaluations: needle in a haystack (needle), visual needles (vniah), long-video QA (video_qa), and
-the plots and tables they share (plots). Each is also a command: python -m lwm.eval.<name> --help."""
+"""Evaluations: needle in a haystack (needle), visual needles (vniah), long-video QA (video_qa; its
+items, text forms, video codes, scoring, summary and outputs are the qa_* modules), the trial grid
+the two needle evaluations share (trials), and the plots and tables they all use (plots). Each
+evaluation is also a command: python -m lwm.eval.<name> --help."""

@@ -43,12 +43,14 @@ import re
 import sys
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
 from lwm.eval.plots import grid_table, heatmap, human_count
+from lwm.eval.trials import Autosave, announce, finish, run_trials
 from lwm.io import JsonlError, records, write_atomic
 from lwm.paths import REPO, SAMPLE
 from lwm.synth.make_sample import ensure_sample
@@ -239,6 +241,18 @@ class Needle:
     @property
     def text(self) -> str:
         return NEEDLE.format(city=self.city, number=self.number)
+
+    def record(self) -> dict:
+        """As a trial's record lists it."""
+        return {
+            "city": self.city,
+            "number": self.number,
+            "depth": round(self.depth, 3),
+            "asked": self.asked,
+            "placed_depth": round(self.placed_depth, 3),
+            "position": self.position,
+            "found": self.found,
+        }
 
 
 def needle_depths(depth: float, n: int) -> list[float]:
@@ -462,67 +476,12 @@ def run_needle(
     ask = needles if ask is None else ask
     vocab.check_tokenizer(tokenizer)
     check_lengths(tokenizer, lengths, needles, ask)
-    if not isinstance(haystack, Haystack):
-        path = Path(haystack) if haystack is not None else DEFAULT_HAYSTACK
-        haystack = Haystack.from_file(tokenizer, path, max(lengths) + 4096)
-    if len(haystack) <= max(lengths):
-        raise ValueError(
-            f"haystack {haystack.name} has {len(haystack)} tokens; the longest length needs {max(lengths) + 1}"
-        )
+    haystack = _haystack(haystack, tokenizer, max(lengths))
     config = GenerationConfig(max_new_tokens=max_new_tokens, stop_tokens=[tokenizer.eos_id], restrict="text")
+    trial = partial(run_trial, generator, tokenizer, vocab, haystack, config)
+    trial = partial(trial, needles=needles, ask=ask, seed=seed, digits=digits, instruction=instruction)
     grid = [(n, d, t) for n in lengths for d in depths for t in range(trials)]
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(grid), desc="needle", unit="trial", dynamic_ncols=True)
-    records: list[dict] = []
-    for length, depth, trial in grid:
-        rng = trial_rng(seed, length, depth, trial)
-        items = make_needles(rng, depth, needles, ask, digits)
-        order = list(range(needles))
-        rng.shuffle(order)  # the order the asked cities are named in the question
-        question = question_for(items, order)
-        record = {"length": length, "depth": depth, "trial": trial, "question": question, "prompt_tokens": None}
-        if needles == 1:
-            record.update(city=items[0].city, number=items[0].number)
-        start = time.perf_counter()
-        try:
-            prompt = build_prompt(tokenizer, haystack, length, items, question, instruction=instruction)
-            record["prompt_tokens"] = len(prompt.ids)
-            out = generator.generate(prompt.ids, config)
-            answer = tokenizer.decode([t for t in out if t < vocab.text_size])
-            for item in items:
-                item.found = found_in(item.number, answer) if item.asked else None
-            hits = [item.found for item in items if item.asked]
-            record.update(answer=answer, score=sum(hits) / len(hits), correct=all(hits), error=None)
-        except Exception as e:  # recorded; the grid goes on (an out-of-memory at one length, say)
-            record.update(answer=None, score=None, correct=None, error=f"{type(e).__name__}: {e}")
-            _free_memory()
-        record["seconds"] = round(time.perf_counter() - start, 3)
-        record["needles"] = [
-            {
-                "city": i.city,
-                "number": i.number,
-                "depth": round(i.depth, 3),
-                "asked": i.asked,
-                "placed_depth": round(i.placed_depth, 3),
-                "position": i.position,
-                "found": i.found,
-            }
-            for i in items
-        ]
-        records.append(record)
-        if on_trial is not None:
-            on_trial(record, records)
-        if bar is not None:
-            done = [r for r in records if r["error"] is None]
-            bar.set_postfix(
-                acc=f"{np.mean([r['score'] for r in done]):.2f}" if done else "n/a", failed=len(records) - len(done)
-            )
-            bar.update()
-    if bar is not None:
-        bar.close()
+    records = run_trials(grid, trial, lambda r: r["score"], desc="needle", progress=progress, on_trial=on_trial)
     return {
         "config": {
             "lengths": lengths,
@@ -543,6 +502,60 @@ def run_needle(
     }
 
 
+def _haystack(haystack, tokenizer, longest: int) -> Haystack:
+    """A Haystack as given, or read from a path (None: the bundled sample), long enough for `longest`."""
+    if not isinstance(haystack, Haystack):
+        path = Path(haystack) if haystack is not None else DEFAULT_HAYSTACK
+        haystack = Haystack.from_file(tokenizer, path, longest + 4096)
+    if len(haystack) <= longest:
+        raise ValueError(f"haystack {haystack.name} has {len(haystack)} tokens; the longest length needs {longest + 1}")
+    return haystack
+
+
+def run_trial(
+    generator,
+    tokenizer,
+    vocab,
+    haystack: Haystack,
+    config,
+    length: int,
+    depth: float,
+    trial: int,
+    *,
+    needles: int,
+    ask: int,
+    seed: int,
+    digits: int,
+    instruction: str,
+) -> dict:
+    """One trial -> its record: the needles (the same on every rank and every run), the prompt of
+    `length` ids, the answer generated with `config` and its score; an error is recorded, not raised."""
+    rng = trial_rng(seed, length, depth, trial)
+    items = make_needles(rng, depth, needles, ask, digits)
+    order = list(range(needles))
+    rng.shuffle(order)  # the order the asked cities are named in the question
+    question = question_for(items, order)
+    record = {"length": length, "depth": depth, "trial": trial, "question": question, "prompt_tokens": None}
+    if needles == 1:
+        record.update(city=items[0].city, number=items[0].number)
+    start = time.perf_counter()
+    try:
+        prompt = build_prompt(tokenizer, haystack, length, items, question, instruction=instruction)
+        record["prompt_tokens"] = len(prompt.ids)
+        out = generator.generate(prompt.ids, config)
+        answer = tokenizer.decode([t for t in out if t < vocab.text_size])
+        for item in items:
+            item.found = found_in(item.number, answer) if item.asked else None
+        hits = [item.found for item in items if item.asked]
+        record.update(answer=answer, score=sum(hits) / len(hits), correct=all(hits), error=None)
+    except Exception as e:  # recorded; the grid goes on (an out-of-memory at one length, say)
+        record.update(answer=None, score=None, correct=None, error=f"{type(e).__name__}: {e}")
+        _free_memory()
+    record["seconds"] = round(time.perf_counter() - start, 3)
+    record["needles"] = [item.record() for item in items]
+    return record
+
+
 def _free_memory() -> None:
     import torch
 
@@ -561,14 +574,19 @@ def accuracy_grid(results: dict) -> list[list[float | None]]:
     return [[cells.get((n, d)) for n in cfg["lengths"]] for d in cfg["depths"]]
 
 
+def _labels(cfg: dict) -> tuple[list[str], list[str]]:
+    """The grid's row (depth) and column (length) labels."""
+    return [f"{d:g}" for d in cfg["depths"]], [human_count(n) for n in cfg["lengths"]]
+
+
 def write_results(results: dict, out: Path, title: str = "Needle in a haystack") -> tuple[Path, Path]:
     out.mkdir(parents=True, exist_ok=True)
     path = write_atomic(out / "needle.json", json.dumps(results, indent=1))
-    cfg = results["config"]
+    rows, cols = _labels(results["config"])
     png = heatmap(
         accuracy_grid(results),
-        [f"{d:g}" for d in cfg["depths"]],
-        [human_count(n) for n in cfg["lengths"]],
+        rows,
+        cols,
         out / "needle_heatmap.png",
         title=title,
         xlabel="context length (tokens)",
@@ -607,78 +625,73 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    import torch
-
+def validate(args) -> Haystack:
+    """Every check that needs no weights, before they load -> the haystack; raises FileNotFoundError or
+    ValueError naming the input."""
     from lwm.data.text_tokenizer import TextTokenizer
     from lwm.infer.load import find_tokenizer
-    from lwm.infer.runtime import load_generator, start
 
-    runtime = start(args.device)
-    device, rank = runtime.device, runtime.rank
+    check_grid(args.lengths, args.depths, args.trials, args.needles, args.ask)
+    number_range(args.digits)
+    if args.max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if not Path(args.model).exists():
+        raise FileNotFoundError(f"model {args.model} does not exist")
+    tokenizer = TextTokenizer(find_tokenizer(Path(args.model), args.tokenizer))
+    check_lengths(tokenizer, args.lengths, args.needles, args.ask)
+    if args.haystack is None and not DEFAULT_HAYSTACK.exists():  # the sample data is made, not committed
+        with contextlib.redirect_stdout(sys.stderr):  # stdout is the grid's
+            ensure_sample()
+    return Haystack.from_file(tokenizer, args.haystack or DEFAULT_HAYSTACK, max(args.lengths) + 4096)
 
-    def say(*a, **k):
-        if rank == 0:
-            print(*a, **k)
 
-    try:  # every check that needs no weights comes before loading them
-        check_grid(args.lengths, args.depths, args.trials, args.needles, args.ask)
-        number_range(args.digits)
-        if args.max_new_tokens < 1:
-            raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-        if not Path(args.model).exists():
-            raise FileNotFoundError(f"model {args.model} does not exist")
-        tokenizer = TextTokenizer(find_tokenizer(Path(args.model), args.tokenizer))
-        check_lengths(tokenizer, args.lengths, args.needles, args.ask)
-        hay_path = args.haystack or DEFAULT_HAYSTACK
-        if args.haystack is None and not DEFAULT_HAYSTACK.exists():  # the sample data is made, not committed
-            with contextlib.redirect_stdout(sys.stderr):  # stdout is the grid's
-                ensure_sample()
-        haystack = Haystack.from_file(tokenizer, hay_path, max(args.lengths) + 4096)
-        loaded, gen = load_generator(args, runtime)
-    except (FileNotFoundError, ValueError) as e:
-        print(f"needle: {e}", file=sys.stderr)
-        return 2
-    world = runtime.world
-    model_name = Path(args.model).resolve()
-    title = f"Needle in a haystack: {model_name.parent.name}/{model_name.name}" + (
-        f", {args.needles} needles ({args.ask or args.needles} asked)" if args.needles > 1 else ""
-    )
+def _so_far(args, run_info: dict, records: list[dict]) -> dict:
+    """needle.json while the grid runs."""
+    config = {
+        **run_info,
+        "lengths": args.lengths,
+        "depths": [float(d) for d in args.depths],
+        "trials": args.trials,
+        "needles": args.needles,
+        "ask": args.ask or args.needles,
+        "complete": False,
+    }
+    return {"config": config, "trials": records}
+
+
+def _report(results: dict, out: Path, title: str) -> list[str]:
+    """Writes needle.json and the heatmap -> the grid table and the accuracy line."""
+    path, png = write_results(results, out, title)
+    rows, cols = _labels(results["config"])
+    acc = results["accuracy"]
+    return [
+        grid_table(accuracy_grid(results), rows, cols, corner="depth \\ length"),
+        f"accuracy {'n/a' if acc is None else f'{acc:.3f}'} over {results['trials_run']} trials"
+        f" ({results['trials_failed']} failed); wrote {path} and {png}",
+    ]
+
+
+def _title(args) -> str:
+    model = Path(args.model).resolve()
+    many = f", {args.needles} needles ({args.ask or args.needles} asked)" if args.needles > 1 else ""
+    return f"Needle in a haystack: {model.parent.name}/{model.name}{many}"
+
+
+def _trial_name(r: dict) -> str:
+    return f"length {r['length']} depth {r['depth']:g} trial {r['trial']}"
+
+
+def run(args, runtime, loaded, gen, haystack: Haystack) -> int:
+    """The grid on the loaded model; rank 0 saves as it goes, writes and prints -> exit status."""
     run_info = {
         "model": str(args.model),
         "tokenizer": str(loaded.tokenizer.path),
-        "device": device,
+        "device": runtime.device,
         "dtype": str(next(loaded.model.parameters()).dtype).replace("torch.", ""),
-        "world_size": world,
+        "world_size": runtime.world,
         "layout": args.layout,
     }
-
-    last_save = [0.0]
-
-    def save(record, records):  # a stopped run keeps what it did (rewritten at most every 30 s)
-        if rank == 0 and time.monotonic() - last_save[0] >= 30:
-            last_save[0] = time.monotonic()
-            partial = {
-                "config": {
-                    **run_info,
-                    "lengths": args.lengths,
-                    "depths": [float(d) for d in args.depths],
-                    "trials": args.trials,
-                    "needles": args.needles,
-                    "ask": args.ask or args.needles,
-                    "complete": False,
-                },
-                "trials": records,
-            }
-            args.out.mkdir(parents=True, exist_ok=True)
-            (args.out / "needle.json").write_text(json.dumps(partial, indent=1))
-
-    say(
-        f"needle: {len(args.lengths)} lengths x {len(args.depths)} depths x {args.trials} trials on {world} "
-        f"process(es), {device}",
-        file=sys.stderr,
-    )
+    announce(runtime, "needle", len(args.lengths), len(args.depths), args.trials)
     results = run_needle(
         gen,
         loaded.tokenizer,
@@ -693,34 +706,25 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
         digits=args.digits,
         instruction="" if args.no_instruction else INSTRUCTION,
-        progress=rank == 0,
-        on_trial=save,
+        progress=runtime.rank == 0,
+        on_trial=Autosave(args.out / "needle.json", partial(_so_far, args, run_info), runtime.rank),
     )
     results["config"] = {**run_info, **results["config"], "complete": True}
-    if rank == 0:
-        path, png = write_results(results, args.out, title)
-        print(
-            grid_table(
-                accuracy_grid(results),
-                [f"{d:g}" for d in results["config"]["depths"]],
-                [human_count(n) for n in results["config"]["lengths"]],
-                corner="depth \\ length",
-            )
-        )
-        acc = results["accuracy"]
-        print(
-            f"accuracy {'n/a' if acc is None else f'{acc:.3f}'} over {results['trials_run']} trials"
-            f" ({results['trials_failed']} failed); wrote {path} and {png}"
-        )
-        for r in results["trials"]:
-            if r["error"]:
-                print(
-                    f"failed: length {r['length']} depth {r['depth']:g} trial {r['trial']}: {r['error']}",
-                    file=sys.stderr,
-                )
-    if runtime.group is not None:
-        torch.distributed.destroy_process_group()
-    return 1 if results["trials_failed"] else 0
+    return finish(runtime, results, lambda: _report(results, args.out, _title(args)), _trial_name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from lwm.infer.runtime import load_generator, start
+
+    runtime = start(args.device)
+    try:  # every check that needs no weights comes before loading them
+        haystack = validate(args)
+        loaded, gen = load_generator(args, runtime)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"needle: {e}", file=sys.stderr)
+        return 2
+    return run(args, runtime, loaded, gen, haystack)
 
 
 if __name__ == "__main__":

@@ -32,12 +32,14 @@ import json
 import re
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
 
 from lwm.eval.plots import grid_table, heatmap
+from lwm.eval.trials import Autosave, announce, finish, run_trials
 from lwm.io import write_atomic
 from lwm.synth.make_vniah import NEEDLE_COLORS, QUESTION, code_pool
 
@@ -158,44 +160,11 @@ def run_vniah(
         raise ValueError(
             f"the VQGAN has {vqgan.config.n_codes} codes but the model's vocabulary holds {vocab.n_vision_codes}"
         )
-    codes, labels = code_pool(vqgan, pool, EVAL_SEED + seed)
+    codes, labels = code_pool(vqgan, pool, EVAL_SEED + seed)  # (N, tokens_per_frame), (N,)
+    trial = partial(run_trial, generator, tokenizer, vocab, codes, labels, seed, methods, max_new_tokens)
     grid = [(n, d, t) for n in frames for d in depths for t in range(trials)]
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(grid), desc="vniah", unit="trial", dynamic_ncols=True)
-    records: list[dict] = []
-    for n, d, t in grid:
-        video, color, at = trial_video(codes, labels, n, d, EVAL_SEED + seed, t)
-        rec = {
-            "video_id": f"vniah_{n}f_{d:g}_{t}",
-            "duration": n,
-            "frames": n,
-            "depth": d,
-            "trial": t,
-            "needle_frame": at,
-            "task_type": "needle color",
-            "question": QUESTION,
-            "options": ANSWERS,
-            "answer": f"{color.capitalize()}.",
-            "error": None,
-        }
-        start = time.perf_counter()
-        try:
-            rec.update(score_trial(generator, tokenizer, vocab, video, color, methods, max_new_tokens))
-        except Exception as e:  # recorded; the grid goes on (an out-of-memory at one length, say)
-            rec["error"] = f"{type(e).__name__}: {e}"
-        rec["seconds"] = round(time.perf_counter() - start, 3)
-        records.append(rec)
-        if on_trial is not None:
-            on_trial(rec, records)
-        if bar is not None:
-            done = [r[methods[0]]["correct"] for r in records if r["error"] is None]
-            bar.set_postfix(acc=f"{np.mean(done):.2f}" if done else "n/a", failed=len(records) - len(done))
-            bar.update()
-    if bar is not None:
-        bar.close()
+    first = methods[0]  # the progress bar's
+    records = run_trials(grid, trial, lambda r: r[first]["correct"], desc="vniah", progress=progress, on_trial=on_trial)
     return {
         "config": {
             "frames": frames,
@@ -214,6 +183,33 @@ def run_vniah(
     }
 
 
+def run_trial(
+    generator, tokenizer, vocab, codes, labels, seed: int, methods, max_new_tokens: int, n: int, d: float, t: int
+) -> dict:
+    """Trial t of the cell (n frames, needle depth d) -> its record; an error is recorded, not raised."""
+    video, color, at = trial_video(codes, labels, n, d, EVAL_SEED + seed, t)
+    rec = {
+        "video_id": f"vniah_{n}f_{d:g}_{t}",
+        "duration": n,
+        "frames": n,
+        "depth": d,
+        "trial": t,
+        "needle_frame": at,
+        "task_type": "needle color",
+        "question": QUESTION,
+        "options": ANSWERS,
+        "answer": f"{color.capitalize()}.",
+        "error": None,
+    }
+    start = time.perf_counter()
+    try:
+        rec.update(score_trial(generator, tokenizer, vocab, video, color, methods, max_new_tokens))
+    except Exception as e:  # recorded; the grid goes on (an out-of-memory at one length, say)
+        rec["error"] = f"{type(e).__name__}: {e}"
+    rec["seconds"] = round(time.perf_counter() - start, 3)
+    return rec
+
+
 def accuracy_grid(results: dict, method: str) -> list[list[float | None]]:
     """Accuracy of `method` as depth rows x frames columns."""
     cells = {(c["frames"], c["depth"]): c[method] for c in results["cells"]}
@@ -221,17 +217,23 @@ def accuracy_grid(results: dict, method: str) -> list[list[float | None]]:
     return [[cells.get((n, d)) for n in cfg["frames"]] for d in cfg["depths"]]
 
 
+def _labels(cfg: dict) -> tuple[list[str], list[str]]:
+    """The grid's row (depth) and column (frames) labels."""
+    return [f"{d:g}" for d in cfg["depths"]], [str(n) for n in cfg["frames"]]
+
+
 def write_results(results: dict, out: Path, title: str = "Visual needle in a haystack") -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     path = write_atomic(out / "vniah.json", json.dumps(results, indent=1))
     cfg, written = results["config"], [path]
+    rows, cols = _labels(cfg)
     for m in cfg["methods"]:
         name = "vniah_heatmap.png" if m == "generated" else f"vniah_heatmap_{m}.png"
         written.append(
             heatmap(
                 accuracy_grid(results, m),
-                [f"{d:g}" for d in cfg["depths"]],
-                [str(n) for n in cfg["frames"]],
+                rows,
+                cols,
                 out / name,
                 title=f"{title} ({'generated answer' if m == 'generated' else 'answer log-likelihood'})",
                 xlabel="video length (frames, 1 fps)",
@@ -262,29 +264,45 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    import torch
-
-    from lwm.infer.runtime import load_generator, require_paths, start
-    from lwm.vision.checkpoint import load_vqgan
+def validate(parser, args) -> None:
+    """Every check that needs no weights, before they load; a failure exits 2 naming the option."""
+    from lwm.infer.runtime import require_paths
 
     require_paths(parser, args, "--model", "--tokenizer", "--vqgan")
-    try:  # every check that needs no weights comes before loading them
+    try:
         check_grid(args.frames, args.depths, args.trials, args.pool)
         if args.max_new_tokens < 1:
             raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     except ValueError as e:
         parser.error(str(e))
-    runtime = start(args.device)
-    rank = runtime.rank
-    try:
-        vqgan = load_vqgan(args.vqgan).eval()
-        loaded, gen = load_generator(args, runtime)
-    except (FileNotFoundError, ValueError) as e:
-        print(f"vniah: {e}", file=sys.stderr)
-        return 2
+
+
+def _report(results: dict, out: Path) -> list[str]:
+    """Writes vniah.json and the heatmaps -> a table per method and the accuracy line."""
+    written = write_results(results, out)
+    cfg, lines = results["config"], []
+    rows, cols = _labels(cfg)
+    for m in cfg["methods"]:
+        lines += [f"{m}:", grid_table(accuracy_grid(results, m), rows, cols, corner="depth \\ frames")]
+    accs = ", ".join(f"{m} {'n/a' if a is None else f'{a:.3f}'}" for m, a in results["accuracy"].items())
+    lines.append(
+        f"accuracy {accs} (chance {1 / len(ANSWERS):.3f}) over {results['trials_run']} trials "
+        f"({results['trials_failed']} failed); wrote {', '.join(str(p) for p in written)}"
+    )
+    return lines
+
+
+def _so_far(run_info: dict, records: list[dict]) -> dict:
+    """vniah.json while the grid runs."""
+    return {"config": {**run_info, "complete": False}, "trials": records}
+
+
+def _trial_name(r: dict) -> str:
+    return f"{r['frames']} frames depth {r['depth']:g} trial {r['trial']}"
+
+
+def run(args, runtime, loaded, gen, vqgan) -> int:
+    """The grid on the loaded model; rank 0 saves as it goes, writes and prints -> exit status."""
     run_info = {
         "model": str(args.model),
         "tokenizer": str(loaded.tokenizer.path),
@@ -294,22 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         "layout": args.layout,
         "dtype": str(next(loaded.model.parameters()).dtype).replace("torch.", ""),
     }
-    last_save = [0.0]
-
-    def save(record, records):  # a stopped run keeps what it did (rewritten at most every 30 s)
-        if rank == 0 and time.monotonic() - last_save[0] >= 30:
-            last_save[0] = time.monotonic()
-            args.out.mkdir(parents=True, exist_ok=True)
-            (args.out / "vniah.json").write_text(
-                json.dumps({"config": {**run_info, "complete": False}, "trials": records}, indent=1)
-            )
-
-    if rank == 0:
-        print(
-            f"vniah: {len(args.frames)} lengths x {len(args.depths)} depths x {args.trials} trials on "
-            f"{runtime.world} process(es), {runtime.device}",
-            file=sys.stderr,
-        )
+    announce(runtime, "vniah", len(args.frames), len(args.depths), args.trials)
     results = run_vniah(
         gen,
         loaded.tokenizer,
@@ -322,36 +325,28 @@ def main(argv: list[str] | None = None) -> int:
         pool=args.pool,
         seed=args.seed,
         max_new_tokens=args.max_new_tokens,
-        progress=rank == 0,
-        on_trial=save,
+        progress=runtime.rank == 0,
+        on_trial=Autosave(args.out / "vniah.json", partial(_so_far, run_info), runtime.rank),
     )
     results["config"] = {**run_info, **results["config"], "complete": True}
-    if rank == 0:
-        written = write_results(results, args.out)
-        for m in args.methods:
-            print(f"{m}:")
-            print(
-                grid_table(
-                    accuracy_grid(results, m),
-                    [f"{d:g}" for d in results["config"]["depths"]],
-                    [str(n) for n in results["config"]["frames"]],
-                    corner="depth \\ frames",
-                )
-            )
-        accs = ", ".join(f"{m} {'n/a' if a is None else f'{a:.3f}'}" for m, a in results["accuracy"].items())
-        print(
-            f"accuracy {accs} (chance {1 / len(ANSWERS):.3f}) over {results['trials_run']} trials "
-            f"({results['trials_failed']} failed); wrote {', '.join(str(p) for p in written)}"
-        )
-        for r in results["trials"]:
-            if r["error"]:
-                print(
-                    f"failed: {r['frames']} frames depth {r['depth']:g} trial {r['trial']}: {r['error']}",
-                    file=sys.stderr,
-                )
-    if runtime.group is not None:
-        torch.distributed.destroy_process_group()
-    return 1 if results["trials_failed"] else 0
+    return finish(runtime, results, lambda: _report(results, args.out), _trial_name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    validate(parser, args)
+    from lwm.infer.runtime import load_generator, start
+    from lwm.vision.checkpoint import load_vqgan
+
+    runtime = start(args.device)
+    try:
+        vqgan = load_vqgan(args.vqgan).eval()
+        loaded, gen = load_generator(args, runtime)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"vniah: {e}", file=sys.stderr)
+        return 2
+    return run(args, runtime, loaded, gen, vqgan)
 
 
 if __name__ == "__main__":

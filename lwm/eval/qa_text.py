@@ -1,0 +1,44 @@
+"""Multiple choice as text: how an option and a question with its options are written (the training
+form, "What color? A. Red. B. Cyan. Answer with the letter."), how an answer is normalized for exact
+match, and how the letter is read back from generated text."""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+LETTER_INSTRUCTION = "Answer with the letter."
+
+
+def normalize(text: str) -> str:
+    """Lowercase, punctuation to spaces, articles (a, an, the) dropped, whitespace collapsed."""
+    text = "".join(" " if unicodedata.category(c).startswith("P") else c for c in str(text).lower())
+    return " ".join(w for w in text.split() if w not in ("a", "an", "the"))
+
+
+def option_text(text: str) -> str:
+    """An option as an answer is written in training: stripped, ending with a full stop."""
+    text = text.strip()
+    return text if text[-1:] in (".", "?", "!") else text + "."
+
+
+def letter_question(question: str, options: list[str]) -> str:
+    """'What color? A. Red. B. Cyan. Answer with the letter.' (the training form of multiple choice)."""
+    listed = " ".join(f"{LETTERS[i]}. {option_text(o)}" for i, o in enumerate(options))
+    return f"{question.strip()} {listed} {LETTER_INSTRUCTION}"
+
+
+def bare_question(question: str, options: list[str]) -> str:
+    """The question without its listed options and the instruction, where it is written in the letter
+    form already (as in the sample data's multiple-choice rows); otherwise as given."""
+    full, bare = " ".join(question.split()), " ".join(letter_question("", options).split())
+    if full.lower().endswith(bare.lower()) and len(full) > len(bare):
+        return full[: -len(bare)].strip()
+    return question
+
+
+def first_letter(text: str, n_options: int) -> int | None:
+    """Index of the first standalone option letter (A .. the n-th) in generated text, or None."""
+    m = re.search(rf"\b([A-{LETTERS[n_options - 1]}])\b", text)
+    return None if m is None else LETTERS.index(m.group(1))
