@@ -49,14 +49,16 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
+from lwm.data.text_tokenizer import TextTokenizer
 from lwm.eval.plots import grid_table, heatmap, human_count
 from lwm.eval.trials import Autosave, announce, finish, run_trials
+from lwm.infer import GenerationConfig
+from lwm.infer.load import find_tokenizer
+from lwm.infer.prompt import chat_fields
+from lwm.infer.runtime import add_model_args, load_generator, start
 from lwm.io import JsonlError, records, write_atomic
 from lwm.paths import REPO, SAMPLE
 from lwm.synth.make_sample import ensure_sample
-
-# lwm.infer and lwm.data are imported where used: importing lwm.data takes seconds (it loads
-# Lightning), and `--help` or a bad argument should not wait for that.
 
 DEFAULT_HAYSTACK = SAMPLE / "text.jsonl"
 NEEDLE = "The special magic {city} number is: {number}."
@@ -288,7 +290,6 @@ def template(tokenizer, question: str, instruction: str = INSTRUCTION) -> tuple[
     """The prompt's ids before and after the context: [BOS] "{system} USER:" | context |
     "{question} {instruction}" "ASSISTANT:" (chat_prompt's fields with the context first in the user
     turn). An empty instruction leaves it out (a training curriculum's first step)."""
-    from lwm.infer.prompt import chat_fields
 
     marker = "\x00"
     fields = chat_fields(marker)
@@ -467,7 +468,6 @@ def run_needle(
     trial. A trial that raises is recorded with its error (score None) and the run goes on.
     instruction: what follows the question ("" leaves LWM's instruction out, as a curriculum's first
     step trains)."""
-    from lwm.infer import GenerationConfig
 
     lengths, depths = [int(n) for n in lengths], [float(d) for d in depths]
     check_grid(lengths, depths, trials, needles, ask)
@@ -596,7 +596,6 @@ def write_results(results: dict, out: Path, title: str = "Needle in a haystack")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from lwm.infer.runtime import add_model_args
 
     p = argparse.ArgumentParser(
         description="Needle-in-a-haystack evaluation (LWM's form) over context lengths x depths",
@@ -628,8 +627,6 @@ def build_parser() -> argparse.ArgumentParser:
 def validate(args) -> Haystack:
     """Every check that needs no weights, before they load -> the haystack; raises FileNotFoundError or
     ValueError naming the input."""
-    from lwm.data.text_tokenizer import TextTokenizer
-    from lwm.infer.load import find_tokenizer
 
     check_grid(args.lengths, args.depths, args.trials, args.needles, args.ask)
     number_range(args.digits)
@@ -715,7 +712,6 @@ def run(args, runtime, loaded, gen, haystack: Haystack) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from lwm.infer.runtime import load_generator, start
 
     runtime = start(args.device)
     try:  # every check that needs no weights comes before loading them

@@ -13,6 +13,8 @@ import numpy as np
 from lwm.eval.qa_items import Item, ItemError
 from lwm.eval.qa_summary import Buckets
 from lwm.eval.qa_text import LETTERS, first_letter, letter_question, normalize, option_text
+from lwm.infer.prompt import chat_prompt
+from lwm.infer.sampling import GenerationConfig
 from lwm.parallel.comm import broadcast_object_from_first, group_size_and_rank
 
 METHODS = ("ll", "letter")
@@ -28,12 +30,10 @@ class _Model:
     prompt_style: str
 
     def prompt(self, question: str, codes: np.ndarray) -> list[int]:
-        from lwm.infer.prompt import chat_prompt
 
         return chat_prompt(self.tokenizer, self.vocab, question, codes, style=self.prompt_style)
 
     def generate(self, prompt: list[int], max_new_tokens: int) -> str:
-        from lwm.infer.sampling import GenerationConfig
 
         config = GenerationConfig(max_new_tokens=max_new_tokens, stop_tokens=[self.tokenizer.eos_id], restrict="text")
         return self.tokenizer.decode(self.generator.generate(prompt, config))

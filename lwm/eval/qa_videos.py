@@ -8,11 +8,12 @@ from pathlib import Path
 
 import numpy as np
 
+from lwm.data.codes import CodeStore
 from lwm.eval.qa_items import Item, ItemError
-from lwm.infer.prompt import DEFAULT_VQGAN
-
-# lwm.data, lwm.vision and the rest of lwm.infer are imported where used: a usage error should not
-# wait for them.
+from lwm.infer.prompt import DEFAULT_VQGAN, video_codes
+from lwm.vision.checkpoint import load_vqgan
+from lwm.vision.tokenize import video_id
+from lwm.vision.video import Video, VideoError
 
 
 class VideoSource:
@@ -28,7 +29,6 @@ class VideoSource:
         ids: str = "auto",
         device="cpu",
     ):
-        from lwm.data.codes import CodeStore
 
         self.store = CodeStore(codes_dir) if codes_dir is not None else None
         self.vqgan_path, self.fps, self.max_frames, self.ids, self.device = vqgan, fps, max_frames, ids, device
@@ -37,7 +37,6 @@ class VideoSource:
     def cache_id(self, item: Item) -> str | None:
         if self.store is None:
             return None
-        from lwm.vision.tokenize import video_id
 
         candidates = []
         if item.video is not None:
@@ -48,8 +47,6 @@ class VideoSource:
 
     def vqgan(self):
         if self._vqgan is None:
-            from lwm.vision.checkpoint import load_vqgan
-
             if self.vqgan_path is None or not Path(self.vqgan_path).exists():
                 raise ItemError(
                     "vqgan",
@@ -80,8 +77,6 @@ class VideoSource:
                 f"video {item.video_key!r} is not in the code cache and there is no "
                 f"file for it (pass --video-dir, or --codes holding it)",
             )
-        from lwm.infer.prompt import video_codes
-        from lwm.vision.video import Video, VideoError
 
         if not os.path.exists(item.video):
             raise ItemError("video_missing", f"{item.video}: no such file")

@@ -60,10 +60,8 @@ from lwm.eval.qa_scoring import METHODS, evaluate_item
 from lwm.eval.qa_summary import Buckets, summarize
 from lwm.eval.qa_videos import VideoSource
 from lwm.infer.prompt import DEFAULT_VQGAN
+from lwm.infer.runtime import add_model_args, load_generator, start
 from lwm.parallel.comm import group_size_and_rank
-
-# The rest of lwm.infer (and lwm.data under it) is imported where used: a usage error should not
-# wait for it. (lwm.infer.prompt, for the bundled VQGAN's path, adds little to torch.)
 
 
 def run_video_qa(
@@ -124,7 +122,6 @@ def run_video_qa(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from lwm.infer.runtime import add_model_args
 
     p = argparse.ArgumentParser(
         prog="video_qa.py",
@@ -281,7 +278,6 @@ def _report(result: dict, out: Path, max_seq_len: int) -> None:
 
 def run(parser, args, buckets: Buckets, items: list[Item]) -> int:
     """Load the model, evaluate the items (rank 0 reads the videos, logs, writes and prints) -> exit status."""
-    from lwm.infer.runtime import load_generator, start
 
     runtime = start(args.device)
     try:

@@ -40,8 +40,12 @@ import numpy as np
 
 from lwm.eval.plots import grid_table, heatmap
 from lwm.eval.trials import Autosave, announce, finish, run_trials
+from lwm.infer import GenerationConfig
+from lwm.infer.prompt import DEFAULT_VQGAN, chat_prompt
+from lwm.infer.runtime import add_model_args, load_generator, require_paths, start
 from lwm.io import write_atomic
 from lwm.synth.make_vniah import NEEDLE_COLORS, QUESTION, code_pool
+from lwm.vision.checkpoint import load_vqgan
 
 METHODS = ("generated", "ll")
 EVAL_SEED = 3 * 10**6  # the frame pools: make_vniah trains on seed 0.. and holds out 10**6..
@@ -84,8 +88,6 @@ def score_trial(
     generator, tokenizer, vocab, codes: np.ndarray, color: str, methods: Sequence[str], max_new_tokens: int
 ) -> dict:
     """One prompt scored by each method -> {"generated": {...}, "ll": {...}, "prompt_tokens": n}."""
-    from lwm.infer import GenerationConfig
-    from lwm.infer.prompt import chat_prompt
 
     prompt = chat_prompt(tokenizer, vocab, QUESTION, codes)
     out: dict = {"prompt_tokens": len(prompt)}
@@ -244,8 +246,6 @@ def write_results(results: dict, out: Path, title: str = "Visual needle in a hay
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from lwm.infer.prompt import DEFAULT_VQGAN
-    from lwm.infer.runtime import add_model_args
 
     p = argparse.ArgumentParser(
         description="Visual needle in a video haystack over video lengths x needle depths",
@@ -266,7 +266,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def validate(parser, args) -> None:
     """Every check that needs no weights, before they load; a failure exits 2 naming the option."""
-    from lwm.infer.runtime import require_paths
 
     require_paths(parser, args, "--model", "--tokenizer", "--vqgan")
     try:
@@ -336,8 +335,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     validate(parser, args)
-    from lwm.infer.runtime import load_generator, start
-    from lwm.vision.checkpoint import load_vqgan
 
     runtime = start(args.device)
     try:

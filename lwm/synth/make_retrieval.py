@@ -39,6 +39,7 @@ import re
 import sys
 from pathlib import Path
 
+from lwm.data.text_tokenizer import TextTokenizer
 from lwm.eval.needle import (
     CITIES,
     DEFAULT_HAYSTACK,
@@ -212,8 +213,6 @@ def main(argv=None) -> int:
             f"--needles {args.needles} need distinct numbers; --digits {args.digits} give {len(number_range(args.digits))}"
         )
     if args.form == "chat":
-        from lwm.data.text_tokenizer import TextTokenizer
-
         if not args.tokenizer.is_file():
             p.error(f"--tokenizer {args.tokenizer} does not exist")
         if not 1 <= args.lengths[0] <= args.lengths[1]:
