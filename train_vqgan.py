@@ -25,9 +25,9 @@ from omegaconf import DictConfig
 
 from bench.report import host_line, write_section
 from lwm.vision.checkpoint import save_vqgan
-from lwm.vision.frames import FrameData
-from lwm.vision.lit_vqgan import LitVQGAN
-from lwm.vision.run_config import RunConfigs, from_hydra
+from lwm.vision.training.frames import FrameData
+from lwm.vision.training.lit_vqgan import LitVQGAN
+from lwm.vision.training.run_config import RunConfigs, from_hydra
 from lwm.vision.vqgan import VQGAN
 
 

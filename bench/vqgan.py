@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from bench.report import command_line, host_line, write_section
-from lwm.vision.video import stream_video
+from lwm.video.reader import stream_video
 from lwm.vision.vqgan import VQGAN
 from lwm.vision.vqgan_config import VQGANConfig
 
@@ -393,7 +393,7 @@ def part_stream(args) -> list[str]:
         f"Each is streamed with `stream_video(fps={args.sample_fps:g}, resolution={args.resolution}, "
         f"chunk_size={args.chunk_size})`, no encoding, in a fresh subprocess with MALLOC_MMAP_THRESHOLD_=65536 "
         f"(freed buffers go back to the OS, so RSS follows live memory). Peak RSS rise: VmHWM minus the RSS after "
-        f"imports (torch, numpy, decord, av, lwm.vision.video; about {b['base']:.0f} MiB). "
+        f"imports (torch, numpy, decord, av, lwm.video.reader; about {b['base']:.0f} MiB). "
         f"{args.repeats} runs per video, alternating; the table shows the fastest time and the highest peak. "
         f"Bytes read (/proc/self/io rchar, opening included) over the file size: decord reads the file whole to index "
         f"it when `Video` opens it, and `stream_video` decodes it forward once with PyAV, so about 2 (a little more for "

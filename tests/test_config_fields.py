@@ -529,7 +529,7 @@ def test_sample_and_vqgan_checkpoint(tmp_path, monkeypatch):
     ensure_sample_data(data)
     data.fps = 0.5
     ensure_sample_data(data)
-    tokenize = [c for c in calls if "lwm.vision.tokenize" in c]
+    tokenize = [c for c in calls if "lwm.video.tokenize" in c]
     assert tokenize[0][-4:] == ["--max-frames", "3", "--checkpoint", vqgan]
     assert tokenize[1][-4:-2] == ["--fps", "0.5"]
 

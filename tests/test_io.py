@@ -119,7 +119,7 @@ def test_every_cut_of_a_record_is_a_leftover(tmp_path):
 
 
 def test_readers_on_a_partial_last_line(tmp_path):
-    from lwm.vision.frames import read_index
+    from lwm.vision.training.frames import read_index
 
     index = jsonl(tmp_path / "videos.jsonl", [{"path": "v/a.mp4"}, {"path": "v/b.mp4"}], '{"path": "v/c')
     assert read_index(index) == [tmp_path / "v/a.mp4", tmp_path / "v/b.mp4"]
@@ -137,7 +137,7 @@ def test_readers_on_a_partial_last_line(tmp_path):
 
 
 def test_tokenize_output_dir_reads_and_appends_through_lwm_io(tmp_path):
-    from lwm.vision.tokenize import OutputDir
+    from lwm.video.tokenize import OutputDir
 
     out = OutputDir(tmp_path, (0, 1))
     codes = np.zeros((2, 256), np.uint16)

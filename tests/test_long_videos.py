@@ -37,7 +37,7 @@ def made(tmp_path_factory) -> Path:
 
 
 def test_videos_have_the_requested_durations(made):
-    from lwm.vision.video import read_video
+    from lwm.video.reader import read_video
 
     records = read_jsonl(made / "videos.jsonl")
     assert [r["id"] for r in records] == [f"long_{d:04d}s_{j:02d}" for d in DURATIONS for j in range(PER)]
@@ -109,7 +109,7 @@ def test_same_questions_at_every_duration():
 
 
 def test_deterministic_and_seeded(made, tmp_path):
-    from lwm.vision.video import read_video
+    from lwm.video.reader import read_video
 
     again = long_videos.main(_args(tmp_path / "again"))
     other = long_videos.main(_args(tmp_path / "other", seed=1))

@@ -13,8 +13,8 @@ from lwm.train.config import StageConfig
 from lwm.train.lr import lr_factor
 from lwm.train.module import lr_lambda
 from lwm.vision import VQGANConfig
-from lwm.vision.lit_vqgan import LitVQGAN
-from lwm.vision.train_config import VQGANTrainConfig
+from lwm.vision.training.config import VQGANTrainConfig
+from lwm.vision.training.lit_vqgan import LitVQGAN
 
 RATIOS = (0.0, 0.1, 0.2, 1 / 3, 0.5, 0.7, 1.0)
 

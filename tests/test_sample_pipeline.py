@@ -28,7 +28,7 @@ def sample(tmp_path_factory):
     cmd = [
         sys.executable,
         "-m",
-        "lwm.vision.tokenize",
+        "lwm.video.tokenize",
         str(out / "videos"),
         "--out",
         str(codes),

@@ -15,9 +15,9 @@ skip_module_without_decord()
 import decord  # noqa: E402, F401
 from video_samples import make_bad, make_good  # noqa: E402
 
+from lwm.video.reader import read_video  # noqa: E402
+from lwm.video.tokenize import collect_videos, main, video_id  # noqa: E402
 from lwm.vision.checkpoint import weights_hash  # noqa: E402
-from lwm.vision.tokenize import collect_videos, main, video_id  # noqa: E402
-from lwm.vision.video import read_video  # noqa: E402
 from lwm.vision.vqgan import VQGAN, VQGANConfig  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -248,7 +248,7 @@ def test_module_entry_point(data, tmp_path):
     cmd = [
         sys.executable,
         "-m",
-        "lwm.vision.tokenize",
+        "lwm.video.tokenize",
         *inputs,
         "--out",
         str(out),
@@ -270,7 +270,7 @@ def test_module_entry_point(data, tmp_path):
 
 
 def test_stem_ids_and_clashes(tmp_path):
-    from lwm.vision.tokenize import check_unique_ids
+    from lwm.video.tokenize import check_unique_ids
 
     a, b = tmp_path / "x" / "clip_0001.mp4", tmp_path / "y" / "clip_0001.mp4"
     assert video_id(str(a), "stem") == "clip_0001"

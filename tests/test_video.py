@@ -1,4 +1,4 @@
-"""lwm.vision.video on small videos written with PyAV: sampling, resizing, streaming, bad input."""
+"""lwm.video.reader on small videos written with PyAV: sampling, resizing, streaming, bad input."""
 
 import numpy as np
 import pytest
@@ -8,7 +8,7 @@ skip_module_without_decord()
 import decord  # noqa: E402, F401
 from video_samples import VFR_PTS_MS, make_bad, make_formats, make_good, write_video  # noqa: E402
 
-from lwm.vision.video import Sampling, Video, VideoError, read_video, stream_video  # noqa: E402
+from lwm.video.reader import Sampling, Video, VideoError, read_video, stream_video  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -372,7 +372,7 @@ def test_native_quiet_keeps_other_output(capfd):
     """While decord runs, only the native libraries' lines are dropped from fd 2; another writer's come out after."""
     import os
 
-    from lwm.vision.video import _NativeQuiet
+    from lwm.video.reader import _NativeQuiet
 
     with _NativeQuiet():
         with _NativeQuiet():  # nested: one redirect

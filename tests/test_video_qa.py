@@ -363,7 +363,7 @@ def test_bad_items_recorded_good_ones_scored(tmp_path):
     """Missing video, unreadable file, answer not among the options, malformed line, a video that fails to
     load: each recorded with its reason; the cached and on-the-fly videos are scored."""
     from lwm.data.vocab import Vocab
-    from lwm.vision.tokenize import video_id
+    from lwm.video.tokenize import video_id
 
     vids = tmp_path / "videos"
     vids.mkdir()
@@ -444,7 +444,7 @@ def e2e(tmp_path_factory):
     from lwm.data.vocab import Vocab
     from lwm.interop.hf import to_hf
     from lwm.model import ModelConfig, Transformer
-    from lwm.vision.tokenize import video_id
+    from lwm.video.tokenize import video_id
 
     root = tmp_path_factory.mktemp("vqa")
     torch.manual_seed(0)

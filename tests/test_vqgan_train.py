@@ -1,4 +1,4 @@
-"""VQGAN training (train_vqgan.py, lwm/vision/lit_vqgan.py and helpers): losses go down, dead codes are
+"""VQGAN training (train_vqgan.py, lwm/vision/training/lit_vqgan.py and helpers): losses go down, dead codes are
 revived, usage/perplexity and the adaptive GAN weight are computed right, the grid PNG, the configs."""
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from PIL import Image
 
 from lwm.vision import VQGANConfig
 from lwm.vision.codebook import CodeUsage, EMACodebook, code_histogram, perplexity, restart_codes, usage_fraction
-from lwm.vision.discriminator import GANConfig, PatchDiscriminator, adaptive_weight, hinge_d_loss
-from lwm.vision.frames import FrameDataset, FramesConfig, read_index, split_videos
-from lwm.vision.grid import recon_grid, save_grid
-from lwm.vision.lit_vqgan import LitVQGAN, frame_psnr
-from lwm.vision.run_config import VQGANTrainerConfig, from_hydra
-from lwm.vision.train_config import VQGANTrainConfig
+from lwm.vision.training.config import VQGANTrainConfig
+from lwm.vision.training.discriminator import GANConfig, PatchDiscriminator, adaptive_weight, hinge_d_loss
+from lwm.vision.training.frames import FrameDataset, FramesConfig, read_index, split_videos
+from lwm.vision.training.grid import recon_grid, save_grid
+from lwm.vision.training.lit_vqgan import LitVQGAN, frame_psnr
+from lwm.vision.training.run_config import VQGANTrainerConfig, from_hydra
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"

@@ -21,8 +21,8 @@ from lwm.infer import GenerationConfig
 from lwm.infer.prompt import DEFAULT_VQGAN, chat_prompt, video_codes
 from lwm.infer.runtime import add_model_args, load_generator, require_paths, start
 from lwm.interop.bundle import PROMPT_STYLES
+from lwm.video.reader import VideoError
 from lwm.vision.checkpoint import load_vqgan
-from lwm.vision.video import VideoError
 
 
 def build_parser() -> argparse.ArgumentParser:

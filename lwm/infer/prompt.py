@@ -26,7 +26,7 @@ from lwm.data.text_tokenizer import TextTokenizer
 from lwm.data.vocab import Vocab
 from lwm.interop.bundle import PROMPT_STYLES
 from lwm.paths import TINY_VQGAN
-from lwm.vision.video import read_video
+from lwm.video.reader import read_video
 
 # data/ is in the repository, not the package (installed editable): found from the package's
 # location, so the default works from any working directory
@@ -76,7 +76,7 @@ def chat_prompt(
 @torch.no_grad()
 def video_codes(path, vqgan, fps: float = 1.0, max_frames: int | None = None, batch_size: int = 16) -> np.ndarray:
     """Read a video at `fps` (at most `max_frames`, spread evenly) and tokenize it -> (T, 256) codes.
-    Raises lwm.vision.video.VideoError for a missing or unreadable file."""
+    Raises lwm.video.reader.VideoError for a missing or unreadable file."""
 
     frames, _ = read_video(path, fps=fps, resolution=vqgan.config.resolution)
     if max_frames is not None and len(frames) > max_frames:

@@ -102,7 +102,7 @@ class OptimConfig:
 @dataclass
 class TrainerBase:
     """The Lightning Trainer settings every training run has: train.py's stages (TrainerConfig) and
-    train_vqgan.py's VQGAN (lwm.vision.run_config.VQGANTrainerConfig)."""
+    train_vqgan.py's VQGAN (lwm.vision.training.run_config.VQGANTrainerConfig)."""
 
     precision: str = "32-true"
     log_every: int = 5  # steps between logger writes

@@ -71,7 +71,7 @@ def ensure_sample_data(data: DataSpec) -> None:
     cmd = [
         sys.executable,
         "-m",
-        "lwm.vision.tokenize",
+        "lwm.video.tokenize",
         str(SAMPLE / "videos"),
         "--out",
         str(codes),

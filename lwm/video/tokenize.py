@@ -3,7 +3,7 @@
     lwm-tokenize videos/ extra.mp4 list.txt --out data/tokens --fps 1 --vqgan lwm --checkpoint vqgan.pt
     lwm-tokenize list.txt --out data/tokens --max-frames 64 --vqgan path/to/diffusers_vqmodel
     lwm-tokenize videos/ --out data/tokens --shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT
-    (or python -m lwm.vision.tokenize ...)
+    (or python -m lwm.video.tokenize ...)
 
 Inputs are video files, folders (searched recursively for video extensions; hidden names are
 skipped) and list files (.txt/.lst/.list: one path per line, relative to the list's folder; blank
@@ -38,8 +38,8 @@ import torch
 
 from lwm.arg_types import positive_float, positive_int, seconds
 from lwm.io import append_jsonl, read_jsonl
+from lwm.video.reader import Sampling, Video, VideoError
 from lwm.vision.checkpoint import open_vqgan
-from lwm.vision.video import Sampling, Video, VideoError
 from lwm.vision.vqgan_config import PRESETS
 
 VIDEO_EXTENSIONS = frozenset(".mp4 .m4v .mkv .webm .avi .mov .mpg .mpeg .ts .flv .wmv .3gp .ogv".split())
@@ -316,7 +316,7 @@ def manifest_record(job: Job, vid: str, path: str, codes: np.ndarray, video, tim
 def run(job: Job) -> int:
     """Tokenize the videos not in the manifest yet; a video that fails is recorded and the run goes on.
     Exit status 0, 1 when some video failed, 130 when interrupted (a rerun resumes)."""
-    from tqdm import tqdm  # lwm.vision.video keeps decord's and ffmpeg's own messages out of the bar
+    from tqdm import tqdm  # lwm.video.reader keeps decord's and ffmpeg's own messages out of the bar
 
     job.out.failures.write_text("")  # failures of this run only: a rerun retries them
     done = skipped = failed = frames = 0

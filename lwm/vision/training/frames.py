@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from lwm.io import records
-from lwm.vision.video import read_video
+from lwm.video.reader import read_video
 
 
 @dataclass
