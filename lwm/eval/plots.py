@@ -1,4 +1,4 @@
-"""Heatmaps (matplotlib) and tables for evaluation results.
+"""Heatmaps (matplotlib) and Markdown tables (tabulate) for evaluation results.
 
     heatmap(values, rows, cols, "grid.png", title="...", xlabel="context length", ylabel="depth (%)")
     print(grid_table(values, rows, cols, corner="depth \\ length"))
@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 from typing import Sequence
+
+from tabulate import tabulate
 
 RED_YELLOW_GREEN = ((0xF0, 0x49, 0x6E), (0xEB, 0xB8, 0x39), (0x0C, 0xD7, 0x9F))
 MISSING = (0xC8, 0xC8, 0xC8)
@@ -100,14 +102,11 @@ def heatmap(
 
 
 def markdown_table(headers: Sequence, rows: Sequence[Sequence]) -> str:
-    """A Markdown table; cells are str()-ed (None -> "n/a")."""
+    """A Markdown (GitHub) table; cells are str()-ed as they are (None -> "n/a"), not parsed as numbers."""
     cells = [[("n/a" if is_missing(c) else str(c)) for c in r] for r in rows]
-    head = [str(h) for h in headers]
-    if any(len(r) != len(head) for r in cells):
-        raise ValueError(f"every row needs {len(head)} cells")
-    widths = [max(len(x) for x in col) for col in zip(head, *cells)]
-    fmt_row = lambda r: "| " + " | ".join(x.ljust(w) for x, w in zip(r, widths)) + " |"  # noqa: E731
-    return "\n".join([fmt_row(head), "| " + " | ".join("-" * w for w in widths) + " |", *map(fmt_row, cells)])
+    if any(len(r) != len(headers) for r in cells):
+        raise ValueError(f"every row needs {len(headers)} cells")
+    return tabulate(cells, [str(h) for h in headers], tablefmt="github", disable_numparse=True)
 
 
 def grid_table(
