@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tables import squeeze
 
 ROOT = Path(__file__).resolve().parents[1]
 from video_samples import write_video  # noqa: E402
@@ -37,11 +37,6 @@ from lwm.infer.prompt import chat_prompt  # noqa: E402
 
 SPM = ROOT / "data" / "sample" / "tokenizer.model"
 VQGAN = ROOT / "data" / "checkpoints" / "vqgan_tiny.safetensors"
-
-
-def flat(md: str) -> str:
-    """Markdown with the table padding squeezed out."""
-    return re.sub(r" +", " ", md)
 
 
 def write_jsonl(path: Path, rows) -> Path:
@@ -180,7 +175,7 @@ def test_sample_choice_rows_and_tasks(tmp_path):
     assert result["summary"]["all"]["accuracy_letter"] == 1.0
     assert list(result["summary"]["tasks"]) == ["Counting Problem", "color", "motion"]
     assert result["summary"]["tasks"]["color"]["n"] == 1 and result["records"][2]["task"] == "motion"
-    md = flat(markdown(result))
+    md = squeeze(markdown(result))
     assert "By task:" in md and "| Counting Problem | 1 | 100.0% | 100.0% | 50.0% | 0 |" in md
 
 
@@ -419,7 +414,7 @@ def test_bad_items_recorded_good_ones_scored(tmp_path):
     assert recs["Q nowhere?"]["error_kind"] == "video_missing" and "--video-dir" in recs["Q nowhere?"]["error"]
     assert recs["qa.jsonl:5"]["error_kind"] == "malformed"
     assert all(r["correct"] is None for r in result["records"] if r["error"])
-    md = flat(markdown(result))
+    md = squeeze(markdown(result))
     assert "| **all** | 3 | 100.0% | 100.0% | 50.0% | 5 |" in md and "video_missing 2" in md
 
     # A model that fails on one prompt: recorded, and the others still scored.
@@ -506,7 +501,7 @@ def test_cli_end_to_end(e2e, tmp_path, capsys):
     out = tmp_path / "out"
     assert vqa.main(_args(e2e, out)) == 1  # one item has no video
     result = json.loads((out / "video_qa.json").read_text())
-    md = flat((out / "video_qa.md").read_text())
+    md = squeeze((out / "video_qa.md").read_text())
     lines = (out / "video_qa.records.jsonl").read_text().splitlines()
     assert len(lines) == 4 and [json.loads(x)["id"] for x in lines] == ["c0", "c1", "c2", "gone"]
     s, recs = result["summary"], {r["id"]: r for r in result["records"]}
