@@ -225,6 +225,13 @@ def test_missing_checkpoint_and_other_settings_exit_2(data, tmp_path, capsys):
     assert info.value.code == 2 and "other settings" in capsys.readouterr().err
 
 
+def test_tokenizer_is_not_a_vqgan_option(data, tmp_path, capsys):
+    """--tokenizer names a text tokenizer in every command; lwm-tokenize's VQGAN is --vqgan."""
+    with pytest.raises(SystemExit) as info:
+        main([str(data["good"]["portrait"]), "--out", str(tmp_path / "o"), "--tokenizer", "tiny"])
+    assert info.value.code == 2 and "unrecognized arguments: --tokenizer" in capsys.readouterr().err
+
+
 def test_diffusers_folder(data, tmp_path):
     import diffusers  # noqa: F401
 
@@ -234,8 +241,7 @@ def test_diffusers_folder(data, tmp_path):
     to_diffusers(data["model"]).save_pretrained(folder)
     out = tmp_path / "out"
     source = data["good"]["portrait"]
-    # --tokenizer: the option's former name still works
-    assert main([str(source), "--out", str(out), "--tokenizer", str(folder), "--device", "cpu"]) == 0
+    assert main([str(source), "--out", str(out), "--vqgan", str(folder), "--device", "cpu"]) == 0
     [record] = records(out, "manifest.jsonl")
     assert record["tokenizer"] == {"diffusers": str(folder), "weights": record["tokenizer"]["weights"]}
     codes, _ = expected_codes(data, source, fps=1.0)

@@ -76,8 +76,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--end", type=seconds, help="clip end in seconds (default: the end of the video)")
     p.add_argument(
         "--vqgan",
-        "--tokenizer",  # its former name
-        dest="vqgan",
         default="lwm",
         help="a VQGAN preset name (lwm, tiny) or a folder saved by diffusers (VQModel)",
     )
