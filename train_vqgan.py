@@ -27,11 +27,11 @@ from bench.report import host_line, write_section
 from lwm.vision.checkpoint import save_vqgan
 from lwm.vision.training.frames import FrameData
 from lwm.vision.training.lit_vqgan import LitVQGAN
-from lwm.vision.training.run_config import RunConfigs, from_hydra
+from lwm.vision.training.run_config import VQGANRunConfig, from_hydra
 from lwm.vision.vqgan import VQGAN
 
 
-def make_trainer(run: RunConfigs, out: Path):
+def make_trainer(run: VQGANRunConfig, out: Path):
     import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
@@ -56,7 +56,7 @@ def make_trainer(run: RunConfigs, out: Path):
     )
 
 
-def train(run: RunConfigs) -> dict:
+def train(run: VQGANRunConfig) -> dict:
     import lightning as L
 
     torch.set_num_threads(run.trainer.threads)
@@ -100,7 +100,7 @@ def train(run: RunConfigs) -> dict:
     return summary
 
 
-def summarize(run: RunConfigs, lit: LitVQGAN, data: FrameData, steps: int, val: dict, timing: dict) -> dict:
+def summarize(run: VQGANRunConfig, lit: LitVQGAN, data: FrameData, steps: int, val: dict, timing: dict) -> dict:
     """The run's numbers (summary.json): held-out and training-window codebook use, times, config."""
     window = lit.usage.histogram()
     return {
@@ -148,7 +148,7 @@ def print_summary(summary: dict, out: Path, weights: Path, config: Path, exporte
     print(f"grids             {out / 'grids'} ({len(grids)} PNGs; the final weights': final.png)")
 
 
-def write_report(summary: dict, run: RunConfigs) -> None:
+def write_report(summary: dict, run: VQGANRunConfig) -> None:
     tr, ho, tw = run.train, summary["held_out"], summary["train_window"]
     with torch.device("meta"):  # shapes only
         n_params = sum(p.numel() for p in VQGAN(run.model).parameters())

@@ -46,7 +46,7 @@ class VQGANTrainerConfig(TrainerBase):
             raise ValueError(f"trainer.precision must be one of {list(PRECISIONS)}, got {self.precision!r}")
 
 
-class RunConfigs(NamedTuple):
+class VQGANRunConfig(NamedTuple):
     preset: str
     model: VQGANConfig
     train: VQGANTrainConfig
@@ -57,7 +57,7 @@ class RunConfigs(NamedTuple):
     report: bool  # write the run's numbers to docs/benchmarks.md (section vqgan-train)
 
 
-def from_hydra(cfg) -> RunConfigs:
+def from_hydra(cfg) -> VQGANRunConfig:
     """A composed conf/vqgan.yaml (DictConfig or plain dict) -> the run's dataclasses."""
     from omegaconf import DictConfig, OmegaConf
 
@@ -80,7 +80,7 @@ def from_hydra(cfg) -> RunConfigs:
             f"vision.train.crop {train.crop} must be at most the resolution {model.resolution} and a multiple of the "
             f"VQGAN's downsampling {model.downsample} (so crops keep the code grid), or 0 for whole frames"
         )
-    return RunConfigs(
+    return VQGANRunConfig(
         preset=vision["preset"],
         model=model,
         train=train,
