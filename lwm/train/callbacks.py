@@ -41,11 +41,17 @@ class Throughput(L.Callback):
         self.peak_tflops = peak_tflops
         self._start = None
 
+    @staticmethod
+    def _now(pl_module) -> float:
+        if pl_module.device.type == "cuda":  # the step's kernels, not just their launches
+            torch.cuda.synchronize(pl_module.device)
+        return time.perf_counter()
+
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        self._start = time.perf_counter()
+        self._start = self._now(pl_module)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        dt = time.perf_counter() - self._start
+        dt = self._now(pl_module) - self._start
         world = max(1, trainer.world_size)
         tflops = self.flops_per_step / dt / 1e12 / world  # per device
         metrics = {"perf/tokens_per_s": self.tokens_per_step / dt, "perf/tflops_per_device": tflops}
