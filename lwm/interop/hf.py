@@ -16,6 +16,7 @@ import torch
 from lwm.data.vocab import SPECIAL_TOKENS, Vocab
 from lwm.interop.keymap import KeyMap
 from lwm.model import ModelConfig, Transformer
+from lwm.weights import read_weights
 
 # ours -> transformers' LlamaForCausalLM; "{i}" is the layer index.
 KEY_MAP = {
@@ -124,26 +125,21 @@ def config_to_hf(config: ModelConfig, dtype: torch.dtype = torch.float32):
 
 
 def _read_hf_weights(folder: Path) -> dict[str, torch.Tensor]:
-    # Read by hand: huggingface_hub reads a sharded folder only into a module with the checkpoint's
-    # own keys and shapes (load_torch_model), and ours differ (the key map, the extended vocab).
-    from safetensors.torch import load_file
-
+    # The shard list by hand: huggingface_hub reads a sharded folder only into a module with the
+    # checkpoint's own keys and shapes (load_torch_model), and ours differ (the key map, the extended vocab).
     index = folder / "model.safetensors.index.json"
     if index.exists():
         files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        state = {}
-        for name in files:
-            state.update(load_file(folder / name))
-        return state
-    if (folder / "model.safetensors").exists():
-        return load_file(folder / "model.safetensors")
-    bins = sorted(folder.glob("pytorch_model*.bin"))
-    if bins:
-        state = {}
-        for b in bins:
-            state.update(torch.load(b, map_location="cpu", weights_only=True))
-        return state
-    raise FileNotFoundError(f"no model.safetensors(.index.json) or pytorch_model*.bin in {folder}")
+    elif (folder / "model.safetensors").exists():
+        files = ["model.safetensors"]
+    else:
+        files = [b.name for b in sorted(folder.glob("pytorch_model*.bin"))]
+    if not files:
+        raise FileNotFoundError(f"no model.safetensors(.index.json) or pytorch_model*.bin in {folder}")
+    state = {}
+    for name in files:
+        state.update(read_weights(folder / name))
+    return state
 
 
 def extend_vocab_rows(weight: torch.Tensor, new_rows: int, noise: float = 0.01, generator=None) -> torch.Tensor:
