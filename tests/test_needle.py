@@ -18,13 +18,14 @@ import torch
 from PIL import Image
 from tables import squeeze
 
-ROOT = Path(__file__).resolve().parents[1]
+from lwm.data.text_tokenizer import TextTokenizer
+from lwm.data.vocab import Vocab
+from lwm.eval import needle as nd
+from lwm.eval import needle_prompts as prompts
+from lwm.eval.plots import color_at, grid_table, heatmap, human_count
+from lwm.infer.prompt import chat_prompt
 
-from lwm.data.text_tokenizer import TextTokenizer  # noqa: E402
-from lwm.data.vocab import Vocab  # noqa: E402
-from lwm.eval import needle as nd  # noqa: E402
-from lwm.eval.plots import color_at, grid_table, heatmap, human_count  # noqa: E402
-from lwm.infer.prompt import chat_prompt  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 TOKENIZER = ROOT / "data" / "sample" / "tokenizer.model"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
@@ -54,13 +55,13 @@ def hay_file(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def hay(tok, hay_file) -> nd.Haystack:
-    return nd.Haystack.from_file(tok, hay_file, 6000)
+def hay(tok, hay_file) -> prompts.Haystack:
+    return prompts.Haystack.from_file(tok, hay_file, 6000)
 
 
 def prompt_for(tok, hay, length, depth, n=1, ask=1, seed=0):
-    items = nd.make_needles(random.Random(seed), depth, n, ask)
-    return nd.build_prompt(tok, hay, length, items, nd.question_for(items))
+    items = prompts.make_needles(random.Random(seed), depth, n, ask)
+    return prompts.build_prompt(tok, hay, length, items, prompts.question_for(items))
 
 
 # --- insertion -------------------------------------------------------------------------------------
@@ -68,7 +69,7 @@ def prompt_for(tok, hay, length, depth, n=1, ask=1, seed=0):
 
 @pytest.mark.parametrize("length", [300, 1000])
 def test_needle_at_sentence_breaks_and_requested_depths(tok, hay, length):
-    word, end = nd.piece_classes(tok)
+    word, end = prompts.piece_classes(tok)
     for depth in (0, 10, 25, 50, 75, 90, 100):
         p = prompt_for(tok, hay, length, depth)
         needle = p.needles[0]
@@ -98,7 +99,7 @@ def test_needle_text_and_question(tok, hay):
     assert n.text == f"The special magic {n.city} number is: {n.number}."
     assert p.question == f"What is the special magic {n.city} number?"
     assert 1_000_000 <= n.number <= 9_999_999
-    assert p.user_text(tok).endswith(f"{p.question} {nd.INSTRUCTION}")
+    assert p.user_text(tok).endswith(f"{p.question} {prompts.INSTRUCTION}")
 
 
 # --- length ----------------------------------------------------------------------------------------
@@ -106,11 +107,11 @@ def test_needle_text_and_question(tok, hay):
 
 def test_prompt_has_exactly_the_requested_length_and_is_the_chat_prompt(tok, hay):
     vocab = Vocab(tok.vocab_size)
-    shortest = nd.min_length(tok)
+    shortest = prompts.min_length(tok)
     for length in (shortest, shortest + 1, 257, 1000, 3001, 5000):
         for depth in (0, 33, 100):
             for n, ask in ((1, 1), (3, 2)):
-                if length < nd.min_length(tok, n, ask):
+                if length < prompts.min_length(tok, n, ask):
                     continue
                 p = prompt_for(tok, hay, length, depth, n, ask, seed=length)
                 assert len(p.ids) == length
@@ -121,7 +122,7 @@ def test_prompt_has_exactly_the_requested_length_and_is_the_chat_prompt(tok, hay
 
 def test_haystack_repeats_when_short(tok, tmp_path):
     small = write_haystack(tmp_path / "small.txt", n_sentences=20)
-    h = nd.Haystack.from_file(tok, small, 3000)
+    h = prompts.Haystack.from_file(tok, small, 3000)
     assert len(h) >= 3000
     p = prompt_for(tok, h, 2500, 50)
     assert len(p.ids) == 2500 and p.user_text(tok).count("Line 3 was") >= 2
@@ -135,17 +136,17 @@ def test_haystack_inputs(tok, tmp_path):
         + json.dumps({"text": "A second document. It ends."})
         + "\n"
     )
-    h = nd.Haystack.from_file(tok, rows, 50)
+    h = prompts.Haystack.from_file(tok, rows, 50)
     assert "A second document" in tok.decode(h.ids.tolist()) and len(h.sentence_start) >= 4
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"text": "fine."}) + "\n" + json.dumps({"body": "x"}) + "\n")
     with pytest.raises(ValueError, match=r"bad.jsonl line 2: expected a JSON object with a \"text\" field"):
-        nd.Haystack.from_file(tok, bad, 10_000)
+        prompts.Haystack.from_file(tok, bad, 10_000)
     with pytest.raises(FileNotFoundError, match="haystack .*nope.txt does not exist"):
-        nd.Haystack.from_file(tok, tmp_path / "nope.txt", 10)
+        prompts.Haystack.from_file(tok, tmp_path / "nope.txt", 10)
     (tmp_path / "empty.txt").write_text("  \n")
     with pytest.raises(ValueError, match="has no text"):
-        nd.Haystack.from_file(tok, tmp_path / "empty.txt", 10)
+        prompts.Haystack.from_file(tok, tmp_path / "empty.txt", 10)
 
 
 # --- scoring ---------------------------------------------------------------------------------------
@@ -217,7 +218,7 @@ def test_multi_needle_bookkeeping(tok, hay):
     for r in res["trials"]:
         items = r["needles"]
         assert len(items) == 4 and sum(i["asked"] for i in items) == 2
-        assert [i["depth"] for i in items] == pytest.approx(nd.needle_depths(r["depth"], 4), abs=1e-3)
+        assert [i["depth"] for i in items] == pytest.approx(prompts.needle_depths(r["depth"], 4), abs=1e-3)
         assert [i["position"] for i in items] == sorted(i["position"] for i in items)  # in depth order
         assert len({i["city"] for i in items}) == 4 and len({i["number"] for i in items}) == 4
         asked = [i["city"] for i in items if i["asked"]]
@@ -411,10 +412,10 @@ def test_command_bad_input(hf_model, tmp_path, capsys):
 def test_min_length_is_enough(tok, hay):
     """Every trial fits at the shortest length the checks allow, with any cities."""
     for n, ask in ((1, 1), (3, 3), (5, 2)):
-        shortest = nd.min_length(tok, n, ask)
+        shortest = prompts.min_length(tok, n, ask)
         for seed in range(30):
-            items = nd.make_needles(random.Random(seed), 50, n, ask)
-            p = nd.build_prompt(tok, hay, shortest, items, nd.question_for(items))
+            items = prompts.make_needles(random.Random(seed), 50, n, ask)
+            p = prompts.build_prompt(tok, hay, shortest, items, prompts.question_for(items))
             assert len(p.ids) == shortest
     assert np.all(np.diff(hay.sentence_start) > 0)
 
@@ -429,12 +430,12 @@ def test_digits_and_haystack_start(tok, hay):
         assert res["accuracy"] == 1.0 and res["config"]["digits"] == digits
         assert all(len(str(r["number"])) == digits for r in res["trials"])
     with pytest.raises(ValueError, match="digits must be >= 1, got 0"):
-        nd.number_range(0)
+        prompts.number_range(0)
     with pytest.raises(ValueError, match="12 needles need distinct numbers; 1 digit"):
         nd.run_needle(Oracle(tok), tok, Vocab(tok.vocab_size), [400], [0], needles=12, haystack=hay, digits=1)
-    items = nd.make_needles(random.Random(0), 50, 1, 1)
-    first = nd.build_prompt(tok, hay, 300, items, nd.question_for(items))
-    later = nd.build_prompt(tok, hay, 300, items, nd.question_for(items), text_from=2000)
+    items = prompts.make_needles(random.Random(0), 50, 1, 1)
+    first = prompts.build_prompt(tok, hay, 300, items, prompts.question_for(items))
+    later = prompts.build_prompt(tok, hay, 300, items, prompts.question_for(items), text_from=2000)
     assert len(first.ids) == len(later.ids) == 300 and first.ids != later.ids
     start = later.context.start
     assert later.ids[start : start + 20] != first.ids[start : start + 20]
@@ -458,17 +459,17 @@ def test_chat_training_examples_are_the_evaluation_prompts(tmp_path, tok):
         ids = [tok.bos_id, *tok.encode(r["prompt"])]  # what the data pipeline trains on
         assert len(ids) == r["length"] and 120 <= r["length"] <= 300
         city = r["prompt"].split("What is the special magic ")[1].split(" number?")[0]
-        before, after = nd.template(tok, nd.QUESTION.format(city=city))  # the evaluation's template
+        before, after = prompts.template(tok, prompts.QUESTION.format(city=city))  # the evaluation's template
         assert ids[: len(before)] == before and ids[-len(after) :] == after
         number = r["answer"].removesuffix(".")
         assert len(number) == 1 and r["fields"] == "[prompt],answer"
-        assert tok.decode(ids).count(nd.NEEDLE.format(city=city, number=number)) == 1
+        assert tok.decode(ids).count(prompts.NEEDLE.format(city=city, number=number)) == 1
     assert len({r["prompt"][60:160] for r in rows}) > 20  # the haystack text starts at varied places
     make_retrieval.main(["--out", str(tmp_path / "cue"), *args, "--no-instruction"])
     for r in map(json.loads, open(tmp_path / "cue" / "train.jsonl")):
         city = r["prompt"].split("What is the special magic ")[1].split(" number?")[0]
         assert r["prompt"].endswith(f"What is the special magic {city} number? ASSISTANT:")
-        assert len(tok.encode(r["prompt"])) + 1 == r["length"] and nd.INSTRUCTION not in r["prompt"]
+        assert len(tok.encode(r["prompt"])) + 1 == r["length"] and prompts.INSTRUCTION not in r["prompt"]
     make_retrieval.main(["--out", str(tmp_path / "bare"), *args, "--numberless"])
     hay = (tmp_path / "bare" / "haystack.txt").read_text()
     assert len(hay) > 10_000 and not any(c.isdigit() for c in hay)

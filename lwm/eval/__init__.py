@@ -1,4 +1,5 @@
-"""Evaluations: needle in a haystack (needle), visual needles (vniah), long-video QA (video_qa; its
-items, text forms, video codes, scoring, summary and outputs are the qa_* modules), the trial grid
-the two needle evaluations share (trials), and the plots and tables they all use (plots). Each
-evaluation is also a command: python -m lwm.eval.<name> --help."""
+"""Evaluations: needle in a haystack (needle; its needle, haystack and prompts are needle_prompts,
+which the needle training sets share), visual needles (vniah), long-video QA (video_qa; its items,
+text forms, video codes, scoring, summary and outputs are the qa_* modules), the trial grid the two
+needle evaluations share (trials), and the plots and tables they all use (plots). Each evaluation is
+also a command: python -m lwm.eval.<name> --help."""

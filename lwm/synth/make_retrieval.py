@@ -40,7 +40,7 @@ import sys
 from pathlib import Path
 
 from lwm.data.text_tokenizer import TextTokenizer
-from lwm.eval.needle import (
+from lwm.eval.needle_prompts import (
     CITIES,
     DEFAULT_HAYSTACK,
     INSTRUCTION,
