@@ -32,13 +32,14 @@ class FramesConfig:
     num_workers: int = 0  # frames are in memory; workers only compete for the cores
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.fps, (int, float)) and self.fps > 0):
+        # types are lwm.configs.from_dict's to check; the ranges are this config's
+        if not self.fps > 0:
             raise ValueError(f"FramesConfig.fps must be a positive number, got {self.fps!r}")
-        if isinstance(self.held_out, bool) or not isinstance(self.held_out, int) or self.held_out < 1:
+        if self.held_out < 1:
             raise ValueError(
                 f"FramesConfig.held_out must be a positive integer (videos held out), got {self.held_out!r}"
             )
-        if not isinstance(self.num_workers, int) or self.num_workers < 0:
+        if self.num_workers < 0:
             raise ValueError(f"FramesConfig.num_workers must be an integer >= 0, got {self.num_workers!r}")
 
 
