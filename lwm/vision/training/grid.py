@@ -1,4 +1,5 @@
-"""A reconstruction grid: original frames in the top row, their reconstructions below, as a PNG."""
+"""A reconstruction grid: original frames in the top row, their reconstructions below, as a PNG. It is
+the frames' own pixels side by side, not a plot, so Pillow writes it (matplotlib would resample them)."""
 
 from __future__ import annotations
 
