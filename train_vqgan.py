@@ -38,7 +38,7 @@ def make_trainer(run: VQGANRunConfig, out: Path):
 
     t = run.trainer
     return L.Trainer(
-        accelerator="cpu" if not torch.cuda.is_available() else "auto",
+        accelerator=t.accelerator,
         devices=1,
         precision=t.precision,
         max_steps=t.max_steps,

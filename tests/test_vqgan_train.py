@@ -340,6 +340,27 @@ def test_configs_compose_and_build(vision):
     assert run.train.gan.enabled == (vision == "lwm")
 
 
+def test_trainer_accelerator_reaches_lightning(tmp_path):
+    """trainer.accelerator (shared with train.py's trainer config) is the Trainer's: cpu is taken as
+    asked, and gpu on a machine without one is Lightning's error, not a silent CPU run."""
+    import sys
+
+    import lightning as L
+
+    sys.path.insert(0, str(ROOT))
+    import train_vqgan
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("vqgan", overrides=["vision=tiny", "trainer.accelerator=cpu", f"out_dir={tmp_path}"])
+    run = from_hydra(cfg)
+    assert run.trainer.accelerator == "cpu"
+    assert type(train_vqgan.make_trainer(run, tmp_path).accelerator).__name__ == "CPUAccelerator"
+    if not torch.cuda.is_available():
+        gpu = run._replace(trainer=dataclasses.replace(run.trainer, accelerator="gpu"))
+        with pytest.raises(L.fabric.utilities.exceptions.MisconfigurationException):
+            train_vqgan.make_trainer(gpu, tmp_path)
+
+
 def test_overrides_reach_the_dataclasses():
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose(

@@ -104,6 +104,7 @@ class TrainerBase:
     """The Lightning Trainer settings every training run has: train.py's stages (TrainerConfig) and
     train_vqgan.py's VQGAN (lwm.vision.training.run_config.VQGANTrainerConfig)."""
 
+    accelerator: str = "cpu"  # Lightning's: cpu | gpu | auto (gpu when there is one)
     precision: str = "32-true"
     log_every: int = 5  # steps between logger writes
     val_every: int = 0  # steps between validations
@@ -118,7 +119,6 @@ class TrainerBase:
 
 @dataclass
 class TrainerConfig(TrainerBase):
-    accelerator: str = "cpu"
     devices: int = 1
     num_nodes: int = 1
     out_dir: str = "runs/latest"

@@ -26,6 +26,7 @@ PRECISIONS = ("32-true", "bf16-mixed")
 
 @dataclass
 class VQGANTrainerConfig(TrainerBase):
+    accelerator: str = "auto"  # one device: the GPU when there is one
     max_minutes: float = 10.0  # wall-clock limit of fit() (validation included); <= 0 is an error, use max_steps
     max_steps: int = -1  # -1: until max_minutes
     log_every: int = 25  # steps between logger writes
