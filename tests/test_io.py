@@ -127,7 +127,7 @@ def test_readers_on_a_partial_last_line(tmp_path):
     with pytest.raises(ValueError, match=r"videos\.jsonl:2: a video record needs a 'path', got list"):
         read_index(index)
 
-    from lwm.eval.needle_prompts import read_documents
+    from lwm.synth.needle_prompts import read_documents
 
     hay = jsonl(tmp_path / "hay.jsonl", [{"text": "One."}, {"text": "Two."}], '{"text": "Thr')
     assert list(read_documents(hay)) == ["One.", "Two."]

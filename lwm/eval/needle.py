@@ -19,7 +19,7 @@ and an answer is right when the needle's number appears in it (digits not run in
 asked for in one question; a trial scores the fraction of asked numbers found.
 
 Length: a context length is the length of the whole prompt in the model's own tokens, exact (how
-the prompt is put together from token ids: lwm/eval/needle_prompts.py).
+the prompt is put together from token ids: lwm/synth/needle_prompts.py).
 
 Writes OUT/needle.json (the configuration, every trial, accuracy per cell; also written during the
 run, at most every 30 s, so a stopped run keeps what it did) and OUT/needle_heatmap.png (depth rows
@@ -43,7 +43,15 @@ from typing import Callable, Sequence
 import numpy as np
 
 from lwm.data.text_tokenizer import TextTokenizer
-from lwm.eval.needle_prompts import (
+from lwm.eval.plots import grid_table, heatmap, human_count
+from lwm.eval.trials import Autosave, announce, finish, run_trials
+from lwm.infer import GenerationConfig
+from lwm.infer.load import find_tokenizer
+from lwm.infer.runtime import add_model_args, load_generator, start
+from lwm.io import write_atomic
+from lwm.paths import REPO
+from lwm.synth.make_sample import ensure_sample
+from lwm.synth.needle_prompts import (
     CITIES,
     DEFAULT_HAYSTACK,
     INSTRUCTION,
@@ -57,14 +65,6 @@ from lwm.eval.needle_prompts import (
     number_range,
     question_for,
 )
-from lwm.eval.plots import grid_table, heatmap, human_count
-from lwm.eval.trials import Autosave, announce, finish, run_trials
-from lwm.infer import GenerationConfig
-from lwm.infer.load import find_tokenizer
-from lwm.infer.runtime import add_model_args, load_generator, start
-from lwm.io import write_atomic
-from lwm.paths import REPO
-from lwm.synth.make_sample import ensure_sample
 
 
 def found_in(number: int, answer: str) -> bool:

@@ -40,7 +40,8 @@ import sys
 from pathlib import Path
 
 from lwm.data.text_tokenizer import TextTokenizer
-from lwm.eval.needle_prompts import (
+from lwm.paths import SAMPLE
+from lwm.synth.needle_prompts import (
     CITIES,
     DEFAULT_HAYSTACK,
     INSTRUCTION,
@@ -53,7 +54,6 @@ from lwm.eval.needle_prompts import (
     question_for,
     read_documents,
 )
-from lwm.paths import SAMPLE
 
 DEFAULT_TOKENIZER = SAMPLE / "tokenizer.model"
 

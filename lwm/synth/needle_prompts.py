@@ -1,5 +1,5 @@
 """LWM's needle, its haystack and the prompt that holds them: what lwm.eval.needle asks and what
-lwm.synth.make_retrieval trains on.
+lwm.synth.make_retrieval trains on (here, so that the evaluation depends on the data, not back).
 
 Length: a context length is the length of the whole prompt in the model's own tokens, template and
 question included, and it is exact. The prompt is put together from token ids: the template's
