@@ -29,6 +29,7 @@ import torch
 from bench.report import command_line, host_line, publish
 from lwm.interop.hf import config_to_hf, to_hf_state_dict
 from lwm.model import ModelConfig, Transformer
+from lwm.paths import REPO
 
 
 def build(impl: str, preset: str, seed: int = 0):
@@ -91,8 +92,8 @@ def measure_memory_here(impl: str, preset: str, seq_len: int) -> float:
 
 
 def measure_memory(impl: str, preset: str, seq_len: int) -> float:
-    cmd = [sys.executable, __file__, "--memory-child", impl, "--preset", preset, "--lengths", str(seq_len)]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    cmd = [sys.executable, "-m", "bench.model", "--memory-child", impl, "--preset", preset, "--lengths", str(seq_len)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=REPO).stdout
     return json.loads(out.strip().splitlines()[-1])["peak_mib"]
 
 

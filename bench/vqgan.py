@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from bench.report import command_line, host_line, write_section
+from lwm.paths import REPO
 from lwm.video.reader import stream_video
 from lwm.vision.vqgan import VQGAN
 from lwm.vision.vqgan_config import VQGANConfig
@@ -237,7 +238,8 @@ def stream_in_subprocess(path: Path, fps: float, resolution: int, chunk_size: in
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
     cmd = [
         sys.executable,
-        __file__,
+        "-m",
+        "bench.vqgan",
         "--stream-child",
         str(path),
         "--sample-fps",
@@ -247,7 +249,7 @@ def stream_in_subprocess(path: Path, fps: float, resolution: int, chunk_size: in
         "--chunk-size",
         str(chunk_size),
     ]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, cwd=REPO).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
