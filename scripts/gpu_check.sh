@@ -2,7 +2,7 @@
 # The GPU check in one call (scripts/gpu_check.py says what runs and what it writes).
 #
 # Here, before a device run: collect the wheels the device lacks into .whl/
-#     ../shared/scripts/gpu-wheels.sh pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1
+#     ../shared/scripts/gpu-wheels.sh pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 tabulate==0.10.0
 # On the device (the device tool, carry [".whl"], timeout_s 600; the parts end within 8 minutes):
 #     bash scripts/gpu_check.sh
 # Afterwards, here: copy the numbers into docs/benchmarks.md
