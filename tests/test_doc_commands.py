@@ -1,0 +1,47 @@
+"""The commands the README, docs and configs show name modules and files that exist: every
+`python -m MODULE` is importable (found, not run) and every `python FILE.py` is in the checkout."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# python -m M, torchrun ... -m M; not a placeholder such as lwm.synth.make_<name>
+MODULE = r"(?:python|torchrun\b[^\n`]*?) -m ([A-Za-z_][\w.]*[A-Za-z_])(?![\w<])"
+SCRIPT = r"python ([\w/]+\.py)\b"
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), *sorted((ROOT / "conf").rglob("*.yaml"))]
+
+
+def commands(pattern: str) -> dict[str, set[str]]:
+    found: dict[str, set[str]] = {}
+    for doc in DOCS:
+        for name in re.findall(pattern, doc.read_text()):
+            found.setdefault(name, set()).add(doc.name)
+    return found
+
+
+def test_python_m_modules_exist(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT))  # bench is run from the checkout
+    modules = commands(MODULE)
+    assert {"lwm.eval.needle", "lwm.synth.make_sample", "bench.model"} <= set(modules)
+    missing = {m: sorted(d) for m, d in modules.items() if importlib.util.find_spec(m) is None}
+    assert not missing, f"python -m names modules that do not exist: {missing}"
+
+
+def test_python_scripts_exist():
+    scripts = commands(SCRIPT)
+    assert "train.py" in scripts
+    missing = {s: sorted(d) for s, d in scripts.items() if not (ROOT / s).is_file()}
+    assert not missing, f"python names scripts that are not in the checkout: {missing}"
+
+
+def test_a_moved_module_would_be_caught(tmp_path, monkeypatch):
+    doc = tmp_path / "x.md"
+    doc.write_text("python -m lwm.eval.no_such_eval --help\npython eval/needle.py\n")
+    monkeypatch.setattr(sys.modules[__name__], "DOCS", [doc])
+    modules, scripts = commands(MODULE), commands(SCRIPT)
+    assert importlib.util.find_spec("lwm.eval.no_such_eval") is None and "lwm.eval.no_such_eval" in modules
+    assert not (ROOT / "eval/needle.py").is_file() and "eval/needle.py" in scripts
