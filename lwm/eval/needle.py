@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
+import torch
 
 from lwm.data.text_tokenizer import TextTokenizer
 from lwm.eval.plots import grid_table, heatmap, human_count
@@ -248,7 +249,6 @@ def run_trial(
 
 
 def _free_memory() -> None:
-    import torch
 
     if torch.cuda.is_available():
         torch.cuda.empty_cache()

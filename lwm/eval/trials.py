@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
+import torch.distributed
+from tqdm import tqdm
 
 
 def run_trials(
@@ -26,8 +28,6 @@ def run_trials(
     after each. The bar shows the mean score(record) of the trials without an error, and the failures."""
     bar = None
     if progress:
-        from tqdm import tqdm
-
         bar = tqdm(total=len(grid), desc=desc, unit="trial", dynamic_ncols=True)
     records: list[dict] = []
     for cell in grid:
@@ -77,7 +77,5 @@ def finish(runtime, results: dict, report: Callable[[], list[str]], trial_name: 
             if r["error"]:
                 print(f"failed: {trial_name(r)}: {r['error']}", file=sys.stderr)
     if runtime.group is not None:
-        import torch.distributed
-
         torch.distributed.destroy_process_group()
     return 1 if results["trials_failed"] else 0

@@ -52,6 +52,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch.distributed as dist
+from tqdm import tqdm
 
 from lwm.arg_types import csv_list, positive_float, positive_int
 from lwm.eval.qa_items import Item, expand, read_items
@@ -88,7 +90,6 @@ def run_video_qa(
     bad = [m for m in methods if m not in METHODS]
     if bad or not methods:
         raise ValueError(f"methods must be a non-empty subset of {METHODS}, got {list(methods)}")
-    from tqdm import tqdm
 
     _, rank = group_size_and_rank(getattr(generator, "group", None))
     items = [
@@ -317,8 +318,6 @@ def run(parser, args, buckets: Buckets, items: list[Item]) -> int:
     if first:
         _report(result, Path(args.out), loaded.model.config.max_seq_len)
     if runtime.group is not None:
-        import torch.distributed as dist
-
         dist.destroy_process_group()
     if not result["complete"]:
         return 130

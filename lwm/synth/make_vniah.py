@@ -34,6 +34,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from lwm.infer.prompt import CHAT_SPEC, chat_fields
 from lwm.paths import TINY_VQGAN
@@ -81,7 +82,6 @@ def labelled_frames(per_class: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 def encode(vqgan, frames: np.ndarray) -> np.ndarray:
     """(N, SIZE, SIZE, 3) uint8 frames -> (N, tokens_per_frame) codes."""
-    import torch
 
     with torch.no_grad():
         return vqgan.encode(torch.from_numpy(frames), batch_size=32).numpy()
