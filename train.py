@@ -21,7 +21,6 @@ from lwm.train.run import check_files, run_schedule, validate
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> None:
-
     try:
         run = to_run_config(cfg)
         validate(run)

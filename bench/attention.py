@@ -153,7 +153,6 @@ def _status_kib(field):
 
 
 def _scaling_worker(rank, world, seq_len, heads, dim, layers, repeats):
-
     def make(L):
         x = torch.randn(1, heads, L, dim, requires_grad=True)
         dout = torch.randn(1, heads, L, dim)

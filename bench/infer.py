@@ -26,7 +26,6 @@ N_DECODE = 32
 
 
 def _model(device="cpu", dtype=torch.float32):
-
     torch.manual_seed(0)
     vocab = Vocab(4096)
     config = ModelConfig.from_preset(
@@ -67,7 +66,6 @@ def _measure(rank: int, world: int, length: int, threads: int) -> dict:
 
 
 def measure_cpu(cp: int, length: int) -> dict:
-
     results = run_distributed(_measure, cp, length, 2 // cp, timeout=3600)
     return {
         "prefill_tps": length / max(r["prefill_s"] for r in results),

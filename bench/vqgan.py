@@ -123,7 +123,6 @@ def cached_videos(cache: Path, lengths_s: list[float], width: int, height: int, 
 
 
 def build_model(preset: str, device: str):
-
     torch.manual_seed(0)
     model = VQGAN(VQGANConfig.from_preset(preset)).eval()
     if device == "cuda":

@@ -103,7 +103,6 @@ def test_variable_frame_rate_uses_frame_timestamps(good):
 
 
 def test_streaming_is_chunked_and_matches(good, monkeypatch):
-
     requested = []
     get_batch = decord.VideoReader.get_batch
 

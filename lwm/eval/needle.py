@@ -249,7 +249,6 @@ def run_trial(
 
 
 def _free_memory() -> None:
-
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
 
@@ -287,7 +286,6 @@ def write_results(results: dict, out: Path, title: str = "Needle in a haystack")
 
 
 def build_parser() -> argparse.ArgumentParser:
-
     p = argparse.ArgumentParser(
         description="Needle-in-a-haystack evaluation (LWM's form) over context lengths x depths",
         epilog="Exit status: 0, 1 if some trial failed (recorded in needle.json), 2 for bad input.",

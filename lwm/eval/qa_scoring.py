@@ -30,11 +30,9 @@ class _Model:
     prompt_style: str
 
     def prompt(self, question: str, codes: np.ndarray) -> list[int]:
-
         return chat_prompt(self.tokenizer, self.vocab, question, codes, style=self.prompt_style)
 
     def generate(self, prompt: list[int], max_new_tokens: int) -> str:
-
         config = GenerationConfig(max_new_tokens=max_new_tokens, stop_tokens=[self.tokenizer.eos_id], restrict="text")
         return self.tokenizer.decode(self.generator.generate(prompt, config))
 

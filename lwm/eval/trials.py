@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
-import torch.distributed
 from tqdm import tqdm
 
 
@@ -76,6 +75,5 @@ def finish(runtime, results: dict, report: Callable[[], list[str]], trial_name: 
         for r in results["trials"]:
             if r["error"]:
                 print(f"failed: {trial_name(r)}: {r['error']}", file=sys.stderr)
-    if runtime.group is not None:
-        torch.distributed.destroy_process_group()
+    runtime.close()
     return 1 if results["trials_failed"] else 0

@@ -52,7 +52,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch.distributed as dist
 from tqdm import tqdm
 
 from lwm.arg_types import csv_list, positive_float, positive_int
@@ -123,7 +122,6 @@ def run_video_qa(
 
 
 def build_parser() -> argparse.ArgumentParser:
-
     p = argparse.ArgumentParser(
         prog="video_qa.py",
         description="Long-video question answering accuracy.",
@@ -279,7 +277,6 @@ def _report(result: dict, out: Path, max_seq_len: int) -> None:
 
 def run(parser, args, buckets: Buckets, items: list[Item]) -> int:
     """Load the model, evaluate the items (rank 0 reads the videos, logs, writes and prints) -> exit status."""
-
     runtime = start(args.device)
     try:
         loaded, generator = load_generator(args, runtime)
@@ -317,8 +314,7 @@ def run(parser, args, buckets: Buckets, items: list[Item]) -> int:
     result["config"]["seconds"] = round(time.perf_counter() - started, 3)
     if first:
         _report(result, Path(args.out), loaded.model.config.max_seq_len)
-    if runtime.group is not None:
-        dist.destroy_process_group()
+    runtime.close()
     if not result["complete"]:
         return 130
     return 1 if result["summary"]["errors"]["total"] else 0

@@ -246,7 +246,6 @@ def write_results(results: dict, out: Path, title: str = "Visual needle in a hay
 
 
 def build_parser() -> argparse.ArgumentParser:
-
     p = argparse.ArgumentParser(
         description="Visual needle in a video haystack over video lengths x needle depths",
         epilog="Exit status: 0, 1 if some trial failed (recorded in vniah.json), 2 for bad input.",
@@ -266,7 +265,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def validate(parser, args) -> None:
     """Every check that needs no weights, before they load; a failure exits 2 naming the option."""
-
     require_paths(parser, args, "--model", "--tokenizer", "--vqgan")
     try:
         check_grid(args.frames, args.depths, args.trials, args.pool)

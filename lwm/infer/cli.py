@@ -56,7 +56,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def prompt_ids(args, loaded) -> list[int]:
-
     codes = None
     if args.video_id or args.codes:
         if not (args.video_id and args.codes):
@@ -108,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     out = gen.generate(ids, config)
     seconds = time.perf_counter() - t0
+    runtime.close()
     if runtime.rank == 0:
         text = loaded.tokenizer.decode([t for t in out if t < loaded.vocab.text_size])
         n_vision = sum(1 for t in out if t >= loaded.vocab.text_size)

@@ -53,6 +53,12 @@ class Runtime:
     rank: int
     world: int
 
+    def close(self) -> None:
+        """End the process group that start() began (nothing for one process)."""
+        if self.group is not None:
+            torch.distributed.destroy_process_group()
+            self.group = None
+
 
 def start(device: str | None) -> Runtime:
     """Pick the device and, under torchrun, start the process group (each rank on its own GPU)."""

@@ -82,7 +82,6 @@ def labelled_frames(per_class: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 def encode(vqgan, frames: np.ndarray) -> np.ndarray:
     """(N, SIZE, SIZE, 3) uint8 frames -> (N, tokens_per_frame) codes."""
-
     with torch.no_grad():
         return vqgan.encode(torch.from_numpy(frames), batch_size=32).numpy()
 

@@ -32,7 +32,6 @@ from lwm.weights import read_weights
 def codes_vqgan(codes_dir) -> Path | None:
     """The VQGAN that made a code store (lwm-tokenize's manifest records it): its checkpoint or
     diffusers folder, when that still holds the same weights; else None, with the reason printed."""
-
     manifests = sorted(Path(codes_dir).glob("manifest*.jsonl"))
     first = next((r for m in manifests for _, r in records(m) if isinstance(r, dict) and "tokenizer" in r), None)
     if first is None:

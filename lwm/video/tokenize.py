@@ -148,7 +148,6 @@ def check_unique_ids(paths: list[str], scheme: str) -> str | None:
 
 def _open(args: argparse.Namespace):
     """The VQGAN of --vqgan (a preset, with --checkpoint its weights, or a diffusers folder) and its identity."""
-
     if Path(args.vqgan).is_dir():
         if args.checkpoint is not None:
             raise ValueError(

@@ -68,7 +68,6 @@ def split_videos(paths: list[Path], held_out: int) -> tuple[list[Path], list[Pat
 
 def load_frames(paths: list[Path], resolution: int, fps: float) -> torch.Tensor:
     """All frames of `paths` sampled at `fps`: (N, resolution, resolution, 3) uint8."""
-
     frames = [read_video(p, fps=fps, resolution=resolution)[0] for p in paths]
     return torch.from_numpy(np.concatenate(frames))
 
