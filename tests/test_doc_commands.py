@@ -1,5 +1,6 @@
 """The commands the README, docs and configs show name modules and files that exist: every
-`python -m MODULE` is importable (found, not run) and every `python FILE.py` is in the checkout."""
+`python -m MODULE` is importable (found, not run), every `python FILE.py` is in the checkout, and
+every import in the README's Python examples works."""
 
 from __future__ import annotations
 
@@ -45,3 +46,18 @@ def test_a_moved_module_would_be_caught(tmp_path, monkeypatch):
     modules, scripts = commands(MODULE), commands(SCRIPT)
     assert importlib.util.find_spec("lwm.eval.no_such_eval") is None and "lwm.eval.no_such_eval" in modules
     assert not (ROOT / "eval/needle.py").is_file() and "eval/needle.py" in scripts
+
+
+def test_readme_examples_import_what_exists():
+    """Each import line of the README's ```python blocks runs (the rest of an example needs weights
+    and data; the names it takes from the package must at least be there)."""
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    lines = [line for b in blocks for line in b.splitlines() if re.match(r"(from lwm[\w.]* import |import lwm)", line)]
+    assert len(lines) >= 8
+    failed = {}
+    for line in lines:
+        try:
+            exec(line, {})
+        except ImportError as e:
+            failed[line] = str(e)
+    assert not failed, f"README imports that fail: {failed}"

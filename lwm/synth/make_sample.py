@@ -4,14 +4,13 @@ jsonl, text and tokenizer files (and videos that decode to the same frames).
 
     python -m lwm.synth.make_sample [--out data/sample] [--seed 0] [--n-videos 48] [--force]
 
-From Python (data/ is not a package; load this file by path, or run it as a subprocess):
+From Python:
 
-    spec = importlib.util.spec_from_file_location("make_sample", "lwm/synth/make_sample.py")
-    make_sample = importlib.util.module_from_spec(spec); spec.loader.exec_module(make_sample)
+    from lwm.synth import make_sample
     out = make_sample.ensure_sample()               # -> Path of data/sample, made if missing
     out = make_sample.main(["--out", "/tmp/s", "--n-videos", "4"])
 
-The pieces live in lwm/synth/: scene.py (random scenes, numpy rendering), video.py (mp4 with
+The pieces live beside it in lwm/synth/: scene.py (random scenes, numpy rendering), video.py (mp4 with
 PyAV), language.py (captions, questions, documents).
 
 Layout of the output folder:
