@@ -1,14 +1,20 @@
 """Block attention kernels: (out, logsumexp) of one block, and its backward.
 
-q (B, Hq, Lq, D); k, v (B, Hkv, Lk, D) with Hq a multiple of Hkv. `causal` means the plain lower
-triangle, top-left aligned (the plans only ask for it with Lq == Lk). The backward recomputes the
-block from the final (merged) output and logsumexp, as flash attention does, so the per-block
-gradients of a ring add up to the gradients of the whole.
+q (B, Hq, Lq, D); k, v (B, Hkv, Lk, D) with Hq a multiple of Hkv. `causal` is the plain lower
+triangle of a square block: the kernels disagree on where it lies when Lq != Lk (top-left on CPU
+and in the memory-efficient kernel, bottom-right in CUDA flash), so that case is refused. The
+backward recomputes the block from the final (merged) output and logsumexp, as flash attention
+does, so the per-block gradients of a ring add up to the gradients of the whole.
 
-Backends:
-    cpu_flash   aten's flash kernel for CPU (any float dtype, GQA native)
-    cuda_flash  aten's flash kernel for CUDA (fp16/bf16, head dim <= 256 and a multiple of 8)
-    math        plain PyTorch, any device and dtype (fp64 references, and where flash cannot serve)
+Backends (the CUDA kernels' contracts are checked on CPU by tests/cuda_standins.py):
+    cpu_flash       aten's flash kernel for CPU (any float dtype, GQA native)
+    cuda_flash      aten's flash kernel for CUDA (fp16/bf16, head dim <= 256 and a multiple of 8);
+                    its backward reads the logsumexp as a dense (B, H, Lq) block, whatever the
+                    strides, so a slice of a larger one is copied first
+    cuda_efficient  aten's memory-efficient kernel for CUDA (fp32 too; the logsumexp it returns
+                    and reads back is padded to a multiple of 32 rows; no GQA, k/v are expanded)
+    math            plain PyTorch, any device and dtype: materializes the (Lq, Lk) scores, so it
+                    serves fp64 references and what no kernel takes, never long CUDA blocks
 """
 
 from __future__ import annotations
@@ -16,25 +22,39 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 
-BACKENDS = ("auto", "cpu_flash", "cuda_flash", "math")
+BACKENDS = ("auto", "cpu_flash", "cuda_flash", "cuda_efficient", "math")
+LSE_ROWS = 32  # the memory-efficient kernel's logsumexp has its rows padded to a multiple of this
 
 
 def select_backend(q: torch.Tensor, backend: str = "auto") -> str:
+    """The kernel for q's device, dtype and head dim ("auto"), or the one named."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown attention backend {backend!r}; expected one of {BACKENDS}")
     if backend != "auto":
         return backend
-    if q.device.type == "cpu":
+    return auto_backend(q.device.type, q.dtype, q.shape[-1])
+
+
+def auto_backend(device_type: str, dtype: torch.dtype, head_dim: int) -> str:
+    if device_type == "cpu":
         return "cpu_flash"
-    if (
-        q.device.type == "cuda"
-        and q.dtype in (torch.float16, torch.bfloat16)
-        and q.shape[-1] <= 256
-        and q.shape[-1] % 8 == 0
-    ):
+    if device_type != "cuda":
+        return "math"
+    if dtype in (torch.float16, torch.bfloat16) and head_dim <= 256 and head_dim % 8 == 0:
         return "cuda_flash"
+    if dtype in (torch.float16, torch.bfloat16, torch.float32) and head_dim % (4 if dtype == torch.float32 else 8) == 0:
+        return "cuda_efficient"
     return "math"
+
+
+def _check_causal(q: torch.Tensor, k: torch.Tensor, causal: bool) -> None:
+    if causal and q.shape[2] != k.shape[2]:
+        raise ValueError(
+            f"a causal block needs as many queries as keys (kernels align the triangle differently), "
+            f"got Lq {q.shape[2]}, Lk {k.shape[2]}"
+        )
 
 
 def _scale(q: torch.Tensor, scale: float | None) -> float:
@@ -87,6 +107,7 @@ def _math_backward(dout, q, k, v, out, lse, causal, scale):
 def block_forward(q, k, v, causal: bool, scale: float | None = None, backend: str = "auto"):
     """-> out (B, Hq, Lq, D) in q's dtype, lse (B, Hq, Lq) in fp32 (fp64 for fp64 inputs)."""
     backend, scale = select_backend(q, backend), _scale(q, scale)
+    _check_causal(q, k, causal)
     if backend == "cpu_flash":
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, 0.0, causal, attn_mask=None, scale=scale
@@ -94,6 +115,10 @@ def block_forward(q, k, v, causal: bool, scale: float | None = None, backend: st
     elif backend == "cuda_flash":
         kx, vx = _expand_kv(k, q.shape[1]), _expand_kv(v, q.shape[1])
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, kx, vx, 0.0, causal, False, scale=scale)[:2]
+    elif backend == "cuda_efficient":
+        kx, vx = _expand_kv(k, q.shape[1]), _expand_kv(v, q.shape[1])
+        out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(q, kx, vx, None, True, 0.0, causal, scale=scale)[:2]
+        lse = lse[..., : q.shape[2]]  # (B, H, padded) -> (B, H, Lq)
     else:
         out, lse = _math_forward(q, k, v, causal, scale)
     return out, lse.to(torch.promote_types(q.dtype, torch.float32))
@@ -102,6 +127,7 @@ def block_forward(q, k, v, causal: bool, scale: float | None = None, backend: st
 def block_backward(dout, q, k, v, out, lse, causal: bool, scale: float | None = None, backend: str = "auto"):
     """-> dq (like q), dk, dv (like k, v): gradients of this block's share of the attention."""
     backend, scale = select_backend(q, backend), _scale(q, scale)
+    _check_causal(q, k, causal)
     if backend == "cpu_flash":
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
             dout,
@@ -126,7 +152,7 @@ def block_backward(dout, q, k, v, out, lse, causal: bool, scale: float | None = 
             kx,
             vx,
             out,
-            lse.float(),
+            lse.float().contiguous(),  # read as dense (B, H, Lq): a row slice must be copied
             None,
             None,
             q.shape[2],
@@ -136,6 +162,15 @@ def block_backward(dout, q, k, v, out, lse, causal: bool, scale: float | None = 
             seed,
             offset,
             scale=scale,
+        )
+        return dq, _reduce_kv(dk, k.shape[1]), _reduce_kv(dv, k.shape[1])
+    if backend == "cuda_efficient":
+        kx, vx = _expand_kv(k, q.shape[1]), _expand_kv(v, q.shape[1])
+        lq = q.shape[2]
+        padded = F.pad(lse.float(), (0, -lq % LSE_ROWS)).contiguous()  # (B, H, Lq) -> (B, H, Lq padded to 32)
+        seed = offset = torch.zeros((), dtype=torch.long, device=q.device)  # no dropout: never read
+        dq, dk, dv, _ = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
+            dout, q, kx, vx, None, out, padded, seed, offset, 0.0, [True, True, True, False], causal, scale=scale
         )
         return dq, _reduce_kv(dk, k.shape[1]), _reduce_kv(dv, k.shape[1])
     return _math_backward(dout, q, k, v, out, lse, causal, scale)

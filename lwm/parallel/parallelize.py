@@ -37,7 +37,7 @@ def parallelize(
     if mode == "ring":
         fn = partial(ring_attention, group=group, layout=layout, backend=backend)
     elif mode == "ulysses":
-        fn = partial(ulysses_attention, group=group, layout=layout)
+        fn = partial(ulysses_attention, group=group, layout=layout, backend=backend)
     elif mode == "hybrid":
         if ulysses_group is None:
             raise ValueError("mode 'hybrid' needs ulysses_group (and group as the ring group)")

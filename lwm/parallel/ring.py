@@ -218,8 +218,8 @@ class _SimulatedRing(torch.autograd.Function):
     def backward(ctx, dout):
         n, rank_pieces, layout, scale, backend = ctx.args
         qs, ks, vs, outs, lses = (ctx.saved_tensors[i * n : (i + 1) * n] for i in range(5))
-        dks = [torch.zeros(k.shape, dtype=acc_dtype(k.dtype)) for k in ks]
-        dvs = [torch.zeros(v.shape, dtype=acc_dtype(v.dtype)) for v in vs]
+        dks = [torch.zeros(k.shape, dtype=acc_dtype(k.dtype), device=k.device) for k in ks]
+        dvs = [torch.zeros(v.shape, dtype=acc_dtype(v.dtype), device=v.device) for v in vs]
         dqs = []
         for r in range(n):
             kv_blocks = ((ks[(r - s) % n], vs[(r - s) % n]) for s in range(n))

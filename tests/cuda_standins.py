@@ -1,0 +1,199 @@
+"""CPU stand-ins of the CUDA-only attention kernels the project calls, holding to their contracts.
+
+Registered for CPU tensors under the real aten names (which have no CPU kernel), so that the
+project's CUDA code paths (backends `cuda_flash` and `cuda_efficient`) run in the ordinary suite.
+Each stand-in computes exact attention in fp32, and checks and reads its arguments the way the
+CUDA kernel does, so a call that would be wrong on a GPU is wrong (or refused) here too:
+
+flash (FlashAttention-2 behind aten._scaled_dot_product_flash_attention[_backward])
+    fp16/bf16 only, q/k/v of one dtype, head dim <= 256, every tensor's last dim contiguous,
+    k/v heads dividing q heads (grouped-query attention is native);
+    causal with Lq != Lk is aligned bottom-right (query i sees key j when j <= i + Lk - Lq);
+    the backward reads its logsumexp as a dense (B, H, Lq) block from the data pointer, whatever
+    its strides (the kernel indexes (b * H + h) * Lq + row).
+memory-efficient (aten._scaled_dot_product_efficient_attention[_backward])
+    fp16/bf16/fp32, equal q and k/v heads, head dim a multiple of 8 (16-bit) or 4 (fp32);
+    causal aligned top-left; the forward's logsumexp is padded to a multiple of 32 rows (the
+    padding is NaN here, so reading it shows); the backward needs that padded length, reads rows
+    with unit stride and batch/head with the tensor's strides.
+Outputs and gradients come back as the kernels give them: (B, S, H, D) memory seen as (B, H, S, D).
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+
+import torch
+
+FLASH_DTYPES = (torch.float16, torch.bfloat16)
+EFFICIENT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+calls: dict[str, int] = {}  # stand-in name -> times called (tests read it to see the path was taken)
+
+
+class KernelContractError(RuntimeError):
+    """A call the CUDA kernel would refuse or read wrongly."""
+
+
+def _require(ok: bool, kernel: str, message: str) -> None:
+    if not ok:
+        raise KernelContractError(f"{kernel}: {message}")
+
+
+def _check_qkv(kernel: str, q, k, v, dtypes, grouped: bool) -> None:
+    for name, t in (("query", q), ("key", k), ("value", v)):
+        _require(t.dim() == 4, kernel, f"{name} must be 4-D (B, H, S, D), got {tuple(t.shape)}")
+        _require(t.dtype in dtypes, kernel, f"{name} dtype {t.dtype} is not supported (only {dtypes})")
+        _require(t.stride(-1) == 1, kernel, f"{name} must have a contiguous last dim, strides {t.stride()}")
+    _require(q.dtype == k.dtype == v.dtype, kernel, f"q/k/v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
+    _require(k.shape == v.shape, kernel, f"key {tuple(k.shape)} and value {tuple(v.shape)} differ")
+    hq, hkv = q.shape[1], k.shape[1]
+    if grouped:
+        _require(hq % hkv == 0, kernel, f"q heads {hq} are not a multiple of k/v heads {hkv}")
+    else:
+        _require(hq == hkv, kernel, f"q heads {hq} != k/v heads {hkv} (the kernel has no grouped heads)")
+
+
+def _scores(q, k, causal: bool, scale: float | None, bottom_right: bool) -> torch.Tensor:
+    """fp32 scores (B, Hq, Lq, Lk), k heads repeated for grouped queries, the causal mask applied."""
+    rep = q.shape[1] // k.shape[1]
+    s = q.float() @ k.float().repeat_interleave(rep, 1).transpose(-1, -2)
+    s = s * (1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)
+    if causal:
+        lq, lk = q.shape[2], k.shape[2]
+        shift = lk - lq if bottom_right else 0
+        s = s.masked_fill(torch.ones(lq, lk, dtype=torch.bool).triu(1 + shift), float("-inf"))
+    return s
+
+
+def _bshd(t: torch.Tensor) -> torch.Tensor:
+    """(B, H, S, D) values in the kernels' (B, S, H, D) memory order."""
+    return t.transpose(1, 2).contiguous().transpose(1, 2)
+
+
+def _forward(q, k, v, causal, scale, bottom_right):
+    s = _scores(q, k, causal, scale, bottom_right)
+    lse = torch.logsumexp(s, dim=-1)  # (B, H, Lq)
+    rep = q.shape[1] // k.shape[1]
+    out = torch.exp(s - lse.unsqueeze(-1)).nan_to_num(0.0) @ v.float().repeat_interleave(rep, 1)
+    return _bshd(out.to(q.dtype)), lse
+
+
+def _backward(dout, q, k, v, out, lse, causal, scale, bottom_right):
+    """Gradients from the logsumexp the kernel read (B, H, Lq fp32), k/v grads summed per group."""
+    B, H, Lq, D = q.shape
+    rep = H // k.shape[1]
+    p = torch.exp(_scores(q, k, causal, scale, bottom_right) - lse.unsqueeze(-1)).nan_to_num(0.0)
+    do, o = dout.float(), out.float()
+    dv = p.transpose(-1, -2) @ do
+    ds = p * (do @ v.float().repeat_interleave(rep, 1).transpose(-1, -2) - (do * o).sum(-1, keepdim=True))
+    ds = ds * (1.0 / math.sqrt(D) if scale is None else scale)
+    dq = ds @ k.float().repeat_interleave(rep, 1)
+    dk = ds.transpose(-1, -2) @ q.float()
+    group = lambda g: g.view(B, k.shape[1], rep, *g.shape[2:]).sum(2)  # noqa: E731  (B, Hq, ..) -> (B, Hkv, ..)
+    return tuple(_bshd(g.to(q.dtype)) for g in (dq, group(dk), group(dv)))
+
+
+def _dense_read(lse: torch.Tensor, shape: tuple[int, int, int], kernel: str) -> torch.Tensor:
+    """The (B, H, L) block a kernel reads from lse's data pointer with dense row-major indexing."""
+    need = lse.storage_offset() + shape[0] * shape[1] * shape[2]
+    _require(
+        need * lse.element_size() <= lse.untyped_storage().nbytes(),
+        kernel,
+        f"logsumexp {tuple(lse.shape)} strides {lse.stride()}: a dense {shape} read runs past its memory",
+    )
+    return torch.as_strided(lse, shape, (shape[1] * shape[2], shape[2], 1))
+
+
+# ----------------------------------------------------------------------------------------- flash
+
+
+def flash_forward(query, key, value, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None):
+    kernel = "flash forward"
+    calls[kernel] = calls.get(kernel, 0) + 1
+    _check_qkv(kernel, query, key, value, FLASH_DTYPES, grouped=True)
+    _require(query.shape[-1] <= 256, kernel, f"head dim {query.shape[-1]} > 256")
+    _require(dropout_p == 0.0 and not return_debug_mask, kernel, "the stand-in has no dropout or debug mask")
+    out, lse = _forward(query, key, value, is_causal, scale, bottom_right=True)
+    seed, offset = torch.zeros(2, dtype=torch.uint64), torch.zeros((), dtype=torch.uint64)
+    return out, lse, None, None, query.shape[2], key.shape[2], seed, offset, torch.empty(0, dtype=query.dtype)
+
+
+def flash_backward(
+    grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
+    philox_seed, philox_offset, *, scale=None,
+):  # fmt: skip
+    kernel = "flash backward"
+    calls[kernel] = calls.get(kernel, 0) + 1
+    _check_qkv(kernel, query, key, value, FLASH_DTYPES, grouped=True)
+    for name, t in (("grad_out", grad_out), ("out", out)):
+        _require(t.shape == query.shape and t.dtype == query.dtype, kernel, f"{name} must be like query")
+        _require(t.stride(-1) == 1, kernel, f"{name} must have a contiguous last dim, strides {t.stride()}")
+    _require(cum_seq_q is None and cum_seq_k is None, kernel, "the stand-in serves the dense (not varlen) call")
+    _require(logsumexp.dtype == torch.float32, kernel, f"logsumexp must be fp32, got {logsumexp.dtype}")
+    B, H, Lq, _ = query.shape
+    lse = _dense_read(logsumexp, (B, H, Lq), kernel)  # strides ignored, as the kernel does
+    return _backward(grad_out, query, key, value, out, lse, is_causal, scale, bottom_right=True)
+
+
+# ----------------------------------------------------------------------------------------- memory-efficient
+
+
+def _check_efficient(kernel, q, k, v):
+    _check_qkv(kernel, q, k, v, EFFICIENT_DTYPES, grouped=False)
+    align = 4 if q.dtype == torch.float32 else 8
+    _require(q.shape[-1] % align == 0, kernel, f"head dim {q.shape[-1]} is not a multiple of {align} for {q.dtype}")
+
+
+def efficient_forward(query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False, *, scale=None):
+    kernel = "efficient forward"
+    calls[kernel] = calls.get(kernel, 0) + 1
+    _check_efficient(kernel, query, key, value)
+    _require(attn_bias is None and dropout_p == 0.0, kernel, "the stand-in has no bias or dropout")
+    out, lse = _forward(query, key, value, is_causal, scale, bottom_right=False)
+    B, H, Lq, _ = query.shape
+    padded = torch.full((B, H, math.ceil(Lq / 32) * 32 if compute_log_sumexp else 0), float("nan"))
+    if compute_log_sumexp:
+        padded[..., :Lq] = lse
+    seed, offset = torch.zeros((), dtype=torch.long), torch.zeros((), dtype=torch.long)
+    return out, padded, seed, offset
+
+
+def efficient_backward(
+    grad_out, query, key, value, attn_bias, out, logsumexp, philox_seed, philox_offset, dropout_p,
+    grad_input_mask, is_causal=False, *, scale=None,
+):  # fmt: skip
+    kernel = "efficient backward"
+    calls[kernel] = calls.get(kernel, 0) + 1
+    _check_efficient(kernel, query, key, value)
+    B, H, Lq, _ = query.shape
+    _require(logsumexp.dtype == torch.float32, kernel, f"logsumexp must be fp32, got {logsumexp.dtype}")
+    _require(
+        logsumexp.dim() == 3 and tuple(logsumexp.shape[:2]) == (B, H) and logsumexp.shape[2] >= math.ceil(Lq / 32) * 32,
+        kernel,
+        f"logsumexp {tuple(logsumexp.shape)} must be (B, H, Lq padded to 32) = ({B}, {H}, {math.ceil(Lq / 32) * 32})",
+    )
+    _require(logsumexp.stride(-1) == 1, kernel, f"logsumexp rows must be contiguous, strides {logsumexp.stride()}")
+    lse = logsumexp[..., :Lq]
+    dq, dk, dv = _backward(grad_out, query, key, value, out, lse, is_causal, scale, bottom_right=False)
+    return dq, dk, dv, torch.empty(0, dtype=query.dtype)
+
+
+STANDINS = {
+    "_scaled_dot_product_flash_attention": flash_forward,
+    "_scaled_dot_product_flash_attention_backward": flash_backward,
+    "_scaled_dot_product_efficient_attention": efficient_forward,
+    "_scaled_dot_product_efficient_attention_backward": efficient_backward,
+}
+
+
+@contextmanager
+def installed():
+    """The stand-ins registered as the CPU kernels of the CUDA ops while the block runs."""
+    lib = torch.library.Library("aten", "IMPL")
+    for name, fn in STANDINS.items():
+        lib.impl(name, fn, "CPU")
+    try:
+        yield calls
+    finally:
+        lib._destroy()

@@ -1,0 +1,230 @@
+"""The CUDA attention paths, run on CPU through stand-ins that keep the CUDA kernels' contracts
+(tests/cuda_standins.py), and on the meta device with the CUDA kernels forced.
+
+Tolerances: bf16 results are compared with fp32 references by the error of plain bf16 attention
+on the same inputs (the CPU flash kernel in bf16): a path may be a few times worse than that,
+never orders of magnitude (a misread logsumexp gives errors of 10-300, the baseline about 0.02).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+from cuda_standins import KernelContractError, installed
+from documents import masked_sdpa, packings
+
+from lwm.model import ModelConfig, Transformer
+from lwm.parallel import block_backward, block_forward, hybrid_attention, hybrid_groups, parallelize, ring_attention
+from lwm.parallel import shard, simulate_ring, ulysses_attention
+from lwm.parallel import kernels
+from lwm.parallel.launch import run_distributed
+
+LAYOUTS = ("contiguous", "striped", "zigzag")
+CUDA_BACKENDS = {"cuda_flash": torch.bfloat16, "cuda_efficient": torch.float32}
+
+
+@pytest.fixture(autouse=True)
+def standins():
+    with installed() as calls:
+        calls.clear()
+        yield calls
+
+
+def _math(q, k, v, causal, bottom_right=False):
+    rep = q.shape[1] // k.shape[1]
+    s = q @ k.repeat_interleave(rep, 1).transpose(-1, -2) / q.shape[-1] ** 0.5
+    if causal:
+        lq, lk = q.shape[2], k.shape[2]
+        s = s.masked_fill(torch.ones(lq, lk, dtype=torch.bool).triu(1 + (lk - lq if bottom_right else 0)), -torch.inf)
+    return s.logsumexp(-1), s.softmax(-1) @ v.repeat_interleave(rep, 1)
+
+
+def _reference(q, k, v, causal, seg):
+    """fp32 output and the grads for dout, from full-sequence SDPA (block-diagonal with documents)."""
+    full = [t.float().clone().requires_grad_() for t in (q, k, v)]
+    if seg is None:
+        rep = q.shape[1] // k.shape[1]
+        out = F.scaled_dot_product_attention(
+            full[0], full[1].repeat_interleave(rep, 1), full[2].repeat_interleave(rep, 1), is_causal=causal
+        )
+    else:
+        out = masked_sdpa(*full, seg, causal)
+    return out, full
+
+
+def _errors(fn, q, k, v, dout, causal, seg, dtype):
+    ref, full = _reference(q, k, v, causal, seg)
+    ref_grads = torch.autograd.grad(ref, full, dout)
+    local = [t.to(dtype).requires_grad_() for t in (q, k, v)]
+    out = fn(*local)
+    grads = torch.autograd.grad(out, local, dout.to(dtype))
+    return max((a.float() - b).abs().max().item() for a, b in zip((out, *grads), (ref, *ref_grads)))
+
+
+def _inputs(seed=0, B=2, S=48, D=64, hq=4, hkv=2):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, h, S, D, generator=g) for h in (hq, hkv, hkv))
+    return q, k, v, torch.randn(B, hq, S, D, generator=g)
+
+
+def _baseline(dtype):
+    """Plain attention's error in `dtype` on these inputs: the CPU flash kernel, no ring."""
+    q, k, v, dout = _inputs()
+    return _errors(lambda *t: simulate_ring(*t, 1, True, backend="cpu_flash"), q, k, v, dout, True, None, dtype)
+
+
+# ----------------------------------------------------------------------------------------- the stand-ins
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_standins_match_math_on_contiguous_inputs(causal):
+    q, k, v, dout = (t.double() for t in _inputs(S=40, D=32))
+    lse, ref = _math(q, k, v, causal, bottom_right=True)
+    out, got_lse = torch.ops.aten._scaled_dot_product_flash_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), 0.0, causal)[:2]
+    torch.testing.assert_close(out.double(), ref, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(got_lse.double(), lse, atol=2e-2, rtol=1e-2)
+    kx, vx = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
+    out, lse32 = torch.ops.aten._scaled_dot_product_efficient_attention(q.float(), kx.float(), vx.float(), None, True, 0.0, causal)[:2]
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+    assert lse32.shape[-1] == 64 and lse32[..., 40:].isnan().all()  # padded to 32 rows, padding unusable
+    # backward against autograd of the fp64 math
+    qq, kk, vv = (t.clone().requires_grad_() for t in (q, kx, vx))
+    want = torch.autograd.grad(_math(qq, kk, vv, causal)[1], (qq, kk, vv), dout)
+    got = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
+        dout.float(), q.float(), kx.float(), vx.float(), None, out, lse32, torch.zeros(()), torch.zeros(()), 0.0,
+        [True, True, True, False], causal,
+    )[:3]  # fmt: skip
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a.double(), b, atol=1e-4, rtol=1e-4)
+
+
+def test_flash_standin_aligns_causal_bottom_right_and_reads_lse_densely():
+    q, k, v, _ = _inputs(S=16, D=32)
+    out = torch.ops.aten._scaled_dot_product_flash_attention(q[:, :, :8].bfloat16(), k.bfloat16(), v.bfloat16(), 0.0, True)[0]
+    want = _math(q[:, :, :8], k, v, True, bottom_right=True)[1]  # the 8 queries see 9..16 keys
+    torch.testing.assert_close(out.float(), want, atol=2e-2, rtol=2e-2)
+    # a row slice of a logsumexp: the kernel reads the block at its data pointer as dense rows
+    qb, kb, vb = (t.bfloat16() for t in (q, k, v))
+    o, lse = torch.ops.aten._scaled_dot_product_flash_attention(qb, kb, vb, 0.0, False)[:2]
+    args = lambda l: (o[:, :, 8:], qb[:, :, 8:], kb, vb, o[:, :, 8:], l, None, None, 8, 16, 0.0, False,  # noqa: E731
+                      torch.zeros(2, dtype=torch.uint64), torch.zeros((), dtype=torch.uint64))  # fmt: skip
+    dense = torch.ops.aten._scaled_dot_product_flash_attention_backward(*args(lse[:, :, 8:].contiguous()))
+    strided = torch.ops.aten._scaled_dot_product_flash_attention_backward(*args(lse[:, :, 8:]))
+    assert (dense[0].float() - strided[0].float()).abs().max() > 0.1
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda q, k, v: torch.ops.aten._scaled_dot_product_flash_attention(q, k, v), "dtype torch.float32"),
+        (lambda q, k, v: torch.ops.aten._scaled_dot_product_flash_attention(q.bfloat16().transpose(2, 3), k.bfloat16(), v.bfloat16()), "4-D|contiguous last dim|differ"),  # noqa: E501
+        (lambda q, k, v: torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, True), "no grouped heads"),
+        (lambda q, k, v: torch.ops.aten._scaled_dot_product_efficient_attention(q[..., :30], k[..., :30].repeat_interleave(2, 1), v[..., :30].repeat_interleave(2, 1), None, True), "multiple of 4"),  # noqa: E501
+    ],
+)
+def test_standins_refuse_what_the_kernels_refuse(call, message):
+    q, k, v, _ = _inputs(S=16, D=32)
+    with pytest.raises(KernelContractError, match=message):
+        call(q, k, v)
+
+
+# ----------------------------------------------------------------------------------------- kernels and rings
+
+
+def test_backends_are_chosen_for_cuda_dtypes():
+    assert kernels.auto_backend("cuda", torch.bfloat16, 128) == "cuda_flash"
+    assert kernels.auto_backend("cuda", torch.float32, 128) == "cuda_efficient"  # not math: it materializes (Lq, Lk)
+    assert kernels.auto_backend("cuda", torch.float64, 128) == "math"
+    assert kernels.auto_backend("cpu", torch.float32, 128) == "cpu_flash"
+
+
+@pytest.mark.parametrize("backend", ["cpu_flash", "cuda_flash", "cuda_efficient", "math"])
+def test_causal_blocks_must_be_square(backend):
+    q, k, v, _ = _inputs(S=16, D=32)
+    with pytest.raises(ValueError, match="Lq 8, Lk 16"):
+        block_forward(q[:, :, :8].to(CUDA_BACKENDS.get(backend, torch.float32)), k, v, True, backend=backend)
+    with pytest.raises(ValueError, match="Lq 8, Lk 16"):
+        block_backward(q[:, :, :8], q[:, :, :8], k, v, q[:, :, :8], q[:, :, :8, 0], True, backend=backend)
+
+
+@pytest.mark.parametrize("backend", list(CUDA_BACKENDS))
+@pytest.mark.parametrize("layout, documents", list(itertools.product(LAYOUTS, (False, True))))
+def test_simulated_ring_on_cuda_kernels(standins, backend, layout, documents):
+    """Every layout, with and without packed documents: the ring's pieces take row slices of the
+    logsumexp, which the CUDA flash backward must get dense."""
+    dtype = CUDA_BACKENDS[backend]
+    q, k, v, dout = _inputs()
+    seg = packings(2, 48, seed=1) if documents else None
+    err = _errors(lambda *t: simulate_ring(*t, 4, True, layout, segment_ids=seg, backend=backend), q, k, v, dout, True, seg, dtype)
+    assert err <= 4 * _baseline(dtype) + 1e-4, f"{backend} {layout} documents={documents}: error {err}"
+    assert standins[backend.removeprefix("cuda_") + " backward"] > 0
+
+
+def test_ring_on_the_meta_device_with_cuda_kernels():
+    """Meta tensors, with the CUDA kernels forced: a tensor made without the inputs' device fails."""
+    q, k, v = (torch.empty(1, h, 64, 128, dtype=torch.bfloat16, device="meta", requires_grad=True) for h in (8, 2, 2))
+    for layout in LAYOUTS:
+        out = simulate_ring(q, k, v, 4, True, layout, backend="cuda_flash")
+        grads = torch.autograd.grad(out, (q, k, v), torch.empty_like(out))
+        assert [g.device.type for g in grads] == ["meta"] * 3 and [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+
+
+def test_training_step_on_cuda_flash_matches_cpu_flash():
+    """A bf16 model's loss and gradients through the ring at cp 1 with packed documents (what every
+    GPU training run computes): the CUDA flash path against the CPU flash kernel."""
+    cfg = ModelConfig.from_preset("debug")
+    tokens = torch.randint(0, cfg.vocab_size, (2, 65))
+    seg = packings(2, 64, seed=2)
+    results = []
+    for backend in ("cpu_flash", "cuda_flash"):
+        torch.manual_seed(0)
+        model = parallelize(Transformer(cfg).to(torch.bfloat16), backend=backend)
+        out = model(tokens[:, :-1], targets=tokens[:, 1:], loss_coeff=torch.full((2, 64), 1 / 128), segment_ids=seg)
+        out.loss.backward()
+        results.append((out.loss.float(), [p.grad.float() for p in model.parameters()]))
+    (loss_a, grads_a), (loss_b, grads_b) = results
+    torch.testing.assert_close(loss_b, loss_a, atol=2e-2, rtol=1e-2)
+    for a, b in zip(grads_a, grads_b):
+        assert (a - b).abs().max() <= 0.05 * a.abs().max() + 1e-3
+
+
+# ----------------------------------------------------------------------------------------- real gloo groups
+
+
+def _dist_worker(rank, world):
+    from cuda_standins import installed as standins_installed
+
+    q, k, v, dout = _inputs(seed=3, D=64)
+    seg = packings(2, 48, seed=4)
+    ring_g, uly_g = hybrid_groups(world // 2, 2) if world == 4 else (None, None)
+    cases = {
+        "ring": lambda *t, s: ring_attention(*t, causal=True, layout="zigzag", segment_ids=s, backend="cuda_flash"),
+        "ulysses": lambda *t, s: ulysses_attention(*t, causal=True, layout="striped", segment_ids=s, backend="cuda_flash"),
+    }
+    if world == 4:
+        cases["hybrid"] = lambda *t, s: hybrid_attention(*t, ring_g, uly_g, True, "striped", segment_ids=s, backend="cuda_flash")
+    errors = {}
+    with standins_installed():
+        for name, fn in cases.items():
+            layout = "zigzag" if name == "ring" else "striped"
+            sh = lambda t, d=2: shard(t, d, rank, world, layout, 2 if name == "hybrid" else 1)  # noqa: E731
+            ref, full = _reference(q, k, v, True, seg)
+            ref_grads = torch.autograd.grad(ref, full, dout)
+            local = [sh(t).bfloat16().requires_grad_() for t in (q, k, v)]
+            out = fn(*local, s=sh(seg, 1))
+            grads = torch.autograd.grad(out, local, sh(dout).bfloat16())
+            errors[name] = max(
+                (a.float() - sh(b)).abs().max().item() for a, b in zip((out, *grads), (ref, *ref_grads))
+            )
+    return errors
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_ring_ulysses_hybrid_on_gloo_with_cuda_flash(world):
+    base = _baseline(torch.bfloat16)
+    for rank_errors in run_distributed(_dist_worker, world, timeout=120):
+        for name, err in rank_errors.items():
+            assert err <= 4 * base + 1e-4, f"{name} on {world} ranks: error {err} (plain bf16 attention: {base})"
