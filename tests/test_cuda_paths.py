@@ -222,6 +222,32 @@ def _dist_worker(rank, world):
     return errors
 
 
+def _cache_worker(rank, world):
+    """Prefill (the ring in segments, then the cache's ring pass) and decode of a bf16 model."""
+    import torch.distributed as dist
+    from cuda_standins import installed as standins_installed
+
+    from lwm.data.vocab import Vocab
+    from lwm.infer import Generator
+
+    vocab = Vocab(4096)
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig.from_preset("debug", vocab_size=vocab.size)).to(torch.bfloat16).eval()
+    prompt = torch.randint(0, vocab.text_size, (45,), generator=torch.Generator().manual_seed(0))
+    scores = {}
+    with standins_installed() as calls:
+        for backend in ("cpu_flash", "cuda_flash"):
+            gen = Generator(model, vocab, group=dist.group.WORLD, prefill_chunk=5, backend=backend)
+            scores[backend] = gen.score(prompt, [[5, 6, 7, 8, 9], [10]])
+        return scores, dict(calls)
+
+
+def test_kv_cache_prefill_and_decode_with_cuda_flash():
+    for scores, calls in run_distributed(_cache_worker, 2, timeout=120):
+        assert calls["flash forward"] > 0
+        torch.testing.assert_close(torch.tensor(scores["cuda_flash"]), torch.tensor(scores["cpu_flash"]), atol=0.1, rtol=0.02)
+
+
 @pytest.mark.parametrize("world", [2, 4])
 def test_ring_ulysses_hybrid_on_gloo_with_cuda_flash(world):
     base = _baseline(torch.bfloat16)
