@@ -11,20 +11,26 @@ from pathlib import Path
 import torch
 
 from lwm.model import ModelConfig
+from lwm.train.checkpoint_io import CheckpointError, check_sharded, load_verified
 from lwm.weights import read_weights
 
 
 def checkpoint_weights(path: Path) -> dict[str, torch.Tensor]:
-    """The model's full state dict from a Lightning checkpoint (file or sharded folder)."""
-    if path.is_dir():  # distributed checkpoint: gather it into one file first
+    """The model's full state dict from a Lightning checkpoint (file or sharded folder), read
+    without unpickling anything but tensors and plain data (lwm.train.checkpoint_io)."""
+    if path.is_dir():  # distributed checkpoint: checked, then gathered into one file
         from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
+        check_sharded(path)
         with tempfile.TemporaryDirectory() as tmp:
             dcp_to_torch_save(path, Path(tmp) / "full.pt")
-            state = torch.load(Path(tmp) / "full.pt", map_location="cpu", weights_only=False)
+            state = load_verified(Path(tmp) / "full.pt")
         state = state.get("state_dict", state)
     else:
-        state = torch.load(path, map_location="cpu", weights_only=False)["state_dict"]
+        state = load_verified(path)
+        if "state_dict" not in state:
+            raise CheckpointError(f"{path} has no state_dict: not a Lightning checkpoint of a training stage")
+        state = state["state_dict"]
     prefix = "model."
     return {k[len(prefix) :] if k.startswith(prefix) else k: v for k, v in state.items()}
 

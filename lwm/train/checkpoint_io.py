@@ -1,0 +1,162 @@
+"""Stage checkpoints on disk: written atomically next to their target, checksummed, and read back
+without running anything from the file.
+
+Writing: the bytes go to a temporary file in the target's folder, are flushed to disk, and replace
+the target with one rename, so a kill at any moment leaves the previous checkpoint or the new one,
+never a torn file (Lightning's own writer stages the file in $TMPDIR and moves it, which across
+filesystems is truncate-then-copy). A `<name>.sha256` beside it is written the same way, after it.
+
+Reading: the checksum is verified when present (a run folder from elsewhere may lack it), and the
+file is read with `torch.load(weights_only=True)`: tensors and plain data only, no pickled objects.
+Sharded checkpoints (a folder) have their `.metadata` read with an unpickler that knows only the
+checkpoint format's own classes, and their non-tensor entries checked with `weights_only=True`,
+before torch.distributed.checkpoint (which unpickles both freely) is let near them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import pickle
+from pathlib import Path
+
+import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+
+CHUNK = 1 << 20
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be trusted or read; the message names the file and what to do."""
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def checksum_path(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """`data` at `path` with one rename from a temporary file in the same folder."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    _fsync_dir(path.parent)
+
+
+def save_verified(obj, path: Path) -> None:
+    """torch.save `obj` at `path` atomically, then its checksum beside it."""
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    data = buffer.getvalue()
+    write_atomic(path, data)
+    write_atomic(checksum_path(path), f"{hashlib.sha256(data).hexdigest()}  {Path(path).name}\n".encode())
+
+
+def verify(path: Path) -> None:
+    """Refuse a file whose checksum file disagrees with its bytes (no checksum file: nothing to verify)."""
+    path = Path(path)
+    sums = checksum_path(path)
+    if not sums.is_file():
+        return
+    expected = sums.read_text().split()[0] if sums.read_text().strip() else ""
+    if sha256(path) != expected:
+        raise CheckpointError(
+            f"{path} does not match its checksum in {sums}: the file is corrupted or was cut short; "
+            "resume from another checkpoint or delete it to start the stage again"
+        )
+
+
+def load_verified(path: Path, map_location="cpu") -> dict:
+    """A checkpoint file's contents: checksum verified, tensors and plain data only."""
+    path = Path(path)
+    verify(path)
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise CheckpointError(
+            f"refusing to load {path}: it holds objects other than tensors and plain data, which would run "
+            f"code when unpickled ({str(e).splitlines()[0]})"
+        ) from None
+    except (EOFError, RuntimeError, OSError) as e:
+        raise CheckpointError(f"{path} is cut short or corrupted and cannot be read ({e})") from None
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's checkpoint IO for single-file checkpoints, written and read as above."""
+
+    def save_checkpoint(self, checkpoint, path, storage_options=None) -> None:
+        save_verified(checkpoint, Path(path))
+
+    def load_checkpoint(self, path, map_location=None, weights_only=None) -> dict:
+        return load_verified(Path(path), map_location or "cpu")
+
+    def remove_checkpoint(self, path) -> None:
+        super().remove_checkpoint(path)
+        checksum_path(Path(path)).unlink(missing_ok=True)
+
+
+# ----------------------------------------------------------------------------------------- sharded checkpoints
+
+_DCP_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem")
+_PATHS = {"PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Only the classes a torch.distributed.checkpoint `.metadata` file is made of."""
+
+    def find_class(self, module: str, name: str):
+        if module in _DCP_MODULES and not name.startswith("__"):
+            return super().find_class(module, name)
+        if module == "torch" and (name == "Size" or isinstance(getattr(torch, name, None), torch.dtype)):
+            return getattr(torch, name)
+        if (module, name) == ("torch.serialization", "_get_layout") or (module == "pathlib" and name in _PATHS):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not part of a checkpoint's metadata")
+
+
+def check_sharded(folder: Path) -> None:
+    """Refuse a sharded checkpoint folder whose metadata or non-tensor entries hold code."""
+    meta_file = Path(folder) / ".metadata"
+    if not meta_file.is_file():
+        raise CheckpointError(f"{folder} has no .metadata: not a complete sharded checkpoint")
+    try:
+        with open(meta_file, "rb") as f:
+            metadata = _MetadataUnpickler(f).load()
+    except (pickle.UnpicklingError, EOFError, AttributeError, ValueError) as e:
+        raise CheckpointError(f"refusing {meta_file}: {e}") from None
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+    for index, info in (metadata.storage_data or {}).items():
+        if not isinstance(metadata.state_dict_metadata.get(index.fqn), BytesStorageMetadata):
+            continue
+        with open(Path(folder) / info.relative_path, "rb") as f:
+            f.seek(info.offset)
+            blob = io.BytesIO(f.read(info.length))
+        try:
+            torch.load(blob, map_location="cpu", weights_only=True)
+        except Exception as e:  # anything but plain data: refused before DCP unpickles it
+            raise CheckpointError(f"refusing {folder}: entry {index.fqn!r} is not plain data ({e})") from None

@@ -1,0 +1,116 @@
+"""Checkpoints from elsewhere run no code; checkpoints we write are atomic and verified.
+
+Crafted files carry a pickle whose unpickling would create a marker file: the tests assert the
+refusal and that the marker never appears."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import pickle
+from dataclasses import asdict
+
+import pytest
+import torch
+
+from lwm.model import ModelConfig
+from lwm.train import rng
+from lwm.train.checkpoint_io import AtomicCheckpointIO, CheckpointError, check_sharded, load_verified, save_verified
+from lwm.train.outputs import load_stage
+
+
+class Payload:
+    """Unpickling this creates `marker`: what a crafted file would do with a shell command."""
+
+    def __init__(self, marker: pathlib.Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return pathlib.Path.touch, (self.marker,)
+
+
+def stage_folder(tmp_path, checkpoint) -> pathlib.Path:
+    stage = tmp_path / "stage"
+    (stage / "checkpoints").mkdir(parents=True)
+    (stage / "model_config.json").write_text(json.dumps(asdict(ModelConfig.from_preset("debug"))))
+    torch.save(checkpoint, stage / "checkpoints" / "last.ckpt")
+    return stage
+
+
+def test_a_pickled_checkpoint_in_a_run_folder_runs_nothing(tmp_path):
+    marker = tmp_path / "ran"
+    stage = stage_folder(tmp_path, {"state_dict": {"model.w": torch.zeros(1)}, "x": Payload(marker)})
+    with pytest.raises(CheckpointError, match="refusing to load .*last.ckpt.*objects other than tensors"):
+        load_stage(stage)
+    assert not marker.exists()
+
+
+def test_random_states_are_plain_data_and_pickled_ones_are_refused(tmp_path):
+    states = rng.gather_states()
+    path = tmp_path / "c.ckpt"
+    torch.save({"rng_states": states}, path)
+    torch.manual_seed(5)
+    want = torch.rand(3)
+    rng.restore_own(torch.load(path, weights_only=True)["rng_states"])  # loads without pickle
+    torch.manual_seed(5)
+    assert torch.equal(torch.rand(3), want)
+    marker = tmp_path / "ran"
+    with pytest.raises(ValueError, match="random state for rank 0 is a bytes.*not unpickled"):
+        rng.restore_own({"0": pickle.dumps(Payload(marker))})
+    assert not marker.exists()
+
+
+def test_checkpoints_are_written_beside_their_target_and_verified(tmp_path, monkeypatch):
+    io = AtomicCheckpointIO()
+    target = tmp_path / "ckpts" / "last.ckpt"
+    made = []
+    real_open = open
+
+    def spy_open(file, mode="r", *args, **kwargs):
+        if "w" in mode:
+            made.append(pathlib.Path(file))
+        return real_open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", spy_open)
+    io.save_checkpoint({"state_dict": {"w": torch.arange(4.0)}, "step": 3}, target)
+    monkeypatch.undo()
+    assert made and all(p.parent == target.parent for p in made)  # never staged in $TMPDIR
+    assert sorted(p.name for p in target.parent.iterdir()) == ["last.ckpt", "last.ckpt.sha256"]
+    assert io.load_checkpoint(target)["step"] == 3
+    data = bytearray(target.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped byte: the zip reader would not notice
+    target.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="last.ckpt does not match its checksum"):
+        io.load_checkpoint(target)
+
+
+def test_a_cut_short_checkpoint_names_the_file(tmp_path):
+    path = tmp_path / "last.ckpt"
+    torch.save({"w": torch.zeros(1000)}, path)
+    path.write_bytes(path.read_bytes()[:300])
+    with pytest.raises(CheckpointError, match="last.ckpt is cut short or corrupted"):
+        load_verified(path)
+
+
+def test_sharded_checkpoint_metadata_with_code_is_refused(tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    folder = tmp_path / "last.ckpt"
+    dcp.save({"model": {"w": torch.zeros(2)}, "step": 3, "note": {"a": [1, 2]}}, checkpoint_id=folder)
+    check_sharded(folder)  # what we write passes
+    marker = tmp_path / "ran"
+    (folder / ".metadata").write_bytes(pickle.dumps(Payload(marker)))
+    with pytest.raises(CheckpointError, match="pathlib.Path.touch|is not part of a checkpoint"):
+        check_sharded(folder)
+    assert not marker.exists()
+    crafted = tmp_path / "crafted.ckpt"  # code in a non-tensor entry, which DCP would unpickle freely
+    dcp.save({"model": {"w": torch.zeros(2)}, "loops": Payload(marker)}, checkpoint_id=crafted)
+    with pytest.raises(CheckpointError, match="entry 'loops' is not plain data"):
+        check_sharded(crafted)
+    assert not marker.exists()
+
+
+def test_verified_save_refuses_nothing_it_wrote(tmp_path):
+    path = tmp_path / "x.ckpt"
+    save_verified({"a": torch.ones(2), "b": [1, "two", 3.0]}, path)
+    assert load_verified(path)["b"] == [1, "two", 3.0]
