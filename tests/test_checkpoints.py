@@ -114,3 +114,14 @@ def test_verified_save_refuses_nothing_it_wrote(tmp_path):
     path = tmp_path / "x.ckpt"
     save_verified({"a": torch.ones(2), "b": [1, "two", 3.0]}, path)
     assert load_verified(path)["b"] == [1, "two", 3.0]
+
+
+def test_a_metrics_row_cut_by_a_kill_is_dropped_and_a_corrupted_one_named(tmp_path):
+    from lwm.train.callbacks import MetricHistory
+
+    path = tmp_path / "metrics.csv"
+    path.write_text("step,train/loss,train/lr\n0,1.5,0.1\n1,1.4,0.1\n2,1.")  # killed mid-field
+    assert [r["step"] for r in MetricHistory.read(path)] == ["0", "1"]
+    path.write_text("step,train/loss,train/lr\n0,1.5,0.1\n1,1.4\n2,1.3,0.1\n")
+    with pytest.raises(ValueError, match="metrics.csv, line 3: not a metrics row"):
+        MetricHistory.read(path)

@@ -4,6 +4,7 @@ stage's progress bar, and the metric history of a resumed stage."""
 from __future__ import annotations
 
 import csv
+import io
 import resource
 import sys
 import time
@@ -121,10 +122,21 @@ class MetricHistory(L.Callback):
 
     @staticmethod
     def read(path) -> list[dict[str, str]]:
+        """The rows of a metrics.csv; a last row without its newline (a killed writer's) is dropped."""
         if not path.is_file():
             return []
-        with open(path, newline="") as f:
-            return list(csv.DictReader(f))
+        text = path.read_text(errors="replace")
+        if text and not text.endswith("\n"):
+            text = text[: text.rfind("\n") + 1]
+        rows = list(csv.DictReader(io.StringIO(text, newline="")))
+        for number, row in enumerate(rows, start=2):
+            bad = [k for k, v in row.items() if k is None or v is None or (v != "" and not _is_number(v))]
+            if "step" not in row or bad:
+                raise ValueError(
+                    f"{path}, line {number}: not a metrics row (fields {bad or ['step']}); "
+                    "the file is corrupted: delete it (the stage's logs restart) or restore it"
+                )
+        return rows
 
     def on_train_start(self, trainer, pl_module) -> None:
         csv_logger = next((lg for lg in trainer.loggers if isinstance(lg, CSVLogger)), None)
@@ -137,6 +149,14 @@ class MetricHistory(L.Callback):
                     {k: float(v) for k, v in row.items() if v != "" and k != "step"}, step
                 )
         csv_logger.save()
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 class StageCheckpoint(ModelCheckpoint):
