@@ -1,12 +1,20 @@
 """The GPU check: every CUDA path's tests and the GPU halves of the benchmarks, one call.
 
 Each part is its own process with its own time cap; a part that fails or runs out of time is
-recorded and the next one runs. Everything lands in the output folder:
+recorded and the next one runs. The output folder gets four files, well inside what the device
+tool brings back from $OUT (at most 8 files of 16 MiB, 64 MiB together; a ninth is dropped
+silently), and the script checks that at the end:
 
     report.json      per part: command, cap, seconds, exit status, test counts, output tail
-    report.md        the same as a summary table, then each part's output
-    <part>.log       each part's whole output
+    report.md        the same as a summary table, then each part's output tail
+    parts.log        every part's output, in order (a part's first MiB, then its last 256 KiB)
     benchmarks.md    docs/benchmarks.md with the benchmarks' GPU sections filled in
+
+Nothing waits for the end: the reports are rewritten before each part, every few seconds while
+it runs and when it ends, and its output goes into parts.log line by line, so a part (or a whole
+call) cut off by a time limit keeps what it measured. The benchmarks write their own sections
+into benchmarks.md when they finish. The tests' junit XML stays in a temporary folder; its counts
+and failures go into the reports.
 
     scripts/gpu_check.sh                       # on a machine with a GPU (see that file's header)
     scripts/gpu_check.sh --dry-run --out DIR   # the same plumbing on CPU, tiny shapes, seconds
@@ -16,6 +24,8 @@ recorded and the next one runs. Everything lands in the output folder:
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -25,9 +35,12 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,7 +48,18 @@ DOC = ROOT / "docs" / "benchmarks.md"
 PY = sys.executable
 # What the check imports, by import name; a missing one is reported before anything runs.
 MODULES = ("torch", "lightning", "hydra", "omegaconf", "transformers", "sentencepiece", "safetensors", "pytest")
-TAIL_LINES = 60
+# Distributions whose versions the preflight records (the device's own or the carried ones).
+VERSIONS = ("torch", "lightning", "hydra-core", "omegaconf", "transformers", "pytest", "pluggy", "tabulate")
+TAIL_LINES = 60  # of each part's output in the reports
+LINE_CHARS = 500  # a longer line is cut in the reports (parts.log keeps it)
+LOG = "parts.log"
+LOG_HEAD_BYTES = 2**20  # per part: the first MiB of output goes to parts.log as it comes,
+LOG_TAIL_BYTES = 2**18  # then only the last 256 KiB, appended when the part ends (5 parts < 7 MiB)
+PUBLISH_EVERY_S = 5.0  # the reports show a running part's output this often
+# What the device tool brings back from $OUT: at most 8 files, 16 MiB each, 64 MiB together, two
+# folders deep, named in letters, digits, '.', '_' and '-' (the device tool's README, Limits).
+MAX_FILES, MAX_FILE_BYTES, MAX_TOTAL_BYTES, MAX_DEPTH = 8, 16 * 2**20, 64 * 2**20, 2
+FILE_NAME = re.compile(r"[A-Za-z0-9._-]+")
 
 
 @dataclass
@@ -44,10 +68,11 @@ class Part:
     cap_s: int  # the GPU run's caps add up to 8 minutes with the preflight
     gpu: list[str]  # arguments after the interpreter
     dry: list[str]  # the same entry point on CPU with tiny shapes
+    env: dict[str, str] = field(default_factory=dict)  # set for this part alone
 
-    def command(self, dry: bool, out: Path) -> list[str]:
+    def command(self, dry: bool, tmp: Path) -> list[str]:
         args = self.dry if dry else self.gpu
-        return [PY, *(a.replace("{out}", str(out)) for a in args)]
+        return [PY, *(a.replace("{tmp}", str(tmp)) for a in args)]
 
 
 TESTS = [
@@ -59,11 +84,14 @@ TESTS = [
     "tests/test_gpu.py",
     "tests/test_parallel_gpu.py",
     "--junitxml",
-    "{out}/tests.xml",
+    "{tmp}/tests.xml",  # read for the counts; not one of the files brought back
 ]
+# The device's own pytest plugins (pytest-xdist, -timeout, -benchmark, hypothesis, ...) are built
+# for its pytest; none is needed here, and one that breaks on import would stop collection.
+NO_PLUGIN_AUTOLOAD = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
 PARTS = [
     # ring / Ulysses / hybrid and document masks on CUDA, a one-GPU bf16 training step, the KV cache
-    Part("tests", 110, TESTS, TESTS),
+    Part("tests", 110, TESTS, TESTS, NO_PLUGIN_AUTOLOAD),
     # the ring schedule over simulated ranks vs one fused SDPA flash call, bf16, fwd+bwd
     Part(
         "attention",
@@ -200,6 +228,11 @@ PARTS = [
 
 def preflight() -> dict:
     info = {"python": platform.python_version(), "missing": [m for m in MODULES if importlib.util.find_spec(m) is None]}
+    versions = {}
+    for name in VERSIONS:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            versions[name] = importlib.metadata.version(name)
+    info["versions"] = versions
     probe = subprocess.run(
         [
             PY,
@@ -225,50 +258,128 @@ def test_counts(xml: Path) -> dict | None:
     suites = ET.parse(xml).getroot()
     suite = suites if suites.tag == "testsuite" else suites.find("testsuite")
     n = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+    failed = [
+        f"{case.get('classname')}::{case.get('name')}"
+        for case in suite.iter("testcase")
+        if case.find("failure") is not None or case.find("error") is not None
+    ]
     return {
         "passed": n["tests"] - n["failures"] - n["errors"] - n["skipped"],
         "failed": n["failures"] + n["errors"],
         "skipped": n["skipped"],
+        "failed_tests": failed[:50],
     }
 
 
-def run_part(part: Part, dry: bool, out: Path, env: dict) -> dict:
-    cmd = part.command(dry, out)
-    log = out / f"{part.name}.log"
+class Capture:
+    """A part's output into parts.log, bounded: the first LOG_HEAD_BYTES as they come (a call cut
+    off mid-part keeps them), then the last LOG_TAIL_BYTES, appended when the part ends."""
+
+    def __init__(self, log: Path, name: str, cmd: str):
+        self.file = open(log, "a", encoding="utf-8", errors="replace")
+        self.file.write(f"===== {name}: {cmd}\n")
+        self.file.flush()
+        self.lock = threading.Lock()
+        self.head = 0  # bytes written as they came
+        self.late: deque[bytes] = deque()  # output past the head, at most LOG_TAIL_BYTES of it
+        self.late_bytes = self.trimmed = 0
+        self.tail: deque[str] = deque(maxlen=TAIL_LINES)  # for the reports
+
+    def read(self, stream) -> None:
+        for chunk in iter(lambda: stream.readline(65536), b""):  # a line, or 64 KiB of a longer one
+            with self.lock:
+                if self.file.closed:
+                    return
+                self.tail.append(chunk.decode(errors="replace").rstrip("\n")[:LINE_CHARS])
+                if not self.late and self.head + len(chunk) <= LOG_HEAD_BYTES:
+                    self.file.write(chunk.decode(errors="replace"))
+                    self.file.flush()
+                    self.head += len(chunk)
+                    continue
+                self.late.append(chunk)
+                self.late_bytes += len(chunk)
+                while self.late_bytes > LOG_TAIL_BYTES:
+                    self.late_bytes -= len(dropped := self.late.popleft())
+                    self.trimmed += len(dropped)
+
+    def text(self) -> str:
+        with self.lock:
+            return "\n".join(self.tail)
+
+    def close(self, status: str) -> None:
+        with self.lock:
+            if self.trimmed:
+                self.file.write(f"\n..... {self.trimmed} bytes of output left out here .....\n")
+            self.file.write(b"".join(self.late).decode(errors="replace"))
+            self.file.write(f"\n===== {status}\n\n")
+            self.file.close()
+
+
+def run_part(part: Part, dry: bool, out: Path, env: dict, tmp: Path | None = None, progress=None) -> dict:
+    """Run one part under its cap, its output into out/parts.log; `progress(result)` is called
+    every PUBLISH_EVERY_S while it runs, with the result so far."""
+    tmp = tmp or out
+    cmd = part.command(dry, tmp)
+    shown = " ".join("python" if c == PY else c for c in cmd)
+    capture = Capture(out / LOG, part.name, shown)
     start = time.monotonic()
-    with open(log, "w") as f:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**env, **part.env},
+        start_new_session=True,
+    )
+    reader = threading.Thread(target=capture.read, args=(proc.stdout,), daemon=True)
+    reader.start()
+
+    def result(status, rc=None) -> dict:
+        return {
+            "name": part.name,
+            "command": shown,
+            "env": part.env,
+            "cap_s": part.cap_s,
+            "seconds": round(time.monotonic() - start, 1),
+            "rc": rc,
+            "status": status,
+            "log_trimmed_bytes": capture.trimmed,
+            "tail": capture.text(),
+        }
+
+    while True:
+        left = start + part.cap_s - time.monotonic()
         try:
-            rc = proc.wait(timeout=part.cap_s)
+            rc = proc.wait(timeout=max(0.0, min(PUBLISH_EVERY_S, left)))
             status = "ok" if rc == 0 else "failed"
+            break
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # the part's children (e.g. spawned ranks) too
-            rc, status = proc.wait(), "timed out"
-    seconds = time.monotonic() - start
-    lines = log.read_text(errors="replace").splitlines()
-    result = {
-        "name": part.name,
-        "command": " ".join("python" if c == PY else c for c in cmd),
-        "cap_s": part.cap_s,
-        "seconds": round(seconds, 1),
-        "rc": rc,
-        "status": status,
-        "tail": "\n".join(lines[-TAIL_LINES:]),
-    }
+            if left <= PUBLISH_EVERY_S:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)  # the part's children (e.g. spawned ranks) too
+                rc, status = proc.wait(), "timed out"
+                break
+            if progress:
+                progress(result("running"))
+    reader.join(timeout=10)  # a child that left the process group may hold the pipe open: go on
+    capture.close(status)
+    r = result(status, rc)
     if part.name == "tests":
-        result["tests"] = counts = test_counts(out / "tests.xml")
+        r["tests"] = counts = test_counts(tmp / "tests.xml")
         if status == "ok" and counts and not dry and counts["passed"] == 0:
-            result["status"] = "failed"  # on a GPU every test should run: all skipped means no CUDA
-    return result
+            r["status"] = "failed"  # on a GPU every test should run: all skipped means no CUDA
+    return r
 
 
 def markdown(report: dict) -> str:
     pre = report["preflight"]
+    versions = ", ".join(f"{k} {v}" for k, v in pre.get("versions", {}).items())
     lines = [
         f"# GPU check{' (dry run on CPU)' if report['dry_run'] else ''}",
         "",
         f"Python {pre['python']}, torch {pre['torch']}, device {pre['device'] or 'none'}; "
-        f"missing modules: {', '.join(pre['missing']) or 'none'}. Total {report['seconds']:.0f} s.",
+        f"missing modules: {', '.join(pre['missing']) or 'none'}{'; ' + versions if versions else ''}. "
+        f"{'Total' if report['done'] else 'Still running; so far'} {report['seconds']:.0f} s.",
         "",
         "| part | status | seconds | cap | tests | command |",
         "| --- | --- | ---: | ---: | --- | --- |",
@@ -279,9 +390,41 @@ def markdown(report: dict) -> str:
         lines.append(
             f"| {p['name']} | {p['status']} | {p['seconds']:.0f} | {p['cap_s']} | {tests} | `{p['command']}` |"
         )
+    lines += [f"| {p.name} | not started | | {p.cap_s} | | |" for p in report["pending"]]
     for p in report["parts"]:
-        lines += ["", f"## {p['name']}: {p['status']}", "", "```", p["tail"], "```"]
+        trimmed = f" ({p['log_trimmed_bytes']} bytes left out of its middle)" if p["log_trimmed_bytes"] else ""
+        lines += ["", f"## {p['name']}: {p['status']}", "", f"Whole output in {LOG}{trimmed}; its end:", ""]
+        failed = (p.get("tests") or {}).get("failed_tests")
+        lines += [f"- failed: `{t}`" for t in failed or []] + ([""] if failed else [])
+        lines += ["```", p["tail"], "```"]
+    if report.get("out"):
+        lines += ["", f"Files brought back: {report['out']}."]
     return "\n".join(lines) + "\n"
+
+
+def write_report(out: Path, report: dict) -> None:
+    """report.json and report.md, each replaced whole (a reader never sees half a file)."""
+    data = {**report, "pending": [p.name for p in report["pending"]]}
+    for name, text in (("report.json", json.dumps(data, indent=2) + "\n"), ("report.md", markdown(report))):
+        part = out / f"{name}.part"
+        part.write_text(text)
+        os.replace(part, out / name)
+
+
+def out_problems(out: Path) -> tuple[dict[str, int], list[str]]:
+    """The files under `out` (name -> bytes) and what the device tool would not bring back."""
+    files = {str(f.relative_to(out)): f.stat().st_size for f in sorted(out.rglob("*")) if f.is_file()}
+    problems = []
+    if len(files) > MAX_FILES:
+        problems.append(f"{len(files)} files, more than {MAX_FILES}: {', '.join(files)}")
+    problems += [f"{n} has {b} bytes, more than {MAX_FILE_BYTES}" for n, b in files.items() if b > MAX_FILE_BYTES]
+    if sum(files.values()) > MAX_TOTAL_BYTES:
+        problems.append(f"{sum(files.values())} bytes in all, more than {MAX_TOTAL_BYTES}")
+    for n in files:
+        parts = Path(n).parts
+        if len(parts) > MAX_DEPTH + 1 or not all(FILE_NAME.fullmatch(p) for p in parts):
+            problems.append(f"{n}: too deep or a name the device tool does not bring back")
+    return files, problems
 
 
 def check(args) -> int:
@@ -294,6 +437,7 @@ def check(args) -> int:
             file=sys.stderr,
         )
         return 2
+    (out / LOG).write_text("")
     bench_doc = out / "benchmarks.md"
     shutil.copyfile(DOC, bench_doc)  # the benchmarks write their sections into this copy
     env = {**os.environ, "LWM_BENCH_DOC": str(bench_doc), "PYTHONWARNINGS": "ignore"}
@@ -305,27 +449,46 @@ def check(args) -> int:
         flush=True,
     )
     start = time.monotonic()
-    results = []
-    for part in PARTS:
-        if args.only and part.name not in args.only:
-            continue
-        r = run_part(part, args.dry_run, out, env)
-        results.append(r)
-        t = r.get("tests")
-        extra = f" ({t['passed']} passed, {t['failed']} failed, {t['skipped']} skipped)" if t else ""
-        print(f"gpu_check: {r['name']}: {r['status']} in {r['seconds']:.0f} s (cap {r['cap_s']} s){extra}", flush=True)
-        if r["status"] != "ok":
-            print("\n".join(r["tail"].splitlines()[-15:]), flush=True)
-    report = {
-        "dry_run": args.dry_run,
-        "preflight": pre,
-        "seconds": round(time.monotonic() - start, 1),
-        "parts": results,
-    }
-    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-    (out / "report.md").write_text(markdown(report))
-    print(f"gpu_check: report in {out}/report.md", flush=True)
-    return 0 if all(r["status"] == "ok" for r in results) else 1
+    parts = [p for p in PARTS if not args.only or p.name in args.only]
+    report = {"dry_run": args.dry_run, "done": False, "preflight": pre, "seconds": 0.0, "parts": [], "pending": parts}
+
+    def publish(running: dict | None = None) -> None:
+        report["seconds"] = round(time.monotonic() - start, 1)
+        finished = report["parts"]
+        write_report(out, {**report, "parts": finished + [running] if running else finished})
+
+    with tempfile.TemporaryDirectory(prefix="gpu_check-") as tmp:  # the junit XML, not brought back
+        for i, part in enumerate(parts):
+            report["pending"] = parts[i:]
+            publish()  # this part shows as not started until it has run PUBLISH_EVERY_S
+            report["pending"] = parts[i + 1 :]
+            r = run_part(part, args.dry_run, out, env, Path(tmp), progress=publish)
+            report["parts"].append(r)
+            publish()
+            t = r.get("tests")
+            extra = f" ({t['passed']} passed, {t['failed']} failed, {t['skipped']} skipped)" if t else ""
+            print(
+                f"gpu_check: {r['name']}: {r['status']} in {r['seconds']:.0f} s (cap {r['cap_s']} s){extra}", flush=True
+            )
+            if r["log_trimmed_bytes"]:
+                print(f"gpu_check: {r['name']}: {r['log_trimmed_bytes']} bytes of its output left out of {LOG}")
+            if r["status"] != "ok":
+                print("\n".join(r["tail"].splitlines()[-15:]), flush=True)
+    report.update(done=True, pending=[])
+    files, _ = out_problems(out)
+    report["out"] = f"{len(files)} files (the device tool takes {MAX_FILES}), " + ", ".join(
+        f"{n} {b / 1024:.0f} KiB" for n, b in files.items()
+    )
+    publish()
+    files, problems = out_problems(out)  # again, with the final reports' sizes
+    print(
+        f"gpu_check: report in {out}/report.md; {out} holds {len(files)} files, {sum(files.values())} bytes", flush=True
+    )
+    for p in problems:
+        print(f"gpu_check: the device tool would not bring this back: {p}", file=sys.stderr)
+    if problems:
+        return 3
+    return 0 if all(r["status"] == "ok" for r in report["parts"]) else 1
 
 
 GPU_SECTION = re.compile(r"<!-- bench:([\w-]*cuda) -->\n(.*?)\n<!-- /bench:\1 -->", re.S)

@@ -1,10 +1,16 @@
-"""The CUDA paths past the attention kernels (skipped without a GPU): ring, Ulysses and hybrid
-attention through a real one-rank NCCL group, fp32 and bf16, forward and backward; one GPU's
+"""What one GPU can check past the attention kernels (skipped without a GPU): the CUDA kernels
+under ring, Ulysses and hybrid attention on one device, fp32 and bf16, forward and backward, with
+and without document masks; the multi-step ring schedule on CUDA through simulate_ring; one GPU's
 training step (FSDP2: fp32 master weights, bf16 compute); generation with the KV cache.
 
-One GPU cannot hold a multi-rank NCCL group (NCCL refuses two ranks on one device, and gloo has
-no CUDA all-to-all), so the multi-rank schedules are checked here through simulate_ring and on
-CPU through gloo; the one-rank group runs every device placement and collective call of them."""
+What it cannot check: communication. The NCCL group here has one rank (NCCL refuses two ranks on
+one device, and gloo has no CUDA all-to-all), and a group of one sends nothing: RingComm makes no
+send or receive (ring_attention runs its single local step), Ulysses and hybrid return before
+their all-to-all. The multi-rank contract is checked without a GPU instead: tests/comm_contract.py
+holds every tensor handed to a collective or a send/receive in the multi-process gloo tests to
+what NCCL requires (on the compute device, not on the host, dense, a dtype NCCL carries, matching
+sizes), and tests/cuda_standins.py runs the CUDA attention kernels' code paths (ring, Ulysses,
+hybrid, with the kernels' memory contracts) on CPU."""
 
 from __future__ import annotations
 
@@ -26,7 +32,8 @@ GRAD_TOL = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.bfloat16: dict(atol
 
 @pytest.fixture(scope="module")
 def nccl():
-    """A one-rank NCCL group (or the one a test before made)."""
+    """A one-rank NCCL group (or the one a test before made): the code takes its group paths and
+    device placements, but no collective or send/receive runs in a group of one."""
     if not dist.is_initialized():
         dist.init_process_group("nccl", rank=0, world_size=1, store=dist.HashStore())
     torch.cuda.set_device(0)
@@ -50,7 +57,10 @@ def _check(out, low, full, seg, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("mode", ["ring", "ulysses", "hybrid"])
-def test_attention_through_a_nccl_group(nccl, mode, dtype):
+def test_attention_on_one_gpu_through_a_one_rank_group(nccl, mode, dtype):
+    """Ring and hybrid: the single local ring step on the CUDA kernels (document pieces, the
+    logsumexp handed to the flash backward); Ulysses: the one-device attention it falls back to.
+    With one rank nothing travels."""
     full, low = _inputs(dtype)
     seg = packings(2, 512, seed=2, lengths=(1, 7, 60, 200)).cuda()
     fn = {

@@ -1,4 +1,6 @@
-"""CUDA block kernels and the simulated ring in bf16 (skipped without a GPU)."""
+"""CUDA block kernels and the simulated ring in bf16 (skipped without a GPU): the real kernels on
+one device, every ring step in one process, no communication (tests/test_gpu.py says what one GPU
+cannot check, and where that is covered)."""
 
 import pytest
 import torch
