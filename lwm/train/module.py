@@ -7,9 +7,15 @@ builds AdamW with the stage's learning-rate schedule, and clips the total gradie
 `optim.grad_clip` before each optimizer step (logged before clipping as train/grad_norm). Under
 context parallelism every rank of a group holds a slice of the same sequence: counts are summed
 over the group so that the ranks' losses add up to the loss of the whole sequence.
+
+The loss, what backward runs on and the optimizer are plain functions (batch_loss,
+training_objective, build_optimizer, clip_grad_norm): lwm/train/fake_step.py runs the same step
+outside Lightning.
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import lightning as L
 import torch
@@ -21,7 +27,7 @@ from lwm.parallel import global_group_counts
 from lwm.train import rng
 from lwm.train.config import OptimConfig, ParallelConfig, StageConfig
 from lwm.train.lr import lr_factor
-from lwm.train.sharding import apply_activation_checkpointing, shard_model
+from lwm.train.sharding import CP_DIM, apply_activation_checkpointing, compute_settings, fsdp_mesh, shard_model
 
 
 def clip_grad_norm(parameters, max_norm: float | None) -> torch.Tensor:
@@ -34,6 +40,45 @@ def clip_grad_norm(parameters, max_norm: float | None) -> torch.Tensor:
     if max_norm is not None and max_norm > 0:
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
     return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+
+def group_size(group) -> int:
+    """Ranks in a context-parallel group; None (no group) is one."""
+    return dist.get_world_size(group) if group is not None else 1
+
+
+def batch_loss(model: Transformer, batch: dict, optim: OptimConfig, cp_group, document_mask: bool):
+    """(this rank's share of the loss, differentiable; the whole sequence's loss, detached).
+    Under context parallelism the text/vision counts are summed over the group first, so the
+    ranks' shares add up to the loss of the whole sequence."""
+    cp = group_size(cp_group)
+    counts = global_group_counts(batch["loss_weight"], batch["vision_mask"], group=cp_group) if cp > 1 else None
+    coeff = token_coefficients(
+        batch["loss_weight"], batch["vision_mask"], optim.text_weight, optim.vision_weight, counts=counts
+    )
+    segments = batch["segment_ids"] if document_mask else None
+    out = model(batch["tokens"], batch["positions"], targets=batch["targets"], loss_coeff=coeff, segment_ids=segments)
+    loss = out.loss.detach().clone()
+    if cp > 1:
+        dist.all_reduce(loss, group=cp_group)  # the whole sequence's loss
+    return out.loss, loss
+
+
+def training_objective(model: Transformer, batch: dict, optim: OptimConfig, cp_group, document_mask: bool):
+    """(what backward runs on, the whole sequence's loss). FSDP averages gradients over all
+    dp x cp ranks; the cp ranks' losses are parts of one sum, so the share is scaled by cp: the
+    result is the mean over data-parallel ranks of whole losses."""
+    share, loss = batch_loss(model, batch, optim, cp_group, document_mask)
+    return share * group_size(cp_group), loss
+
+
+def build_optimizer(model: Transformer, stage: StageConfig, optim: OptimConfig):
+    """AdamW (weight decay on matrices only) and its per-step LambdaLR schedule."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": optim.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    optimizer = torch.optim.AdamW(groups, lr=stage.lr, betas=tuple(optim.betas))
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(stage))
 
 
 def lr_lambda(stage: StageConfig):
@@ -53,14 +98,20 @@ def lr_lambda(stage: StageConfig):
     return factor
 
 
+Weights = dict[str, torch.Tensor]
+
+
 class LWMModule(L.LightningModule):
+    """init_state: the starting weights, or a function that reads them (called on global rank 0
+    only: the other ranks receive rank 0's by broadcast); None: fresh weights from `seed`."""
+
     def __init__(
         self,
         model_config: ModelConfig,
         stage: StageConfig,
         optim: OptimConfig,
         parallel: ParallelConfig,
-        init_state: dict[str, torch.Tensor] | None = None,
+        init_state: Weights | Callable[[], Weights] | None = None,
         seed: int = 0,
     ):
         super().__init__()
@@ -77,54 +128,39 @@ class LWMModule(L.LightningModule):
         mesh = getattr(self, "_device_mesh", None)
         if mesh is None:  # one process: a plain model
             self.model = self._fresh_model()
-            if self.init_state is not None:
-                self.model.load_state_dict(self.init_state)
+            state = self._read_init_state()
+            if state is not None:
+                self.model.load_state_dict(state)
             if self.parallel.activation_checkpointing:
                 apply_activation_checkpointing(self.model)
             return
 
-        init = self.init_state
-        if init is None and dist.get_rank() == 0:  # rank 0 broadcasts the same weights one process starts from
-            init = self._fresh_model().state_dict()
-        self.model, self.cp_group = shard_model(self.model_config, mesh, self.parallel, init, self.device)
+        settings = compute_settings(self.device, self.model_config.head_dim)  # from the accelerator, once
+        init = {}  # the other ranks receive rank 0's weights
+        if dist.get_rank() == 0:  # the given weights, or those one process would start from
+            init = self._read_init_state()
+            init = init if init is not None else self._fresh_model().state_dict()
+        self.cp_group = mesh[CP_DIM].get_group()
+        self.model = shard_model(
+            self.model_config, self.cp_group, fsdp_mesh(mesh), self.parallel, settings, self.device, init
+        )
+
+    def _read_init_state(self) -> Weights | None:
+        return self.init_state() if callable(self.init_state) else self.init_state
 
     def _fresh_model(self) -> Transformer:
         torch.manual_seed(self.seed)
         return Transformer(self.model_config)
 
-    @property
-    def cp_size(self) -> int:
-        return dist.get_world_size(self.cp_group) if self.cp_group is not None else 1
-
-    def _loss(self, batch: dict):
-        """(this rank's share of the loss, differentiable; the whole sequence's loss, detached)."""
-        counts = (
-            global_group_counts(batch["loss_weight"], batch["vision_mask"], group=self.cp_group)
-            if self.cp_size > 1
-            else None
-        )
-        coeff = token_coefficients(
-            batch["loss_weight"], batch["vision_mask"], self.optim.text_weight, self.optim.vision_weight, counts=counts
-        )
-        segments = batch["segment_ids"] if self.parallel.document_mask else None
-        out = self.model(
-            batch["tokens"], batch["positions"], targets=batch["targets"], loss_coeff=coeff, segment_ids=segments
-        )
-        loss = out.loss.detach().clone()
-        if self.cp_size > 1:
-            dist.all_reduce(loss, group=self.cp_group)  # the whole sequence's loss
-        return out.loss, loss
-
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        share, loss = self._loss(batch)
+        objective, loss = training_objective(self.model, batch, self.optim, self.cp_group, self.parallel.document_mask)
         self.log("train/loss", loss, prog_bar=True, sync_dist=self.trainer.world_size > 1)
         self.log("train/lr", self.lr_schedulers().get_last_lr()[0])
-        # FSDP averages gradients over all dp x cp ranks; the cp ranks' losses are parts of one
-        # sum, so scale by cp: the result is the mean over data-parallel ranks of whole losses.
-        return share * self.cp_size
+        return objective
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
-        _, loss = self._loss(batch)  # held-out sequences (data.holdout): mean over batches and ranks
+        # held-out sequences (data.holdout): mean over batches and ranks
+        _, loss = batch_loss(self.model, batch, self.optim, self.cp_group, self.parallel.document_mask)
         self.log("val/loss", loss, on_step=False, on_epoch=True, sync_dist=self.trainer.world_size > 1)
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
@@ -143,9 +179,5 @@ class LWMModule(L.LightningModule):
             rng.restore_own(checkpoint["rng_states"])
 
     def configure_optimizers(self):
-        decay = [p for p in self.model.parameters() if p.dim() >= 2]
-        no_decay = [p for p in self.model.parameters() if p.dim() < 2]
-        groups = [{"params": decay, "weight_decay": self.optim.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-        optimizer = torch.optim.AdamW(groups, lr=self.stage.lr, betas=tuple(self.optim.betas))
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(self.stage))
+        optimizer, scheduler = build_optimizer(self.model, self.stage, self.optim)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -15,7 +15,9 @@ import os
 import shutil
 from dataclasses import asdict, dataclass, field, fields
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
+from typing import Callable
 
 import lightning as L
 import torch
@@ -23,7 +25,8 @@ import torch.distributed as dist
 
 from lwm.data import DataConfig, Source
 from lwm.data.batches import StreamOptions
-from lwm.interop.hf import from_hf
+from lwm.data.vocab import Vocab
+from lwm.interop.hf import config_from_hf, from_hf
 from lwm.model import ModelConfig
 from lwm.parallel.layout import check_divisible
 from lwm.train.callbacks import MetricHistory, PeakMemory, StageCheckpoint, StageProgress, Throughput
@@ -154,12 +157,30 @@ def full_state(module: LWMModule) -> dict[str, torch.Tensor]:
     return get_model_state_dict(module.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
+def hf_start(folder: str | Path) -> tuple[ModelConfig, Callable[[], dict]]:
+    """A Hugging Face LLaMA folder as a first stage's start: its config with the vocabulary grown
+    for vision (read on every rank), and a function that reads its weights (LWMModule calls it on
+    global rank 0 only)."""
+    from transformers import AutoConfig
+
+    hf_config = AutoConfig.from_pretrained(folder)
+    config = config_from_hf(hf_config, vocab_size=Vocab(hf_config.vocab_size).size)  # as from_hf(extend_vocab=True)
+    return config, lambda: from_hf(folder, extend_vocab=True).state_dict()
+
+
+def stage_weights(final: Path) -> Callable[[], dict]:
+    """A stage's final weights as the next stage's start, read when called: LWMModule calls it on
+    global rank 0 only (the others receive the weights by broadcast), so a node does not hold
+    a full fp32 copy per rank (8 x 27 GB at 7b)."""
+    return partial(read_weights, final)
+
+
 def stage_model_config(model_config: ModelConfig, stage: StageConfig) -> ModelConfig:
     """The model of a stage: its RoPE theta, and a max_seq_len that covers its sequences."""
     return model_config.replace(rope_theta=stage.rope_theta, max_seq_len=max(model_config.max_seq_len, stage.seq_len))
 
 
-def run_stage(cfg: RunConfig, stage: StageConfig, model_config: ModelConfig, init: dict | None) -> Path | None:
+def run_stage(cfg: RunConfig, stage: StageConfig, model_config: ModelConfig, init: Callable | None) -> Path | None:
     out = Path(cfg.trainer.out_dir) / stage.name
     final = out / "final.safetensors"
     last = out / "checkpoints" / "last.ckpt"
@@ -234,25 +255,24 @@ def run_schedule(cfg: RunConfig) -> dict[str, Path]:
     validate(cfg)
     out = Path(cfg.trainer.out_dir)
     model_config = cfg.model
-    init: Path | dict | None = None
+    init: Callable[[], dict] | None = None  # the next stage's starting weights, read on rank 0 only
     if cfg.schedule.init_hf is not None:
-        hf_model = from_hf(cfg.schedule.init_hf, extend_vocab=True)
-        model_config, init = hf_model.config, hf_model.state_dict()
+        model_config, init = hf_start(cfg.schedule.init_hf)
     finished: Path | None = None
     last: StageConfig | None = None
     for stage in cfg.schedule.stages:
         final = out / stage.name / "final.safetensors"
         if cfg.stage_only is not None and stage.name != cfg.stage_only:
             if final.exists():
-                init = read_weights(final)
+                init = stage_weights(final)
             continue
         if cfg.resume and final.exists():
-            init, finished, last = read_weights(final), final, stage
+            init, finished, last = stage_weights(final), final, stage
             continue
         finished, last = run_stage(cfg, stage, model_config, init), stage
         if finished is None:
             return {"stopped": out / stage.name / "checkpoints" / "last.ckpt"}
-        init = read_weights(finished)
+        init = stage_weights(finished)
     where = {"run": out, "last_weights": finished}
     if cfg.export and finished is not None and global_rank() == 0:
         vqgan = codes_vqgan(cfg.data.codes) if cfg.data.codes is not None else None

@@ -1,0 +1,391 @@
+"""One training step and one inference prefill at mission scale, without the memory: rank 0's view
+of a (dp, cp) run under FakeTensorMode and a fake process group.
+
+    python -m lwm.train.fake_step --preset 7b --seq-len 1048576 --cp 8 --dp 4
+
+The step is the real one: the model built on the meta device, context-parallel attention
+(lwm.parallel.parallelize), FSDP2 with bf16 mixed precision (lwm.train.sharding.shard_model),
+LWMModule's loss and backward objective, clipping and AdamW (lwm.train.module). Fake tensors carry
+shapes, dtypes and devices, never values. The autograd engine cannot run a backward on fake CUDA
+tensors without a GPU, so the tensors are fake CPU tensors with the GPU's settings forced: the bf16
+policy and the CUDA flash kernel (whose aten ops have meta kernels that give their shapes).
+Document masks are off: their runs are read from the segment ids on the host (lwm/model/documents.py
+`runs`: nonzero and tolist), which fake tensors have no values for; tests/test_fake_step.py counts
+those host syncs at a small real shape.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections import Counter
+from dataclasses import dataclass, field, fields
+
+import torch
+import torch.distributed as dist
+from torch._subclasses.fake_tensor import DynamicOutputShapeException, FakeTensorMode
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from lwm.data.batches import Sharding, shard_batch
+from lwm.data.vocab import Vocab
+from lwm.infer.generator import Generator
+from lwm.model import ModelConfig, Transformer
+from lwm.model.config import PRESETS
+from lwm.parallel.layout import check_divisible, ring_parts
+from lwm.train.config import OptimConfig, ParallelConfig, StageConfig
+from lwm.train.module import build_optimizer, clip_grad_norm, training_objective
+from lwm.train.run import stage_model_config
+from lwm.train.sharding import CP_DIM, DP_DIM, ComputeSettings, fsdp_mesh, shard_model
+
+GPU_SETTINGS = ComputeSettings(param_dtype=torch.bfloat16, backend="cuda_flash")  # what compute_settings gives a GPU
+
+# Ops after which a GPU's host waits for the device: a value read to the host, or an output whose
+# size depends on values. Device-to-host copies are counted apart (none exist when all is on CPU).
+SYNC_OPS = (
+    "_local_scalar_dense",  # .item(), bool(), int(), float() of a tensor
+    "nonzero",
+    "masked_select",
+    "_unique",
+    "_unique2",
+    "unique_dim",
+    "unique_consecutive",
+    "unique_dim_consecutive",
+    "equal",
+    "is_nonzero",
+)
+
+
+@dataclass
+class FakeStepConfig:
+    preset: str = field(default="7b", metadata={"help": f"model preset: {', '.join(PRESETS)}"})
+    seq_len: int = field(default=1048576, metadata={"help": "tokens per sequence (the whole context)"})
+    cp: int = field(default=8, metadata={"help": "context-parallel degree"})
+    dp: int = field(default=4, metadata={"help": "data-parallel degree (world = dp x cp)"})
+    prefill_chunk: int = field(default=8192, metadata={"help": "prompt tokens per rank per prefill segment"})
+
+    def __post_init__(self) -> None:
+        if self.preset not in PRESETS:
+            raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {self.preset!r}")
+        for name in ("seq_len", "cp", "dp", "prefill_chunk"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        check_divisible(self.seq_len, self.cp, "striped")
+
+
+class OpCounter:
+    """Counts aten ops by name (a dispatch mode) and Tensor.tolist calls (a function mode: on the
+    CPU tolist reads memory without any aten op)."""
+
+    def __init__(self):
+        self.ops: Counter = Counter()
+        self._modes = (_CountOps(self.ops), _CountToList(self.ops))
+
+    def __enter__(self) -> "OpCounter":
+        for mode in self._modes:
+            mode.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for mode in reversed(self._modes):
+            mode.__exit__(*exc)
+
+    def syncs(self) -> Counter:
+        """The host syncs a GPU would make: SYNC_OPS, tolist, device-to-host copies."""
+        return Counter({k: n for k, n in self.ops.items() if k in (*SYNC_OPS, "tolist", "copy to host")})
+
+    def attention(self) -> Counter:
+        return Counter({k: n for k, n in self.ops.items() if "attention" in k})
+
+
+class _CountOps(TorchDispatchMode):
+    def __init__(self, ops: Counter):
+        super().__init__()
+        self.ops = ops
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        self.ops[func.overloadpacket.__name__] += 1
+        if _copies_to_host(func, args, kwargs):
+            self.ops["copy to host"] += 1
+        return func(*args, **kwargs)
+
+
+def _copies_to_host(func, args, kwargs) -> bool:
+    name = func.overloadpacket.__name__
+    if name == "_to_copy":
+        target = kwargs.get("device")
+        return target is not None and torch.device(target).type == "cpu" and args[0].device.type != "cpu"
+    return name == "copy_" and args[0].device.type == "cpu" and args[1].device.type != "cpu"
+
+
+class _CountToList(TorchFunctionMode):
+    def __init__(self, ops: Counter):
+        super().__init__()
+        self.ops = ops
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.tolist:
+            self.ops["tolist"] += 1
+        return func(*args, **(kwargs or {}))
+
+
+# ----------------------------------------------------------------------------------------- the step
+
+
+@dataclass
+class StepResult:
+    model: Transformer
+    optimizer: torch.optim.Optimizer
+    loss: torch.Tensor  # the whole sequence's loss
+    grad_norm: torch.Tensor  # before clipping
+    counter: OpCounter  # what the step ran (build excluded)
+    seen: dict  # dtypes and shapes inside the first block
+
+
+def start_fake_group(world_size: int, rank: int = 0) -> None:
+    """A process group of `world_size` ranks in which this process is `rank` and collectives do nothing."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore  # the fake backend registers here
+
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+
+
+@dataclass
+class Placement:
+    """This rank's place in a (dp, cp) run. Built before any fake tensor exists: a DeviceMesh
+    reads its ranks from real tensors."""
+
+    cp_group: object
+    cp_rank: int
+    cp: int
+    fsdp: DeviceMesh  # every rank, 1-D: what FSDP2 shards over
+
+
+def place(dp: int, cp: int, device_type: str = "cpu") -> Placement:
+    """The (dp, cp) mesh with the names Lightning's ModelParallelStrategy gives it, seen from here."""
+    mesh = init_device_mesh(device_type, (dp, cp), mesh_dim_names=(DP_DIM, CP_DIM))
+    cp_mesh = mesh[CP_DIM]
+    return Placement(cp_mesh.get_group(), cp_mesh.get_local_rank(), cp, fsdp_mesh(mesh))
+
+
+def make_batch(config: ModelConfig, seq_len: int, where: Placement, documents: int, layout: str) -> dict:
+    """Rank 0's slice of one packed sequence of `documents` equal documents (a third of each a
+    vision span), cut as the datamodule cuts it (lwm.data.batches.shard_batch)."""
+    if seq_len % documents:
+        raise ValueError(f"seq_len {seq_len} is not divisible by documents {documents}")
+    tokens = torch.randint(0, config.vocab_size, (1, seq_len + 1))
+    segment_ids = torch.arange(seq_len).div(seq_len // documents, rounding_mode="floor")[None]  # (1, S)
+    in_document = torch.arange(seq_len) % (seq_len // documents)
+    full = {
+        "tokens": tokens[:, :-1],
+        "targets": tokens[:, 1:],
+        "loss_weight": torch.ones(1, seq_len),
+        "vision_mask": (in_document < seq_len // documents // 3)[None],
+        "segment_ids": segment_ids,
+    }
+    sharding = Sharding(cp_rank=where.cp_rank, cp_size=where.cp, layout=layout)
+    return shard_batch(full, sharding, "document" if documents > 1 else "sequence")
+
+
+def train_step(model, batch: dict, optimizer, optim: OptimConfig, cp_group, document_mask: bool):
+    """One optimizer step as Lightning runs LWMModule's: loss, backward, clipping, AdamW ->
+    (the whole sequence's loss, the gradient norm before clipping)."""
+    optimizer.zero_grad(set_to_none=True)
+    objective, loss = training_objective(model, batch, optim, cp_group, document_mask)
+    objective.backward()
+    norm = clip_grad_norm(model.parameters(), optim.grad_clip)
+    optimizer.step()
+    return loss, norm
+
+
+def run_step(
+    model_config: ModelConfig,
+    stage: StageConfig,
+    where: Placement,
+    parallel: ParallelConfig,
+    settings: ComputeSettings,
+    device: torch.device | str,
+    batch: dict,
+    optim: OptimConfig | None = None,
+) -> StepResult:
+    """Build the sharded model (no starting weights: fake and meta tensors have no values), then
+    one training step, its ops counted."""
+    optim = optim or OptimConfig()
+    model = shard_model(model_config, where.cp_group, where.fsdp, parallel, settings, device, None)
+    optimizer, _ = build_optimizer(model, stage, optim)
+    seen: dict = {}
+    hooks = _watch_first_block(model, seen)
+    with OpCounter() as counter:
+        loss, norm = train_step(model, batch, optimizer, optim, where.cp_group, parallel.document_mask)
+    for hook in hooks:
+        hook.remove()
+    return StepResult(model, optimizer, loss, norm, counter, seen)
+
+
+def _watch_first_block(model: Transformer, seen: dict) -> list:
+    """Records what the first block receives (hidden states, RoPE cos/sin: after FSDP2's input cast,
+    if any) and returns."""
+
+    def inputs(module, args):
+        x, cos, sin = args[:3]
+        seen.setdefault("block_in", (tuple(x.shape), x.dtype))
+        seen.setdefault("rope", (tuple(cos.shape), cos.dtype, sin.dtype))
+
+    def output(module, args, out):
+        seen.setdefault("block_out", (tuple(out.shape), out.dtype))
+
+    block = model.layers[0]
+    return [block.attn.register_forward_pre_hook(inputs), block.register_forward_hook(output)]
+
+
+def shard_rows(shape: tuple, world: int, rank: int = 0) -> tuple:
+    """The local shape FSDP2 gives `rank` of a parameter of `shape`: dim 0 cut in `world` chunks of
+    ceil(rows / world) (torch.chunk), the last ones shorter or empty."""
+    chunk = -(-shape[0] // world)
+    rows = max(0, min(chunk, shape[0] - rank * chunk))
+    return (rows, *shape[1:])
+
+
+def check_shards(step: StepResult, world: int) -> list[str]:
+    """Every parameter, gradient and AdamW moment is rank 0's FSDP2 shard in fp32; raises otherwise."""
+    for name, p in step.model.named_parameters():
+        want = shard_rows(tuple(p.shape), world)
+        state = step.optimizer.state[p]
+        got = {
+            "parameter": p.to_local(),
+            "gradient": p.grad.to_local(),
+            "exp_avg": state["exp_avg"].to_local(),
+            "exp_avg_sq": state["exp_avg_sq"].to_local(),
+        }
+        for what, t in got.items():
+            if tuple(t.shape) != want or t.dtype != torch.float32:
+                raise RuntimeError(f"{name}: {what} {tuple(t.shape)} {t.dtype}, expected rank 0's shard {want} fp32")
+    embed = tuple(step.model.embed.weight.shape)
+    n = len(list(step.model.parameters()))
+    return [
+        f"{n} parameters, their gradients and AdamW moments: rank 0's fp32 shards (embed {embed} -> {shard_rows(embed, world)})"
+    ]
+
+
+# ----------------------------------------------------------------------------------------- the prefill
+
+
+class _GivenPrompt(Generator):
+    """The Generator, taking the prompt as given: its own check reads the ids' range to the host
+    (int(ids.min())), a value fake tensors do not have."""
+
+    def _ids(self, ids) -> torch.Tensor:
+        return ids.to(self.device)
+
+
+@dataclass
+class PrefillResult:
+    cache: tuple  # (shape, dtype) of the first layer's cached keys on this rank
+    ring_tokens: int  # prompt tokens the ring part prefilled (all ranks)
+    stopped: str | None  # why the prefill stopped before its end, None if it finished
+    counter: OpCounter
+
+
+def run_prefill(
+    model_config: ModelConfig, where: Placement, seq_len: int, prefill_chunk: int, settings: ComputeSettings, device
+) -> PrefillResult:
+    """Generator.prefill of a seq_len prompt over the context-parallel group, the model's weights
+    in the compute dtype (as lwm.infer.runtime loads them: bf16 on a GPU)."""
+    with torch.device("meta"):
+        model = Transformer(model_config)
+    dtype = settings.param_dtype or torch.float32
+    weights = {k: torch.empty(v.shape, dtype=dtype, device=device) for k, v in model.state_dict().items()}
+    model.load_state_dict(weights, assign=True)
+    vocab = Vocab(model_config.vocab_size - Vocab(1).used_size + 1)  # as many text ids as the rows allow
+    prompt = torch.randint(0, vocab.text_size, (seq_len,), device=device)
+    gen = _GivenPrompt(model, vocab, where.cp_group, prefill_chunk=prefill_chunk, backend=settings.backend)
+    stopped = None
+    with OpCounter() as counter:
+        try:
+            gen.prefill(prompt)
+        except DynamicOutputShapeException as e:
+            stopped = (
+                f"{e.func}: the extend step after the ring part (the last token) picks the new tokens "
+                "this rank keeps with torch.nonzero (KVCache.start_extend), a size fake tensors cannot know"
+            )
+    unit = ring_parts(where.cp, "striped")
+    ring = 0 if where.cp == 1 else (seq_len - 1) // unit * unit  # as Generator.prefill splits the prompt
+    keys = gen.cache.layers[0].cache.keys
+    return PrefillResult((tuple(keys.shape), keys.dtype), ring, stopped, counter)
+
+
+# ----------------------------------------------------------------------------------------- the command
+
+
+@dataclass
+class FakeStepReport:
+    step: StepResult
+    prefill: PrefillResult
+    seconds: dict  # wall seconds of the step (build included) and of the prefill
+    lines: list[str]  # what the command prints
+
+
+def run(config: FakeStepConfig) -> FakeStepReport:
+    """The fake group and mesh, then the step and the prefill under FakeTensorMode; prints the report."""
+    world = config.dp * config.cp
+    start_fake_group(world)
+    try:
+        where = place(config.dp, config.cp)
+        stage = StageConfig("fake", config.seq_len, rope_theta=1e4, steps=1, lr=1e-5, cp=config.cp)
+        model_config = stage_model_config(ModelConfig.from_preset(config.preset), stage)
+        parallel = ParallelConfig(document_mask=False)  # document runs are read on the host (module docstring)
+        with FakeTensorMode():
+            batch = make_batch(model_config, config.seq_len, where, documents=1, layout=parallel.layout)
+            start = time.perf_counter()
+            step = run_step(model_config, stage, where, parallel, GPU_SETTINGS, "cpu", batch)
+            seconds = {"step": time.perf_counter() - start}
+            prefill = run_prefill(model_config, where, config.seq_len, config.prefill_chunk, GPU_SETTINGS, "cpu")
+            seconds["prefill"] = time.perf_counter() - start - seconds["step"]
+        lines = _report(config, model_config, step, prefill, seconds)
+    finally:
+        dist.destroy_process_group()
+    for line in lines:
+        print(line)
+    return FakeStepReport(step, prefill, seconds, lines)
+
+
+def _report(config: FakeStepConfig, model_config: ModelConfig, step, prefill, seconds: dict) -> list[str]:
+    world, local = config.dp * config.cp, config.seq_len // config.cp
+    block_in, block_out, rope = step.seen["block_in"], step.seen["block_out"], step.seen["rope"]
+    lines = [
+        f"fake step: preset {config.preset}, {config.seq_len} tokens, cp {config.cp}, dp {config.dp} "
+        f"(rank 0 of {world}), bf16 compute on fp32 shards, attention cuda_flash, no document masks",
+        f"step {seconds['step']:.1f} s wall (model built on meta, sharded, loss, backward, clip, AdamW)",
+        f"  batch: {local} of {config.seq_len} tokens on this rank; loss {tuple(step.loss.shape)} {step.loss.dtype}",
+        f"  first block: in {block_in[0]} {block_in[1]}, out {block_out[0]} {block_out[1]}; "
+        f"RoPE cos/sin {rope[0]} {rope[1]}/{rope[2]}",
+        *("  " + line for line in check_shards(step, world)),
+        f"  attention kernels: {dict(step.counter.attention())}",
+        f"  host syncs in the step: {sum(step.counter.syncs().values())} {dict(step.counter.syncs())}",
+        f"prefill {seconds['prefill']:.1f} s wall: {prefill.ring_tokens} prompt tokens through the ring, "
+        f"rank 0's cache per layer {prefill.cache[0]} {prefill.cache[1]}",
+        f"  host syncs in the prefill: {sum(prefill.counter.syncs().values())} {dict(prefill.counter.syncs())}",
+    ]
+    if prefill.stopped:
+        lines.append(f"  stopped before the last {config.seq_len - prefill.ring_tokens} token(s): {prefill.stopped}")
+    return lines
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    for f in fields(FakeStepConfig):
+        p.add_argument(
+            f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default, help=f.metadata["help"]
+        )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    run(FakeStepConfig(**vars(args)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
