@@ -111,6 +111,10 @@ def test_default_run_config_is_valid():
         (["resume=true"], "resume=true: trainer.out_dir .* does not exist"),
         (["evaluate.lengths=[128]", "evaluate.haystack=/no/such.txt"], "evaluate.haystack /no/such.txt does not exist"),
         (["evaluate.trials=0"], r"evaluate.trials must be >= 1, got 0"),
+        (["trainer.devices=0"], r"trainer.devices must be >= 1, got 0"),
+        (["trainer.timeout_s=-1"], r"trainer.timeout_s must be >= 1, got -1"),
+        (["trainer.checkpoint_every=-2"], r"trainer.checkpoint_every .* must be >= 0, got -2"),
+        (["trainer.precision=fp7"], r"trainer.precision must be one of .*'bf16-mixed'.*, got 'fp7'"),
         # lwm.configs.from_dict: unknown keys and wrong types, named by their key path
         (["+trainer.devicez=2"], r"trainer: unknown key\(s\) \['devicez'\] for TrainerConfig"),
         (["trainer.devices=two"], r"trainer.devices: expected an integer, got 'two'"),

@@ -99,6 +99,9 @@ class OptimConfig:
             raise ValueError(f"optim.grad_clip must be >= 0 (0 or null: no clipping), got {self.grad_clip}")
 
 
+PRECISIONS = ("32-true", "bf16-mixed", "bf16-true", "16-mixed", "16-true", "64-true")  # Lightning's names
+
+
 @dataclass
 class TrainerBase:
     """The Lightning Trainer settings every training run has: train.py's stages (TrainerConfig) and
@@ -115,6 +118,8 @@ class TrainerBase:
             raise ValueError(
                 f"trainer.log_every must be >= 1 and trainer.val_every >= 0, got {self.log_every}, {self.val_every}"
             )
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"trainer.precision must be one of {PRECISIONS}, got {self.precision!r}")
 
 
 @dataclass
@@ -127,6 +132,17 @@ class TrainerConfig(TrainerBase):
     keep_checkpoints: bool = False  # keep last.ckpt (optimizer included, saved at the end) once a stage is finished
     timeout_s: int = 600  # a rank that dies makes the others fail within this many seconds
     peak_tflops: float = 0.0  # for MFU in the throughput log; 0 = not logged
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("devices", "num_nodes", "timeout_s"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"trainer.{name} must be >= 1, got {getattr(self, name)}")
+        if self.checkpoint_every < 0 or self.peak_tflops < 0:
+            raise ValueError(
+                f"trainer.checkpoint_every (0: only when a stage stops early) and trainer.peak_tflops must be "
+                f">= 0, got {self.checkpoint_every}, {self.peak_tflops}"
+            )
 
     @property
     def world_size(self) -> int:
