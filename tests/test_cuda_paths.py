@@ -17,9 +17,18 @@ from cuda_standins import KernelContractError, installed
 from documents import masked_sdpa, packings
 
 from lwm.model import ModelConfig, Transformer
-from lwm.parallel import block_backward, block_forward, hybrid_attention, hybrid_groups, parallelize, ring_attention
-from lwm.parallel import shard, simulate_ring, ulysses_attention
-from lwm.parallel import kernels
+from lwm.parallel import (
+    block_backward,
+    block_forward,
+    hybrid_attention,
+    hybrid_groups,
+    kernels,
+    parallelize,
+    ring_attention,
+    shard,
+    simulate_ring,
+    ulysses_attention,
+)
 from lwm.parallel.launch import run_distributed
 
 LAYOUTS = ("contiguous", "striped", "zigzag")
@@ -83,11 +92,15 @@ def _baseline(dtype):
 def test_standins_match_math_on_contiguous_inputs(causal):
     q, k, v, dout = (t.double() for t in _inputs(S=40, D=32))
     lse, ref = _math(q, k, v, causal, bottom_right=True)
-    out, got_lse = torch.ops.aten._scaled_dot_product_flash_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), 0.0, causal)[:2]
+    out, got_lse = torch.ops.aten._scaled_dot_product_flash_attention(
+        q.bfloat16(), k.bfloat16(), v.bfloat16(), 0.0, causal
+    )[:2]
     torch.testing.assert_close(out.double(), ref, atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(got_lse.double(), lse, atol=2e-2, rtol=1e-2)
     kx, vx = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
-    out, lse32 = torch.ops.aten._scaled_dot_product_efficient_attention(q.float(), kx.float(), vx.float(), None, True, 0.0, causal)[:2]
+    out, lse32 = torch.ops.aten._scaled_dot_product_efficient_attention(
+        q.float(), kx.float(), vx.float(), None, True, 0.0, causal
+    )[:2]
     torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
     assert lse32.shape[-1] == 64 and lse32[..., 40:].isnan().all()  # padded to 32 rows, padding unusable
     # backward against autograd of the fp64 math
@@ -103,7 +116,9 @@ def test_standins_match_math_on_contiguous_inputs(causal):
 
 def test_flash_standin_aligns_causal_bottom_right_and_reads_lse_densely():
     q, k, v, _ = _inputs(S=16, D=32)
-    out = torch.ops.aten._scaled_dot_product_flash_attention(q[:, :, :8].bfloat16(), k.bfloat16(), v.bfloat16(), 0.0, True)[0]
+    out = torch.ops.aten._scaled_dot_product_flash_attention(
+        q[:, :, :8].bfloat16(), k.bfloat16(), v.bfloat16(), 0.0, True
+    )[0]
     want = _math(q[:, :, :8], k, v, True, bottom_right=True)[1]  # the 8 queries see 9..16 keys
     torch.testing.assert_close(out.float(), want, atol=2e-2, rtol=2e-2)
     # a row slice of a logsumexp: the kernel reads the block at its data pointer as dense rows
@@ -120,9 +135,22 @@ def test_flash_standin_aligns_causal_bottom_right_and_reads_lse_densely():
     "call, message",
     [
         (lambda q, k, v: torch.ops.aten._scaled_dot_product_flash_attention(q, k, v), "dtype torch.float32"),
-        (lambda q, k, v: torch.ops.aten._scaled_dot_product_flash_attention(q.bfloat16().transpose(2, 3), k.bfloat16(), v.bfloat16()), "4-D|contiguous last dim|differ"),  # noqa: E501
-        (lambda q, k, v: torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, True), "no grouped heads"),
-        (lambda q, k, v: torch.ops.aten._scaled_dot_product_efficient_attention(q[..., :30], k[..., :30].repeat_interleave(2, 1), v[..., :30].repeat_interleave(2, 1), None, True), "multiple of 4"),  # noqa: E501
+        (
+            lambda q, k, v: torch.ops.aten._scaled_dot_product_flash_attention(
+                q.bfloat16().transpose(2, 3), k.bfloat16(), v.bfloat16()
+            ),
+            "4-D|contiguous last dim|differ",
+        ),
+        (
+            lambda q, k, v: torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, True),
+            "no grouped heads",
+        ),
+        (
+            lambda q, k, v: torch.ops.aten._scaled_dot_product_efficient_attention(
+                q[..., :30], k[..., :30].repeat_interleave(2, 1), v[..., :30].repeat_interleave(2, 1), None, True
+            ),
+            "multiple of 4",
+        ),
     ],
 )
 def test_standins_refuse_what_the_kernels_refuse(call, message):
@@ -158,7 +186,9 @@ def test_simulated_ring_on_cuda_kernels(standins, backend, layout, documents):
     dtype = CUDA_BACKENDS[backend]
     q, k, v, dout = _inputs()
     seg = packings(2, 48, seed=1) if documents else None
-    err = _errors(lambda *t: simulate_ring(*t, 4, True, layout, segment_ids=seg, backend=backend), q, k, v, dout, True, seg, dtype)
+    err = _errors(
+        lambda *t: simulate_ring(*t, 4, True, layout, segment_ids=seg, backend=backend), q, k, v, dout, True, seg, dtype
+    )
     assert err <= 4 * _baseline(dtype) + 1e-4, f"{backend} {layout} documents={documents}: error {err}"
     assert standins[backend.removeprefix("cuda_") + " backward"] > 0
 
@@ -169,7 +199,11 @@ def test_ring_on_the_meta_device_with_cuda_kernels():
     for layout in LAYOUTS:
         out = simulate_ring(q, k, v, 4, True, layout, backend="cuda_flash")
         grads = torch.autograd.grad(out, (q, k, v), torch.empty_like(out))
-        assert [g.device.type for g in grads] == ["meta"] * 3 and [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+        assert [g.device.type for g in grads] == ["meta"] * 3 and [g.shape for g in grads] == [
+            q.shape,
+            k.shape,
+            v.shape,
+        ]
 
 
 def test_training_step_on_cuda_flash_matches_cpu_flash():
@@ -202,10 +236,14 @@ def _dist_worker(rank, world):
     ring_g, uly_g = hybrid_groups(world // 2, 2) if world == 4 else (None, None)
     cases = {
         "ring": lambda *t, s: ring_attention(*t, causal=True, layout="zigzag", segment_ids=s, backend="cuda_flash"),
-        "ulysses": lambda *t, s: ulysses_attention(*t, causal=True, layout="striped", segment_ids=s, backend="cuda_flash"),
+        "ulysses": lambda *t, s: ulysses_attention(
+            *t, causal=True, layout="striped", segment_ids=s, backend="cuda_flash"
+        ),
     }
     if world == 4:
-        cases["hybrid"] = lambda *t, s: hybrid_attention(*t, ring_g, uly_g, True, "striped", segment_ids=s, backend="cuda_flash")
+        cases["hybrid"] = lambda *t, s: hybrid_attention(
+            *t, ring_g, uly_g, True, "striped", segment_ids=s, backend="cuda_flash"
+        )
     errors = {}
     with standins_installed():
         for name, fn in cases.items():
@@ -216,9 +254,7 @@ def _dist_worker(rank, world):
             local = [sh(t).bfloat16().requires_grad_() for t in (q, k, v)]
             out = fn(*local, s=sh(seg, 1))
             grads = torch.autograd.grad(out, local, sh(dout).bfloat16())
-            errors[name] = max(
-                (a.float() - sh(b)).abs().max().item() for a, b in zip((out, *grads), (ref, *ref_grads))
-            )
+            errors[name] = max((a.float() - sh(b)).abs().max().item() for a, b in zip((out, *grads), (ref, *ref_grads)))
     return errors
 
 
@@ -245,7 +281,9 @@ def _cache_worker(rank, world):
 def test_kv_cache_prefill_and_decode_with_cuda_flash():
     for scores, calls in run_distributed(_cache_worker, 2, timeout=120):
         assert calls["flash forward"] > 0
-        torch.testing.assert_close(torch.tensor(scores["cuda_flash"]), torch.tensor(scores["cpu_flash"]), atol=0.1, rtol=0.02)
+        torch.testing.assert_close(
+            torch.tensor(scores["cuda_flash"]), torch.tensor(scores["cpu_flash"]), atol=0.1, rtol=0.02
+        )
 
 
 @pytest.mark.parametrize("world", [2, 4])

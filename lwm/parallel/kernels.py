@@ -117,7 +117,9 @@ def block_forward(q, k, v, causal: bool, scale: float | None = None, backend: st
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, kx, vx, 0.0, causal, False, scale=scale)[:2]
     elif backend == "cuda_efficient":
         kx, vx = _expand_kv(k, q.shape[1]), _expand_kv(v, q.shape[1])
-        out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(q, kx, vx, None, True, 0.0, causal, scale=scale)[:2]
+        out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(
+            q, kx, vx, None, True, 0.0, causal, scale=scale
+        )[:2]
         lse = lse[..., : q.shape[2]]  # (B, H, padded) -> (B, H, Lq)
     else:
         out, lse = _math_forward(q, k, v, causal, scale)
