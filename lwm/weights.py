@@ -10,9 +10,11 @@ A config sidecar, where there is one, is the caller's (model_config.json beside 
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 
@@ -34,8 +36,21 @@ def read_weights(source: str | Path | dict) -> dict[str, torch.Tensor]:
     if not path.is_file():
         raise FileNotFoundError(f"weights file {path} does not exist")
     if path.suffix == ".safetensors":
-        return load_file(str(path))
-    state = torch.load(path, map_location="cpu", weights_only=True)
+        try:
+            return load_file(str(path))
+        except SafetensorError as e:
+            raise ValueError(
+                f"{path} is not a readable safetensors file ({e}): cut short, corrupted or another format"
+            ) from None
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise ValueError(
+            f"{path} is not a weights file: it is no torch file or it holds objects other than tensors, which "
+            f"would run code when unpickled ({str(e).splitlines()[-1] if str(e).strip() else e})"
+        ) from None
+    except (EOFError, RuntimeError) as e:
+        raise ValueError(f"{path} is cut short or corrupted and cannot be read ({e})") from None
     if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
         state = state["state_dict"]
     if not isinstance(state, dict):

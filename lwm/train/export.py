@@ -14,17 +14,17 @@ and lwm/eval/video_qa.py need nothing else.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import torch
 
+from lwm.data.text_tokenizer import TextTokenizer
 from lwm.interop.bundle import write_bundle_info
 from lwm.interop.hf import to_hf
 from lwm.io import records
 from lwm.model import ModelConfig, Transformer
-from lwm.train.outputs import resolve
+from lwm.train.outputs import read_model_config, resolve
 from lwm.vision.checkpoint import load_vqgan, open_vqgan
 from lwm.weights import read_weights
 
@@ -51,7 +51,13 @@ def export_weights(weights, model_config: ModelConfig, out_dir, tokenizer_model=
     """weights: a path to a safetensors file or a state dict; vqgan: a VQGAN checkpoint or folder to bundle."""
     with torch.device("meta"):
         model = Transformer(model_config)
-    model.load_state_dict(read_weights(weights), strict=True, assign=True)
+    try:
+        model.load_state_dict(read_weights(weights), strict=True, assign=True)
+    except RuntimeError as e:  # missing, unexpected or mis-shaped keys: the weights are not this config's model
+        name = weights if isinstance(weights, (str, Path)) else "the weights"
+        raise ValueError(
+            f"{name} do not fit the stage's model_config.json: {str(e).splitlines()[-1].strip()}"
+        ) from None
     out = to_hf(model, out_dir, tokenizer_model=tokenizer_model)
     if vqgan is not None:
         write_bundle_info(out, "native", load_vqgan(vqgan, preset="tiny"), vqgan_source=str(vqgan))
@@ -70,9 +76,17 @@ def main(argv=None) -> int:
     for name, path in (("source", args.source), ("--vqgan", args.vqgan), ("--tokenizer", args.tokenizer)):
         if path is not None and not path.exists():
             parser.error(f"{name} {path} does not exist")
-    weights, stage_dir = resolve(args.source)
-    config = ModelConfig(**json.loads((stage_dir / "model_config.json").read_text()))
-    print(f"exported to {export_weights(weights, config, args.out, args.tokenizer, args.vqgan)}")
+    if args.out.exists() and not args.out.is_dir():
+        parser.error(f"--out {args.out} is a file; name a folder for the Hugging Face export")
+    try:
+        weights, stage_dir = resolve(args.source)
+        config = read_model_config(stage_dir)
+        if args.tokenizer is not None:
+            TextTokenizer(args.tokenizer)  # refused here, before any weights are read
+        out = export_weights(weights, config, args.out, args.tokenizer, args.vqgan)
+    except (FileNotFoundError, ValueError) as e:
+        parser.exit(2, f"export: {e}\n")
+    print(f"exported to {out}")
     return 0
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from lwm.configs import from_dict
 from lwm.model import ModelConfig
 from lwm.train.checkpoint_io import CheckpointError, check_sharded, load_verified
 from lwm.weights import read_weights
@@ -46,7 +47,24 @@ def resolve(source: Path) -> tuple[dict | Path, Path]:
     return (source if source.suffix == ".safetensors" else checkpoint_weights(source)), stage_dir
 
 
+def read_model_config(stage_dir: Path) -> ModelConfig:
+    """A stage folder's model_config.json, or a ValueError naming the file and what is wrong."""
+    path = Path(stage_dir) / "model_config.json"
+    try:
+        fields = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path} does not exist; give the stage folder of a training run") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not valid JSON ({e})") from None
+    if not isinstance(fields, dict):
+        raise ValueError(f"{path} holds a {type(fields).__name__}, expected an object of ModelConfig fields")
+    try:
+        return from_dict(ModelConfig, fields, str(path))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{path}: {e}") from None
+
+
 def load_stage(source) -> tuple[dict[str, torch.Tensor], ModelConfig]:
     """(state dict, model config) of a stage folder, final.safetensors or checkpoint."""
     weights, stage_dir = resolve(Path(source))
-    return read_weights(weights), ModelConfig(**json.loads((stage_dir / "model_config.json").read_text()))
+    return read_weights(weights), read_model_config(stage_dir)

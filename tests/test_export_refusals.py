@@ -1,0 +1,62 @@
+"""python -m lwm.train.export refuses bad input with exit 2 and a message naming it, before any work;
+the one weights reader names a file that is not weights."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+import pytest
+import torch
+
+from lwm.model import ModelConfig, Transformer
+from lwm.train.export import main
+from lwm.weights import read_weights, save_weights
+
+
+@pytest.fixture
+def stage(tmp_path):
+    folder = tmp_path / "a"
+    cfg = ModelConfig.from_preset("debug")
+    (folder / "checkpoints").mkdir(parents=True)
+    (folder / "model_config.json").write_text(json.dumps(asdict(cfg)))
+    save_weights(Transformer(cfg).state_dict(), folder / "final.safetensors")
+    return folder
+
+
+def refusal(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as exit_:
+        main([str(a) for a in argv])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "Traceback" not in err, err
+    return err
+
+
+def test_export_refuses_bad_input(stage, tmp_path, capsys):
+    out = tmp_path / "hf"
+    (tmp_path / "file").write_text("x")
+    assert "is a file; name a folder" in refusal([stage, "--out", tmp_path / "file"], capsys)
+    (stage / "model_config.json").write_text("{not json")
+    assert "model_config.json is not valid JSON" in refusal([stage, "--out", out], capsys)
+    (stage / "model_config.json").write_text(json.dumps({**asdict(ModelConfig.from_preset("debug")), "n_heads": 0}))
+    assert "n_heads must be a positive integer, got 0" in refusal([stage, "--out", out], capsys)
+    (stage / "model_config.json").write_text(json.dumps(asdict(ModelConfig.from_preset("debug", dim=128))))
+    assert "final.safetensors do not fit the stage's model_config.json" in refusal([stage, "--out", out], capsys)
+    (stage / "model_config.json").unlink()
+    assert "model_config.json" in refusal([stage, "--out", out], capsys)
+    assert not out.exists()
+
+
+def test_weights_that_are_not_weights_are_named(tmp_path):
+    bad = tmp_path / "w.safetensors"
+    bad.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not a header")
+    with pytest.raises(ValueError, match="w.safetensors is not a readable safetensors file"):
+        read_weights(bad)
+    pt = tmp_path / "w.pt"
+    pt.write_bytes(b"garbage")
+    with pytest.raises(ValueError, match="w.pt is not a weights file"):
+        read_weights(pt)
+    torch.save({"w": torch.zeros(100)}, pt)
+    pt.write_bytes(pt.read_bytes()[:200])
+    with pytest.raises(ValueError, match="w.pt is cut short or corrupted"):
+        read_weights(pt)
