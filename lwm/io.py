@@ -2,7 +2,8 @@
 failures, video indexes, data sources, haystacks, evaluation records).
 
     for record in read_jsonl(path): ...          # the values, one per non-blank line
-    for n, record in records(path): ...          # with their line numbers, for messages
+    for n, record in records(path): ...          # with their line numbers, streamed
+    index = read_lines(path); index[i].parse()   # random access: byte offsets, 16 bytes a line
     with JsonlAppender(path) as out:             # or append_jsonl(path, record) for one
         out.append(record)
 
@@ -11,16 +12,29 @@ line without its newline that does not parse, or, where a later append has start
 after it, a line that is a JSON object or array cut short (a proper prefix of one). Any other line
 that is not JSON is an error naming the file and line (JsonlError). Callers that record a bad line
 as a failed item and go on (lwm/eval/video_qa.py) take the raw lines (`lines`) and parse each one.
+
+Nothing here keeps a Python object per line: a data source of millions of lines is an index of byte
+offsets (LineIndex), and each line is read from the file when it is wanted.
+
+Writes: `atomic_file(path)` (and `write_atomic` for text) writes next to the target and renames, so
+a reader or a kill never leaves half a file; `writes_to(path)` turns a full disk into NoSpaceLeft,
+"no space left on <path>", which every writer here raises.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
+from array import array
+from collections.abc import Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, BinaryIO, Callable, Iterator
+
+import numpy as np
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +47,58 @@ class JsonlError(ValueError):
         self.path, self.line, self.reason = Path(path), line, reason
 
 
-@dataclass(frozen=True, slots=True)  # slots: a data source keeps one per line in memory
+class NoSpaceLeft(OSError):
+    """A write that failed for want of space (ENOSPC, or EDQUOT: the quota is spent), naming the file."""
+
+    def __init__(self, path: str | Path, cause: OSError):
+        super().__init__(cause.errno, cause.strerror)
+        self.path = Path(path)
+
+    def __str__(self) -> str:
+        quota = " (disk quota exceeded)" if self.errno == errno.EDQUOT else ""
+        return f"no space left on {self.path}{quota}"
+
+
+@contextmanager
+def writes_to(path: str | Path) -> Iterator[None]:
+    """Around writes to `path`: an OSError for want of space becomes NoSpaceLeft naming `path` (a failed
+    write's own error names no file)."""
+    try:
+        yield
+    except NoSpaceLeft:
+        raise
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise NoSpaceLeft(path, e) from e
+        raise
+
+
+@contextmanager
+def atomic_file(path: str | Path) -> Iterator[BinaryIO]:
+    """A binary file that becomes `path` only when the block ends without error: it is written to
+    `<path>.tmp` beside it (one filesystem, so the rename is atomic), flushed, fsynced and renamed over
+    `path`. On an error the temp file is removed; a full disk raises NoSpaceLeft naming `path`."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with writes_to(path), open(tmp, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # only a kill leaves it, and the next write replaces it
+        raise
+
+
+def write_atomic(path: str | Path, text: str) -> Path:
+    """Write `text` to `path` through `atomic_file`: a reader never sees half of it."""
+    with atomic_file(path) as f:
+        f.write(text.encode())
+    return Path(path)
+
+
+@dataclass(frozen=True, slots=True)
 class Line:
     """One non-blank line of a JSON-lines file, not parsed yet."""
 
@@ -41,6 +106,7 @@ class Line:
     number: int  # 1-based; blank lines count
     raw: bytes  # without its newline
     terminated: bool  # False only for a last line without a newline
+    offset: int = 0  # of its first byte in the file
 
     def parse(self) -> Any:
         try:  # a BOM is allowed at the start of the file (editors write one)
@@ -63,26 +129,68 @@ class Line:
             return False
 
 
+def _line(path: Path, number: int, offset: int, raw: bytes) -> Line | None:
+    """The Line of `raw` as read with its newline, or None for a blank line."""
+    terminated = raw.endswith(b"\n")
+    raw = raw[:-1] if terminated else raw
+    return Line(path, number, raw, terminated, offset) if raw.strip() else None
+
+
 def lines(path: str | Path) -> Iterator[Line]:
     """The non-blank lines of a JSON-lines file, in order (split at "\\n" only, like the format)."""
     path = Path(path)
     with open(path, "rb") as f:
+        offset = 0
         for number, raw in enumerate(f, 1):
-            terminated = raw.endswith(b"\n")
-            raw = raw[:-1] if terminated else raw
-            if raw.strip():
-                yield Line(path, number, raw, terminated)
+            line = _line(path, number, offset, raw)
+            offset += len(raw)
+            if line is not None:
+                yield line
 
 
-def read_lines(path: str | Path) -> list[Line]:
+class LineIndex(Sequence):
+    """The non-blank lines of a JSON-lines file as byte offsets and line numbers, 16 bytes a line and no
+    Python object per line: `index[i]` reads line i from the file (a Line), a slice is an index too."""
+
+    def __init__(self, path: Path, offsets: np.ndarray, numbers: np.ndarray):
+        self.path, self.offsets, self.numbers = path, offsets, numbers  # (N,) int64 each
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return LineIndex(self.path, self.offsets[i], self.numbers[i])
+        with open(self.path, "rb") as f:
+            return self._read(f, int(self.offsets[i]), int(self.numbers[i]))
+
+    def __iter__(self) -> Iterator[Line]:
+        with open(self.path, "rb") as f:
+            for offset, number in zip(self.offsets.tolist(), self.numbers.tolist()):
+                yield self._read(f, offset, number)
+
+    def _read(self, f: BinaryIO, offset: int, number: int) -> Line:
+        f.seek(offset)
+        line = _line(self.path, number, offset, f.readline())
+        if line is None:
+            raise JsonlError(self.path, number, "the file changed since it was read: this line is gone")
+        return line
+
+
+def read_lines(path: str | Path) -> LineIndex:
     """The non-blank lines, unparsed (for callers that parse lazily), without a partial last line."""
-    found = list(lines(path))
-    if found and not found[-1].terminated:
+    path = Path(path)
+    offsets, numbers, last = array("q"), array("q"), None  # 8 bytes an entry, not an int object
+    for last in lines(path):
+        offsets.append(last.offset)
+        numbers.append(last.number)
+    index = LineIndex(path, np.frombuffer(offsets, np.int64), np.frombuffer(numbers, np.int64))
+    if last is not None and not last.terminated:
         try:
-            found[-1].parse()
+            last.parse()
         except JsonlError:
-            found.pop()  # a killed writer's last line
-    return found
+            index = index[:-1]  # a killed writer's last line
+    return index
 
 
 def records(path: str | Path) -> Iterator[tuple[int, Any]]:
@@ -113,23 +221,26 @@ class JsonlAppender:
 
     def __init__(self, path: str | Path, default: Callable[[Any], Any] | None = None, truncate: bool = False):
         self.path, self.default = Path(path), default
-        self.f = open(self.path, "wb" if truncate else "a+b")
+        with writes_to(self.path):
+            self.f = open(self.path, "wb" if truncate else "a+b")
         if not truncate and self.f.seek(0, os.SEEK_END):
             self.f.seek(-1, os.SEEK_END)
             if self.f.read(1) != b"\n":
                 self._write(b"\n")
 
     def _write(self, data: bytes) -> None:
-        self.f.write(data)
-        self.f.flush()
-        os.fsync(self.f.fileno())  # a record's line is on disk before the caller counts it done
+        with writes_to(self.path):
+            self.f.write(data)
+            self.f.flush()
+            os.fsync(self.f.fileno())  # a record's line is on disk before the caller counts it done
 
     def append(self, record: Any) -> None:
         # dumps escapes newlines in strings, so a record is always one line
         self._write((json.dumps(record, default=self.default) + "\n").encode())
 
     def close(self) -> None:
-        self.f.close()
+        with writes_to(self.path):
+            self.f.close()
 
     def __enter__(self) -> JsonlAppender:
         return self
@@ -147,15 +258,6 @@ def append_jsonl(path: str | Path, record: Any, default: Callable[[Any], Any] | 
 # Whatever can follow a cut inside a value until the brackets close: nothing, a number's digit, a key's
 # colon and value, a whole key and value (after a comma), the rest of true / false / null.
 _FILLS = ("", "0", ":0", '"":0', "e", "ue", "rue", "se", "lse", "alse", "l", "ll", "ull")
-
-
-def write_atomic(path: str | Path, text: str) -> Path:
-    """Write `text` to `path` through a temporary file and a rename: a reader never sees half of it."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-    return path
 
 
 def _cut_short(text: str) -> bool:

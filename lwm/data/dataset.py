@@ -26,7 +26,7 @@ from lwm.data.example import ExampleError, encode_example
 from lwm.data.packing import Packed, Packer
 from lwm.data.text_tokenizer import TextTokenizer
 from lwm.data.vocab import Vocab
-from lwm.io import JsonlError, Line, read_lines
+from lwm.io import JsonlError, LineIndex, read_lines
 
 log = logging.getLogger(__name__)
 
@@ -90,21 +90,21 @@ class PackedStream:
         self.errors: list[str] = []
 
     @staticmethod
-    def _read(source: Source) -> list[Line]:
+    def _read(source: Source) -> LineIndex:
         path = Path(source.path)
         if not path.is_file():
             raise FileNotFoundError(f"data source {path} does not exist")
-        return read_lines(path)  # parsed when an epoch reaches them; a partial last line is dropped
+        return read_lines(path)  # byte offsets: parsed when an epoch reaches them; a partial last line is dropped
 
-    def _order(self, epoch: int) -> list[tuple[int, int]]:
-        """(source, line index) pairs of one epoch, shuffled by (seed, epoch)."""
-        items = [(s, i) for s, lines in enumerate(self.lines) for i in range(len(lines))]
-        items = [it for it in items for _ in range(self.sources[it[0]].repeat)]
-        rng = np.random.default_rng([self.seed, epoch])
-        return [items[j] for j in rng.permutation(len(items))]
+    def _order(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """(source, line index) of every example of one epoch, shuffled by (seed, epoch): two arrays, not
+        a Python object per example."""
+        src, idx = _items(self.lines, [source.repeat for source in self.sources])
+        perm = np.random.default_rng([self.seed, epoch]).permutation(len(src))
+        return src[perm], idx[perm]
 
-    def _encoded(self, order: list[tuple[int, int]], lines: list[list[Line]]) -> Iterator[tuple]:
-        for s, i in order:
+    def _encoded(self, order: tuple[np.ndarray, np.ndarray], lines: list[LineIndex]) -> Iterator[tuple]:
+        for s, i in zip(*(a.tolist() for a in order)):
             line = lines[s][i]
             where = f"{self.sources[s].path}:{line.number}"
             try:
@@ -138,7 +138,7 @@ class PackedStream:
     def validation_batches(self) -> list[list[Packed]]:
         """This rank's share of the held-out examples' sequences, as whole global batches (every
         rank gets the same number of batches; a last incomplete global batch is dropped)."""
-        order = [(s, i) for s, lines in enumerate(self.heldout) for i in range(len(lines))]
+        order = _items(self.heldout, [1] * len(self.heldout))  # in file order
         seqs = list(self._packed(order, self.heldout, count=False))
         per_global, B = self.batch_size * self.dp_size, self.batch_size
         return [
@@ -187,6 +187,15 @@ class PackedStream:
                     f"an epoch yields fewer than one global batch ({per_global} sequences of {self.seq_len + 1} tokens)"
                 )
             epoch, done = epoch + 1, 0  # an incomplete last global batch is dropped on every rank
+
+
+def _items(lines: list[LineIndex], repeats: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """(source, line index) of every line of every source, each `repeats[source]` times in a row."""
+    counts = [len(index) for index in lines]
+    src = np.repeat(np.arange(len(lines)), counts)
+    idx = np.concatenate([np.arange(n) for n in counts]) if counts else np.zeros(0, np.int64)
+    times = np.repeat(np.asarray(repeats, np.int64), counts)
+    return np.repeat(src, times), np.repeat(idx, times)
 
 
 def to_tensors(batch: list[Packed]) -> dict[str, torch.Tensor]:

@@ -83,7 +83,10 @@ def _video(value, codes: CodeStore | None, vocab: Vocab, max_frames, fps):
         frames = codes.load(video_id, max_frames=max_frames, fps=fps)
     except (FileNotFoundError, ValueError) as e:
         raise ExampleError(str(e)) from e
-    return vocab.video_tokens(frames)
+    try:
+        return vocab.video_tokens(frames)
+    except ValueError as e:  # codes out of the vocabulary's range
+        raise ExampleError(f"cached codes {codes.path(video_id)}: {e}") from e
 
 
 def encode_example(

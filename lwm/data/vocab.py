@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 
 SPECIAL_TOKENS = ("<eof>", "<eov>", "<vision>", "</vision>")
+# A frame is 16x16 = 256 codes followed by <eof> or <eov>; every VQGAN here makes frames of this size.
+TOKENS_PER_FRAME = 256
 
 
 @dataclass(frozen=True)
