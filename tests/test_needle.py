@@ -400,6 +400,7 @@ def test_command_bad_input(hf_model, tmp_path, capsys):
         (["--depths", "0", "150"], "depths must lie in 0..100 (percent of the context), got [150.0]"),
         (["--lengths", "32", "256"], "lengths [32] are shorter than the needle(s) and question"),
         (["--needles", "2", "--ask", "3"], "ask must lie in 1..needles (2), got 3"),
+        (["--out", str(hf_model / "config.json")], "config.json cannot be the results folder: "),
     ]
     for extra, message in cases:
         code = nd.main(["--model", str(hf_model), "--out", str(tmp_path / "o"), "--device", "cpu", *extra])

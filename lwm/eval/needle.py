@@ -45,7 +45,7 @@ import torch
 
 from lwm.data.text_tokenizer import TextTokenizer
 from lwm.eval.plots import grid_table, heatmap, human_count
-from lwm.eval.trials import Autosave, announce, finish, run_trials
+from lwm.eval.trials import Autosave, announce, check_out_dir, finish, run_trials
 from lwm.infer import GenerationConfig
 from lwm.infer.load import find_tokenizer
 from lwm.infer.runtime import add_model_args, load_generator, start
@@ -323,6 +323,7 @@ def validate(args) -> Haystack:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if not Path(args.model).exists():
         raise FileNotFoundError(f"model {args.model} does not exist")
+    check_out_dir(args.out)
     tokenizer = TextTokenizer(find_tokenizer(Path(args.model), args.tokenizer))
     check_lengths(tokenizer, args.lengths, args.needles, args.ask)
     if args.haystack is None and not DEFAULT_HAYSTACK.exists():  # the sample data is made, not committed

@@ -5,6 +5,7 @@ report at the end."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -12,6 +13,17 @@ from typing import Callable, Sequence
 
 import numpy as np
 from tqdm import tqdm
+
+
+def check_out_dir(out: Path) -> None:
+    """Refuse a results folder that cannot be made (a file on its path, no write access), before the
+    model loads and without writing anything: a ValueError naming --out."""
+    out = Path(out)
+    existing = next(a for a in (out, *out.parents) if a.exists())
+    if not existing.is_dir():
+        raise ValueError(f"--out {out} cannot be the results folder: {existing} is a file")
+    if not os.access(existing, os.W_OK):
+        raise ValueError(f"--out {out} cannot be the results folder: {existing} is not writable")
 
 
 def run_trials(

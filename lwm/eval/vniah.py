@@ -39,7 +39,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from lwm.eval.plots import grid_table, heatmap
-from lwm.eval.trials import Autosave, announce, finish, run_trials
+from lwm.eval.trials import Autosave, announce, check_out_dir, finish, run_trials
 from lwm.infer import GenerationConfig
 from lwm.infer.prompt import DEFAULT_VQGAN, chat_prompt
 from lwm.infer.runtime import add_model_args, load_generator, require_paths, start
@@ -270,6 +270,7 @@ def validate(parser, args) -> None:
         check_grid(args.frames, args.depths, args.trials, args.pool)
         if args.max_new_tokens < 1:
             raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+        check_out_dir(args.out)
     except ValueError as e:
         parser.error(str(e))
 
