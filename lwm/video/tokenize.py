@@ -15,11 +15,16 @@ lines and lines starting with # are skipped). In --out it writes:
                          tokenizer (preset/checkpoint or diffusers folder, and a hash of the weights)
     failures.jsonl       one JSON object per video that failed in the latest run: source, error
 
+    lwm-tokenize.lock    held while a run works in the folder (lwm-tokenize.<i>-of-<n>.lock per shard)
+
 A rerun skips the videos the manifest holds, and retries the failed ones. The .npy is written to a
 temporary file and renamed, and the manifest line is appended after that, so a killed run loses at
 most the video in flight. With --shard i/n each worker takes every n-th video of the one sorted list
 and writes manifest.<i>-of-<n>.jsonl and failures.<i>-of-<n>.jsonl; every worker reads all manifests.
-Exit status: 0 if no video failed, 1 if some did, 2 for a usage error.
+A second run on the same folder (and shard) is refused while the first runs (lwm.out_lock).
+A full disk stops the run: it is no video's fault, so nothing is recorded as failed.
+Exit status: 0, 1 if some video failed, 2 for a usage error or a folder another run holds, 3 when the
+disk is full, 130 when interrupted (--help says the same).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import os
 import re
 import sys
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,7 +43,8 @@ import numpy as np
 import torch
 
 from lwm.arg_types import positive_float, positive_int, seconds
-from lwm.io import append_jsonl, read_jsonl
+from lwm.io import NoSpaceLeft, append_jsonl, atomic_file, read_jsonl, writes_to
+from lwm.out_lock import FolderLocked, output_lock
 from lwm.video.reader import Sampling, Video, VideoError
 from lwm.vision.checkpoint import open_vqgan
 from lwm.vision.vqgan_config import PRESETS
@@ -46,6 +53,11 @@ VIDEO_EXTENSIONS = frozenset(".mp4 .m4v .mkv .webm .avi .mov .mpg .mpeg .ts .flv
 LIST_EXTENSIONS = frozenset({".txt", ".lst", ".list"})
 # Codes are stored as uint16.
 _MAX_CODES = 1 << 16
+EXIT_STATUS = (
+    "Exit status: 0 if no video failed, 1 if some did (see failures.jsonl), 2 for a usage error or an output "
+    "folder another run holds, 3 when the disk is full (free space and rerun to resume), 130 when interrupted."
+)
+EXIT_NO_SPACE = 3
 
 
 # ------------------------------------------------------------------------------------ arguments
@@ -65,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="lwm-tokenize",
         description="Tokenize videos with a VQGAN into uint16 (T, 256) codes, resumably.",
-        epilog="Exit status: 0 if no video failed, 1 if some did (see failures.jsonl), 2 for a usage error.",
+        epilog=EXIT_STATUS,
     )
     p.add_argument("inputs", nargs="+", help="video files, folders (recursive) and list files (.txt/.lst/.list)")
     p.add_argument("--out", required=True, type=Path, help="output folder (tokens/, manifest, failures)")
@@ -177,24 +189,26 @@ class OutputDir:
         suffix = "" if n == 1 else f".{i}-of-{n}"
         self.manifest = root / f"manifest{suffix}.jsonl"
         self.failures = root / f"failures{suffix}.jsonl"
+        self.lock_name = f"lwm-tokenize{suffix}"  # shards of one run work side by side
 
     def finished(self) -> dict[str, dict]:
         """Records of finished videos by id, from every worker's manifest; a record whose .npy is gone does not count."""
         records = {}
         for path in sorted(self.root.glob("manifest*.jsonl")):
             for record in read_jsonl(path):  # a line cut short by a killed run is skipped: that video is done again
-                if isinstance(record, dict) and "id" in record:
-                    records[record["id"]] = record
+                if isinstance(record, dict) and "id" in record:  # what the checks need, not the timestamps
+                    records[record["id"]] = {k: record.get(k) for k in ("id", "sampling", "tokenizer")}
         return {k: r for k, r in records.items() if (self.tokens / f"{k}.npy").is_file()}
 
+    def start(self) -> None:
+        """An empty failures file: it holds this run's failures only (a rerun retries them)."""
+        with writes_to(self.failures):
+            self.failures.write_text("")
+
     def write(self, record: dict, codes: np.ndarray) -> None:
-        final = self.tokens / f"{record['id']}.npy"
-        tmp = final.with_name(final.name + ".tmp")  # one worker owns an id, so a fixed name is safe
-        with open(tmp, "wb") as f:
+        # through <id>.npy.tmp, removed if the write fails; one worker owns an id, so the name is safe
+        with atomic_file(self.tokens / f"{record['id']}.npy") as f:
             np.save(f, codes)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
         append_jsonl(self.manifest, record)  # only now is the video done
 
     def fail(self, record: dict) -> None:
@@ -256,8 +270,9 @@ class Job:
     shard: tuple[int, int]
 
 
-def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Job:
-    """Everything checked before any video is read; a problem exits with argparse's status 2."""
+def validate(parser: argparse.ArgumentParser, args: argparse.Namespace, held: ExitStack) -> Job:
+    """Everything checked before any video is read; a problem exits with argparse's status 2. The output
+    folder's lock is entered into `held`, which the caller keeps open while the job runs."""
     try:
         sampling = Sampling(fps=args.fps, max_frames=args.max_frames, start=args.start, end=args.end)
     except ValueError as e:
@@ -275,7 +290,10 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Job:
         print(f"warning: no --checkpoint; preset {args.vqgan!r} has random weights (seed 0)", file=sys.stderr)
     try:
         out = OutputDir(args.out, args.shard)
+        held.enter_context(output_lock(out.root, out.lock_name))  # before reading what is done
         finished = out.finished()
+    except FolderLocked as e:
+        parser.error(f"--out: {e}")
     except (OSError, ValueError) as e:  # ValueError: a manifest line that is not JSON (JsonlError)
         parser.error(f"--out {args.out}: {e}")
     problem = _check_compatible(finished, sampling.to_dict(), tokenizer)
@@ -312,14 +330,15 @@ def manifest_record(job: Job, vid: str, path: str, codes: np.ndarray, video, tim
 
 def run(job: Job) -> int:
     """Tokenize the videos not in the manifest yet; a video that fails is recorded and the run goes on.
-    Exit status 0, 1 when some video failed, 130 when interrupted (a rerun resumes)."""
+    Exit status 0, 1 when some video failed, 3 when the disk is full, 130 when interrupted (a rerun
+    resumes)."""
     from tqdm import tqdm  # lwm.video.reader keeps decord's and ffmpeg's own messages out of the bar
 
-    job.out.failures.write_text("")  # failures of this run only: a rerun retries them
     done = skipped = failed = frames = 0
     started = time.perf_counter()
     progress = tqdm(total=0, unit="frame", desc="tokenize", dynamic_ncols=True, mininterval=1.0)
     try:
+        job.out.start()
         with torch.inference_mode():
             for path in job.videos:
                 vid = video_id(path, job.ids)
@@ -332,6 +351,8 @@ def run(job: Job) -> int:
                     job.out.write(manifest_record(job, vid, path, codes, video, timestamps), codes)
                     done += 1
                     frames += len(codes)
+                except NoSpaceLeft:
+                    raise  # not the video's fault, and no failure could be recorded
                 except Exception as e:  # one bad video must not stop the run
                     failed += 1
                     error = str(e) if isinstance(e, VideoError) else f"{path}: {type(e).__name__}: {e}"
@@ -341,6 +362,14 @@ def run(job: Job) -> int:
         progress.close()
         print(f"interrupted: {done} done, {skipped} skipped, {failed} failed; rerun to resume", file=sys.stderr)
         return 130
+    except NoSpaceLeft as e:
+        progress.close()
+        print(
+            f"lwm-tokenize: {e}: stopped with {done} done, {skipped} skipped, {failed} failed; "
+            "free space and rerun with the same --out to resume",
+            file=sys.stderr,
+        )
+        return EXIT_NO_SPACE
     progress.close()
     elapsed = time.perf_counter() - started
     shard_i, shard_n = job.shard
@@ -355,7 +384,9 @@ def run(job: Job) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    return run(validate(parser, parser.parse_args(argv)))
+    args = parser.parse_args(argv)
+    with ExitStack() as held:  # the output folder's lock, until the run ends
+        return run(validate(parser, args, held))
 
 
 if __name__ == "__main__":
