@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from lwm.data.text_tokenizer import TextTokenizer
 from lwm.interop.bundle import write_bundle_info
 from lwm.interop.hf import to_hf
 from lwm.interop.lwm_jax import convert_params
@@ -39,20 +40,16 @@ def convert_lwm(
     JSON path or dict; `overrides` change its fields) into out_dir; `vqgan`: LWM's VQGAN pickle;
     `tokenizer`: LLaMA's sentencepiece model. dtype: None keeps the checkpoint's (bf16 as released)."""
     cfg = dataclasses.replace(load_lwm_config(config), **overrides)
-    parse_load_string(checkpoint)  # a bad path fails before anything is read
+    _, path = parse_load_string(checkpoint)  # a bad path fails before anything is read
     if tokenizer is not None:
-        import sentencepiece as spm
-
-        if not Path(tokenizer).is_file():
-            raise FileNotFoundError(f"tokenizer {tokenizer} does not exist")
-        text = spm.SentencePieceProcessor(model_file=str(tokenizer)).get_piece_size()
+        text = TextTokenizer(tokenizer).vocab_size
         if text != cfg.vocab_size:
             raise ValueError(f"tokenizer {tokenizer} has {text} ids but the config's vocab_size is {cfg.vocab_size}")
     vq_model = None
     if vqgan is not None:  # small: converted first, so that a bad file fails before the long part
         vq_model = from_lwm_vqgan(vqgan)
     leaves = tqdm(read_params(checkpoint), desc="parameters", unit=" leaves", disable=None)
-    state, model_config, notes = convert_params(leaves, cfg, dtype)
+    state, model_config, notes = convert_params(leaves, cfg, dtype, source=str(path))
     vision = model_config.vocab_size != cfg.vocab_size
     if vq_model is not None and not vision:
         raise ValueError("--vqgan goes with a vision-language checkpoint; this one has no vision embedding (vte)")

@@ -54,7 +54,7 @@ _TOP = {
     "vision_head/kernel": "vision_head",
 }
 _SCANNED = re.compile(r"^transformer/h/scan_decoder/(?P<leaf>.+)$")
-_UNSCANNED = re.compile(r"^transformer/h/(?P<i>\d+)/(?P<leaf>.+)$")
+_UNSCANNED = re.compile(r"^transformer/h/(?P<i>\d{1,9})/(?P<leaf>.+)$")
 
 
 def model_config(cfg: LWMConfig, vision: bool) -> ModelConfig:
@@ -85,10 +85,10 @@ def _top_shape(cfg: LWMConfig, what: str) -> tuple[int, ...]:
     return {"wte": (V, D), "vte": (Vv, D), "ln_f": (D,), "lm_head": (D, V), "vision_head": (D, Vv)}[what]
 
 
-def _check(name: str, got: torch.Tensor, want: tuple[int, ...], cfg: LWMConfig) -> None:
+def _check(where: str, got: torch.Tensor, want: tuple[int, ...], cfg: LWMConfig) -> None:
     if tuple(got.shape) != want:
         raise ValueError(
-            f"{name}: shape {tuple(got.shape)} in the checkpoint, but the config (hidden_size {cfg.hidden_size}, "
+            f"{where}: shape {tuple(got.shape)} in the checkpoint, but the config (hidden_size {cfg.hidden_size}, "
             f"intermediate_size {cfg.intermediate_size}, num_hidden_layers {cfg.num_hidden_layers}, vocab_size "
             f"{cfg.vocab_size}, vision_vocab_size {cfg.vision_vocab_size}) gives {want}"
         )
@@ -109,23 +109,32 @@ def _layer_weight(kernel: torch.Tensor, kind: str, cfg: LWMConfig) -> torch.Tens
 
 
 def convert_params(
-    leaves: Iterable[tuple[str, torch.Tensor]], cfg: LWMConfig, dtype: torch.dtype | None = None
+    leaves: Iterable[tuple[str, torch.Tensor]],
+    cfg: LWMConfig,
+    dtype: torch.dtype | None = None,
+    source: str = "the checkpoint",
 ) -> tuple[dict[str, torch.Tensor], ModelConfig, list[str]]:
     """LWM's parameter leaves (lwm.interop.lwm_params.read_params) -> (our state dict, its model
-    config, notes on what was dropped). Each leaf is converted as it arrives and then let go."""
+    config, notes on what was dropped). Each leaf is converted as it arrives and then let go.
+    Errors name `source` (the checkpoint file) and the leaf."""
     L = cfg.num_hidden_layers
     state: dict[str, torch.Tensor] = {}
     top: dict[str, torch.Tensor] = {}
+    seen: set[str] = set()
     for name, leaf in leaves:
+        where = f"{source}: {name}"
+        if name in seen:
+            raise ValueError(f"{where}: the leaf appears twice")
+        seen.add(name)
         leaf = leaf.to(dtype) if dtype is not None else leaf
         if name in _TOP:
-            _check(name, leaf, _top_shape(cfg, _TOP[name]), cfg)
+            _check(where, leaf, _top_shape(cfg, _TOP[name]), cfg)
             top[_TOP[name]] = leaf  # kept whole: its record's buffer is exactly its size
             continue
         m = _SCANNED.match(name) or _UNSCANNED.match(name)
         if m is None or m["leaf"] not in _LAYER:
             raise ValueError(
-                f"{name}: not a parameter of LWM's LLaMA / VideoLLaMA (expected {sorted(_TOP)} or "
+                f"{where}: not a parameter of LWM's LLaMA / VideoLLaMA (expected {sorted(_TOP)} or "
                 f"transformer/h/(scan_decoder|<i>)/{{{', '.join(sorted(_LAYER))}}})"
             )
         key, kind = _LAYER[m["leaf"]]
@@ -133,14 +142,14 @@ def convert_params(
         if m.groupdict().get("i") is None:  # scanned: the layer axis is param_scan_axis
             if leaf.dim() == len(per_layer) + 1 and cfg.param_scan_axis == 1:
                 leaf = leaf.movedim(1, 0)
-            _check(name, leaf, (L, *per_layer), cfg)
+            _check(where, leaf, (L, *per_layer), cfg)
             for i in range(L):
                 state[key.format(i=i)] = _layer_weight(leaf[i], kind, cfg)
         else:
             i = int(m["i"])
             if i >= L:
-                raise ValueError(f"{name}: layer {i}, but the config has num_hidden_layers {L}")
-            _check(name, leaf, per_layer, cfg)
+                raise ValueError(f"{where}: layer {i}, but the config has num_hidden_layers {L}")
+            _check(where, leaf, per_layer, cfg)
             state[key.format(i=i)] = _layer_weight(leaf, kind, cfg)
         del leaf
     missing = [k for k in ("wte", "ln_f", "lm_head") if k not in top]
@@ -150,7 +159,7 @@ def convert_params(
         missing += [k for k in ("vte", "vision_head") if k not in top]
     if missing:
         raise ValueError(
-            f"the checkpoint lacks {len(missing)} parameters: {missing[:8]}{' ...' if len(missing) > 8 else ''}"
+            f"{source} lacks {len(missing)} parameters: {missing[:8]}{' ...' if len(missing) > 8 else ''}"
         )
     notes: list[str] = []
     state["norm.weight"] = top["ln_f"]
@@ -160,7 +169,7 @@ def convert_params(
     else:
         if cfg.vision_vocab_size < LWM_VISION_IDS:
             raise ValueError(
-                f"vision_vocab_size {cfg.vision_vocab_size} < {LWM_VISION_IDS} (8192 codes, end of frame, end of video)"
+                f"{source}: vision_vocab_size {cfg.vision_vocab_size} < {LWM_VISION_IDS} (8192 codes, end of frame, end of video)"
             )
         vocab = Vocab(cfg.vocab_size)
 

@@ -18,19 +18,20 @@ caller keeps).
 from __future__ import annotations
 
 import json
-import struct
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from lwm.interop.msgpack_view import Ext, MsgpackError, RecordReader, decode
 
 LOAD_TYPES = ("params", "trainstate_params", "trainstate")
 _NDARRAY, _NPSCALAR = 1, 3  # Flax's msgpack extension codes
-_TORCH_ONLY = {"bfloat16": torch.bfloat16}  # dtypes numpy has no name for
+# The dtypes parameters come in, by the name Flax writes; anything else (complex, ints, a byte
+# order numpy would read) is no LLaMA weight.
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
 
 def parse_load_string(load: str) -> tuple[str, Path]:
@@ -47,27 +48,61 @@ def parse_load_string(load: str) -> tuple[str, Path]:
     return kind, Path(path)
 
 
+def _shape(value, where: str) -> list[int]:
+    if not (isinstance(value, list) and all(type(d) is int and 0 <= d < 2**31 for d in value)):
+        raise ValueError(f"{where}: the array's shape is {value!r}, expected a list of sizes")
+    return value
+
+
 def _array(ext: Ext, where: str) -> torch.Tensor:
     """Flax's ExtType 1 ([shape, dtype name, C-order bytes]) -> a tensor over those bytes (no copy)."""
-    (shape, dtype, buffer), _ = decode(ext.data)
-    name = str(dtype)
-    try:
-        torch_dtype = _TORCH_ONLY.get(name) or torch.from_numpy(np.empty(0, np.dtype(name))).dtype
-    except TypeError as e:
-        raise ValueError(f"{where}: unsupported dtype {name!r}") from e
-    flat = torch.frombuffer(buffer, dtype=torch_dtype) if len(buffer) else torch.empty(0, dtype=torch_dtype)
-    return flat.reshape([int(s) for s in shape])
+    fields, _ = decode(ext.data)
+    if not (isinstance(fields, list) and len(fields) == 3):
+        raise ValueError(f"{where}: an array record holds [shape, dtype, bytes], not {type(fields).__name__} {fields!r:.80}")
+    shape, name, buffer = _shape(fields[0], where), fields[1], fields[2]
+    if name not in DTYPES:  # names carry no byte order: Flax writes dtype.name, bytes in native (little-endian) order
+        raise ValueError(f"{where}: dtype {name!r} is not a parameter dtype; expected one of {sorted(DTYPES)}")
+    if not isinstance(buffer, memoryview):
+        raise ValueError(f"{where}: the array's data is a {type(buffer).__name__}, expected bytes")
+    dtype = DTYPES[name]
+    size = math.prod(shape) * dtype.itemsize
+    if len(buffer) != size:
+        raise ValueError(f"{where}: shape {shape} of {name} takes {size} bytes, but the record holds {len(buffer)}")
+    flat = torch.frombuffer(buffer, dtype=dtype) if len(buffer) else torch.empty(0, dtype=dtype)
+    return flat.reshape(shape)
+
+
+def _numbered(obj, field: str, where: str) -> list:
+    """A chunked array's {"0": .., "1": .., ...} map -> its values in order."""
+    if not (isinstance(obj, dict) and obj and set(obj) == {str(i) for i in range(len(obj))}):
+        raise ValueError(f"{where}: a chunked array's {field!r} must be a map with keys '0', '1', ...; got {obj!r:.80}")
+    return [obj[str(i)] for i in range(len(obj))]
+
+
+def _chunked(obj: dict, where: str) -> torch.Tensor:
+    shape = _shape(_numbered(obj.get("shape"), "shape", where), where)
+    chunks = []
+    for chunk in _numbered(obj.get("chunks"), "chunks", where):
+        if not (isinstance(chunk, Ext) and chunk.code == _NDARRAY):
+            raise ValueError(f"{where}: a chunk of a chunked array is a {type(chunk).__name__}, expected an array")
+        chunks.append(_array(chunk, where))
+    if len({c.dtype for c in chunks}) != 1 or any(c.dim() != 1 for c in chunks):
+        raise ValueError(f"{where}: a chunked array's chunks must be 1-D and of one dtype")
+    if sum(c.numel() for c in chunks) != math.prod(shape):
+        raise ValueError(f"{where}: chunks of {sum(c.numel() for c in chunks)} elements for shape {shape}")
+    return torch.cat(chunks).reshape(shape)  # one copy; the record's buffer goes with the chunks
 
 
 def _leaf(value: memoryview, where: str) -> torch.Tensor | None:
     """A leaf's serialized bytes -> its tensor (None for what is not an array, e.g. a step counter)."""
-    obj, _ = decode(value)
-    if isinstance(obj, Ext):
-        return _array(obj, where) if obj.code in (_NDARRAY, _NPSCALAR) else None
-    if isinstance(obj, dict) and obj.get("__msgpack_chunked_array__"):
-        shape = [int(obj["shape"][str(i)]) for i in range(len(obj["shape"]))]
-        chunks = [_array(obj["chunks"][str(i)], where) for i in range(len(obj["chunks"]))]
-        return torch.cat(chunks).reshape(shape)  # one copy; the record's buffer goes with the chunks
+    try:
+        obj, _ = decode(value)
+        if isinstance(obj, Ext):
+            return _array(obj, where) if obj.code in (_NDARRAY, _NPSCALAR) else None
+        if isinstance(obj, dict) and obj.get("__msgpack_chunked_array__"):
+            return _chunked(obj, where)
+    except (MsgpackError, IndexError) as e:
+        raise ValueError(f"{where}: the leaf's bytes are no array ({e})") from None
     return None
 
 
@@ -91,7 +126,7 @@ def read_params(load: str) -> Iterator[tuple[str, torch.Tensor]]:
                 value = None  # only the tensor keeps the record's buffer alive
                 if tensor is not None:
                     yield name, tensor
-        except (MsgpackError, IndexError, struct.error, UnicodeDecodeError) as e:
+        except (MsgpackError, IndexError) as e:
             raise ValueError(f"{path} is not an LWM streaming checkpoint ({type(e).__name__}: {e})") from e
 
 
@@ -122,6 +157,17 @@ PRESETS = {
 }
 
 
+_POSITIVE_INTS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "vocab_size",
+    "vision_vocab_size",
+    "max_sequence_length",
+)
+
+
 @dataclass(frozen=True)
 class LWMConfig:
     """The fields of LWM's model config that shape the weights and the forward pass."""
@@ -138,6 +184,25 @@ class LWMConfig:
     param_scan_axis: int = 0
     tie_word_embeddings: bool = False
     tie_vision_embeddings: bool = False
+
+    def __post_init__(self) -> None:
+        for name in _POSITIVE_INTS:
+            value = getattr(self, name)
+            if type(value) is not int or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("rms_norm_eps", "theta"):
+            value = getattr(self, name)
+            if type(value) not in (int, float) or not 0 < value < math.inf:
+                raise ValueError(f"{name} must be a positive number, got {value!r}")
+        if self.hidden_size % self.num_attention_heads or self.head_dim % 2:
+            raise ValueError(
+                f"hidden_size {self.hidden_size} / num_attention_heads {self.num_attention_heads} must be an even "
+                f"head size (RoPE rotates pairs)"
+            )
+        if self.tie_word_embeddings or self.tie_vision_embeddings:
+            raise ValueError("tied embeddings are not supported (LWM's released models untie them)")
+        if self.param_scan_axis not in (0, 1) or type(self.param_scan_axis) is not int:
+            raise ValueError(f"param_scan_axis must be 0 or 1, got {self.param_scan_axis!r}")
 
     @property
     def head_dim(self) -> int:
@@ -160,21 +225,16 @@ def load_lwm_config(config: str | Path | dict) -> LWMConfig:
             )
         try:
             raw = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ValueError(f"--config {path} is not JSON: {e}") from e
         where = str(path)
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where} holds a JSON {type(raw).__name__}, expected an object of LWM's config fields")
     required = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
     missing = [k for k in required if k not in raw]
     if missing:
         raise ValueError(f"{where} lacks {missing}, which LWM's model config needs")
-    fields = {k: raw[k] for k in LWMConfig.__dataclass_fields__ if k in raw}
-    cfg = LWMConfig(**fields)
-    if cfg.hidden_size % cfg.num_attention_heads:
-        raise ValueError(
-            f"{where}: hidden_size {cfg.hidden_size} is not divisible by num_attention_heads {cfg.num_attention_heads}"
-        )
-    if cfg.tie_word_embeddings or cfg.tie_vision_embeddings:
-        raise ValueError(f"{where}: tied embeddings are not supported (LWM's released models untie them)")
-    if cfg.param_scan_axis not in (0, 1):
-        raise ValueError(f"{where}: param_scan_axis must be 0 or 1, got {cfg.param_scan_axis}")
-    return cfg
+    try:
+        return LWMConfig(**{k: raw[k] for k in LWMConfig.__dataclass_fields__ if k in raw})
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None

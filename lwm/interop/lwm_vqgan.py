@@ -14,9 +14,7 @@ VQGAN.decode returns them unclipped (its consumers clamp).
 
 from __future__ import annotations
 
-import codecs
 import math
-import pickle
 import re
 from pathlib import Path
 
@@ -24,98 +22,9 @@ import numpy as np
 import torch
 
 from lwm.interop.keymap import KeyMap
+from lwm.interop.vqgan_pickle import read_vqgan_pickle
 from lwm.vision.vqgan import VQGAN
 from lwm.vision.vqgan_config import TOKENS_PER_FRAME, VQGANConfig
-
-# ---------------------------------------------------------------------------------------- reading
-
-
-def _numpy_from_jax(fun, args, arr_state, aval_state=None):
-    """A jax.Array pickles as numpy's own (reconstructor, args, state) plus jax-only aval state
-    (weak_type, named_shape), which a numpy array has no use for."""
-    arr = fun(*args)
-    arr.__setstate__(arr_state)
-    return arr
-
-
-# What jax and flax objects pickle to, and what stands in for them here.
-_JAX_FLAX = {
-    ("flax.core.frozen_dict", "FrozenDict"): dict,  # FrozenDict.__reduce__ is (FrozenDict, (a dict,))
-    ("jax._src.array", "_reconstruct_array"): _numpy_from_jax,  # jax.Array
-    ("jax._src.device_array", "reconstruct_device_array"): _numpy_from_jax,  # DeviceArray (jax < 0.4)
-}
-# Everything else a pickle of nested dicts of numpy arrays refers to. Nothing beyond these is
-# loaded: unpickling may otherwise call any importable function.
-_ALLOWED = {
-    **_JAX_FLAX,
-    ("collections", "OrderedDict"): dict,
-    ("_codecs", "encode"): codecs.encode,  # bytes, in protocol 2
-    ("numpy", "ndarray"): np.ndarray,
-    ("numpy", "dtype"): np.dtype,
-}
-# numpy's reconstructors (array, protocol-5 array, scalar) live in numpy.core (numpy 1) or
-# numpy._core (numpy 2); take them from this numpy rather than import either name.
-_array, _scalar = np.empty(0, np.float32), np.float32(0)
-for _fun in (_array.__reduce__()[0], _array.__reduce_ex__(5)[0], _scalar.__reduce__()[0]):
-    for _package in ("numpy.core", "numpy._core"):
-        _ALLOWED[(f"{_package}.{_fun.__module__.rsplit('.', 1)[-1]}", _fun.__name__)] = _fun
-
-
-class _Refused(pickle.UnpicklingError):
-    pass
-
-
-class _ParamUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str):
-        if (module, name) in _ALLOWED:
-            return _ALLOWED[(module, name)]
-        if module.split(".")[0] in ("jax", "jaxlib", "flax", "ml_dtypes"):
-            known = ", ".join(f"{m}.{n}" for m, n in _JAX_FLAX)
-            raise _Refused(
-                f"the pickle holds a {module}.{name}, which this reader (no jax or flax installed) cannot rebuild; "
-                f"it maps only {known} (nested dicts of float arrays)"
-            )
-        raise _Refused(
-            f"the pickle refers to {module}.{name}; a VQGAN parameter pickle holds only nested dicts of arrays"
-        )
-
-
-def _flatten(tree, prefix: str, out: dict[str, np.ndarray], path: Path) -> None:
-    for key, value in tree.items():
-        if not isinstance(key, str):
-            raise ValueError(f"{path}: parameter dict key {prefix}{key!r} is a {type(key).__name__}, expected str")
-        if isinstance(value, dict):
-            _flatten(value, f"{prefix}{key}/", out, path)
-        elif isinstance(value, np.ndarray) and value.dtype.kind in "fiu":
-            out[prefix + key] = value
-        else:
-            what = type(value).__name__ + (f" of dtype {value.dtype}" if isinstance(value, np.ndarray) else "")
-            raise ValueError(f"{path}: parameter {prefix + key!r} is a {what}, expected a numeric array")
-
-
-def read_vqgan_pickle(path: str | Path) -> dict[str, np.ndarray]:
-    """A pickled Flax parameter dict -> {'encoder/Conv_0/kernel': array, ...}, '/'-joined Flax paths,
-    arrays as stored (numpy, float32 for LWM's VQGAN)."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no VQGAN parameter pickle at {path}")
-    try:
-        with path.open("rb") as f:
-            tree = _ParamUnpickler(f).load()
-    except _Refused as e:
-        raise ValueError(f"{path}: {e}") from e
-    except Exception as e:  # truncated or not a pickle at all: EOFError, KeyError, ...
-        raise ValueError(f"{path} is not a readable pickle ({type(e).__name__}: {e})") from e
-    if not isinstance(tree, dict):
-        raise ValueError(f"{path} holds a {type(tree).__name__}, expected a dict of parameter arrays")
-    if list(tree) == ["params"]:  # a Flax variables dict around the parameters
-        tree = tree["params"]
-    out: dict[str, np.ndarray] = {}
-    _flatten(tree, "", out, path)
-    if not out:
-        raise ValueError(f"{path} holds no parameter arrays")
-    return out
-
 
 # ---------------------------------------------------------------------------------------- key map
 
