@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, fields
 
 import torch
 import torch.distributed as dist
-from torch._subclasses.fake_tensor import DynamicOutputShapeException, FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -75,12 +75,13 @@ class FakeStepConfig:
 
 
 class OpCounter:
-    """Counts aten ops by name (a dispatch mode) and Tensor.tolist calls (a function mode: on the
-    CPU tolist reads memory without any aten op)."""
+    """Counts aten ops by name (a dispatch mode) and keeps the tensor of every host sync, Tensor.tolist
+    included (a function mode: on the CPU tolist reads memory without any aten op)."""
 
     def __init__(self):
         self.ops: Counter = Counter()
-        self._modes = (_CountOps(self.ops), _CountToList(self.ops))
+        self.synced: list[tuple[str, torch.Tensor]] = []  # (what, the tensor read)
+        self._modes = (_CountOps(self), _CountToList(self))
 
     def __enter__(self) -> "OpCounter":
         for mode in self._modes:
@@ -91,29 +92,33 @@ class OpCounter:
         for mode in reversed(self._modes):
             mode.__exit__(*exc)
 
-    def syncs(self) -> Counter:
-        """The host syncs a GPU would make: SYNC_OPS, tolist, device-to-host copies."""
-        return Counter({k: n for k, n in self.ops.items() if k in (*SYNC_OPS, "tolist", "copy to host")})
+    def syncs(self, on_host=()) -> Counter:
+        """The host syncs a GPU would make: SYNC_OPS, tolist, device-to-host copies; reads of the
+        tensors in `on_host` (kept on the host on a GPU too) are left out."""
+        host = {id(t) for t in on_host}
+        return Counter(what for what, t in self.synced if id(t) not in host)
 
     def attention(self) -> Counter:
         return Counter({k: n for k, n in self.ops.items() if "attention" in k})
 
 
 class _CountOps(TorchDispatchMode):
-    def __init__(self, ops: Counter):
+    def __init__(self, counter: OpCounter):
         super().__init__()
-        self.ops = ops
+        self.counter = counter
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        self.ops[func.overloadpacket.__name__] += 1
-        if _copies_to_host(func, args, kwargs):
-            self.ops["copy to host"] += 1
+        name = func.overloadpacket.__name__
+        self.counter.ops[name] += 1
+        if name in SYNC_OPS:
+            self.counter.synced.append((name, args[0]))
+        elif _copies_to_host(name, args, kwargs):
+            self.counter.synced.append(("copy to host", args[-1] if name == "copy_" else args[0]))
         return func(*args, **kwargs)
 
 
-def _copies_to_host(func, args, kwargs) -> bool:
-    name = func.overloadpacket.__name__
+def _copies_to_host(name: str, args, kwargs) -> bool:
     if name == "_to_copy":
         target = kwargs.get("device")
         return target is not None and torch.device(target).type == "cpu" and args[0].device.type != "cpu"
@@ -121,13 +126,13 @@ def _copies_to_host(func, args, kwargs) -> bool:
 
 
 class _CountToList(TorchFunctionMode):
-    def __init__(self, ops: Counter):
+    def __init__(self, counter: OpCounter):
         super().__init__()
-        self.ops = ops
+        self.counter = counter
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if func is torch.Tensor.tolist:
-            self.ops["tolist"] += 1
+            self.counter.synced.append(("tolist", args[0]))
         return func(*args, **(kwargs or {}))
 
 
@@ -143,12 +148,21 @@ class StepResult:
     counter: OpCounter  # what the step ran (build excluded)
     seen: dict  # dtypes and shapes inside the first block
 
+    def device_syncs(self) -> Counter:
+        """Host syncs of the step, less AdamW's reads of its step counters: those live on the host
+        on a GPU too (torch.optim keeps `step` on the CPU unless capturable or fused)."""
+        return self.counter.syncs(on_host=[s["step"] for s in self.optimizer.state.values()])
+
+    def host_counter_reads(self) -> int:
+        return sum(self.counter.syncs().values()) - sum(self.device_syncs().values())
+
 
 def start_fake_group(world_size: int, rank: int = 0) -> None:
-    """A process group of `world_size` ranks in which this process is `rank` and collectives do nothing."""
+    """A process group of `world_size` ranks in which this process is `rank` and collectives do
+    nothing, for CPU (fake) tensors and for meta tensors."""
     from torch.testing._internal.distributed.fake_pg import FakeStore  # the fake backend registers here
 
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    dist.init_process_group("cpu:fake,meta:fake", store=FakeStore(), rank=rank, world_size=world_size)
 
 
 @dataclass
@@ -169,9 +183,10 @@ def place(dp: int, cp: int, device_type: str = "cpu") -> Placement:
     return Placement(cp_mesh.get_group(), cp_mesh.get_local_rank(), cp, fsdp_mesh(mesh))
 
 
-def make_batch(config: ModelConfig, seq_len: int, where: Placement, documents: int, layout: str) -> dict:
-    """Rank 0's slice of one packed sequence of `documents` equal documents (a third of each a
-    vision span), cut as the datamodule cuts it (lwm.data.batches.shard_batch)."""
+def make_batch(config: ModelConfig, seq_len: int, where: Placement, documents: int, layout: str, device) -> dict:
+    """This rank's slice of one packed sequence of `documents` equal documents (a third of each a
+    vision span), cut on the host as the datamodule cuts it (lwm.data.batches.shard_batch), then
+    moved to `device` as Lightning moves a batch."""
     if seq_len % documents:
         raise ValueError(f"seq_len {seq_len} is not divisible by documents {documents}")
     tokens = torch.randint(0, config.vocab_size, (1, seq_len + 1))
@@ -185,7 +200,8 @@ def make_batch(config: ModelConfig, seq_len: int, where: Placement, documents: i
         "segment_ids": segment_ids,
     }
     sharding = Sharding(cp_rank=where.cp_rank, cp_size=where.cp, layout=layout)
-    return shard_batch(full, sharding, "document" if documents > 1 else "sequence")
+    local = shard_batch(full, sharding, "document" if documents > 1 else "sequence")
+    return {k: v.to(device) for k, v in local.items()}
 
 
 def train_step(model, batch: dict, optimizer, optim: OptimConfig, cp_group, document_mask: bool):
@@ -272,8 +288,8 @@ def check_shards(step: StepResult, world: int) -> list[str]:
 
 
 class _GivenPrompt(Generator):
-    """The Generator, taking the prompt as given: its own check reads the ids' range to the host
-    (int(ids.min())), a value fake tensors do not have."""
+    """The Generator, taking the prompt as given: its own check reads the ids' range
+    (int(ids.min())) before they move to the device, a value fake tensors do not have."""
 
     def _ids(self, ids) -> torch.Tensor:
         return ids.to(self.device)
@@ -282,8 +298,7 @@ class _GivenPrompt(Generator):
 @dataclass
 class PrefillResult:
     cache: tuple  # (shape, dtype) of the first layer's cached keys on this rank
-    ring_tokens: int  # prompt tokens the ring part prefilled (all ranks)
-    stopped: str | None  # why the prefill stopped before its end, None if it finished
+    ring_tokens: int  # prompt tokens through ring attention; the rest ran as an extend step
     counter: OpCounter
 
 
@@ -300,19 +315,12 @@ def run_prefill(
     vocab = Vocab(model_config.vocab_size - Vocab(1).used_size + 1)  # as many text ids as the rows allow
     prompt = torch.randint(0, vocab.text_size, (seq_len,), device=device)
     gen = _GivenPrompt(model, vocab, where.cp_group, prefill_chunk=prefill_chunk, backend=settings.backend)
-    stopped = None
     with OpCounter() as counter:
-        try:
-            gen.prefill(prompt)
-        except DynamicOutputShapeException as e:
-            stopped = (
-                f"{e.func}: the extend step after the ring part (the last token) picks the new tokens "
-                "this rank keeps with torch.nonzero (KVCache.start_extend), a size fake tensors cannot know"
-            )
+        gen.prefill(prompt)
     unit = ring_parts(where.cp, "striped")
     ring = 0 if where.cp == 1 else (seq_len - 1) // unit * unit  # as Generator.prefill splits the prompt
     keys = gen.cache.layers[0].cache.keys
-    return PrefillResult((tuple(keys.shape), keys.dtype), ring, stopped, counter)
+    return PrefillResult((tuple(keys.shape), keys.dtype), ring, counter)
 
 
 # ----------------------------------------------------------------------------------------- the command
@@ -336,7 +344,7 @@ def run(config: FakeStepConfig) -> FakeStepReport:
         model_config = stage_model_config(ModelConfig.from_preset(config.preset), stage)
         parallel = ParallelConfig(document_mask=False)  # document runs are read on the host (module docstring)
         with FakeTensorMode():
-            batch = make_batch(model_config, config.seq_len, where, documents=1, layout=parallel.layout)
+            batch = make_batch(model_config, config.seq_len, where, 1, parallel.layout, "cpu")
             start = time.perf_counter()
             step = run_step(model_config, stage, where, parallel, GPU_SETTINGS, "cpu", batch)
             seconds = {"step": time.perf_counter() - start}
@@ -353,7 +361,7 @@ def run(config: FakeStepConfig) -> FakeStepReport:
 def _report(config: FakeStepConfig, model_config: ModelConfig, step, prefill, seconds: dict) -> list[str]:
     world, local = config.dp * config.cp, config.seq_len // config.cp
     block_in, block_out, rope = step.seen["block_in"], step.seen["block_out"], step.seen["rope"]
-    lines = [
+    return [
         f"fake step: preset {config.preset}, {config.seq_len} tokens, cp {config.cp}, dp {config.dp} "
         f"(rank 0 of {world}), bf16 compute on fp32 shards, attention cuda_flash, no document masks",
         f"step {seconds['step']:.1f} s wall (model built on meta, sharded, loss, backward, clip, AdamW)",
@@ -362,14 +370,13 @@ def _report(config: FakeStepConfig, model_config: ModelConfig, step, prefill, se
         f"RoPE cos/sin {rope[0]} {rope[1]}/{rope[2]}",
         *("  " + line for line in check_shards(step, world)),
         f"  attention kernels: {dict(step.counter.attention())}",
-        f"  host syncs in the step: {sum(step.counter.syncs().values())} {dict(step.counter.syncs())}",
-        f"prefill {seconds['prefill']:.1f} s wall: {prefill.ring_tokens} prompt tokens through the ring, "
-        f"rank 0's cache per layer {prefill.cache[0]} {prefill.cache[1]}",
+        f"  host syncs in the step: {sum(step.device_syncs().values())} {dict(step.device_syncs())} "
+        f"(and {step.host_counter_reads()} reads of AdamW's step counters, on the host on a GPU too)",
+        f"prefill {seconds['prefill']:.1f} s wall (Generator.prefill, its prompt check skipped): "
+        f"{prefill.ring_tokens} prompt tokens through the ring, the last {config.seq_len - prefill.ring_tokens} "
+        f"as an extend step; rank 0's cache per layer {prefill.cache[0]} {prefill.cache[1]}",
         f"  host syncs in the prefill: {sum(prefill.counter.syncs().values())} {dict(prefill.counter.syncs())}",
     ]
-    if prefill.stopped:
-        lines.append(f"  stopped before the last {config.seq_len - prefill.ring_tokens} token(s): {prefill.stopped}")
-    return lines
 
 
 def build_parser() -> argparse.ArgumentParser:

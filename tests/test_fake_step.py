@@ -1,0 +1,212 @@
+"""The training step as a GPU would run it, checked without one (lwm/train/fake_step.py): rank 0 of
+dp 2 x cp 2 under fake tensors with the GPU's settings forced, the same step on the meta device, and
+its host syncs at a small real shape on gloo. Also two defects of that path: FSDP2's mixed
+precision casting the blocks' RoPE angles to bf16, and every rank reading the starting weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+
+from lwm.data.vocab import Vocab
+from lwm.model import ModelConfig, Transformer
+from lwm.parallel import parallelize
+from lwm.parallel.launch import run_distributed
+from lwm.train import module as module_file
+from lwm.train import run as run_module
+from lwm.train.config import OptimConfig, ParallelConfig, StageConfig
+from lwm.train.fake_step import (
+    FakeStepConfig,
+    make_batch,
+    place,
+    run,
+    run_prefill,
+    run_step,
+    shard_rows,
+    start_fake_group,
+    train_step,
+)
+from lwm.train.module import LWMModule, build_optimizer
+from lwm.train.sharding import CP_DIM, DP_DIM, compute_settings
+
+DEBUG = ModelConfig.from_preset("debug")
+STAGE = StageConfig("a", seq_len=64, rope_theta=1e4, steps=1, lr=1e-3, cp=2)
+
+
+@pytest.fixture(scope="module")
+def fake():
+    """The command at a small shape: debug preset, 256 tokens, cp 2, dp 2."""
+    return run(FakeStepConfig(preset="debug", seq_len=256, cp=2, dp=2, prefill_chunk=32))
+
+
+@pytest.fixture
+def fake_group():
+    start_fake_group(4)
+    yield
+    dist.destroy_process_group()
+
+
+def test_rank0_holds_its_fsdp2_shards_of_parameters_gradients_and_adamw_state(fake):
+    model, optimizer = fake.step.model, fake.step.optimizer
+    # dim 0 in 4 chunks of ceil(rows / 4): rank 0 holds the first
+    expected = {"embed.weight": (2128, 64), "layers.0.attn.wk.weight": (8, 64), "layers.0.attn_norm.weight": (16,)}
+    params = dict(model.named_parameters())
+    for name, shape in expected.items():
+        assert tuple(params[name].to_local().shape) == shape == shard_rows(tuple(params[name].shape), 4), name
+    for name, p in params.items():
+        want = shard_rows(tuple(p.shape), 4)
+        state = optimizer.state[p]
+        for t in (p.to_local(), p.grad.to_local(), state["exp_avg"].to_local(), state["exp_avg_sq"].to_local()):
+            assert (tuple(t.shape), t.dtype) == (want, torch.float32), name  # fp32 master weights and moments
+        assert state["step"].shape == ()
+
+
+def test_the_step_computes_in_bf16_with_the_cuda_flash_kernel(fake):
+    seen = fake.step.seen
+    assert seen["block_in"] == seen["block_out"] == ((1, 128, 64), torch.bfloat16)  # 256 tokens / cp 2
+    assert fake.step.loss.dtype == torch.float32
+    # 2 layers x 2 ring steps (striped, no documents: one piece per step), each recomputed once in backward
+    assert fake.step.counter.attention() == {
+        "_scaled_dot_product_flash_attention": 4,
+        "_scaled_dot_product_flash_attention_backward": 4,
+    }
+    assert "step" in fake.seconds and any("no document masks" in line for line in fake.lines)
+
+
+def test_rope_angles_stay_fp32_under_fsdp2_mixed_precision(fake):
+    """Defect 7: MixedPrecisionPolicy casts a module's floating inputs by default, so each block's
+    cos/sin arrived in bf16 on a GPU (fp32 on CPU and in inference). apply_rope rotates in fp32."""
+    shape, cos, sin = fake.step.seen["rope"]
+    assert (shape, cos, sin) == ((128, 8), torch.float32, torch.float32)
+
+
+def test_the_fake_step_and_prefill_make_no_host_syncs(fake):
+    # AdamW reads its step counters (one per parameter, 21) with .item(): they live on the host.
+    assert fake.step.device_syncs() == {} and fake.step.host_counter_reads() == 21
+    # 255 of 256 tokens split over 2 ranks (254 through the ring), the last 2 as an extend step of
+    # which rank 0 keeps position 254: 127 + 1 keys per layer
+    assert fake.prefill.ring_tokens == 254 and fake.prefill.cache == ((1, 2, 128, 16), torch.bfloat16)
+    assert fake.prefill.counter.syncs() == {}
+
+
+def _real_syncs(rank, world):
+    """Host syncs of the same step with real values (fp32, cpu_flash): without and with documents."""
+    where = place(1, world)
+    settings = compute_settings(torch.device("cpu"), DEBUG.head_dim)
+    out = {}
+    for documents in (1, 4):
+        batch = make_batch(DEBUG, 64, where, documents, "striped", "cpu")
+        parallel = ParallelConfig(document_mask=documents > 1)
+        step = run_step(DEBUG, STAGE, where, parallel, settings, "cpu", batch)
+        out[documents] = dict(step.device_syncs())
+    out["prefill"] = dict(run_prefill(DEBUG, where, 64, 16, settings, "cpu").counter.syncs())
+    return out
+
+
+def test_host_syncs_at_a_small_real_shape():
+    """Rank 0 of cp 2 on gloo, 64 tokens. Without documents the step never waits for the device.
+    With documents each layer's ring reads document runs to the host (lwm/model/documents.py
+    `runs`: a nonzero, then tolist of the cuts and of their ids) for its query block once and for
+    the key block of each of its 2 steps: 2 layers x 3 blocks x 3 = 18 (the backward reuses the
+    forward's pieces). At 7b / cp 8 that is 32 x 9 x 3 = 864 syncs per step."""
+    got = run_distributed(_real_syncs, 2)[0]
+    assert got[1] == {}
+    assert got[4] == {"nonzero": 6, "tolist": 12}
+    assert got["prefill"] == {}  # prefill of 64 tokens, prompt check skipped
+
+
+def test_the_meta_device_catches_a_tensor_made_on_the_wrong_device(fake_group):
+    """The step on the meta device with the GPU's kernel: every tensor it makes must follow its
+    inputs' device, or the step raises (on CPU such a tensor would pass unseen). FSDP2 refuses
+    meta parameters, so this runs the step on the parallelized model in bf16 without it."""
+    where = place(2, 2)
+    with torch.device("meta"):
+        model = Transformer(DEBUG).to(torch.bfloat16)
+    parallelize(model, where.cp_group, backend="cuda_flash")
+    batch = make_batch(DEBUG, 64, where, 1, "striped", "meta")
+    optimizer, _ = build_optimizer(model, STAGE, OptimConfig())
+    loss, _ = train_step(model, batch, optimizer, OptimConfig(), where.cp_group, document_mask=False)
+    assert loss.device.type == "meta" and optimizer.state[model.embed.weight]["exp_avg"].is_meta
+
+    ring = model.layers[0].attn.attn_fn
+
+    def stray_zeros(q, k, v, causal=True):
+        return ring(q, k, v, causal=causal) + torch.zeros(q.shape, dtype=q.dtype)  # no device=
+
+    model.layers[0].attn.attn_fn = stray_zeros
+    with pytest.raises(RuntimeError, match="device"):
+        train_step(model, batch, optimizer, OptimConfig(), where.cp_group, document_mask=False)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_only_global_rank_0_reads_the_starting_weights(rank, monkeypatch):
+    """Defect 10: every rank read the full fp32 weights, though only rank 0's are broadcast."""
+    reads, loaded = [], {}
+
+    def read():
+        reads.append(rank)
+        return {"embed.weight": torch.zeros(1)}
+
+    def shard_model(config, cp_group, mesh, parallel, settings, device, init_state):
+        loaded["init"] = init_state  # what shard_model broadcasts from rank 0
+
+    monkeypatch.setattr(module_file, "shard_model", shard_model)
+    start_fake_group(2, rank)
+    try:
+        module = LWMModule(DEBUG, STAGE, OptimConfig(), ParallelConfig(), init_state=read)
+        module._device_mesh = init_device_mesh("cpu", (1, 2), mesh_dim_names=(DP_DIM, CP_DIM))
+        module.configure_model()
+    finally:
+        dist.destroy_process_group()
+    assert reads == ([0] if rank == 0 else [])
+    assert list(loaded["init"]) == (["embed.weight"] if rank == 0 else [])
+
+
+def test_run_schedule_hands_on_weights_unread(tmp_path, monkeypatch):
+    """Between stages the schedule passes a reader (called on rank 0 by LWMModule), never the weights."""
+    from types import SimpleNamespace
+
+    reads, starts = [], {}
+
+    def run_stage(cfg, stage, model_config, init):
+        starts[stage.name] = init
+        return tmp_path / stage.name / "final.safetensors"
+
+    monkeypatch.setattr(run_module, "validate", lambda cfg: None)
+    monkeypatch.setattr(run_module, "run_stage", run_stage)
+    monkeypatch.setattr(run_module, "read_weights", lambda path: reads.append(path) or {})
+    stages = [StageConfig(n, seq_len=64, rope_theta=1e4, steps=1, lr=1e-3) for n in "ab"]
+    cfg = SimpleNamespace(
+        model=DEBUG,
+        schedule=SimpleNamespace(init_hf=None, stages=stages),
+        stage_only=None,
+        resume=False,
+        export=False,
+        evaluate=SimpleNamespace(lengths=None),
+        trainer=SimpleNamespace(out_dir=str(tmp_path)),
+    )
+    run_module.run_schedule(cfg)
+    assert reads == [] and starts["a"] is None
+    starts["b"]()
+    assert reads == [tmp_path / "a" / "final.safetensors"]
+
+
+def test_a_hugging_face_start_reads_only_the_config_until_asked(tmp_path, monkeypatch):
+    from transformers import LlamaConfig
+
+    LlamaConfig(
+        vocab_size=4096,
+        hidden_size=48,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    ).save_pretrained(tmp_path)
+    calls = []
+    monkeypatch.setattr(run_module, "from_hf", lambda *a, **k: calls.append(a) or Transformer(DEBUG))
+    config, read = run_module.hf_start(tmp_path)
+    assert calls == [] and (config.dim, config.vocab_size) == (48, Vocab(4096).size)
+    read()
+    assert calls == [(tmp_path,)]
