@@ -15,7 +15,9 @@ any way (SIGKILL included), so the file a killed run leaves is taken over by the
 warning naming the old holder). Linux carries flock over NFS as an NFS lock. Where a filesystem has
 no locks (ENOLCK: NFS without a lock daemon), the file itself is the lock, created with O_EXCL; then
 a holder whose pid is dead on this host is stale and taken over, and one on another host keeps the
-folder until a person removes the file (the message says so).
+folder until a person removes the file (the message says so); two runs taking over one stale file
+at the same instant can both win there, a gap flock does not have. A full disk while the holder is
+written raises lwm.io.NoSpaceLeft.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
+
+from lwm.io import writes_to
 
 log = logging.getLogger(__name__)
 
@@ -63,14 +67,15 @@ def _me() -> dict:
 
 def _holder(path: Path, tries: int = 20) -> dict:
     """The record in a lock file; a holder may be writing it right now, so an empty file is read again."""
-    for _ in range(tries):
+    for attempt in range(tries):
+        if attempt:
+            time.sleep(0.05)
         try:
             record = json.loads(path.read_text())
             if isinstance(record, dict):
                 return record
         except (OSError, ValueError):
             pass
-        time.sleep(0.05)
     return {}
 
 
@@ -94,42 +99,59 @@ def _same_file(fd: int, path: Path) -> bool:
         return False
 
 
-def _take_flock(path: Path) -> int | None:
-    """The locked file's descriptor; None where the filesystem has no locks."""
+def _open(path: Path) -> tuple[int, bool]:
+    """(descriptor, whether this call created the file)."""
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644), True
+        except FileExistsError:
+            pass
+        try:
+            return os.open(path, os.O_RDWR), False
+        except FileNotFoundError:  # its holder removed it meanwhile
+            pass
+
+
+def _take(path: Path) -> int:
+    """The lock file's descriptor, flocked where the filesystem has locks; FolderLocked if held."""
+    while True:
+        fd, created = _open(path)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            locks = True
         except OSError as e:
-            os.close(fd)
-            if e.errno in _NO_LOCKS:
-                return None
-            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise FolderLocked(path, _holder(path)) from None
-            raise
-        if _same_file(fd, path):
-            return fd
-        os.close(fd)  # its holder removed it between our open and flock: lock the new file
-
-
-def _take_exclusive(path: Path, me: dict) -> None:
-    """The lock without flock: the file exists only while held; a dead holder's file is removed."""
-    while True:
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            holder = _holder(path)
-            if not _dead_here(holder):
-                hint = f"if no run uses the folder any more, remove {path}"
-                raise FolderLocked(path, holder, hint) from None
-            log.warning("taking over %s: its holder, pid %s, is dead", path, holder["pid"])
-            path.unlink(missing_ok=True)
+            if e.errno not in _NO_LOCKS:
+                os.close(fd)
+                if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    raise FolderLocked(path, _holder(path)) from None
+                raise
+            locks = False
+        if locks and not _same_file(fd, path):
+            os.close(fd)  # its holder removed it between our open and flock: lock the new file
             continue
-        with os.fdopen(fd, "w") as f:
-            json.dump(me, f)
-            f.flush()
-            os.fsync(f.fileno())
-        return
+        if created:
+            return fd
+        holder = _holder(path, tries=1 if locks else 20)
+        if not locks and not _dead_here(holder):  # without flock the file is the lock
+            os.close(fd)
+            raise FolderLocked(path, holder, f"if no run uses the folder any more, remove {path}")
+        log.warning(
+            "taking over %s from pid %s on %s, which ended without releasing it",
+            path,
+            holder.get("pid"),
+            holder.get("host"),
+        )
+        if locks:
+            return fd
+        os.close(fd)
+        path.unlink(missing_ok=True)  # and create it again
+
+
+def _write_holder(fd: int, path: Path) -> None:
+    with writes_to(path):
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(_me()).encode(), 0)
+        os.fsync(fd)
 
 
 @contextmanager
@@ -138,29 +160,12 @@ def output_lock(folder: str | Path, name: str = "lwm") -> Iterator[Path]:
     Yields the lock file's path."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    path, me = folder / f"{name}.lock", _me()
-    fd = _take_flock(path)
-    if fd is None:
-        _take_exclusive(path, me)
-    else:
-        previous = _holder(path, tries=1)
-        if previous:
-            log.warning(
-                "taking over %s from pid %s on %s, which ended without releasing it",
-                path,
-                previous.get("pid"),
-                previous.get("host"),
-            )
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(me).encode(), 0)
-        os.fsync(fd)
+    path = folder / f"{name}.lock"
+    fd = _take(path)
     try:
+        _write_holder(fd, path)
         yield path
     finally:
-        if fd is None:
-            if _holder(path, tries=1) == me:  # never remove a file another run made after a takeover
-                path.unlink(missing_ok=True)
-        else:
-            if _same_file(fd, path):
-                path.unlink()
-            os.close(fd)
+        if _same_file(fd, path):  # never another run's file (made after a takeover)
+            path.unlink()  # while still locked: a run that opened it meanwhile sees it gone and retries
+        os.close(fd)

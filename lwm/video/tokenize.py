@@ -294,6 +294,8 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace, held: Ex
         finished = out.finished()
     except FolderLocked as e:
         parser.error(f"--out: {e}")
+    except NoSpaceLeft as e:
+        parser.exit(EXIT_NO_SPACE, f"lwm-tokenize: {e}; free space and rerun\n")
     except (OSError, ValueError) as e:  # ValueError: a manifest line that is not JSON (JsonlError)
         parser.error(f"--out {args.out}: {e}")
     problem = _check_compatible(finished, sampling.to_dict(), tokenizer)
