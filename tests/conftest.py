@@ -1,5 +1,24 @@
+import functools
+
+import comm_contract
 import pytest
 import torch
+
+import lwm.parallel.launch as launch
+
+_run_distributed = launch.run_distributed
+
+
+@functools.wraps(_run_distributed)
+def _checked_run_distributed(fn, world_size: int, *args, **kwargs) -> list:
+    """Every worker of the gloo tests runs fn under the NCCL communication contract (tests/comm_contract.py)."""
+    body = functools.partial(comm_contract.checked, fn)
+    body.__name__ = fn.__name__  # for run_distributed's timeout message
+    return _run_distributed(body, world_size, *args, **kwargs)
+
+
+# Replaced before the test modules are imported, so their `from lwm.parallel.launch import run_distributed` gets it
+launch.run_distributed = _checked_run_distributed
 
 
 @pytest.fixture(autouse=True)

@@ -15,7 +15,7 @@ from lwm.eval.qa_summary import Buckets
 from lwm.eval.qa_text import LETTERS, first_letter, letter_question, normalize, option_text
 from lwm.infer.prompt import chat_prompt
 from lwm.infer.sampling import GenerationConfig
-from lwm.parallel.comm import broadcast_object_from_first, group_size_and_rank
+from lwm.parallel.comm import PeerFailure, agree_on_failure, broadcast_object_from_first, group_size_and_rank
 
 METHODS = ("ll", "letter")
 
@@ -129,7 +129,14 @@ def evaluate_item(
     prompt_style: str = "native",
 ) -> dict:
     """One item -> its record. Every rank of the generator's group calls this; the group's first rank
-    reads the video and the others get the codes from it. prompt_style: lwm.infer.prompt's."""
+    reads the video and the others get the codes from it. prompt_style: lwm.infer.prompt's.
+
+    A failure is agreed by the group: one rank failing alone (out of memory for the cache, an error
+    while building the prompt or after the group's last collective) makes every rank record the item
+    as failed and go on, through one agree_on_failure round per item that meets the generator's
+    meeting point (Generator._meet) or the others' round. A rank failing inside a collective (out of
+    memory in the middle of a forward pass) is not covered: the others wait in that collective until
+    the process group's timeout stops the run."""
     group = getattr(generator, "group", None)
     _, rank = group_size_and_rank(group)
     prepared = broadcast_object_from_first(_prepare(item, source) if rank == 0 else None, group)
@@ -137,8 +144,20 @@ def evaluate_item(
     if rec["error"] is not None:
         return rec
     model = _Model(generator, tokenizer, vocab, prompt_style)
+    error = None
     try:
         _score(rec, model, prepared["codes"], item, methods, max_new_tokens, letter_tokens)
+    except PeerFailure as e:  # another rank failed, and said so where the generator waited for it
+        return _failed(rec, e)
     except Exception as e:  # a failed prompt (too long, out of memory ...) is recorded; the run goes on
-        rec["error"], rec["error_kind"] = f"{type(e).__name__}: {e}", "model"
+        error = e
+    try:  # every rank hears of a failure on any rank, and records it
+        agree_on_failure(error, group, getattr(generator, "device", None))
+    except Exception as e:
+        _failed(rec, e)
+    return rec
+
+
+def _failed(rec: dict, error: Exception) -> dict:
+    rec["error"], rec["error_kind"] = f"{type(error).__name__}: {error}", "model"
     return rec

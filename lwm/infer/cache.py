@@ -76,9 +76,9 @@ class CachedLayer:
             o.group,
             backend=o.backend,
         )
-        mine = o.own_new_tokens  # indices of the new tokens this rank keeps
-        if mine.numel():
-            self.cache.append(k.index_select(2, mine), v.index_select(2, mine))
+        if o.own_count:  # the new tokens this rank keeps: every world-size-th, from own_first
+            mine = slice(o.own_first, None, o.world_size)
+            self.cache.append(k[:, :, mine], v[:, :, mine])
         return out
 
 
@@ -91,7 +91,7 @@ class KVCache:
         self.layers = [CachedLayer(self) for _ in model.layers]
         model.set_attention(self.layers)
         self.prefilling = False  # set only by start_prefill / start_extend
-        self.own_new_tokens = torch.empty(0, dtype=torch.long)
+        self.own_first, self.own_count = 0, 0  # the new tokens this rank keeps (set by start_extend)
         self.seen = 0  # tokens of the sequence so far (all ranks)
 
     def reserve(self, like: torch.Tensor, capacity: int) -> None:
@@ -114,9 +114,11 @@ class KVCache:
         self.prefilling, self.seen = True, self.seen + n_new
 
     def start_extend(self, n_new: int, device) -> torch.Tensor:
-        """The next pass is n_new tokens that every rank runs whole: their positions (n_new,);
-        marks the ones this rank will keep."""
+        """The next pass is n_new tokens that every rank runs whole: their positions (n_new,) on `device`;
+        marks the ones this rank will keep (position p is kept by rank p mod N), by arithmetic on the
+        host, so that decoding reads nothing back from the device."""
         pos = torch.arange(self.seen, self.seen + n_new, device=device)
-        self.own_new_tokens = torch.nonzero(pos % self.world_size == self.rank).flatten()
+        self.own_first = (self.rank - self.seen) % self.world_size
+        self.own_count = len(range(self.own_first, n_new, self.world_size))
         self.prefilling, self.seen = False, self.seen + n_new
         return pos

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from lwm.data.vocab import Vocab
 from lwm.infer.cache import KVCache
 from lwm.infer.sampling import GenerationConfig, allowed_ids, next_token
-from lwm.parallel.comm import broadcast_from_first
+from lwm.parallel.comm import agree_on_failure, broadcast_from_first
 from lwm.parallel.layout import positions as layout_positions
 from lwm.parallel.layout import ring_parts, shard
 
@@ -66,7 +66,10 @@ class Generator:
     @torch.no_grad()
     def extend(self, ids, all_logits: bool = False) -> torch.Tensor:
         """Run new tokens after what is cached -> logits (L, V), or (1, V) of the last one."""
-        ids = self._ids(ids)
+        return self._extend(self._ids(ids), all_logits)
+
+    def _extend(self, ids: torch.Tensor, all_logits: bool = False) -> torch.Tensor:
+        """extend of checked ids (L,) on the device."""
         pos = self.cache.start_extend(ids.numel(), self.device)
         h = self.model.hidden(ids[None], pos)[0]  # (L, dim)
         return self.model.output(h if all_logits else h[-1:]).float()  # (L or 1, V)
@@ -75,14 +78,30 @@ class Generator:
     def prefill(self, prompt, reserve: int = 0) -> torch.Tensor:
         """A fresh cache holding the prompt -> logits (V,) after its last token. `reserve`: room
         for that many more tokens, allocated now."""
+        return self._fill(self._start(prompt, reserve))
+
+    def _start(self, prompt, reserve: int) -> torch.Tensor:
+        """What a rank does alone before a prefill: the prompt checked and on the device, a fresh
+        cache with room for it and `reserve` more tokens."""
         prompt = self._ids(prompt)
-        S = prompt.numel()
         self.cache = cache = KVCache(self.model, self.group, self.layout, self.backend)
+        cache.reserve(self._kv_like(), -(-(prompt.numel() + reserve) // cache.world_size) + 1)
+        return prompt
+
+    def _meet(self) -> None:
+        """generate and score meet here before the group first talks. A rank that failed alone before
+        (a bad prompt, the cache out of memory) raised instead, and tells the others in its caller's
+        agree_on_failure round (lwm.eval.qa_scoring), which meets this one, so they raise PeerFailure
+        instead of waiting for it in the ring; without such a caller its process ends and torchrun
+        stops the others. A rank failing later, inside a collective, is not covered."""
+        agree_on_failure(None, self.group, self.device)
+
+    def _fill(self, prompt: torch.Tensor) -> torch.Tensor:
+        """The prompt (S,) into the fresh cache -> logits (V,) after its last token."""
+        S, cache = prompt.numel(), self.cache
         N, rank = cache.world_size, cache.rank
         unit = ring_parts(N, self.layout)
         ring = 0 if N == 1 else (S - 1) // unit * unit
-        like = self._kv_like()
-        cache.reserve(like, -(-(S + reserve) // N) + 1)
         segment = max(unit, self.prefill_chunk * N // unit * unit)  # at most prefill_chunk tokens per rank
         for start in range(0, ring, segment):
             part = prompt[start : min(ring, start + segment)]
@@ -92,7 +111,7 @@ class Generator:
             self.model.hidden(local[None], pos)
         logits = None
         for start in range(ring, S, self.prefill_chunk):
-            logits = self.extend(prompt[start : start + self.prefill_chunk])
+            logits = self._extend(prompt[start : start + self.prefill_chunk])
         return logits[-1]
 
     def _kv_like(self) -> torch.Tensor:
@@ -104,18 +123,21 @@ class Generator:
     def generate(self, prompt, config: GenerationConfig | None = None) -> list[int]:
         """New token ids after the prompt (a stop token ends generation and is not returned)."""
         config = config or GenerationConfig()
-        allowed = allowed_ids(self.vocab, config.restrict, config.stop_tokens)
         rng = torch.Generator().manual_seed(config.seed)
         out: list[int] = []
         try:
-            logits = self.prefill(prompt, reserve=config.max_new_tokens)
+            prompt = self._start(prompt, reserve=config.max_new_tokens)
+            allowed = allowed_ids(self.vocab, config.restrict, config.stop_tokens, self.device)
+            self._meet()
+            logits = self._fill(prompt)
             for i in range(config.max_new_tokens):
-                token = broadcast_from_first(next_token(logits, config, allowed, rng), self.group)
-                if token in config.stop_tokens:
+                token = broadcast_from_first(next_token(logits, config, allowed, rng), self.group)  # (1,)
+                value = int(token)  # the one read to the host per token: it decides stopping, and is returned
+                if value in config.stop_tokens:
                     break
-                out.append(token)
+                out.append(value)
                 if i + 1 < config.max_new_tokens:
-                    logits = self.extend([token])[-1]
+                    logits = self._extend(token)[-1]
         finally:
             self.release()
         return out
@@ -128,13 +150,15 @@ class Generator:
             raise ValueError("score needs at least one continuation, and none may be empty")
         scores = []
         try:
-            last = F.log_softmax(self.prefill(prompt, reserve=max(len(c) for c in continuations)), dim=-1)
+            continuations = [self._ids(c) for c in continuations]
+            prompt = self._start(prompt, reserve=max(c.numel() for c in continuations))
+            self._meet()
+            last = F.log_softmax(self._fill(prompt), dim=-1)
             seen, lengths = self.cache.seen, self.cache.lengths
             for cont in continuations:
-                cont = self._ids(cont)
                 total = last[cont[0]]
                 if cont.numel() > 1:
-                    logp = F.log_softmax(self.extend(cont[:-1], all_logits=True), dim=-1)  # (L-1, V)
+                    logp = F.log_softmax(self._extend(cont[:-1], all_logits=True), dim=-1)  # (L-1, V)
                     total = total + logp.gather(1, cont[1:, None]).sum()
                     self.cache.truncate(seen, lengths)
                 scores.append(float(total))

@@ -13,7 +13,7 @@ import torch
 from lwm.infer.generator import Generator
 from lwm.infer.load import Loaded, load_model
 from lwm.parallel.comm import group_size_and_rank
-from lwm.parallel.launch import init_from_env
+from lwm.parallel.launch import init_from_env, rank_device
 from lwm.parallel.layout import LAYOUTS
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -24,7 +24,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         "--model", required=True, help="Hugging Face folder, training stage folder, final.safetensors or .ckpt"
     )
     p.add_argument("--tokenizer", help="sentencepiece model (default: found next to the model)")
-    p.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    p.add_argument(
+        "--device", help="cpu or cuda (default: cuda when available); under torchrun each rank uses cuda:LOCAL_RANK"
+    )
     p.add_argument(
         "--dtype", choices=["auto", *DTYPES], default="auto", help="auto: bfloat16 on CUDA, as stored on CPU"
     )
@@ -61,8 +63,9 @@ class Runtime:
 
 
 def start(device: str | None) -> Runtime:
-    """Pick the device and, under torchrun, start the process group (each rank on its own GPU)."""
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    """Pick the device and, under torchrun, start the process group (each rank on its own GPU,
+    cuda:LOCAL_RANK; a --device cuda:N naming another is refused)."""
+    device = rank_device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     group = init_from_env(device)
     if device == "cuda":
         device = f"cuda:{torch.cuda.current_device()}"

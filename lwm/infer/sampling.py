@@ -32,9 +32,10 @@ class GenerationConfig:
             raise ValueError(f"restrict must be one of {RESTRICT}, got {self.restrict!r}")
 
 
-def allowed_ids(vocab: Vocab, restrict: str | None, stop_tokens: list[int]) -> torch.Tensor | None:
-    """A boolean mask (vocab.size,) of the ids that may be generated, or None for all used ids."""
-    mask = torch.zeros(vocab.size, dtype=torch.bool)
+def allowed_ids(vocab: Vocab, restrict: str | None, stop_tokens: list[int], device="cpu") -> torch.Tensor:
+    """A boolean mask (vocab.size,) on `device` of the ids that may be generated (restrict None: all used ids).
+    Built once per generation on the logits' device, so no token pays a copy."""
+    mask = torch.zeros(vocab.size, dtype=torch.bool, device=device)
     if restrict is None:
         mask[: vocab.used_size] = True
     elif restrict == "text":
@@ -48,14 +49,15 @@ def allowed_ids(vocab: Vocab, restrict: str | None, stop_tokens: list[int]) -> t
 
 def next_token(
     logits: torch.Tensor, config: GenerationConfig, allowed: torch.Tensor, generator: torch.Generator
-) -> int:
-    """logits (V,) of the last position -> the chosen id."""
-    logits = logits.float().masked_fill(~allowed[: logits.shape[-1]].to(logits.device), float("-inf"))
+) -> torch.Tensor:
+    """logits (V,) of the last position, allowed (vocab.size,) on their device -> the chosen id (1,) on that
+    device, not read to the host here (greedy decoding syncs nothing)."""
+    logits = logits.float().masked_fill(~allowed[: logits.shape[-1]], float("-inf"))
     if config.temperature == 0:
-        return int(logits.argmax())
+        return logits.argmax(-1, keepdim=True)
     logits = logits / config.temperature
     if config.top_k is not None and config.top_k < logits.numel():
         kth = torch.topk(logits, config.top_k).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1).cpu()
-    return int(torch.multinomial(probs, 1, generator=generator))
+    probs = torch.softmax(logits, dim=-1).cpu()  # the host generator draws: one copy to the host and back
+    return torch.multinomial(probs, 1, generator=generator).to(logits.device)

@@ -56,14 +56,42 @@ def all_gather_stack(x: torch.Tensor, group=None) -> torch.Tensor:
     return out
 
 
-def broadcast_from_first(value: int, group=None) -> int:
-    """The group's first rank's value on every rank (sampling must agree across a group)."""
+def _first_rank(group) -> int:
+    return dist.get_global_rank(group if group is not None else dist.group.WORLD, 0)
+
+
+def broadcast_from_first(x: torch.Tensor, group=None) -> torch.Tensor:
+    """The group's first rank's x on every rank, in place (sampling must agree across a group). x is on
+    the group's compute device: an NCCL group carries no host tensors."""
     world, _ = group_size_and_rank(group)
-    if world == 1:
-        return value
-    t = torch.tensor([value], dtype=torch.long)
-    dist.broadcast(t, src=dist.get_global_rank(group if group is not None else dist.group.WORLD, 0), group=group)
-    return int(t)
+    if world > 1:
+        dist.broadcast(x, src=_first_rank(group), group=group)
+    return x
+
+
+class PeerFailure(RuntimeError):
+    """Raised, in an `agree_on_failure` round, on the ranks that did not fail when another rank did."""
+
+
+def agree_on_failure(error: BaseException | None, group, device) -> None:
+    """A round in which the ranks of a group tell each other whether they failed, so that none goes on
+    into a collective alone: if any rank failed, every rank raises (its own error, or a PeerFailure
+    naming the ranks that failed and why). One MAX all-reduce of a flag on `device` (the group's
+    compute device); the messages travel only after a failure. Every round is these same collectives,
+    so a rank that failed before reaching the round the others wait in meets them in its next one."""
+    world, _ = group_size_and_rank(group)
+    if world > 1:
+        flag = torch.tensor([error is not None], dtype=torch.int32, device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+        if int(flag):  # a host sync, once per round
+            messages = [None] * world
+            mine = None if error is None else f"{type(error).__name__}: {error}"
+            dist.all_gather_object(messages, mine, group=group)
+            if error is None:
+                failed = "; ".join(f"rank {r}: {m}" for r, m in enumerate(messages) if m is not None)
+                raise PeerFailure(f"another rank of the group failed ({failed})")
+    if error is not None:
+        raise error
 
 
 def broadcast_object_from_first(obj, group=None):
@@ -72,9 +100,7 @@ def broadcast_object_from_first(obj, group=None):
     if world == 1:
         return obj
     box = [obj]
-    dist.broadcast_object_list(
-        box, src=dist.get_global_rank(group if group is not None else dist.group.WORLD, 0), group=group
-    )
+    dist.broadcast_object_list(box, src=_first_rank(group), group=group)
     return box[0]
 
 

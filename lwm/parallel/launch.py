@@ -10,6 +10,7 @@ import socket
 import tempfile
 import time
 import traceback
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -62,13 +63,61 @@ def run_distributed(fn, world_size: int, *args, timeout: float = 300.0, threads:
     return [res["ok"] for res in results]
 
 
+# What launchers tell a process about its group (torchrun; Lightning's re-launch adds NODE_RANK), and
+# what a child started as a single process must not inherit, or it tries to join that group alone.
+LAUNCH_VARIABLES = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_NAME",
+    "ROLE_WORLD_SIZE",
+    "NODE_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
+
+
+def single_process_env(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """environ without LAUNCH_VARIABLES and torchrun's TORCHELASTIC_*: for a child that runs alone."""
+    return {k: v for k, v in environ.items() if k not in LAUNCH_VARIABLES and not k.startswith("TORCHELASTIC_")}
+
+
+def rank_device(device: str, environ: Mapping[str, str] = os.environ) -> str:
+    """This process's device: under torchrun (WORLD_SIZE > 1) a CUDA device is the rank's own GPU,
+    cuda:LOCAL_RANK ("cuda" becomes it; another index is refused, or every rank would share one GPU);
+    otherwise `device` as given."""
+    if not device.startswith("cuda") or int(environ.get("WORLD_SIZE", "1")) <= 1:
+        return device
+    if "LOCAL_RANK" not in environ:
+        raise ValueError(
+            f"WORLD_SIZE is {environ['WORLD_SIZE']} but LOCAL_RANK is not set; start the ranks with torchrun"
+        )
+    local = int(environ["LOCAL_RANK"])
+    index = torch.device(device).index
+    if index is not None and index != local:
+        raise ValueError(
+            f"device {device} under torchrun: this rank's LOCAL_RANK is {local}, so its GPU is cuda:{local}; "
+            "give cuda and each rank takes its own"
+        )
+    return f"cuda:{local}"
+
+
 def init_from_env(device: str = "cpu"):
-    """Under torchrun (WORLD_SIZE > 1 in the environment): start the default process group (gloo on
-    CPU, nccl on CUDA) and return it; a plain single process gets None. For command-line tools."""
+    """Under torchrun (WORLD_SIZE > 1 in the environment): start the default process group and
+    return it; a plain single process gets None. For command-line tools. On CPU the group is gloo; on
+    CUDA it is nccl on the rank's own GPU (rank_device), made current first: NCCL's object
+    collectives and barrier run on the current device."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return None
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if str(device).startswith("cuda") else "gloo")
         if str(device).startswith("cuda"):
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+            gpu = torch.device(rank_device(str(device)))
+            torch.cuda.set_device(gpu)
+            dist.init_process_group("nccl", device_id=gpu)
+        else:
+            dist.init_process_group("gloo")
     return dist.group.WORLD

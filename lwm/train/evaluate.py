@@ -1,7 +1,8 @@
 """After the run: a needle grid on what it trained. lwm/eval/needle.py runs on the last stage's weights
-in a process of its own (rank 0 only; the same command a user would type, printed first), prints
-its table, and writes <out_dir>/needle/needle.json and needle_heatmap.png. A failed evaluation is
-reported and leaves the trained weights as they are."""
+in a process of its own (rank 0 only, and alone: without the launcher's RANK, WORLD_SIZE, MASTER_ADDR
+...; the same command a user would type, printed first), prints its table, and writes
+<out_dir>/needle/needle.json and needle_heatmap.png. A failed evaluation is reported and leaves the
+trained weights as they are."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lwm.parallel.launch import single_process_env
 from lwm.train.console import say
 
 
@@ -69,7 +71,7 @@ def evaluate_needles(
     when the evaluation failed (said, not raised: the run's weights are kept either way)."""
     cmd = needle_command(cfg, model, tokenizer, out, device)
     say(f"\nevaluating: {' '.join(cmd[1:])}")
-    code = subprocess.run(cmd).returncode
+    code = subprocess.run(cmd, env=single_process_env()).returncode  # one process, not a rank of the run
     if code != 0:
         say(f"warning: the needle evaluation exited with status {code}; {out} holds what it finished")
         return None
