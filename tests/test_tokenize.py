@@ -1,5 +1,6 @@
 """lwm-tokenize end to end on small videos with the tiny VQGAN (random weights, 64x64 frames)."""
 
+import errno
 import json
 import os
 import subprocess
@@ -284,3 +285,68 @@ def test_stem_ids_and_clashes(tmp_path):
     clash = check_unique_ids([str(a), str(b)], "stem")
     assert "both get the id 'clip_0001'" in clash and "--ids hashed" in clash
     assert check_unique_ids([str(a), str(b)], "hashed") is None
+
+
+def test_a_second_run_on_the_folder_is_refused(data, tmp_path, capsys):
+    """Two runs on one --out would do every video twice: the second is refused naming the first, and
+    writes nothing."""
+    from lwm.out_lock import output_lock
+
+    out, source = tmp_path / "out", [str(data["good"]["tiny"])]
+    with output_lock(out, "lwm-tokenize"):
+        with pytest.raises(SystemExit) as info:
+            run(data, out, inputs=source)
+        assert info.value.code == 2
+        err = capsys.readouterr().err
+        assert f"--out: {out} is in use by another run (pid {os.getpid()} on " in err and "command: " in err
+        assert not (out / "manifest.jsonl").exists() and not (out / "failures.jsonl").exists()
+        assert run(data, out, "--shard", "0/2", inputs=source) == 0  # shards work side by side
+    assert run(data, out, inputs=source) == 0  # released: the folder is free again
+    assert not (out / "lwm-tokenize.lock").exists()
+
+
+def fake_full_disk(f, codes):
+    f.write(b"\x93NUMPY")  # a write that got some bytes out before the disk filled
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_full_disk_stops_the_run_with_exit_3(data, tmp_path, capsys, monkeypatch):
+    """No space left: said with the file's path, exit 3, no temp file, no video recorded as failed; what
+    was done before stays, and a rerun with space resumes."""
+    out, inputs = tmp_path / "out", [str(data["good"]["portrait"]), str(data["good"]["tiny"])]
+    assert run(data, out, inputs=inputs[:1]) == 0
+    capsys.readouterr()
+    monkeypatch.setattr(np, "save", fake_full_disk)
+    assert run(data, out, inputs=inputs) == 3
+    err = capsys.readouterr().err
+    vid = video_id(inputs[1])
+    assert f"no space left on {out / 'tokens' / vid}.npy: stopped with 0 done, 1 skipped, 0 failed" in err
+    assert not list((out / "tokens").glob("*.tmp")) and not records(out, "failures.jsonl")
+    assert [r["source"] for r in records(out, "manifest.jsonl")] == inputs[:1]
+    monkeypatch.undo()
+    assert run(data, out, inputs=inputs) == 0
+    assert sorted(r["source"] for r in records(out, "manifest.jsonl")) == sorted(inputs)
+
+
+def test_a_full_tmpfs(data, tmp_path, capsys):
+    """The same on a real full filesystem: a tmpfs filled up before the run writes its codes."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    try:
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], capture_output=True)
+    except FileNotFoundError:
+        pytest.skip("no mount command here")
+    if mounted.returncode:
+        pytest.skip(f"cannot mount a tmpfs here (needs root and CAP_SYS_ADMIN): {mounted.stderr.decode().strip()}")
+    try:
+        out = mount / "out"
+        (out / "tokens").mkdir(parents=True)
+        (out / "lwm-tokenize.lock").write_text("{}")  # a page the lock's record reuses
+        with open(mount / "filler", "wb", buffering=0) as f, pytest.raises(OSError):
+            while True:
+                f.write(b"\0" * 4096)
+        assert run(data, out, inputs=[str(data["good"]["portrait"])]) == 3
+        assert "no space left on " in capsys.readouterr().err
+        assert not list((out / "tokens").iterdir()) and not records(out, "failures.jsonl")
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
