@@ -65,7 +65,7 @@ def test_rank0_holds_its_fsdp2_shards_of_parameters_gradients_and_adamw_state(fa
 
 def test_the_step_computes_in_bf16_with_the_cuda_flash_kernel(fake):
     seen = fake.step.seen
-    assert seen["block_in"] == seen["block_out"] == ((1, 128, 64), torch.bfloat16)  # 256 tokens / cp 2
+    assert seen["attn_in"] == seen["block_out"] == ((1, 128, 64), torch.bfloat16)  # 256 tokens / cp 2
     assert fake.step.loss.dtype == torch.float32
     # 2 layers x 2 ring steps (striped, no documents: one piece per step), each recomputed once in backward
     assert fake.step.counter.attention() == {
@@ -89,6 +89,9 @@ def test_the_fake_step_and_prefill_make_no_host_syncs(fake):
     # which rank 0 keeps position 254: 127 + 1 keys per layer
     assert fake.prefill.ring_tokens == 254 and fake.prefill.cache == ((1, 2, 128, 16), torch.bfloat16)
     assert fake.prefill.counter.syncs() == {}
+    # prefill_chunk 32 per rank: 4 segments of 64 tokens, per layer 2 ring steps each plus 2 over the
+    # earlier segments' cache for the last 3 (14), then the extend's 2 (cache, own): 2 layers x 16
+    assert fake.prefill.counter.attention() == {"_scaled_dot_product_flash_attention": 32}
 
 
 def _real_syncs(rank, world):

@@ -42,7 +42,7 @@ from lwm.train.sharding import CP_DIM, DP_DIM, ComputeSettings, fsdp_mesh, shard
 GPU_SETTINGS = ComputeSettings(param_dtype=torch.bfloat16, backend="cuda_flash")  # what compute_settings gives a GPU
 
 # Ops after which a GPU's host waits for the device: a value read to the host, or an output whose
-# size depends on values. Device-to-host copies are counted apart (none exist when all is on CPU).
+# size depends on values. OpCounter adds tolist and device-to-host copies (none when all is on CPU).
 SYNC_OPS = (
     "_local_scalar_dense",  # .item(), bool(), int(), float() of a tensor
     "nonzero",
@@ -183,7 +183,9 @@ def place(dp: int, cp: int, device_type: str = "cpu") -> Placement:
     return Placement(cp_mesh.get_group(), cp_mesh.get_local_rank(), cp, fsdp_mesh(mesh))
 
 
-def make_batch(config: ModelConfig, seq_len: int, where: Placement, documents: int, layout: str, device) -> dict:
+def make_batch(
+    config: ModelConfig, seq_len: int, where: Placement, documents: int, layout: str, device: torch.device | str
+) -> dict:
     """This rank's slice of one packed sequence of `documents` equal documents (a third of each a
     vision span), cut on the host as the datamodule cuts it (lwm.data.batches.shard_batch), then
     moved to `device` as Lightning moves a batch."""
@@ -240,12 +242,12 @@ def run_step(
 
 
 def _watch_first_block(model: Transformer, seen: dict) -> list:
-    """Records what the first block receives (hidden states, RoPE cos/sin: after FSDP2's input cast,
-    if any) and returns."""
+    """Hooks that record what the first block's attention receives (normed hidden states, RoPE
+    cos/sin: after FSDP2's input cast, if any) and what the block returns."""
 
     def inputs(module, args):
         x, cos, sin = args[:3]
-        seen.setdefault("block_in", (tuple(x.shape), x.dtype))
+        seen.setdefault("attn_in", (tuple(x.shape), x.dtype))
         seen.setdefault("rope", (tuple(cos.shape), cos.dtype, sin.dtype))
 
     def output(module, args, out):
@@ -303,7 +305,12 @@ class PrefillResult:
 
 
 def run_prefill(
-    model_config: ModelConfig, where: Placement, seq_len: int, prefill_chunk: int, settings: ComputeSettings, device
+    model_config: ModelConfig,
+    where: Placement,
+    seq_len: int,
+    prefill_chunk: int,
+    settings: ComputeSettings,
+    device: torch.device | str,
 ) -> PrefillResult:
     """Generator.prefill of a seq_len prompt over the context-parallel group, the model's weights
     in the compute dtype (as lwm.infer.runtime loads them: bf16 on a GPU)."""
@@ -340,8 +347,9 @@ def run(config: FakeStepConfig) -> FakeStepReport:
     start_fake_group(world)
     try:
         where = place(config.dp, config.cp)
-        stage = StageConfig("fake", config.seq_len, rope_theta=1e4, steps=1, lr=1e-5, cp=config.cp)
-        model_config = stage_model_config(ModelConfig.from_preset(config.preset), stage)
+        preset = ModelConfig.from_preset(config.preset)
+        stage = StageConfig("fake", config.seq_len, rope_theta=preset.rope_theta, steps=1, lr=1e-5, cp=config.cp)
+        model_config = stage_model_config(preset, stage)
         parallel = ParallelConfig(document_mask=False)  # document runs are read on the host (module docstring)
         with FakeTensorMode():
             batch = make_batch(model_config, config.seq_len, where, 1, parallel.layout, "cpu")
@@ -350,7 +358,7 @@ def run(config: FakeStepConfig) -> FakeStepReport:
             seconds = {"step": time.perf_counter() - start}
             prefill = run_prefill(model_config, where, config.seq_len, config.prefill_chunk, GPU_SETTINGS, "cpu")
             seconds["prefill"] = time.perf_counter() - start - seconds["step"]
-        lines = _report(config, model_config, step, prefill, seconds)
+        lines = _report(config, step, prefill, seconds)
     finally:
         dist.destroy_process_group()
     for line in lines:
@@ -358,16 +366,16 @@ def run(config: FakeStepConfig) -> FakeStepReport:
     return FakeStepReport(step, prefill, seconds, lines)
 
 
-def _report(config: FakeStepConfig, model_config: ModelConfig, step, prefill, seconds: dict) -> list[str]:
+def _report(config: FakeStepConfig, step: StepResult, prefill: PrefillResult, seconds: dict) -> list[str]:
     world, local = config.dp * config.cp, config.seq_len // config.cp
-    block_in, block_out, rope = step.seen["block_in"], step.seen["block_out"], step.seen["rope"]
+    attn_in, block_out, rope = step.seen["attn_in"], step.seen["block_out"], step.seen["rope"]
     return [
         f"fake step: preset {config.preset}, {config.seq_len} tokens, cp {config.cp}, dp {config.dp} "
         f"(rank 0 of {world}), bf16 compute on fp32 shards, attention cuda_flash, no document masks",
         f"step {seconds['step']:.1f} s wall (model built on meta, sharded, loss, backward, clip, AdamW)",
         f"  batch: {local} of {config.seq_len} tokens on this rank; loss {tuple(step.loss.shape)} {step.loss.dtype}",
-        f"  first block: in {block_in[0]} {block_in[1]}, out {block_out[0]} {block_out[1]}; "
-        f"RoPE cos/sin {rope[0]} {rope[1]}/{rope[2]}",
+        f"  first block: attention in {attn_in[0]} {attn_in[1]}, RoPE cos/sin {rope[0]} {rope[1]}/{rope[2]}, "
+        f"out {block_out[0]} {block_out[1]}",
         *("  " + line for line in check_shards(step, world)),
         f"  attention kernels: {dict(step.counter.attention())}",
         f"  host syncs in the step: {sum(step.device_syncs().values())} {dict(step.device_syncs())} "
@@ -389,8 +397,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    run(FakeStepConfig(**vars(args)))
+    parser = build_parser()
+    try:
+        config = FakeStepConfig(**vars(parser.parse_args(argv)))
+    except ValueError as e:
+        parser.error(str(e))
+    run(config)
     return 0
 
 
