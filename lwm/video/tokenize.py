@@ -14,17 +14,16 @@ lines and lines starting with # are skipped). In --out it writes:
     manifest.jsonl       one JSON object per finished video: id, source, sampling, frames, timestamps,
                          tokenizer (preset/checkpoint or diffusers folder, and a hash of the weights)
     failures.jsonl       one JSON object per video that failed in the latest run: source, error
-
-    lwm-tokenize.lock    held while a run works in the folder (lwm-tokenize.<i>-of-<n>.lock per shard)
+    lwm-tokenize.lock    while a run works in the folder: its pid, host and command (lwm.out_lock)
 
 A rerun skips the videos the manifest holds, and retries the failed ones. The .npy is written to a
 temporary file and renamed, and the manifest line is appended after that, so a killed run loses at
 most the video in flight. With --shard i/n each worker takes every n-th video of the one sorted list
 and writes manifest.<i>-of-<n>.jsonl and failures.<i>-of-<n>.jsonl; every worker reads all manifests.
-A second run on the same folder (and shard) is refused while the first runs (lwm.out_lock).
-A full disk stops the run: it is no video's fault, so nothing is recorded as failed.
-Exit status: 0, 1 if some video failed, 2 for a usage error or a folder another run holds, 3 when the
-disk is full, 130 when interrupted (--help says the same).
+A second run on the same folder is refused while the first runs; each shard has its own lock
+(lwm-tokenize.<i>-of-<n>.lock), so the workers of one sharded run work side by side. A full disk
+stops the run: it is no video's fault, so nothing is recorded as failed. Exit statuses: EXIT_STATUS
+below (--help prints it).
 """
 
 from __future__ import annotations
@@ -289,7 +288,8 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace, held: Ex
     if args.checkpoint is None and "preset" in tokenizer:
         print(f"warning: no --checkpoint; preset {args.vqgan!r} has random weights (seed 0)", file=sys.stderr)
     try:
-        out = OutputDir(args.out, args.shard)
+        with writes_to(args.out):
+            out = OutputDir(args.out, args.shard)
         held.enter_context(output_lock(out.root, out.lock_name))  # before reading what is done
         finished = out.finished()
     except FolderLocked as e:
