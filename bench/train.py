@@ -31,7 +31,7 @@ import torch
 from bench.report import command_line, host_line, peak_mib, peak_tflops, publish, sync
 from lwm.model import ModelConfig, Transformer
 from lwm.train.config import ParallelConfig
-from lwm.train.sharding import shard_model
+from lwm.train.sharding import CP_DIM, compute_settings, fsdp_mesh, shard_model
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -85,7 +85,8 @@ def layer_step(preset: str, layers: int, seq_len: int, steps: int, device_type: 
     with device:
         init_state = Transformer(config).state_dict()
     mesh = init_device_mesh(device.type, (1, 1), mesh_dim_names=("data_parallel", "tensor_parallel"))
-    model, _ = shard_model(config, mesh, ParallelConfig(activation_checkpointing=True), init_state, device)
+    parallel, settings = ParallelConfig(activation_checkpointing=True), compute_settings(device, config.head_dim)
+    model = shard_model(config, mesh[CP_DIM].get_group(), fsdp_mesh(mesh), parallel, settings, device, init_state)
     del init_state
     optim = torch.optim.AdamW(model.parameters(), lr=1e-5)
     g = torch.Generator(device).manual_seed(0)

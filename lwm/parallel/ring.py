@@ -217,7 +217,8 @@ class _SimulatedRing(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout):
         n, rank_pieces, layout, scale, backend = ctx.args
-        qs, ks, vs, outs, lses = (ctx.saved_tensors[i * n : (i + 1) * n] for i in range(5))
+        saved = ctx.saved_tensors  # unpacked once: checkpointing allows one read
+        qs, ks, vs, outs, lses = (saved[i * n : (i + 1) * n] for i in range(5))
         dks = [torch.zeros(k.shape, dtype=acc_dtype(k.dtype), device=k.device) for k in ks]
         dvs = [torch.zeros(v.shape, dtype=acc_dtype(v.dtype), device=v.device) for v in vs]
         dqs = []

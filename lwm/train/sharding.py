@@ -21,7 +21,7 @@ from torch.utils.checkpoint import checkpoint
 
 from lwm.model import ModelConfig, Transformer
 from lwm.parallel import parallelize
-from lwm.parallel.kernels import select_backend
+from lwm.parallel.kernels import auto_backend
 from lwm.train.config import ParallelConfig
 
 DP_DIM, CP_DIM = "data_parallel", "tensor_parallel"
@@ -45,8 +45,7 @@ def compute_settings(device: torch.device, head_dim: int) -> ComputeSettings:
     """A GPU computes in bf16 on fp32 master weights, a CPU in fp32; the kernel is the one
     lwm.parallel.kernels picks for queries of that device, dtype and head dim."""
     dtype = torch.bfloat16 if device.type == "cuda" else None
-    queries = torch.empty(0, 0, 0, head_dim, dtype=dtype or torch.float32, device=device)  # (B, H, S, D), empty
-    return ComputeSettings(dtype, select_backend(queries))
+    return ComputeSettings(dtype, auto_backend(device.type, dtype or torch.float32, head_dim))
 
 
 def fsdp_mesh(mesh: DeviceMesh) -> DeviceMesh:
