@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-# A frame is 16x16 = 256 codes in the vocabulary layout (lwm.data.Vocab); every VQGAN here produces that.
-TOKENS_PER_FRAME = 256
+# A frame is 16x16 = 256 codes in the vocabulary layout; every VQGAN here produces that.
+from lwm.data.vocab import TOKENS_PER_FRAME
 
 
 @dataclass
