@@ -8,15 +8,21 @@ multi-GPU, torchrun and SLURM launches.
 
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from lwm.io import NoSpaceLeft, write_atomic
+from lwm.out_lock import FolderLocked, output_lock
+from lwm.train.checkpoint_io import CheckpointError
 from lwm.train.console import is_rank0, quiet_lightning, say
 from lwm.train.entry import ensure_sample_data, to_run_config
 from lwm.train.run import check_files, run_schedule, validate
+
+EXIT_NO_SPACE = 3  # as lwm-tokenize: 2 is bad input, 3 a full disk
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
@@ -32,15 +38,22 @@ def main(cfg: DictConfig) -> None:
         sys.exit(2)
     quiet_lightning()
     out = Path(run.trainer.out_dir)
-    if is_rank0():
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-        say(
-            f"run {out}: model {HydraConfig.get().runtime.choices.get('model')}, schedule {run.schedule.name} "
-            f"({len(run.schedule.stages)} stages), {run.trainer.world_size} process(es)"
-        )
     start = time.perf_counter()
-    where = run_schedule(run)
+    try:  # rank 0 holds the folder for the run: a second run on it is refused
+        with output_lock(out, "train") if is_rank0() else nullcontext():
+            if is_rank0():
+                write_atomic(out / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+                say(
+                    f"run {out}: model {HydraConfig.get().runtime.choices.get('model')}, schedule "
+                    f"{run.schedule.name} ({len(run.schedule.stages)} stages), {run.trainer.world_size} process(es)"
+                )
+            where = run_schedule(run)
+    except (FolderLocked, CheckpointError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except NoSpaceLeft as e:
+        print(f"error: {e}; free space and rerun with resume=true (finished stages are kept)", file=sys.stderr)
+        sys.exit(EXIT_NO_SPACE)
     say(f"\nfinished in {time.perf_counter() - start:.0f}s")
     for what, path in where.items():
         say(f"  {what:13s} {path}")

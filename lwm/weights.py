@@ -10,6 +10,8 @@ A config sidecar, where there is one, is the caller's (model_config.json beside 
 
 from __future__ import annotations
 
+import errno
+import os
 import pickle
 from pathlib import Path
 
@@ -17,13 +19,24 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from lwm.io import NoSpaceLeft
+
 
 def save_weights(state: dict[str, torch.Tensor], path: str | Path, metadata: dict[str, str] | None = None) -> Path:
     path = Path(path)
     if path.suffix != ".safetensors":
         raise ValueError(f"weights are saved as .safetensors, got {path}")
     path.parent.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(path), metadata=metadata)
+    tmp = path.with_name(path.name + ".tmp")  # beside it: the rename is atomic, a kill leaves the old file
+    try:
+        save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(tmp), metadata=metadata)
+        os.replace(tmp, path)
+    except SafetensorError as e:
+        if "os error 28" in str(e) or "os error 122" in str(e):  # ENOSPC, EDQUOT from the Rust writer
+            raise NoSpaceLeft(path, OSError(errno.ENOSPC, str(e))) from None
+        raise
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
 
 

@@ -15,7 +15,8 @@ import torch
 
 from lwm.model import ModelConfig
 from lwm.train import rng
-from lwm.train.checkpoint_io import AtomicCheckpointIO, CheckpointError, check_sharded, load_verified, save_verified
+from lwm.train.checkpoint_io import CheckpointError, check_sharded, load_verified, save_verified
+from lwm.train.checkpointing import AtomicCheckpointIO
 from lwm.train.outputs import load_stage
 
 

@@ -370,3 +370,81 @@ def test_one_gpu_trains_through_fsdp2_and_one_cpu_process_plainly():
     gpu = _strategy(stage, TrainerConfig(accelerator="gpu"))
     assert isinstance(gpu, ModelParallelStrategy)
     assert (gpu._data_parallel_size, gpu._tensor_parallel_size) == (1, 1)
+
+
+KILL_IN_SECOND_CHECKPOINT = """
+import builtins, os, runpy, signal, sys
+real_open, opened = builtins.open, []
+def open_(file, mode="r", *args, **kwargs):
+    name = os.path.basename(str(file))
+    if "w" in mode and "last.ckpt" in name and "sha256" not in name:
+        opened.append(name)
+        if len(opened) == 2:  # the second checkpoint: its file is opened (truncated, for a writer in place)
+            real_open(file, mode, *args, **kwargs)
+            os.kill(os.getpid(), signal.SIGKILL)
+    return real_open(file, mode, *args, **kwargs)
+builtins.open = open_
+sys.argv = sys.argv[1:]  # ["train.py", overrides...]
+runpy.run_path("train.py", run_name="__main__")
+"""
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """A folder on a filesystem of its own (a tmpfs), as a scratch or network volume is."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256m", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_a_kill_inside_a_checkpoint_write_loses_nothing(tmpfs, reference):
+    """Killed while writing its second checkpoint on another filesystem than $TMPDIR, the run keeps the
+    first one whole, and resuming from it gives the one-process losses."""
+    out = tmpfs / "run"
+    args = ["stage_only=a", "trainer.checkpoint_every=2"]
+    killed = train(out, *args, launcher=[sys.executable, "-c", KILL_IN_SECOND_CHECKPOINT], check=False)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    from lwm.train.checkpoint_io import load_verified
+
+    assert load_verified(out / "a" / "checkpoints" / "last.ckpt")["global_step"] == 2  # the first, intact
+    train(out, *args, "resume=true")
+    got = losses(out)
+    assert set(range(2, 10)) <= set(got) and (out / "a" / "final.safetensors").exists()
+    for step, loss in got.items():
+        assert loss == pytest.approx(reference[step], rel=1e-6), step
+
+
+def _main_exit(monkeypatch, capsys, out, *overrides) -> tuple[int, str]:
+    import importlib.util
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(sys, "argv", ["train.py", f"trainer.out_dir={out}", *DEBUG, *overrides])
+    spec = importlib.util.spec_from_file_location("__main__", ROOT / "train.py")
+    with pytest.raises(SystemExit) as exit_:
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    return exit_.value.code, capsys.readouterr().err
+
+
+def test_a_second_run_on_one_folder_is_refused(tmp_path, monkeypatch, capsys):
+    from lwm.out_lock import output_lock
+
+    with output_lock(tmp_path, "train"):
+        code, err = _main_exit(monkeypatch, capsys, tmp_path, "stage_only=a")
+    assert code == 2 and f"is in use by another run (pid {os.getpid()}" in err, err[-2000:]
+    assert not (tmp_path / "a").exists()
+
+
+def test_a_full_disk_is_named_with_its_own_status(tmp_path, monkeypatch, capsys):
+    import errno
+
+    from lwm.io import NoSpaceLeft
+
+    def full(cfg):
+        raise NoSpaceLeft(tmp_path / "a" / "final.safetensors", OSError(errno.ENOSPC, "No space left on device"))
+
+    monkeypatch.setattr("lwm.train.run.run_schedule", full)
+    code, err = _main_exit(monkeypatch, capsys, tmp_path, "stage_only=a")
+    assert code == 3 and f"no space left on {tmp_path / 'a' / 'final.safetensors'}" in err, err[-2000:]

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
 import pickle
 from pathlib import Path
 
 import torch
-from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+
+from lwm.io import atomic_file, write_atomic
 
 CHUNK = 1 << 20
 
@@ -43,47 +43,34 @@ def checksum_path(path: Path) -> Path:
     return path.with_name(path.name + ".sha256")
 
 
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """`data` at `path` with one rename from a temporary file in the same folder."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    _fsync_dir(path.parent)
-
-
 def save_verified(obj, path: Path) -> None:
-    """torch.save `obj` at `path` atomically, then its checksum beside it."""
-    buffer = io.BytesIO()
-    torch.save(obj, buffer)
-    data = buffer.getvalue()
-    write_atomic(path, data)
-    write_atomic(checksum_path(path), f"{hashlib.sha256(data).hexdigest()}  {Path(path).name}\n".encode())
+    """torch.save `obj` at `path` atomically, then its checksum beside it (a full disk: NoSpaceLeft)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with atomic_file(path) as f:
+        torch.save(obj, f)
+    write_sums({Path(path).name: sha256(Path(path))}, checksum_path(Path(path)))
+
+
+def write_sums(sums: dict[str, str], path: Path) -> None:
+    """A sha256sum-style file: one `<hex>  <name>` line per file."""
+    write_atomic(path, "".join(f"{digest}  {name}\n" for name, digest in sorted(sums.items())))
+
+
+def read_sums(path: Path) -> dict[str, str]:
+    sums = {}
+    for line in Path(path).read_text().splitlines():
+        digest, _, name = line.partition("  ")
+        if not name or len(digest) != 64:
+            raise CheckpointError(f"{path}: not a checksum line: {line!r}")
+        sums[name] = digest
+    return sums
 
 
 def verify(path: Path) -> None:
     """Refuse a file whose checksum file disagrees with its bytes (no checksum file: nothing to verify)."""
     path = Path(path)
     sums = checksum_path(path)
-    if not sums.is_file():
-        return
-    expected = sums.read_text().split()[0] if sums.read_text().strip() else ""
-    if sha256(path) != expected:
+    if sums.is_file() and read_sums(sums).get(path.name) != sha256(path):
         raise CheckpointError(
             f"{path} does not match its checksum in {sums}: the file is corrupted or was cut short; "
             "resume from another checkpoint or delete it to start the stage again"
@@ -103,20 +90,6 @@ def load_verified(path: Path, map_location="cpu") -> dict:
         ) from None
     except (EOFError, RuntimeError, OSError) as e:
         raise CheckpointError(f"{path} is cut short or corrupted and cannot be read ({e})") from None
-
-
-class AtomicCheckpointIO(TorchCheckpointIO):
-    """Lightning's checkpoint IO for single-file checkpoints, written and read as above."""
-
-    def save_checkpoint(self, checkpoint, path, storage_options=None) -> None:
-        save_verified(checkpoint, Path(path))
-
-    def load_checkpoint(self, path, map_location=None, weights_only=None) -> dict:
-        return load_verified(Path(path), map_location or "cpu")
-
-    def remove_checkpoint(self, path) -> None:
-        super().remove_checkpoint(path)
-        checksum_path(Path(path)).unlink(missing_ok=True)
 
 
 # ----------------------------------------------------------------------------------------- sharded checkpoints

@@ -30,6 +30,7 @@ from lwm.interop.hf import config_from_hf, from_hf
 from lwm.model import ModelConfig
 from lwm.parallel.layout import check_divisible
 from lwm.train.callbacks import MetricHistory, PeakMemory, StageCheckpoint, StageProgress, Throughput
+from lwm.train.checkpointing import AtomicCheckpointIO, AtomicModelParallelStrategy, recover
 from lwm.train.config import OptimConfig, ParallelConfig, ScheduleConfig, StageConfig, TrainerConfig
 from lwm.train.console import say
 from lwm.train.datamodule import LWMDataModule
@@ -139,9 +140,7 @@ def _strategy(stage: StageConfig, trainer_cfg: TrainerConfig):
     )
     if trainer_cfg.world_size == 1 and not gpu:
         return "auto"
-    from lightning.pytorch.strategies import ModelParallelStrategy
-
-    return ModelParallelStrategy(
+    return AtomicModelParallelStrategy(
         data_parallel_size=trainer_cfg.world_size // stage.cp,
         tensor_parallel_size=stage.cp,
         timeout=timedelta(seconds=trainer_cfg.timeout_s),
@@ -184,6 +183,7 @@ def run_stage(cfg: RunConfig, stage: StageConfig, model_config: ModelConfig, ini
     out = Path(cfg.trainer.out_dir) / stage.name
     final = out / "final.safetensors"
     last = out / "checkpoints" / "last.ckpt"
+    recover(last)  # a sharded checkpoint a kill caught between its renames
     resume_from = last if cfg.resume and last.exists() else None
     stage_model = stage_model_config(model_config, stage)
     dp = stage.check_world(cfg.trainer.world_size)
@@ -206,11 +206,13 @@ def run_stage(cfg: RunConfig, stage: StageConfig, model_config: ModelConfig, ini
 
     global_batch = stage.per_rank_batch(dp) * dp
     history = MetricHistory(MetricHistory.read(out / "logs" / "metrics.csv") if resume_from else [])
+    strategy = _strategy(stage, cfg.trainer)
     trainer = L.Trainer(
         accelerator=cfg.trainer.accelerator,
         devices=cfg.trainer.devices,
         num_nodes=cfg.trainer.num_nodes,
-        strategy=_strategy(stage, cfg.trainer),
+        strategy=strategy,
+        plugins=[AtomicCheckpointIO()] if strategy == "auto" else None,  # the strategy writes sharded ones
         precision=cfg.trainer.precision,
         max_steps=min(stage.steps, cfg.stop_at_step or stage.steps),
         log_every_n_steps=cfg.trainer.log_every,

@@ -1,0 +1,105 @@
+"""The Trainer's side of stage checkpoints (lwm.train.checkpoint_io does the files): a CheckpointIO for
+single-file checkpoints and a ModelParallelStrategy whose sharded checkpoints are swapped in whole,
+checksummed per rank and verified before anything in them is unpickled."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning.pytorch.strategies import ModelParallelStrategy
+
+from lwm.train.checkpoint_io import (
+    CheckpointError,
+    check_sharded,
+    checksum_path,
+    load_verified,
+    read_sums,
+    save_verified,
+    sha256,
+    write_sums,
+)
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's checkpoint IO for single-file checkpoints, written and read as above."""
+
+    def save_checkpoint(self, checkpoint, path, storage_options=None) -> None:
+        save_verified(checkpoint, Path(path))
+
+    def load_checkpoint(self, path, map_location=None, weights_only=None) -> dict:
+        return load_verified(Path(path), map_location or "cpu")
+
+    def remove_checkpoint(self, path) -> None:
+        super().remove_checkpoint(path)
+        checksum_path(Path(path)).unlink(missing_ok=True)
+
+
+SUMS = "SHA256SUMS"
+
+
+def _staging(path: Path) -> tuple[Path, Path]:
+    """(the folder a new sharded checkpoint is written to, where the previous one waits meanwhile)."""
+    return path.with_name(f".{path.name}.tmp"), path.with_name(f".{path.name}.old")
+
+
+def recover(path: Path) -> None:
+    """Put back a sharded checkpoint that a kill caught between its two renames."""
+    _, old = _staging(Path(path))
+    if not Path(path).exists() and old.is_dir():
+        try:
+            os.replace(old, path)
+        except FileNotFoundError:  # another rank of the run put it back first
+            pass
+
+
+def _written_by(name: str, rank: int) -> bool:
+    """Whether `rank` wrote (and so hashes and verifies) this file of a sharded checkpoint: the
+    `__<rank>_<i>.distcp` shards are each rank's own, the metadata files rank 0's."""
+    if name.startswith("__") and name.endswith(".distcp"):
+        return name[2:].split("_")[0] == str(rank)
+    return rank == 0
+
+
+class AtomicModelParallelStrategy(ModelParallelStrategy):
+    """Lightning's ModelParallelStrategy, with sharded checkpoints written to a staging folder beside
+    the target and swapped in by renames once every rank has written its part (a kill leaves the old
+    checkpoint or the new one, never a mix), a SHA256SUMS inside (each rank hashes its own shards), and
+    loads that verify the sums and refuse code before torch.distributed.checkpoint unpickles anything."""
+
+    def save_checkpoint(self, checkpoint, filepath, storage_options=None) -> None:
+        path = Path(self.broadcast(str(filepath)))
+        tmp, old = _staging(path)
+        if self.global_rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)  # a killed save's leftover
+        self.barrier()
+        super().save_checkpoint(checkpoint, tmp, storage_options)
+        self.barrier()
+        mine = {f.name: sha256(f) for f in sorted(tmp.iterdir()) if _written_by(f.name, self.global_rank)}
+        sums: list[dict | None] = [None] * self.world_size
+        dist.all_gather_object(sums, mine)  # between this run's own ranks
+        if self.global_rank == 0:
+            write_sums({k: v for part in sums for k, v in part.items()}, tmp / SUMS)
+            if path.exists():
+                os.replace(path, old)
+            os.replace(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        self.barrier()
+
+    def load_checkpoint(self, checkpoint_path, weights_only=None) -> dict:
+        path = Path(self.broadcast(str(checkpoint_path)))
+        check_sharded(path)
+        sums = read_sums(path / SUMS) if (path / SUMS).is_file() else {}
+        bad = [n for n, d in sums.items() if _written_by(n, self.global_rank) and sha256(path / n) != d]
+        failed = torch.tensor([len(bad)], device=self.root_device)
+        dist.all_reduce(failed)  # every rank refuses, or none
+        if failed.item():
+            raise CheckpointError(
+                f"{path}: {bad or 'files of other ranks'} do not match {path / SUMS}: the checkpoint is corrupted "
+                "or was cut short; resume from another checkpoint or delete it to start the stage again"
+            )
+        return super().load_checkpoint(path, weights_only=True)
