@@ -6,7 +6,7 @@ through the key map below; no q/k permutation is needed.
 
 from __future__ import annotations
 
-import json
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -14,9 +14,9 @@ from pathlib import Path
 import torch
 
 from lwm.data.vocab import SPECIAL_TOKENS, Vocab
+from lwm.interop.hf_files import CONFIG, Shapes, read_hf_config, read_hf_weights
 from lwm.interop.keymap import KeyMap
 from lwm.model import ModelConfig, Transformer
-from lwm.weights import read_weights
 
 # ours -> transformers' LlamaForCausalLM; "{i}" is the layer index.
 KEY_MAP = {
@@ -96,6 +96,13 @@ def config_from_hf(hf_config, **overrides) -> ModelConfig:
     return ModelConfig(**fields)
 
 
+def _config_named(hf_config, where: str, **overrides) -> ModelConfig:
+    try:
+        return config_from_hf(hf_config, **overrides)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+
+
 def config_to_hf(config: ModelConfig, dtype: torch.dtype = torch.float32):
     from transformers import LlamaConfig
 
@@ -124,22 +131,60 @@ def config_to_hf(config: ModelConfig, dtype: torch.dtype = torch.float32):
 # ---------------------------------------------------------------------------------------- import
 
 
-def _read_hf_weights(folder: Path) -> dict[str, torch.Tensor]:
-    # The shard list by hand: huggingface_hub reads a sharded folder only into a module with the
-    # checkpoint's own keys and shapes (load_torch_model), and ours differ (the key map, the extended vocab).
-    index = folder / "model.safetensors.index.json"
-    if index.exists():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    elif (folder / "model.safetensors").exists():
-        files = ["model.safetensors"]
-    else:
-        files = [b.name for b in sorted(folder.glob("pytorch_model*.bin"))]
-    if not files:
-        raise FileNotFoundError(f"no model.safetensors(.index.json) or pytorch_model*.bin in {folder}")
-    state = {}
-    for name in files:
-        state.update(read_weights(folder / name))
-    return state
+def _layers(keys) -> list[int]:
+    return sorted({int(m.group(1)) for k in keys if (m := re.match(r"layers\.(\d+)\.", k))})
+
+
+def _expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Our state dict's shapes for `config`, from a one-layer model on the meta device."""
+    with torch.device("meta"):
+        one = Transformer(config.replace(n_layers=1)).state_dict()
+    shapes = {k: tuple(v.shape) for k, v in one.items() if not k.startswith("layers.0.")}
+    for i in range(config.n_layers):
+        shapes |= {
+            k.replace("layers.0.", f"layers.{i}.", 1): tuple(v.shape)
+            for k, v in one.items()
+            if k.startswith("layers.0.")
+        }
+    return shapes
+
+
+def check_weights(shapes: Shapes, config: ModelConfig, where: str) -> None:
+    """Refuse weights (Hugging Face key -> (shape, file)) that do not fit the checkpoint's own config,
+    before a model is built: a config.json that claims 10^6 layers must not cost a 10^6-layer model."""
+    ours, unexpected = {}, []
+    for key, (shape, file) in shapes.items():
+        if key.endswith("rotary_emb.inv_freq"):  # derived RoPE buffers some checkpoints carry
+            continue
+        try:
+            ours[_KEYS.our_key(key)] = (key, shape, file)
+        except KeyError:
+            unexpected.append(f"{key} ({file})")
+    layers = _layers(ours)
+    if layers != list(range(config.n_layers)):
+        held = f"{len(layers)} layers ({', '.join(map(str, layers[:4]))}{', ...' if len(layers) > 4 else ''})"
+        raise ValueError(
+            f"{where}: num_hidden_layers {config.n_layers}, but the weights hold {held if layers else 'none'}"
+        )
+    expected = _expected_shapes(config)
+    missing = [_KEYS.their_key(k) for k in expected if k not in ours]
+    unexpected += [f"{hf} ({file})" for k, (hf, _, file) in ours.items() if k not in expected]
+    wrong = [
+        f"{hf} in {file} is {shape}, expected {expected[k]}"
+        for k, (hf, shape, file) in ours.items()
+        if k in expected and shape != expected[k]
+    ]
+    problems = [f"missing {_few(missing)}"] * bool(missing) + [f"unexpected {_few(unexpected)}"] * bool(unexpected)
+    if problems or wrong:
+        raise ValueError(
+            f"the weights do not match {where} (hidden_size {config.dim}, intermediate_size {config.ffn_dim}, "
+            f"num_attention_heads {config.n_heads}, num_key_value_heads {config.n_kv_heads}, vocab_size "
+            f"{config.vocab_size}): {'; '.join(problems + wrong[:4])}"
+        )
+
+
+def _few(items: list[str], limit: int = 4) -> str:
+    return ", ".join(items[:limit]) + (f" and {len(items) - limit} more" if len(items) > limit else "")
 
 
 def extend_vocab_rows(weight: torch.Tensor, new_rows: int, noise: float = 0.01, generator=None) -> torch.Tensor:
@@ -162,15 +207,14 @@ def from_hf(
     (e.g. rope_theta for the next context stage).
     """
     if isinstance(path_or_model, (str, Path)):
-        from transformers import AutoConfig
-
         folder = Path(path_or_model)
-        if not (folder / "config.json").exists():
-            raise FileNotFoundError(f"{folder} is not a Hugging Face model folder (no config.json)")
-        hf_config = AutoConfig.from_pretrained(folder)
-        state = _read_hf_weights(folder)
+        hf_config, where = read_hf_config(folder), str(folder / CONFIG)
+        stored = _config_named(hf_config, where)  # the config the weights were saved with
+        state = read_hf_weights(folder, lambda shapes: check_weights(shapes, stored, where))
     else:
-        hf_config, state = path_or_model.config, path_or_model.state_dict()
+        hf_config, state, where = path_or_model.config, path_or_model.state_dict(), "the model's config"
+        shapes = {k: (tuple(v.shape), "the model") for k, v in state.items()}
+        check_weights(shapes, _config_named(hf_config, where), where)
     state = from_hf_state_dict(state)
     text_size = hf_config.vocab_size
     if extend_vocab:
@@ -179,7 +223,7 @@ def from_hf(
         g = torch.Generator().manual_seed(seed)
         for key in ("embed.weight", "output.weight"):
             state[key] = extend_vocab_rows(state[key], vocab.size - text_size, generator=g)
-    config = config_from_hf(hf_config, **overrides)
+    config = _config_named(hf_config, where, **overrides)
     if dtype is not None:
         state = {k: v.to(dtype) for k, v in state.items()}
     with torch.device("meta"):

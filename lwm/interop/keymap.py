@@ -32,8 +32,14 @@ class KeyMap:
                 return f"{out}.{groups['param']}" if groups.get("param") else out
         raise KeyError(f"no mapping for {what} key {key!r}")
 
+    def our_key(self, key: str) -> str:
+        return self._apply(key, self._from, self.theirs)
+
+    def their_key(self, key: str) -> str:
+        return self._apply(key, self._to, "lwm")
+
     def to_theirs(self, state_dict: dict) -> dict:
-        return {self._apply(k, self._to, "lwm"): v for k, v in state_dict.items()}
+        return {self.their_key(k): v for k, v in state_dict.items()}
 
     def to_ours(self, state_dict: dict) -> dict:
-        return {self._apply(k, self._from, self.theirs): v for k, v in state_dict.items()}
+        return {self.our_key(k): v for k, v in state_dict.items()}

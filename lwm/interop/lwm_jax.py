@@ -158,9 +158,7 @@ def convert_params(
     if vision:
         missing += [k for k in ("vte", "vision_head") if k not in top]
     if missing:
-        raise ValueError(
-            f"{source} lacks {len(missing)} parameters: {missing[:8]}{' ...' if len(missing) > 8 else ''}"
-        )
+        raise ValueError(f"{source} lacks {len(missing)} parameters: {missing[:8]}{' ...' if len(missing) > 8 else ''}")
     notes: list[str] = []
     state["norm.weight"] = top["ln_f"]
     text_out = top["lm_head"].T  # (D, V) -> (V, D)

@@ -58,7 +58,9 @@ def _array(ext: Ext, where: str) -> torch.Tensor:
     """Flax's ExtType 1 ([shape, dtype name, C-order bytes]) -> a tensor over those bytes (no copy)."""
     fields, _ = decode(ext.data)
     if not (isinstance(fields, list) and len(fields) == 3):
-        raise ValueError(f"{where}: an array record holds [shape, dtype, bytes], not {type(fields).__name__} {fields!r:.80}")
+        raise ValueError(
+            f"{where}: an array record holds [shape, dtype, bytes], not {type(fields).__name__} {fields!r:.80}"
+        )
     shape, name, buffer = _shape(fields[0], where), fields[1], fields[2]
     if name not in DTYPES:  # names carry no byte order: Flax writes dtype.name, bytes in native (little-endian) order
         raise ValueError(f"{where}: dtype {name!r} is not a parameter dtype; expected one of {sorted(DTYPES)}")

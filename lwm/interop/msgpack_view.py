@@ -28,7 +28,9 @@ class Truncated(IndexError):
     """The buffer ends inside an object that needs at least `need` bytes of it (from its start)."""
 
     def __init__(self, need: int, have: int):
-        super().__init__(f"the object runs past the end of the buffer (it needs at least {need} bytes, {have} are there)")
+        super().__init__(
+            f"the object runs past the end of the buffer (it needs at least {need} bytes, {have} are there)"
+        )
         self.need = need
 
 

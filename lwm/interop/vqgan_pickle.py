@@ -47,7 +47,9 @@ def _from_bytes(data, dtype, shape, order: str) -> np.ndarray:
         raise _Refused(f"an array's data is a {type(data).__name__}, expected bytes")
     size = math.prod(shape) * dtype.itemsize
     if len(data) != size:
-        raise _Refused(f"an array of shape {shape} and dtype {dtype} takes {size} bytes, but the pickle holds {len(data)}")
+        raise _Refused(
+            f"an array of shape {shape} and dtype {dtype} takes {size} bytes, but the pickle holds {len(data)}"
+        )
     if order not in ("C", "F"):
         raise _Refused(f"an array's order is {order!r:.20}, expected 'C' or 'F'")
     return np.frombuffer(data, dtype).reshape(shape, order=order).astype(dtype.newbyteorder("="), order="C")
