@@ -448,3 +448,25 @@ def test_a_full_disk_is_named_with_its_own_status(tmp_path, monkeypatch, capsys)
     monkeypatch.setattr("lwm.train.run.run_schedule", full)
     code, err = _main_exit(monkeypatch, capsys, tmp_path, "stage_only=a")
     assert code == 3 and f"no space left on {tmp_path / 'a' / 'final.safetensors'}" in err, err[-2000:]
+
+
+def test_sharded_checkpoints_are_verified_on_resume(tmp_path, reference):
+    """Two ranks stop at step 5: the sharded checkpoint has every shard in its SHA256SUMS; a flipped
+    byte in rank 1's shard is refused on resume, naming it; the intact checkpoint resumes exactly."""
+    args = ["stage_only=a", "trainer.devices=2", "+schedule.stages.0.cp=2"]
+    train(tmp_path, *args, "stop_at_step=5")
+    last = tmp_path / "a" / "checkpoints" / "last.ckpt"
+    names = {line.split()[1] for line in (last / "SHA256SUMS").read_text().splitlines()}
+    assert {"__0_0.distcp", "__1_0.distcp", ".metadata", "meta.pt"} <= names
+    assert not list(last.parent.glob(".last.ckpt.*"))  # no staging folder left
+    shard = last / "__1_0.distcp"
+    good = shard.read_bytes()
+    shard.write_bytes(good[:100] + bytes([good[100] ^ 0xFF]) + good[101:])
+    bad = train(tmp_path, *args, "resume=true", check=False)
+    assert bad.returncode == 2 and "__1_0.distcp" in bad.stderr and "do not match" in bad.stderr, bad.stderr[-3000:]
+    shard.write_bytes(good)
+    train(tmp_path, *args, "resume=true")
+    got = losses(tmp_path)
+    assert sorted(got) == list(range(10))
+    for step in range(10):
+        assert got[step] == pytest.approx(reference[step], rel=1e-5), step

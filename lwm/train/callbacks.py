@@ -16,6 +16,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 from lightning.pytorch.loggers import CSVLogger
 
+from lwm.io import write_atomic
 from lwm.model import ModelConfig
 
 
@@ -113,6 +114,9 @@ class StageProgress(TQDMProgressBar):
         return metrics
 
 
+KEPT_METRICS = "metrics.kept.csv"  # a resumed stage's rows until it finishes
+
+
 class MetricHistory(L.Callback):
     """Puts a stopped stage's metric rows back into its CSV log on resume (Lightning's CSV logger
     starts the file anew). Rows from steps after the checkpoint are dropped: they are run again."""
@@ -137,6 +141,25 @@ class MetricHistory(L.Callback):
                     "the file is corrupted: delete it (the stage's logs restart) or restore it"
                 )
         return rows
+
+    @classmethod
+    def resumed(cls, log_dir: Path, keep: bool) -> MetricHistory:
+        """The rows a resumed stage has logged: metrics.csv's and those of the copy the previous
+        resume kept (a run that fails before its first step, on a refused checkpoint, leaves
+        metrics.csv rewritten without them). keep: write that copy (rank 0)."""
+        current, kept = log_dir / "metrics.csv", log_dir / KEPT_METRICS
+        rows: dict[tuple, dict[str, str]] = {}
+        for row in cls.read(kept) + cls.read(current):  # metrics.csv's own rows win
+            rows[(int(row["step"]), *sorted(k for k, v in row.items() if v != ""))] = row
+        ordered = [rows[key] for key in sorted(rows, key=lambda key: key[0])]
+        if keep and ordered:
+            names = list(dict.fromkeys(k for row in ordered for k in row))
+            text = io.StringIO(newline="")
+            writer = csv.DictWriter(text, names, restval="")
+            writer.writeheader()
+            writer.writerows(ordered)
+            write_atomic(kept, text.getvalue())
+        return cls(ordered)
 
     def on_train_start(self, trainer, pl_module) -> None:
         csv_logger = next((lg for lg in trainer.loggers if isinstance(lg, CSVLogger)), None)

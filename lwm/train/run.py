@@ -29,7 +29,7 @@ from lwm.data.vocab import Vocab
 from lwm.interop.hf import config_from_hf, from_hf
 from lwm.model import ModelConfig
 from lwm.parallel.layout import check_divisible
-from lwm.train.callbacks import MetricHistory, PeakMemory, StageCheckpoint, StageProgress, Throughput
+from lwm.train.callbacks import KEPT_METRICS, MetricHistory, PeakMemory, StageCheckpoint, StageProgress, Throughput
 from lwm.train.checkpointing import AtomicCheckpointIO, AtomicModelParallelStrategy, recover
 from lwm.train.config import OptimConfig, ParallelConfig, ScheduleConfig, StageConfig, TrainerConfig
 from lwm.train.console import say
@@ -205,7 +205,7 @@ def run_stage(cfg: RunConfig, stage: StageConfig, model_config: ModelConfig, ini
     from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
     global_batch = stage.per_rank_batch(dp) * dp
-    history = MetricHistory(MetricHistory.read(out / "logs" / "metrics.csv") if resume_from else [])
+    history = MetricHistory.resumed(out / "logs", keep=global_rank() == 0) if resume_from else MetricHistory([])
     strategy = _strategy(stage, cfg.trainer)
     trainer = L.Trainer(
         accelerator=cfg.trainer.accelerator,
@@ -245,6 +245,7 @@ def run_stage(cfg: RunConfig, stage: StageConfig, model_config: ModelConfig, ini
     state = full_state(module)
     if trainer.global_rank == 0:
         save_weights(state, final)
+        (out / "logs" / KEPT_METRICS).unlink(missing_ok=True)  # metrics.csv has every row now
         if not cfg.trainer.keep_checkpoints:
             shutil.rmtree(out / "checkpoints", ignore_errors=True)
     if dist.is_initialized():
