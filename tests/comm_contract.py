@@ -39,7 +39,6 @@ import threading
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
-from torch._prims_common import suggest_memory_format
 from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakIdKeyDictionary
 
@@ -64,7 +63,12 @@ class ContractError(RuntimeError):
     """A tensor handed to torch.distributed that NCCL would refuse."""
 
 
-def _from_project(frame) -> bool:
+def _from_project() -> bool:
+    """Whether the torch call being handled comes from project code: the first frame outside this
+    module and outside any mode's __torch_function__ (a subclass's included)."""
+    frame = sys._getframe(1)
+    while frame.f_globals.get("__name__") == __name__ or frame.f_code.co_name == "__torch_function__":
+        frame = frame.f_back
     name = frame.f_globals.get("__name__", "")
     return any(name.startswith(prefix) for prefix in PROJECT)
 
@@ -98,13 +102,14 @@ class HostTensors(TorchFunctionMode):
             if isinstance(first, torch.Tensor):  # tensor(t) / as_tensor(t) keep t's device
                 if first in HOST:
                     _tag(out)
-            elif kwargs.get("device") is None and _from_project(sys._getframe(1)):
+            elif kwargs.get("device") is None and _from_project():
                 _tag(out)
         elif func in MOVES and (func is torch.Tensor.cuda or _names_device(args[1:], kwargs)):
-            out = out.view_as(out) if out is first else out  # a move is a new tensor on a GPU
-            HOST.pop(out, None)
+            if first in HOST:  # a move makes a new tensor on a GPU; here it may return first itself
+                out = out.view_as(out) if out is first else out
+                HOST.pop(out, None)
         elif func is torch.Tensor.cpu:
-            if _from_project(sys._getframe(1)):
+            if _from_project():
                 out = out.view_as(out) if out is first else out
                 _tag(out)
         elif isinstance(first, torch.Tensor) and first in HOST:
@@ -114,6 +119,13 @@ class HostTensors(TorchFunctionMode):
 
 def _describe(t: torch.Tensor) -> str:
     return f"shape {tuple(t.shape)}, dtype {t.dtype}, device {t.device}, strides {tuple(t.stride())}"
+
+
+def _contiguous(t: torch.Tensor) -> bool:
+    """Contiguous, or channels-last contiguous (what ProcessGroupNCCL accepts via suggest_memory_format,
+    which is not called here: it imports sympy, a second per worker)."""
+    channels_last = {4: torch.channels_last, 5: torch.channels_last_3d}.get(t.dim())
+    return t.is_contiguous() or (channels_last is not None and t.is_contiguous(memory_format=channels_last))
 
 
 def check_tensor(call: str, t: torch.Tensor, dense: bool = True) -> None:
@@ -128,7 +140,7 @@ def check_tensor(call: str, t: torch.Tensor, dense: bool = True) -> None:
         )
     if t.dtype not in NCCL_DTYPES:
         raise ContractError(f"{call}: rule 'dtype': NCCL carries no {t.dtype} ({_describe(t)})")
-    if t.layout != torch.strided or (dense and not t.is_contiguous(memory_format=suggest_memory_format(t))):
+    if t.layout != torch.strided or (dense and not _contiguous(t)):
         raise ContractError(f"{call}: rule 'dense': NCCL takes only dense, contiguous tensors ({_describe(t)})")
 
 
@@ -252,7 +264,7 @@ def _from_numpy(original):
     @functools.wraps(original)
     def from_numpy(array):
         out = original(array)
-        if _from_project(sys._getframe(1)):
+        if _from_project():
             HOST[out] = True
         return out
 

@@ -1,0 +1,190 @@
+"""Issue 24's defects of launching, inference and evaluation on GPUs, checked without one: each rank
+on its own GPU (12), no per-token reads of device values or host-to-device copies in decoding
+beyond the token itself (12), a failure on one rank agreed by the whole group (8), and the
+post-training needle evaluation started as one process, not as a rank of the run (9)."""
+
+from __future__ import annotations
+
+import subprocess
+from collections import Counter
+
+import comm_contract
+import pytest
+import torch
+import torch.distributed as dist
+from comm_contract import HOST, MOVES, HostTensors, _names_device
+from test_video_qa import StubSource, Tok
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from lwm.data.vocab import Vocab
+from lwm.eval.video_qa import run_video_qa
+from lwm.infer import GenerationConfig, Generator
+from lwm.infer import runtime as runtime_module
+from lwm.model import ModelConfig, Transformer
+from lwm.parallel import launch
+from lwm.parallel.launch import LAUNCH_VARIABLES, rank_device, run_distributed
+from lwm.train import evaluate
+from lwm.train.evaluate import NeedleEvalConfig, evaluate_needles
+
+TORCHRUN = {"WORLD_SIZE": "4", "LOCAL_RANK": "2"}
+
+
+# ------------------------------------------------------------------------------------ 12: one GPU per rank
+
+
+def test_under_torchrun_a_cuda_device_is_the_ranks_own():
+    assert rank_device("cuda", TORCHRUN) == "cuda:2" and rank_device("cuda:2", TORCHRUN) == "cuda:2"
+    assert rank_device("cpu", TORCHRUN) == "cpu"
+    assert rank_device("cuda:1", {}) == "cuda:1" and rank_device("cuda", {"WORLD_SIZE": "1"}) == "cuda"  # one process
+    with pytest.raises(
+        ValueError, match=r"device cuda:0 under torchrun: this rank's LOCAL_RANK is 2, so its GPU is cuda:2"
+    ):
+        rank_device("cuda:0", TORCHRUN)
+    with pytest.raises(ValueError, match="WORLD_SIZE is 2 but LOCAL_RANK is not set"):
+        rank_device("cuda", {"WORLD_SIZE": "2"})
+
+
+def test_the_ranks_gpu_is_current_before_nccl_starts(monkeypatch):
+    calls = []
+    for name, value in TORCHRUN.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append(("set_device", str(d))))
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, **kw: calls.append((backend, str(kw["device_id"]))))
+    runtime_module.start("cuda")
+    assert calls == [("set_device", "cuda:2"), ("nccl", "cuda:2")]
+    calls.clear()
+    with pytest.raises(ValueError, match="LOCAL_RANK is 2"):
+        runtime_module.start("cuda:0")  # refused before any group starts
+    assert calls == []
+
+
+# ------------------------------------------------------------------------------------ 12: host syncs per token
+
+SYNCS = {torch.ops.aten._local_scalar_dense.default: "read", torch.ops.aten.nonzero.default: "nonzero"}
+
+
+class DeviceReads(TorchDispatchMode):
+    """Reads of a device tensor's values to the host (item, int, nonzero: each waits for the GPU)."""
+
+    def __init__(self, counts: Counter):
+        super().__init__()
+        self.counts = counts
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in SYNCS and args[0] not in HOST:
+            self.counts[SYNCS[func]] += 1
+        return func(*args, **(kwargs or {}))
+
+
+class HostToDevice(HostTensors):
+    """Copies to the device: a host tensor moved there, or host data made into a device tensor."""
+
+    def __init__(self, counts: Counter):
+        super().__init__()
+        self.counts = counts
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        first = args[0] if args else None
+        if func in MOVES and first in HOST and (func is torch.Tensor.cuda or _names_device(args[1:], kwargs or {})):
+            self.counts["to device"] += 1
+        elif func is torch.Tensor.tolist and first not in HOST:
+            self.counts["read"] += 1
+        return super().__torch_function__(func, types, args, kwargs)
+
+
+def _traffic(gen: Generator, prompt: list[int], n: int) -> Counter:
+    counts = Counter()
+    with HostToDevice(counts), DeviceReads(counts):
+        gen.generate(prompt, GenerationConfig(max_new_tokens=n))
+    return counts
+
+
+def test_decoding_reads_one_value_per_token_and_copies_nothing(monkeypatch):
+    """Per decoded token (the difference of 10 and 4 tokens, over 6): one read, the token's id (it
+    decides stopping and is returned); no nonzero, no host-to-device copy. As if the tensors
+    comm_contract does not tag as host tensors were on a GPU."""
+    monkeypatch.setattr(comm_contract, "PROJECT", ["lwm."])
+    vocab = Vocab(256)
+    torch.manual_seed(0)
+    gen = Generator(Transformer(ModelConfig.from_preset("debug", vocab_size=vocab.size)).eval(), vocab)
+    prompt = list(range(3, 40))
+    few, many = _traffic(gen, prompt, 4), _traffic(gen, prompt, 10)
+    per_token = {kind: (many[kind] - few[kind]) / 6 for kind in ("read", "nonzero", "to device")}
+    assert per_token == {"read": 1, "nonzero": 0, "to device": 0}, (few, many)
+
+
+# ------------------------------------------------------------------------------------ 8: failures agreed
+
+
+class _Rank1Tok(Tok):
+    """Rank 1's tokenizer fails on q2's question: alone, before the group first talks."""
+
+    def encode(self, text):
+        if "q2" in text:
+            raise ValueError("rank 1 cannot encode q2")
+        return super().encode(text)
+
+
+class _Rank1Generator(Generator):
+    """Rank 1 runs out of memory for q3's cache (before the group talks) and fails after q4's
+    generation (after the group's last collective)."""
+
+    def _start(self, prompt, reserve):
+        if "USER: q3" in Tok().decode(list(prompt)):
+            raise torch.OutOfMemoryError("rank 1 has no room for q3's cache")
+        return super()._start(prompt, reserve)
+
+    def generate(self, prompt, config=None):
+        out = super().generate(prompt, config)
+        if "USER: q4" in Tok().decode(list(prompt)):
+            raise RuntimeError("rank 1 failed after q4")
+        return out
+
+
+def _qa_worker(rank: int, world: int) -> list[tuple]:
+    vocab = Vocab(Tok.vocab_size)
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig.from_preset("debug", vocab_size=vocab.size)).eval()
+    gen = (_Rank1Generator if rank == 1 else Generator)(model, vocab, dist.group.WORLD)
+    items = [{"video": "a.mp4", "question": f"q{i} ?", "answer": "x"} for i in range(1, 6)]
+    tok = _Rank1Tok() if rank == 1 else Tok()
+    result = run_video_qa(gen, tok, vocab, items, StubSource(), max_new_tokens=3, progress=False)
+    return [(r["question"], r["error"], r.get("open", {}).get("output")) for r in result["records"]]
+
+
+def test_a_failure_on_one_rank_is_recorded_by_every_rank_and_the_run_goes_on():
+    rank0, rank1 = run_distributed(_qa_worker, 2, timeout=90.0)
+    assert [q for q, _, _ in rank0] == [q for q, _, _ in rank1] == [f"q{i} ?" for i in range(1, 6)]
+    for i in (0, 4):  # q1, q5: scored alike on both ranks
+        assert rank0[i][1] is None and rank1[i][1] is None and rank0[i][2] == rank1[i][2] is not None
+    own = {
+        1: "ValueError: rank 1 cannot encode q2",
+        2: "OutOfMemoryError: rank 1 has no room",
+        3: "RuntimeError: rank 1",
+    }
+    for i, message in own.items():
+        assert rank1[i][1].startswith(message), rank1[i]
+        assert rank0[i][1].startswith("PeerFailure: another rank of the group failed (rank 1: " + message), rank0[i]
+
+
+# ------------------------------------------------------------------------------------ 9: needle evaluation alone
+
+
+def test_the_needle_evaluation_runs_alone_not_as_a_rank(monkeypatch, tmp_path):
+    for name in LAUNCH_VARIABLES:
+        monkeypatch.setenv(name, "2" if "SIZE" in name else "0")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "run")
+    monkeypatch.setenv("KEPT", "yes")
+    given = {}
+
+    def fake_run(cmd, **kwargs):
+        given.update(kwargs)
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(evaluate.subprocess, "run", fake_run)
+    evaluate_needles(NeedleEvalConfig(lengths=[64]), tmp_path / "model", "sp.model", tmp_path / "needle")
+    env = given.get("env")
+    assert env is not None, "the evaluation inherits torchrun's RANK, WORLD_SIZE, MASTER_ADDR ..."
+    assert not {*LAUNCH_VARIABLES, "TORCHELASTIC_RUN_ID"} & set(env) and env["KEPT"] == "yes"
+    assert env == launch.single_process_env()
