@@ -36,6 +36,10 @@ def test_export_refuses_bad_input(stage, tmp_path, capsys):
     out = tmp_path / "hf"
     (tmp_path / "file").write_text("x")
     assert "is a file; name a folder" in refusal([stage, "--out", tmp_path / "file"], capsys)
+    (tmp_path / "tok.model").write_text("not a model")
+    assert "tok.model is not a sentencepiece model" in refusal(
+        [stage, "--out", out, "--tokenizer", tmp_path / "tok.model"], capsys
+    )
     (stage / "model_config.json").write_text("{not json")
     assert "model_config.json is not valid JSON" in refusal([stage, "--out", out], capsys)
     (stage / "model_config.json").write_text(json.dumps({**asdict(ModelConfig.from_preset("debug")), "n_heads": 0}))

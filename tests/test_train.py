@@ -112,6 +112,13 @@ def test_default_run_config_is_valid():
         (["evaluate.lengths=[128]", "evaluate.haystack=/no/such.txt"], "evaluate.haystack /no/such.txt does not exist"),
         (["evaluate.trials=0"], r"evaluate.trials must be >= 1, got 0"),
         (["trainer.devices=0"], r"trainer.devices must be >= 1, got 0"),
+        (["stop_at_step=-1"], r"stop_at_step must be >= 1 \(null: run each stage to its end\), got -1"),
+        (["stop_at_step=0"], r"stop_at_step must be >= 1 .*, got 0"),
+        (["trainer.out_dir=README.md"], r"trainer.out_dir README.md is a file; name a folder"),
+        (
+            ["data=custom", "data.tokenizer=README.md", "data.sources={t: {path: README.md}}"],
+            r"README.md is not a sentencepiece model",
+        ),
         (["trainer.timeout_s=-1"], r"trainer.timeout_s must be >= 1, got -1"),
         (["trainer.checkpoint_every=-2"], r"trainer.checkpoint_every .* must be >= 0, got -2"),
         (["trainer.precision=fp7"], r"trainer.precision must be one of .*'bf16-mixed'.*, got 'fp7'"),

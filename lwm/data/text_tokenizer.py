@@ -13,7 +13,10 @@ class TextTokenizer:
         if not path.is_file():
             raise FileNotFoundError(f"sentencepiece model {path} does not exist")
         self.path = path
-        self.sp = spm.SentencePieceProcessor(model_file=str(path))
+        try:
+            self.sp = spm.SentencePieceProcessor(model_file=str(path))
+        except (RuntimeError, OSError) as e:  # "could not parse ModelProto": another kind of file
+            raise ValueError(f"{path} is not a sentencepiece model ({e})") from None
         self.bos_id, self.eos_id = self.sp.bos_id(), self.sp.eos_id()
         if self.bos_id < 0 or self.eos_id < 0:
             raise ValueError(f"sentencepiece model {path} has no BOS/EOS (bos {self.bos_id}, eos {self.eos_id})")

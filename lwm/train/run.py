@@ -87,6 +87,10 @@ def global_rank() -> int:
 def validate(cfg: RunConfig) -> None:
     """Everything that can be checked before any process starts, with the values in the message."""
     world = cfg.trainer.world_size
+    if cfg.stop_at_step is not None and cfg.stop_at_step < 1:
+        raise ValueError(f"stop_at_step must be >= 1 (null: run each stage to its end), got {cfg.stop_at_step}")
+    if Path(cfg.trainer.out_dir).exists() and not Path(cfg.trainer.out_dir).is_dir():
+        raise ValueError(f"trainer.out_dir {cfg.trainer.out_dir} is a file; name a folder for the run")
     names = [s.name for s in cfg.schedule.stages]
     if cfg.stage_only is not None and cfg.stage_only not in names:
         raise ValueError(f"stage_only {cfg.stage_only!r} is not a stage of schedule {cfg.schedule.name!r}: {names}")
@@ -214,7 +218,7 @@ def run_stage(cfg: RunConfig, stage: StageConfig, model_config: ModelConfig, ini
         strategy=strategy,
         plugins=[AtomicCheckpointIO()] if strategy == "auto" else None,  # the strategy writes sharded ones
         precision=cfg.trainer.precision,
-        max_steps=min(stage.steps, cfg.stop_at_step or stage.steps),
+        max_steps=min(stage.steps, cfg.stop_at_step or stage.steps),  # validate: >= 1 or None
         log_every_n_steps=cfg.trainer.log_every,
         logger=[
             CSVLogger(out.parent, name=stage.name, version="logs"),
