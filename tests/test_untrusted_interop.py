@@ -77,9 +77,9 @@ def vqgan_file(tmp_path: Path, leaf, protocol: int = 4) -> Path:
         ),
         (
             Reduce(_RECONSTRUCT, (np.ndarray, (0,), b"b"), (1, (2,), np.dtype("O"), False, [1, 2])),
-            "expected a float or integer dtype",
+            "expected a float dtype",
         ),
-        (Reduce(_RECONSTRUCT, (np.ndarray, (0,), b"b")), "is an array without data"),
+        (Reduce(_RECONSTRUCT, (np.ndarray, (0,), b"b")), "is an array without its data"),
         (Reduce(__import__("_codecs").encode, ("x", "zlib")), r"_codecs\.encode with encoding 'zlib'"),
     ],
     ids=["ndarray-14GB", "ndarray-uninitialised", "reconstruct-shape", "short-data", "object", "no-state", "codec"],
@@ -189,6 +189,40 @@ def test_bad_lwm_configs_exit_2_naming_the_field(tmp_path, capsys, change, messa
     path = write_lwm(tmp_path / "params", {"lm_head/kernel": np.zeros((32, 4096), np.float32)})
     assert convert_main(["--checkpoint", f"params::{path}", "--config", str(config), "--out", str(tmp_path / "o")]) == 2
     assert f"{config}: {message}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "leaf,value,message",
+    [
+        (
+            "quantize/embeddings",
+            np.zeros((64, 8), np.int32),
+            "an array's dtype is dtype('int32'), expected a float dtype",
+        ),
+        ("encoder/Conv_0/kernel", np.zeros((3, 3, 3, 0), np.float32), "is an empty array (3, 3, 3, 0)"),
+        (
+            "quantize/embeddings",
+            np.zeros((64, 9), np.float32),
+            "'quant_conv/kernel' -> 'encoder.quant_conv.weight' has shape (8, 8, 1, 1), expected (9, 8, 1, 1)",
+        ),
+    ],
+)
+def test_malformed_vqgan_parameters_exit_2_naming_the_file(tmp_path, capsys, leaf, value, message):
+    from test_convert_lwm_vqgan import SMALL, lwm_params
+
+    tree = lwm_params(**SMALL, rng=np.random.default_rng(0))
+    *outer, last = leaf.split("/")
+    node = tree
+    for key in outer:
+        node = node[key]
+    node[last] = value
+    vqgan = tmp_path / "vqgan"
+    vqgan.write_bytes(pickle.dumps(tree))
+    path = write_lwm(tmp_path / "params", {"lm_head/kernel": np.zeros((32, 4096), np.float32)})
+    argv = ["--checkpoint", f"params::{path}", "--config", "debug", "--vqgan", str(vqgan), "--out", str(tmp_path / "o")]
+    assert convert_main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"{vqgan}: " in err and message in err, err
 
 
 # ---------------------------------------------------------------------------------------- 11-12: Hugging Face folders

@@ -177,8 +177,11 @@ def vqgan_state_dict_from_params(params: dict[str, np.ndarray], config: VQGANCon
 def from_lwm_vqgan(path: str | Path, dtype: torch.dtype | None = None) -> VQGAN:
     """Our VQGAN with the weights of LWM's VQGAN parameter pickle at `path` (config from its shapes)."""
     params = read_vqgan_pickle(path)
-    config = vqgan_config_from_params(params)
-    state = vqgan_state_dict_from_params(params, config)
+    try:
+        config = vqgan_config_from_params(params)
+        state = vqgan_state_dict_from_params(params, config)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
     if dtype is not None:
         state = {k: v.to(dtype) for k, v in state.items()}
     with torch.device("meta"):

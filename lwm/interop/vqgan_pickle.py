@@ -41,8 +41,8 @@ def _from_bytes(data, dtype, shape, order: str) -> np.ndarray:
     """A numeric array of its own memory (native byte order) from exactly shape x itemsize bytes."""
     if not (isinstance(shape, tuple) and all(type(d) is int and d >= 0 for d in shape)):
         raise _Refused(f"an array's shape is {shape!r:.80}, expected a tuple of sizes")
-    if not (isinstance(dtype, np.dtype) and dtype.kind in "fiu" and dtype.fields is None and dtype.subdtype is None):
-        raise _Refused(f"an array's dtype is {dtype!r:.80}, expected a float or integer dtype")
+    if not (isinstance(dtype, np.dtype) and dtype.kind == "f" and dtype.fields is None and dtype.subdtype is None):
+        raise _Refused(f"an array's dtype is {dtype!r:.80}, expected a float dtype")
     if not isinstance(data, (bytes, bytearray)):
         raise _Refused(f"an array's data is a {type(data).__name__}, expected bytes")
     size = math.prod(shape) * dtype.itemsize
@@ -144,8 +144,10 @@ def _flatten(tree: dict, prefix: str, out: dict[str, np.ndarray], path: Path, de
         elif isinstance(value, _Array) and value.array is not None and value.array.size:
             out[prefix + key] = value.array
         else:
-            what = "an array without data" if isinstance(value, _Array) else f"a {type(value).__name__}"
-            raise ValueError(f"{path}: parameter {prefix + key!r} is {what}, expected a numeric array")
+            what = f"a {type(value).__name__}"
+            if isinstance(value, _Array):
+                what = "an array without its data" if value.array is None else f"an empty array {value.array.shape}"
+            raise ValueError(f"{path}: parameter {prefix + key!r} is {what}, expected a float array")
 
 
 def read_vqgan_pickle(path: str | Path) -> dict[str, np.ndarray]:
