@@ -13,7 +13,7 @@ _run_distributed = launch.run_distributed
 def _checked_run_distributed(fn, world_size: int, *args, **kwargs) -> list:
     """Every worker of the gloo tests runs fn under the NCCL communication contract (tests/comm_contract.py)."""
     body = functools.partial(comm_contract.checked, fn)
-    body.__name__ = fn.__name__  # for run_distributed's timeout message
+    body.__name__ = getattr(fn, "__name__", repr(fn))  # for run_distributed's timeout message
     return _run_distributed(body, world_size, *args, **kwargs)
 
 
