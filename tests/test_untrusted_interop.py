@@ -21,6 +21,7 @@ import torch
 from test_convert_lwm import CFG, write_lwm
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from lwm.interop.bundle import read_bundle_info
 from lwm.interop.convert_lwm import main as convert_main
 from lwm.interop.hf import from_hf
 from lwm.interop.lwm_params import read_params
@@ -313,3 +314,21 @@ def test_hf_file_errors_name_the_file(hf_folders, tmp_path):
     (folder / "config.json").write_text("[1, 2]")
     with pytest.raises(ValueError, match="config.json holds a JSON list, expected an object"):
         from_hf(folder)
+
+
+@pytest.mark.parametrize(
+    "info,message",
+    [
+        ({"prompt": "lwm", "vqgan": "../elsewhere"}, "vqgan '../elsewhere' must name a folder inside"),
+        ({"prompt": "lwm", "vqgan": "/abs/vqgan"}, "vqgan '/abs/vqgan' must name a folder inside"),
+        (["lwm"], "lwm.json holds a JSON list, expected an object"),
+    ],
+)
+def test_bundle_info_names_only_folders_inside_the_bundle(tmp_path, info, message):
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "config.json").write_text("{}")
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "lwm.json").write_text(json.dumps(info))
+    with pytest.raises(ValueError, match=re.escape(message)):
+        read_bundle_info(folder)

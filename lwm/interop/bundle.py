@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lwm.interop.diffusers import to_diffusers
+from lwm.interop.hf_files import read_json_object, stays_inside
 
 PROMPT_STYLES = ("native", "lwm")
 INFO = "lwm.json"
@@ -45,14 +46,13 @@ def read_bundle_info(folder: Path) -> BundleInfo:
     path = Path(folder) / INFO
     if not path.is_file():
         return BundleInfo()
-    try:
-        info = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not JSON: {e}") from e
+    info = read_json_object(path)
     prompt = info.get("prompt", "native")
     if prompt not in PROMPT_STYLES:
         raise ValueError(f"{path}: prompt must be one of {PROMPT_STYLES}, got {prompt!r}")
     vqgan = info.get("vqgan")
+    if vqgan is not None and not stays_inside(vqgan):
+        raise ValueError(f"{path}: vqgan {vqgan!r:.200} must name a folder inside {folder}, relative to it")
     if vqgan is not None and not (Path(folder) / vqgan / "config.json").is_file():
         raise FileNotFoundError(
             f"{path} names the VQGAN folder {vqgan!r}, but {Path(folder) / vqgan}/config.json is missing"

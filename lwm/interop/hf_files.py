@@ -36,7 +36,7 @@ _FLOAT_DTYPES = ("BF16", "F16", "F32", "F64")  # safetensors' names
 Shapes = dict[str, tuple[tuple[int, ...], str]]  # Hugging Face key -> (shape, the file holding it)
 
 
-def _read_json(path: Path) -> dict:
+def read_json_object(path: Path) -> dict:
     try:
         raw = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -75,7 +75,7 @@ def read_hf_config(folder: Path):
     path = Path(folder) / CONFIG
     if not path.is_file():
         raise FileNotFoundError(f"{folder} is not a Hugging Face model folder (no config.json)")
-    check_config_fields(_read_json(path), path)
+    check_config_fields(read_json_object(path), path)
     from transformers import AutoConfig
 
     try:
@@ -84,9 +84,9 @@ def read_hf_config(folder: Path):
         raise ValueError(f"{path}: {e}") from None
 
 
-def _inside(name) -> bool:
-    """A shard name that stays in its folder: relative, without '..' (symlinks in the folder are the
-    owner's; a Hugging Face cache snapshot is made of them)."""
+def stays_inside(name) -> bool:
+    """A name of a file in a model folder that stays in the folder: relative, without '..' (symlinks
+    in the folder are its owner's: a Hugging Face cache snapshot is made of them)."""
     if not isinstance(name, str) or not name or "\0" in name:
         return False
     parts = PurePosixPath(name)
@@ -97,11 +97,11 @@ def shard_files(folder: Path) -> list[Path]:
     """The weights files of a folder: the index's shards, model.safetensors or pytorch_model*.bin."""
     index = folder / INDEX
     if index.exists():
-        weight_map = _read_json(index).get("weight_map")
+        weight_map = read_json_object(index).get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
             raise ValueError(f"{index} has no 'weight_map' (an object of tensor name -> shard file)")
         for key, shard in weight_map.items():
-            if not (_inside(shard) and shard.endswith(".safetensors")):
+            if not (stays_inside(shard) and shard.endswith(".safetensors")):
                 raise ValueError(
                     f"{index}: weight_map entry {key!r:.200} names {shard!r:.200}; a shard is a .safetensors "
                     f"file inside {folder}, named relative to it"
