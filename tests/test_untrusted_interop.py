@@ -18,6 +18,7 @@ import msgpack
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 from test_convert_lwm import CFG, write_lwm
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -276,12 +277,21 @@ def test_hf_config_is_checked_before_a_model_is_built(hf_folders, tmp_path, chan
 
 def test_hf_weights_are_compared_with_the_config_from_their_headers(hf_folders, tmp_path):
     folder = edited(hf_folders / "one", tmp_path / "m", "config.json", intermediate_size=200, head_dim=16)
+    weights = folder / "model.safetensors"
     with pytest.raises(ValueError, match="the weights do not match") as e:
         from_hf(folder)
-    assert (
-        f"model.layers.0.mlp.gate_proj.weight in {folder / 'model.safetensors'} is (112, 64), expected (200, 64)"
-        in str(e.value)
-    )
+    assert f"model.layers.0.mlp.gate_proj.weight in {weights} is (112, 64), expected (200, 64)" in str(e.value)
+    folder = edited(hf_folders / "one", tmp_path / "n", "config.json")
+    weights = folder / "model.safetensors"
+    state = load_file(weights)
+    save_file({**state, "model.layers.0.self_attn.q_proj.bias": torch.zeros(64)}, weights)  # a KeyError before
+    with pytest.raises(ValueError, match=re.escape(f"unexpected model.layers.0.self_attn.q_proj.bias ({weights})")):
+        from_hf(folder)
+    save_file({k: v.to(torch.int32) if "norm" in k else v for k, v in state.items()}, weights)
+    with pytest.raises(
+        ValueError, match=re.escape(f"{weights}: weight 'model.layers.0.input_layernorm.weight' is not")
+    ):
+        from_hf(folder)
 
 
 @pytest.mark.parametrize("shard", ["../outside.safetensors", "{root}/outside.safetensors", "sub/../../x.safetensors"])

@@ -140,13 +140,8 @@ def _expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     with torch.device("meta"):
         one = Transformer(config.replace(n_layers=1)).state_dict()
     shapes = {k: tuple(v.shape) for k, v in one.items() if not k.startswith("layers.0.")}
-    for i in range(config.n_layers):
-        shapes |= {
-            k.replace("layers.0.", f"layers.{i}.", 1): tuple(v.shape)
-            for k, v in one.items()
-            if k.startswith("layers.0.")
-        }
-    return shapes
+    layer = {k.removeprefix("layers.0."): tuple(v.shape) for k, v in one.items() if k.startswith("layers.0.")}
+    return shapes | {f"layers.{i}.{k}": shape for i in range(config.n_layers) for k, shape in layer.items()}
 
 
 def check_weights(shapes: Shapes, config: ModelConfig, where: str) -> None:
@@ -175,16 +170,17 @@ def check_weights(shapes: Shapes, config: ModelConfig, where: str) -> None:
         if k in expected and shape != expected[k]
     ]
     problems = [f"missing {_few(missing)}"] * bool(missing) + [f"unexpected {_few(unexpected)}"] * bool(unexpected)
-    if problems or wrong:
+    problems += [_few(wrong, sep="; ")] * bool(wrong)
+    if problems:
         raise ValueError(
             f"the weights do not match {where} (hidden_size {config.dim}, intermediate_size {config.ffn_dim}, "
             f"num_attention_heads {config.n_heads}, num_key_value_heads {config.n_kv_heads}, vocab_size "
-            f"{config.vocab_size}): {'; '.join(problems + wrong[:4])}"
+            f"{config.vocab_size}): {'; '.join(problems)}"
         )
 
 
-def _few(items: list[str], limit: int = 4) -> str:
-    return ", ".join(items[:limit]) + (f" and {len(items) - limit} more" if len(items) > limit else "")
+def _few(items: list[str], limit: int = 4, sep: str = ", ") -> str:
+    return sep.join(items[:limit]) + (f"{sep}and {len(items) - limit} more" if len(items) > limit else "")
 
 
 def extend_vocab_rows(weight: torch.Tensor, new_rows: int, noise: float = 0.01, generator=None) -> torch.Tensor:
