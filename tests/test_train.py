@@ -91,7 +91,7 @@ def test_default_run_config_is_valid():
             ["+schedule.stages.0.cp=2", "trainer.devices=2", "parallel=zigzag", "schedule.stages.0.seq_len=66"],
             r"seq_len 66 is not divisible by 2 \* ring size = 4 \(zigzag\)",
         ),
-        (["schedule.init_hf=/no/such/model"], "schedule.init_hf /no/such/model is not a Hugging Face model folder"),
+        (["schedule.init_hf=/no/such/model"], "schedule.init_hf: /no/such/model is not a Hugging Face model folder"),
         (
             [
                 "data=custom",

@@ -27,6 +27,7 @@ from lwm.data import DataConfig, Source
 from lwm.data.batches import StreamOptions
 from lwm.data.vocab import Vocab
 from lwm.interop.hf import config_from_hf, from_hf
+from lwm.interop.hf_files import read_hf_config
 from lwm.model import ModelConfig
 from lwm.parallel.layout import check_divisible
 from lwm.train.callbacks import KEPT_METRICS, MetricHistory, PeakMemory, StageCheckpoint, StageProgress, Throughput
@@ -100,10 +101,11 @@ def validate(cfg: RunConfig) -> None:
         stage.per_rank_batch(dp)
         check_divisible(stage.seq_len, stage.cp, cfg.parallel.layout)
         cfg.data.for_stage(stage, 1)
-    if cfg.schedule.init_hf is not None and not (Path(cfg.schedule.init_hf) / "config.json").exists():
-        raise FileNotFoundError(
-            f"schedule.init_hf {cfg.schedule.init_hf} is not a Hugging Face model folder (no config.json)"
-        )
+    if cfg.schedule.init_hf is not None:
+        try:
+            read_hf_config(cfg.schedule.init_hf)  # its fields, before any process starts
+        except (FileNotFoundError, ValueError) as e:
+            raise type(e)(f"schedule.init_hf: {e}") from None
     if cfg.resume and not Path(cfg.trainer.out_dir).is_dir():
         raise FileNotFoundError(
             f"resume=true: trainer.out_dir {cfg.trainer.out_dir} does not exist; "
@@ -164,9 +166,7 @@ def hf_start(folder: str | Path) -> tuple[ModelConfig, Callable[[], dict]]:
     """A Hugging Face LLaMA folder as a first stage's start: its config with the vocabulary grown
     for vision (read on every rank), and a function that reads its weights (LWMModule calls it on
     global rank 0 only)."""
-    from transformers import AutoConfig
-
-    hf_config = AutoConfig.from_pretrained(folder)
+    hf_config = read_hf_config(folder)  # its fields checked before transformers builds anything
     config = config_from_hf(hf_config, vocab_size=Vocab(hf_config.vocab_size).size)  # as from_hf(extend_vocab=True)
     return config, lambda: from_hf(folder, extend_vocab=True).state_dict()
 
