@@ -56,6 +56,8 @@ def run_distributed(fn, world_size: int, *args, timeout: float = 300.0, threads:
                 for proc in ctx.processes:
                     proc.kill()
                 raise TimeoutError(f"{world_size} processes running {fn.__name__} did not finish in {timeout}s")
+        # The one full unpickle in the project: files the workers just wrote to this call's own
+        # temporary folder (any picklable result), never a file handed in from outside.
         results = [torch.load(Path(out_dir) / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
     errors = [f"rank {r}:\n{res['error']}" for r, res in enumerate(results) if "error" in res]
     if errors:
