@@ -40,3 +40,24 @@ def seconds(text: str) -> float:
 def csv_list(text: str) -> list[str]:
     """'a, b,,c' -> ['a', 'b', 'c']"""
     return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def device_name(text: str) -> str:
+    """cpu, cuda or cuda:N, N a GPU of this machine (without one, cuda is refused)."""
+    import torch  # only commands that take a device pay for it
+
+    try:
+        parsed = torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {text!r}") from None
+    if parsed.type not in ("cpu", "cuda") or (parsed.type == "cpu" and parsed.index not in (None, 0)):
+        raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {text!r}")
+    if parsed.type == "cuda":
+        count = torch.cuda.device_count()
+        if count == 0:
+            raise argparse.ArgumentTypeError(f"{text!r}: this machine has no CUDA device")
+        if parsed.index is not None and parsed.index >= count:
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: this machine has {count} CUDA device(s), cuda:0..cuda:{count - 1}"
+            )
+    return text

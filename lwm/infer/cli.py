@@ -16,6 +16,7 @@ import argparse
 import sys
 import time
 
+from lwm.arg_types import positive_int
 from lwm.data.codes import CodeStore
 from lwm.infer import GenerationConfig
 from lwm.infer.prompt import DEFAULT_VQGAN, chat_prompt, video_codes
@@ -34,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--codes", help="cached codes folder (lwm-tokenize output); use with --video-id")
     p.add_argument("--video-id", help="the video's id in --codes")
     p.add_argument("--fps", type=float, default=1.0)
-    p.add_argument("--max-frames", type=int)
+    p.add_argument("--max-frames", type=positive_int)
     p.add_argument(
         "--vqgan",
         help="VQGAN checkpoint (tiny preset) or diffusers folder (default: the model folder's "

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from lwm.arg_types import device_name
 from lwm.infer.generator import Generator
 from lwm.infer.load import Loaded, load_model
 from lwm.parallel.comm import group_size_and_rank
@@ -25,7 +26,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--tokenizer", help="sentencepiece model (default: found next to the model)")
     p.add_argument(
-        "--device", help="cpu or cuda (default: cuda when available); under torchrun each rank uses cuda:LOCAL_RANK"
+        "--device",
+        type=device_name,
+        help="cpu or cuda (default: cuda when available); under torchrun each rank uses cuda:LOCAL_RANK",
     )
     p.add_argument(
         "--dtype", choices=["auto", *DTYPES], default="auto", help="auto: bfloat16 on CUDA, as stored on CPU"

@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lwm.arg_types import positive_float, positive_int, seconds
+from lwm.arg_types import device_name, positive_float, positive_int, seconds
 from lwm.io import NoSpaceLeft, append_jsonl, atomic_file, read_jsonl, writes_to
 from lwm.out_lock import FolderLocked, output_lock
 from lwm.video.reader import Sampling, Video, VideoError
@@ -94,7 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--batch-size", type=positive_int, default=16, help="frames per VQGAN batch; also frames decoded at once"
     )
-    p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    p.add_argument(
+        "--device", type=device_name, default=None, help="cpu, cuda or cuda:N (default: cuda if available, else cpu)"
+    )
     p.add_argument(
         "--ids",
         choices=["hashed", "stem"],
