@@ -1,0 +1,104 @@
+"""Jobs that stop on a signal and come back by themselves.
+
+SLURM warns a job before its time limit with the signal that `--signal=USR1@<seconds>` asks for,
+and stops a job that it preempts, requeues (`scontrol requeue`) or cancels with SIGTERM, then
+SIGKILL KillWait seconds later. A run whose ranks receive SIGUSR1 or SIGTERM finishes the step it
+is in; at that step's end the ranks agree (one rank's signal is enough), the stage stops and
+StageCheckpoint writes checkpoints/last.ckpt, as at stop_at_step. On SIGUSR1 rank 0 then requeues
+the job (a preempted or requeued job SLURM requeues itself), and the job, started again under its
+own id and so in its own folder, continues the run by itself: a job whose SLURM_RESTART_COUNT is
+above 0 runs as with resume=true. A fresh job never resumes unless told to (resume=true).
+
+Lightning's own SLURM requeue is not used: it saves from inside the signal handler, wherever the
+step is (a sharded save's collectives against the step's own), into hpc_ckpt_N.ckpt files that a
+stage's resume does not read, and its SIGTERM handler stops a run without a checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import lightning as L
+
+from lwm.train.console import is_rank0, say
+
+SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+_received: list[int] = []  # set by the handler: a handler may only note, the step decides
+
+
+def _note(signum, frame) -> None:
+    _received.append(signum)
+
+
+def install() -> None:
+    """Note SIGUSR1 and SIGTERM instead of dying of them (as early as possible: SIGUSR1 kills by default)."""
+    for signum in SIGNALS:
+        signal.signal(signum, _note)
+
+
+def received() -> signal.Signals | None:
+    """The first stopping signal this process received, if any."""
+    return signal.Signals(_received[0]) if _received else None
+
+
+def slurm_job() -> str | None:
+    """This job's id as scontrol names it (`<array job>_<task>` for an array task), outside SLURM None."""
+    if os.environ.get("SLURM_ARRAY_JOB_ID"):
+        return f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
+    return os.environ.get("SLURM_JOB_ID")
+
+
+def resumes(resume: bool, out_dir: str | Path) -> bool:
+    """Whether the run resumes: when told to, or when SLURM started this job again and its folder is there."""
+    restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+    if resume or restarts == 0 or not Path(out_dir).is_dir():
+        return resume
+    say(f"SLURM job {slurm_job()} started again (restart {restarts}): resuming the run in {out_dir}")
+    return True
+
+
+class StopOnSignal(L.Callback):
+    """Stops the stage at the first step boundary after a stopping signal, on every rank at once,
+    and keeps the logs as far as each checkpoint: a job killed without warning resumes from its last
+    checkpoint with every metric row up to it."""
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        install()  # over the handlers Lightning registers when fit starts
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.strategy.reduce_boolean_decision(bool(_received), all=False):
+            trainer.should_stop = True
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
+        for logger in trainer.loggers:  # Lightning writes metrics.csv only every 100 steps and at the end
+            logger.save()
+
+
+def after_stop(out_dir: str | Path) -> None:
+    """Once a run stopped on a signal: requeue the job (SIGUSR1 under SLURM, on rank 0), or say how it goes on."""
+    signum, job = received(), slurm_job()
+    if signum == signal.SIGUSR1 and job is not None:
+        if is_rank0():
+            _requeue(job, out_dir)
+    elif job is not None:
+        say(
+            f"stopped on {signum.name}: a preempted or requeued job starts again by itself and resumes; "
+            f"after scancel, `scontrol requeue {job}` resumes it"
+        )
+    else:
+        say(f"stopped on {signum.name}: continue with trainer.out_dir={out_dir} resume=true")
+
+
+def _requeue(job: str, out_dir: str | Path) -> None:
+    proc = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
+    if proc.returncode == 0:
+        print(f"stopped before the time limit: job {job} requeued; it resumes the run in {out_dir}", flush=True)
+    else:
+        print(
+            f"stopped before the time limit, but `scontrol requeue {job}` failed ({proc.stderr.strip()}); "
+            f"submit the job with --requeue, or resume with trainer.out_dir={out_dir} resume=true",
+            flush=True,
+        )
