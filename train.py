@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lwm.io import NoSpaceLeft, write_atomic
 from lwm.out_lock import FolderLocked, output_lock
+from lwm.train import requeue
 from lwm.train.checkpoint_io import CheckpointError
 from lwm.train.console import is_rank0, quiet_lightning, say
 from lwm.train.entry import ensure_sample_data, to_run_config
@@ -29,6 +30,7 @@ EXIT_NO_SPACE = 3  # as lwm-tokenize: 2 is bad input, 3 a full disk
 def main(cfg: DictConfig) -> None:
     try:
         run = to_run_config(cfg)
+        run.resume = requeue.resumes(run.resume, run.trainer.out_dir)  # a requeued SLURM job goes on by itself
         validate(run)
         if run.data.sample and is_rank0():
             ensure_sample_data(run.data)
@@ -54,6 +56,8 @@ def main(cfg: DictConfig) -> None:
     except NoSpaceLeft as e:
         print(f"error: {e}; free space and rerun with resume=true (finished stages are kept)", file=sys.stderr)
         sys.exit(EXIT_NO_SPACE)
+    if "stopped" in where and requeue.received():
+        requeue.after_stop(out)
     say(f"\nfinished in {time.perf_counter() - start:.0f}s")
     for what, path in where.items():
         say(f"  {what:13s} {path}")
@@ -61,4 +65,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    requeue.install()  # SLURM's warning before the time limit must not kill the run before it can save
     main()

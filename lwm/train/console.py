@@ -25,5 +25,7 @@ def quiet_lightning() -> None:
     for name in ("lightning.pytorch", "lightning.fabric"):
         logging.getLogger(name).setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
+    # on a machine with SLURM installed, every run not started by srun (torchrun, a local run) is told to use it
+    warnings.filterwarnings("ignore", message=r".*The `srun` command is available on your system but is not used.*")
     # a resumed stage writes into its own folders on purpose
     warnings.filterwarnings("ignore", message=r".*(Checkpoint|Experiment logs) directory .* exists and is not empty.*")

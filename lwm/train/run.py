@@ -39,6 +39,7 @@ from lwm.train.evaluate import NeedleEvalConfig, evaluate_needles
 from lwm.train.export import codes_vqgan, export_weights
 from lwm.train.module import LWMModule
 from lwm.train.probe import AnswerProbe, ProbeConfig
+from lwm.train.requeue import StopOnSignal
 from lwm.weights import read_weights, save_weights
 
 
@@ -232,6 +233,7 @@ def run_stage(cfg: RunConfig, stage: StageConfig, model_config: ModelConfig, ini
             history,
             Throughput(module.model_config, stage.seq_len, global_batch, cfg.trainer.peak_tflops),
             PeakMemory(),
+            StopOnSignal(),
         ]
         + ([AnswerProbe(cfg.probe, out, stage.name)] if cfg.probe.path else []),
         num_sanity_val_steps=0,
@@ -244,7 +246,7 @@ def run_stage(cfg: RunConfig, stage: StageConfig, model_config: ModelConfig, ini
         val_check_interval=cfg.trainer.val_every or stage.steps,
     )
     trainer.fit(module, datamodule=datamodule, ckpt_path=str(resume_from) if resume_from else None)
-    if trainer.global_step < stage.steps:  # stopped early: resume later with resume=true
+    if trainer.global_step < stage.steps:  # stopped early (stop_at_step, a signal): resume later with resume=true
         return None
     state = full_state(module)
     if trainer.global_rank == 0:
