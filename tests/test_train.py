@@ -14,6 +14,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from lwm.train.checkpoint_io import load_verified
 from lwm.train.entry import to_run_config
 from lwm.train.run import validate
 
@@ -168,7 +169,7 @@ def test_context_parallel_losses_equal_one_process(tmp_path, reference, cp, layo
     )
     got = losses(tmp_path)
     assert sorted(got) == sorted(reference) and len(got) == 10
-    meta = torch.load(tmp_path / "a" / "checkpoints" / "last.ckpt" / "meta.pt", weights_only=False)
+    meta = torch.load(tmp_path / "a" / "checkpoints" / "last.ckpt" / "meta.pt", weights_only=True)
     assert set(meta["rng_states"]) == {str(r) for r in range(cp)}  # every rank's random state
     for step, loss in reference.items():
         assert got[step] == pytest.approx(loss, rel=1e-5), (step, got[step], loss)
@@ -186,7 +187,7 @@ def test_resume_gives_the_same_losses(tmp_path, reference):
     train(tmp_path, "stage_only=a", "stop_at_step=5")
     last = tmp_path / "a" / "checkpoints" / "last.ckpt"
     assert last.exists() and not (tmp_path / "a" / "final.safetensors").exists()
-    assert set(torch.load(last, weights_only=False)["rng_states"]) == {"0"}
+    assert set(torch.load(last, weights_only=True)["rng_states"]) == {"0"}
     proc = train(tmp_path, "stage_only=a", "resume=true")
     got = losses(tmp_path)
     assert sorted(got) == list(range(10))  # the rows from before the stop are kept
@@ -210,8 +211,9 @@ def test_output_one_line_per_stage_and_one_checkpoint(tmp_path):
     for stage in "ab":
         assert (tmp_path / stage / "final.safetensors").exists() and not (tmp_path / stage / "checkpoints").exists()
     train(tmp_path / "keep", "stage_only=a", "trainer.checkpoint_every=3", "trainer.keep_checkpoints=true")
-    assert sorted(p.name for p in (tmp_path / "keep" / "a" / "checkpoints").iterdir()) == ["last.ckpt"]
-    assert torch.load(tmp_path / "keep" / "a" / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 10
+    kept = tmp_path / "keep" / "a" / "checkpoints"
+    assert sorted(p.name for p in kept.iterdir()) == ["last.ckpt", "last.ckpt.sha256"]  # and no temporary file
+    assert load_verified(kept / "last.ckpt")["global_step"] == 10
 
 
 def test_two_processes_share_the_default_run_folder_and_the_losses(tmp_path, reference):
@@ -229,7 +231,7 @@ def test_two_processes_share_the_default_run_folder_and_the_losses(tmp_path, ref
     assert len(runs) == 1 and (runs[0] / "a" / "final.safetensors").exists(), runs
     got = losses(runs[0])
     assert sorted(got) == sorted(reference) and len(got) == 10
-    meta = torch.load(runs[0] / "a" / "checkpoints" / "last.ckpt" / "meta.pt", weights_only=False)
+    meta = torch.load(runs[0] / "a" / "checkpoints" / "last.ckpt" / "meta.pt", weights_only=True)
     assert set(meta["rng_states"]) == {"0", "1"}
     for step, loss in reference.items():
         assert got[step] == pytest.approx(loss, rel=1e-5), (step, got[step], loss)
@@ -414,8 +416,6 @@ def test_a_kill_inside_a_checkpoint_write_loses_nothing(tmpfs, reference):
     args = ["stage_only=a", "trainer.checkpoint_every=2"]
     killed = train(out, *args, launcher=[sys.executable, "-c", KILL_IN_SECOND_CHECKPOINT], check=False)
     assert killed.returncode == -9, killed.stderr[-2000:]
-    from lwm.train.checkpoint_io import load_verified
-
     assert load_verified(out / "a" / "checkpoints" / "last.ckpt")["global_step"] == 2  # the first, intact
     train(out, *args, "resume=true")
     got = losses(out)
