@@ -15,10 +15,10 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from lwm.checkpoint_io import CheckpointError
 from lwm.io import NoSpaceLeft, write_atomic
 from lwm.out_lock import FolderLocked, output_lock
 from lwm.train import requeue
-from lwm.train.checkpoint_io import CheckpointError
 from lwm.train.console import is_rank0, quiet_lightning, say
 from lwm.train.entry import ensure_sample_data, to_run_config
 from lwm.train.run import check_files, run_schedule, validate

@@ -23,11 +23,11 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
-from bench.report import host_line, write_section
+from lwm.doc_sections import host_line, write_section
+from lwm.train.vqgan.frames import FrameData
+from lwm.train.vqgan.lit_vqgan import LitVQGAN
+from lwm.train.vqgan.run_config import VQGANRunConfig, from_hydra
 from lwm.vision.checkpoint import save_vqgan
-from lwm.vision.training.frames import FrameData
-from lwm.vision.training.lit_vqgan import LitVQGAN
-from lwm.vision.training.run_config import VQGANRunConfig, from_hydra
 from lwm.vision.vqgan import VQGAN
 
 

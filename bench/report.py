@@ -1,29 +1,18 @@
-"""Shared helpers for the benchmarks: host facts and writing a section of docs/benchmarks.md."""
+"""Shared helpers for the benchmarks: peaks, timing and publishing a section of docs/benchmarks.md
+(host_line and write_section live in lwm.doc_sections: train_vqgan.py writes its report with them too)."""
 
 from __future__ import annotations
 
 import os
-import platform
-import re
 import resource
 import sys
-from pathlib import Path
 
 import torch
 
-# LWM_BENCH_DOC: write the sections into another copy (scripts/gpu_check.py collects a device run's there).
-DOC = Path(os.environ.get("LWM_BENCH_DOC") or Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md")
+from lwm.doc_sections import host_line, write_section  # noqa: F401  (the benchmarks import them from here)
 
 # Dense bf16 tensor-core peaks (TFLOP/s, no sparsity) from the vendors' data sheets, for MFU.
 PEAK_BF16_TFLOPS = {"H200": 989.4, "H100": 989.4, "A100": 312.0, "L40S": 362.1, "A10G": 70.0}
-
-
-def host_line() -> str:
-    gpu = f", GPU {torch.cuda.get_device_name()} (CUDA {torch.version.cuda})" if torch.cuda.is_available() else ""
-    return (
-        f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads, Python {platform.python_version()}{gpu}"
-    )
 
 
 def sync(device) -> None:
@@ -52,17 +41,6 @@ def command_line() -> str:
     spec = getattr(sys.modules["__main__"], "__spec__", None)
     prog = f"-m {spec.name}" if spec is not None else os.path.relpath(sys.argv[0])
     return "python " + " ".join([prog] + sys.argv[1:])
-
-
-def write_section(name: str, markdown: str, doc: Path = DOC) -> None:
-    """Replace (or append) the section between `<!-- bench:NAME -->` and `<!-- /bench:NAME -->`."""
-    start, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
-    block = f"{start}\n{markdown.strip()}\n{end}"
-    text = doc.read_text() if doc.exists() else "# Benchmarks\n"
-    pattern = re.compile(re.escape(start) + ".*?" + re.escape(end), re.S)
-    text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
-    doc.parent.mkdir(parents=True, exist_ok=True)
-    doc.write_text(text)
 
 
 def publish(name: str, markdown: str, write: bool = True) -> None:

@@ -13,11 +13,11 @@ from dataclasses import asdict
 import pytest
 import torch
 
+from lwm.checkpoint_io import CheckpointError, check_sharded, load_verified, save_verified
+from lwm.interop.run_outputs import load_stage
 from lwm.model import ModelConfig
 from lwm.train import rng
-from lwm.train.checkpoint_io import CheckpointError, check_sharded, load_verified, save_verified
 from lwm.train.checkpointing import AtomicCheckpointIO
-from lwm.train.outputs import load_stage
 
 
 class Payload:

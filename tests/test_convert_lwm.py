@@ -273,8 +273,8 @@ def test_the_folder_loads_in_transformers_and_lwm_and_prompts_as_lwm_does(tmp_pa
     import sentencepiece as spm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from lwm.data.chat import chat_prompt
     from lwm.infer.load import load_model
-    from lwm.infer.prompt import chat_prompt
 
     params = random_params(CFG)
     path = write_lwm(tmp_path / "params", scanned(params, CFG["num_hidden_layers"]), dtype="bfloat16")
@@ -418,11 +418,12 @@ def test_one_folder_with_the_vqgan_serves_generation_and_video_qa(tmp_path, caps
     from test_convert_lwm_vqgan import SMALL, lwm_params
     from video_samples import write_video
 
+    from lwm.data.chat import chat_prompt
     from lwm.eval.video_qa import main as video_qa_main
     from lwm.infer.cli import build_parser, prompt_ids
     from lwm.infer.cli import main as generate_main
     from lwm.infer.load import load_model
-    from lwm.infer.prompt import chat_prompt, video_codes
+    from lwm.infer.prompt import video_codes
     from lwm.interop.diffusers import from_diffusers
     from lwm.interop.lwm_vqgan import from_lwm_vqgan
 
@@ -488,9 +489,9 @@ def test_one_folder_with_the_vqgan_serves_generation_and_video_qa(tmp_path, caps
 def test_export_bundles_a_runs_vqgan(tmp_path):
     """python -m lwm.train.export --vqgan puts the run's VQGAN beside the weights; prompts stay native."""
     from lwm.infer.load import load_model
+    from lwm.interop.vqgan_sources import load_vqgan
     from lwm.model import ModelConfig
     from lwm.train.export import export_weights
-    from lwm.vision.checkpoint import load_vqgan
 
     model = Transformer(ModelConfig.from_preset("debug", vocab_size=12352))
     vqgan = ROOT / "data" / "checkpoints" / "vqgan_tiny.safetensors"
@@ -507,8 +508,9 @@ def test_a_runs_export_finds_the_vqgan_that_made_its_codes(tmp_path, capsys):
     while its file still holds the weights that made the codes."""
     import json
 
+    from lwm.interop.vqgan_sources import load_vqgan
     from lwm.train.export import codes_vqgan
-    from lwm.vision.checkpoint import load_vqgan, weights_hash
+    from lwm.vision.checkpoint import weights_hash
 
     vqgan = ROOT / "data" / "checkpoints" / "vqgan_tiny.safetensors"
     made_by = {"preset": "tiny", "checkpoint": str(vqgan), "weights": weights_hash(load_vqgan(vqgan))}

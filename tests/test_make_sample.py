@@ -153,7 +153,7 @@ def _check_choice(row: dict) -> tuple[str, str]:
 
 
 def test_qa_answers_follow_metadata(sample):
-    from lwm.infer.prompt import CHAT_SPEC, chat_fields
+    from lwm.data.chat import CHAT_SPEC, chat_fields
 
     videos = {v["id"]: v for v in read_jsonl(sample / "videos.jsonl")}
     qa = read_jsonl(sample / "qa.jsonl")
@@ -189,11 +189,11 @@ def test_qa_answers_follow_metadata(sample):
 def test_chat_rows_encode_to_the_inference_prompt(sample, tmp_path):
     """A qa row's encoding starts with exactly the prompt lwm.infer.prompt.chat_prompt builds for its question and
     video; then come the answer (the only loss on text) and EOS."""
+    from lwm.data.chat import chat_prompt
     from lwm.data.codes import CodeStore
     from lwm.data.example import encode_example
     from lwm.data.text_tokenizer import TextTokenizer
     from lwm.data.vocab import Vocab
-    from lwm.infer.prompt import chat_prompt
 
     tokenizer = TextTokenizer(sample / "tokenizer.model")
     vocab = Vocab(tokenizer.vocab_size)

@@ -18,11 +18,11 @@ import torch
 from PIL import Image
 from tables import squeeze
 
+from lwm.data.chat import chat_prompt
 from lwm.data.text_tokenizer import TextTokenizer
 from lwm.data.vocab import Vocab
 from lwm.eval import needle as nd
 from lwm.eval.plots import color_at, grid_table, heatmap, human_count
-from lwm.infer.prompt import chat_prompt
 from lwm.synth import needle_prompts as prompts
 
 ROOT = Path(__file__).resolve().parents[1]

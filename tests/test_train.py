@@ -14,7 +14,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from lwm.train.checkpoint_io import load_verified
+from lwm.checkpoint_io import load_verified
 from lwm.train.entry import to_run_config
 from lwm.train.run import validate
 

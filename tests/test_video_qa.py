@@ -19,6 +19,7 @@ from tables import squeeze
 ROOT = Path(__file__).resolve().parents[1]
 from video_samples import write_video  # noqa: E402
 
+from lwm.data.chat import chat_prompt  # noqa: E402
 from lwm.eval import video_qa as vqa  # noqa: E402
 from lwm.eval.qa_items import ItemError, answer_index, parse_options, read_items  # noqa: E402
 from lwm.eval.qa_report import markdown  # noqa: E402
@@ -33,7 +34,6 @@ from lwm.eval.qa_text import (  # noqa: E402
     option_text,
 )
 from lwm.eval.qa_videos import VideoSource  # noqa: E402
-from lwm.infer.prompt import chat_prompt  # noqa: E402
 
 SPM = ROOT / "data" / "sample" / "tokenizer.model"
 VQGAN = ROOT / "data" / "checkpoints" / "vqgan_tiny.safetensors"

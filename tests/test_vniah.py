@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from lwm.interop.vqgan_sources import load_vqgan
 from lwm.synth import make_vniah
-from lwm.vision.checkpoint import load_vqgan
 
 ROOT = Path(__file__).resolve().parent.parent
 

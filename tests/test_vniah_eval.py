@@ -18,8 +18,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 from lwm.data import TextTokenizer, Vocab  # noqa: E402
 from lwm.eval import vniah  # noqa: E402
+from lwm.interop.vqgan_sources import load_vqgan  # noqa: E402
 from lwm.synth import make_card_qa, make_vniah  # noqa: E402
-from lwm.vision.checkpoint import load_vqgan  # noqa: E402
 
 TOKENIZER = ROOT / "data" / "sample" / "tokenizer.model"
 NAMES = [*make_vniah.NEEDLE_COLORS, make_vniah.NO_NEEDLE]

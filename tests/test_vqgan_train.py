@@ -1,4 +1,4 @@
-"""VQGAN training (train_vqgan.py, lwm/vision/training/lit_vqgan.py and helpers): losses go down, dead codes are
+"""VQGAN training (train_vqgan.py, lwm/train/vqgan/lit_vqgan.py and helpers): losses go down, dead codes are
 revived, usage/perplexity and the adaptive GAN weight are computed right, the grid PNG, the configs."""
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ import torch
 from hydra import compose, initialize_config_dir
 from PIL import Image
 
+from lwm.train.vqgan.config import VQGANTrainConfig
+from lwm.train.vqgan.discriminator import GANConfig, PatchDiscriminator, adaptive_weight, hinge_d_loss
+from lwm.train.vqgan.frames import FrameDataset, FramesConfig, read_index, split_videos
+from lwm.train.vqgan.grid import recon_grid, save_grid
+from lwm.train.vqgan.lit_vqgan import LitVQGAN, frame_psnr
+from lwm.train.vqgan.run_config import VQGANTrainerConfig, from_hydra
 from lwm.vision import VQGANConfig
 from lwm.vision.codebook import CodeUsage, EMACodebook, code_histogram, perplexity, restart_codes, usage_fraction
-from lwm.vision.training.config import VQGANTrainConfig
-from lwm.vision.training.discriminator import GANConfig, PatchDiscriminator, adaptive_weight, hinge_d_loss
-from lwm.vision.training.frames import FrameDataset, FramesConfig, read_index, split_videos
-from lwm.vision.training.grid import recon_grid, save_grid
-from lwm.vision.training.lit_vqgan import LitVQGAN, frame_psnr
-from lwm.vision.training.run_config import VQGANTrainerConfig, from_hydra
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
@@ -131,7 +131,7 @@ def test_train_entry_point_writes_weights_grids_logs_and_summary(tmp_path, capsy
     from video_samples import write_video
 
     import train_vqgan
-    from lwm.vision.checkpoint import load_vqgan
+    from lwm.interop.vqgan_sources import load_vqgan
 
     (tmp_path / "v").mkdir()
     for i in range(3):
@@ -416,7 +416,8 @@ def test_bad_config_values_are_named(overrides, message):
 
 
 def test_checkpoint_round_trip(tmp_path):
-    from lwm.vision.checkpoint import load_vqgan, save_vqgan
+    from lwm.interop.vqgan_sources import load_vqgan
+    from lwm.vision.checkpoint import save_vqgan
 
     lit = LitVQGAN(TINY, VQGANTrainConfig())
     weights, config = save_vqgan(lit.model, tmp_path / "vqgan_tiny.safetensors", "tiny", {"result": {"psnr": 1.0}})

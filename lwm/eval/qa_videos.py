@@ -11,9 +11,9 @@ import numpy as np
 from lwm.data.codes import CodeStore
 from lwm.eval.qa_items import Item, ItemError
 from lwm.infer.prompt import DEFAULT_VQGAN, video_codes
+from lwm.interop.vqgan_sources import load_vqgan
 from lwm.video.reader import Video, VideoError
 from lwm.video.tokenize import video_id
-from lwm.vision.checkpoint import load_vqgan
 
 
 class VideoSource:

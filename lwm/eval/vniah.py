@@ -38,14 +38,15 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from lwm.data.chat import chat_prompt
 from lwm.eval.plots import grid_table, heatmap
 from lwm.eval.trials import Autosave, announce, check_out_dir, finish, run_trials
 from lwm.infer import GenerationConfig
-from lwm.infer.prompt import DEFAULT_VQGAN, chat_prompt
+from lwm.infer.prompt import DEFAULT_VQGAN
 from lwm.infer.runtime import add_model_args, load_generator, require_paths, start
+from lwm.interop.vqgan_sources import load_vqgan
 from lwm.io import write_atomic
 from lwm.synth.make_vniah import NEEDLE_COLORS, QUESTION, code_pool
-from lwm.vision.checkpoint import load_vqgan
 
 METHODS = ("generated", "ll")
 EVAL_SEED = 3 * 10**6  # the frame pools: make_vniah trains on seed 0.. and holds out 10**6..

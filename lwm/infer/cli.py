@@ -17,13 +17,13 @@ import sys
 import time
 
 from lwm.arg_types import positive_int
+from lwm.data.chat import PROMPT_STYLES, chat_prompt
 from lwm.data.codes import CodeStore
 from lwm.infer import GenerationConfig
-from lwm.infer.prompt import DEFAULT_VQGAN, chat_prompt, video_codes
+from lwm.infer.prompt import DEFAULT_VQGAN, video_codes
 from lwm.infer.runtime import add_model_args, load_generator, require_paths, start
-from lwm.interop.bundle import PROMPT_STYLES
+from lwm.interop.vqgan_sources import load_vqgan
 from lwm.video.reader import VideoError
-from lwm.vision.checkpoint import load_vqgan
 
 
 def build_parser() -> argparse.ArgumentParser:

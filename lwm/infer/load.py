@@ -12,8 +12,8 @@ from lwm.data.text_tokenizer import TextTokenizer
 from lwm.data.vocab import Vocab
 from lwm.interop.bundle import BundleInfo, read_bundle_info
 from lwm.interop.hf import from_hf
+from lwm.interop.run_outputs import load_stage
 from lwm.model import Transformer
-from lwm.train.outputs import load_stage
 
 
 @dataclass

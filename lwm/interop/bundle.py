@@ -15,10 +15,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from lwm.data.chat import PROMPT_STYLES
 from lwm.interop.diffusers import to_diffusers
 from lwm.interop.hf_files import read_json_object, stays_inside
 
-PROMPT_STYLES = ("native", "lwm")
 INFO = "lwm.json"
 VQGAN_DIR = "vqgan"
 

@@ -35,7 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
-from lwm.infer.prompt import CHAT_SPEC, chat_fields
+from lwm.data.chat import CHAT_SPEC, chat_fields
+from lwm.interop.vqgan_sources import load_vqgan
 from lwm.synth.language import LETTERS, choice_question
 from lwm.synth.make_vniah import (
     DEFAULT_CHECKPOINT,
@@ -45,7 +46,6 @@ from lwm.synth.make_vniah import (
     save_video,
     write_manifest,
 )
-from lwm.vision.checkpoint import load_vqgan
 
 MAX_CARDS = 4
 QUESTIONS = {"first": "What color is the first card in the video?", "last": "What color is the last card in the video?"}

@@ -146,7 +146,7 @@ def generate(out: Path, seed: int, n_videos: int) -> dict:
         for old in (out / sub).glob(pattern):
             old.unlink()
 
-    from lwm.infer.prompt import CHAT_SPEC, chat_fields  # here, not at the top: it imports torch and lightning
+    from lwm.data.chat import CHAT_SPEC, chat_fields  # here, not at the top: it imports torch and lightning
 
     def qa_row(video_id: str, question: str, answer: str, kind: str, **extra) -> dict:
         return {

@@ -36,10 +36,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lwm.infer.prompt import CHAT_SPEC, chat_fields
+from lwm.data.chat import CHAT_SPEC, chat_fields
+from lwm.interop.vqgan_sources import load_vqgan
 from lwm.paths import TINY_VQGAN
 from lwm.synth.scene import PALETTE, SIZE, _shape_mask, random_scene, render
-from lwm.vision.checkpoint import load_vqgan
 
 NEEDLE_COLORS = ("red", "green", "blue", "yellow", "magenta", "cyan")
 NO_NEEDLE = "none"

@@ -20,7 +20,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from lwm.infer.prompt import chat_fields
+from lwm.data.chat import chat_fields
 from lwm.io import JsonlError, records
 from lwm.paths import SAMPLE
 

@@ -1,4 +1,4 @@
-"""The Trainer's side of stage checkpoints (lwm.train.checkpoint_io does the files): a CheckpointIO for
+"""The Trainer's side of stage checkpoints (lwm.checkpoint_io does the files): a CheckpointIO for
 single-file checkpoints and a ModelParallelStrategy whose sharded checkpoints are swapped in whole,
 checksummed per rank and verified before anything in them is unpickled."""
 
@@ -13,7 +13,7 @@ import torch.distributed as dist
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.strategies import ModelParallelStrategy
 
-from lwm.train.checkpoint_io import (
+from lwm.checkpoint_io import (
     CheckpointError,
     check_sharded,
     checksum_path,

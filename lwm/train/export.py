@@ -22,10 +22,10 @@ import torch
 from lwm.data.text_tokenizer import TextTokenizer
 from lwm.interop.bundle import write_bundle_info
 from lwm.interop.hf import to_hf
+from lwm.interop.run_outputs import read_model_config, resolve
+from lwm.interop.vqgan_sources import load_vqgan, open_vqgan
 from lwm.io import records
 from lwm.model import ModelConfig, Transformer
-from lwm.train.outputs import read_model_config, resolve
-from lwm.vision.checkpoint import load_vqgan, open_vqgan
 from lwm.weights import read_weights
 
 

@@ -42,10 +42,10 @@ import numpy as np
 import torch
 
 from lwm.arg_types import device_name, positive_float, positive_int, seconds
+from lwm.interop.vqgan_sources import open_vqgan
 from lwm.io import NoSpaceLeft, append_jsonl, atomic_file, read_jsonl, writes_to
 from lwm.out_lock import FolderLocked, output_lock
 from lwm.video.reader import Sampling, Video, VideoError
-from lwm.vision.checkpoint import open_vqgan
 from lwm.vision.vqgan_config import PRESETS
 
 VIDEO_EXTENSIONS = frozenset(".mp4 .m4v .mkv .webm .avi .mov .mpg .mpeg .ts .flv .wmv .3gp .ogv".split())

@@ -10,15 +10,15 @@ from pathlib import Path
 
 import torch
 
+from lwm.checkpoint_io import CheckpointError, check_sharded, load_verified
 from lwm.configs import from_dict
 from lwm.model import ModelConfig
-from lwm.train.checkpoint_io import CheckpointError, check_sharded, load_verified
 from lwm.weights import read_weights
 
 
 def checkpoint_weights(path: Path) -> dict[str, torch.Tensor]:
     """The model's full state dict from a Lightning checkpoint (file or sharded folder), read
-    without unpickling anything but tensors and plain data (lwm.train.checkpoint_io)."""
+    without unpickling anything but tensors and plain data (lwm.checkpoint_io)."""
     if path.is_dir():  # distributed checkpoint: checked, then gathered into one file
         from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 

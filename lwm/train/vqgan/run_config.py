@@ -17,8 +17,8 @@ from typing import NamedTuple
 
 from lwm.configs import from_dict
 from lwm.train.config import TrainerBase
-from lwm.vision.training.config import VQGANTrainConfig
-from lwm.vision.training.frames import FramesConfig
+from lwm.train.vqgan.config import VQGANTrainConfig
+from lwm.train.vqgan.frames import FramesConfig
 from lwm.vision.vqgan_config import VQGANConfig
 
 PRECISIONS = ("32-true", "bf16-mixed")
