@@ -86,7 +86,9 @@ start_munge() {
 node_idle() { [ "$(sinfo -h -N -o %T 2>/dev/null | head -1)" = idle ]; }
 
 start() {
+  if running "$STATE/slurmctld.pid" && running "$STATE/slurmd.pid" && node_idle; then sinfo; return; fi
   install_packages
+  [ "$(id -u)" = 0 ] || die "starting slurmctld and slurmd needs root"
   write_conf
   start_munge
   running "$STATE/slurmctld.pid" || slurmctld

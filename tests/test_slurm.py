@@ -1,0 +1,165 @@
+"""train.py under a real SLURM: scripts/slurm/local-cluster.sh starts a one-machine cluster once per
+test run (skipped, saying why, only where it cannot: not root, no package source), and the README's
+sbatch line runs 2 tasks of the debug model with cp 2. Stopped at a random step by SIGUSR1 (what
+SLURM sends before the time limit), the job saves, requeues itself and resumes by itself; killed
+without warning (SIGKILL to its processes) and requeued, it resumes from its last periodic
+checkpoint. Both end with weights equal bit for bit to an uninterrupted job's and every step once
+in metrics.csv."""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from readme_commands import readme_command
+from safetensors.torch import load_file
+from test_train import DEBUG, ROOT, losses, train
+
+CLUSTER = ROOT / "scripts" / "slurm" / "local-cluster.sh"
+STEPS = 30  # stage a: long enough to be stopped at a random step; stage b keeps its 4
+SMALL = [*DEBUG, f"schedule.stages.0.steps={STEPS}"]
+DONE = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL"}
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    if subprocess.run(["bash", CLUSTER, "status"], capture_output=True).returncode == 0:
+        yield  # started before the tests (.ci/run does): left running
+        return
+    proc = subprocess.run(["bash", CLUSTER, "start"], capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        if "needs root" in proc.stderr or "no package source" in proc.stderr or "no apt-get" in proc.stderr:
+            pytest.skip(f"no local SLURM cluster: {proc.stderr.strip()}")
+        raise AssertionError(f"{CLUSTER} start failed:\n{proc.stdout}\n{proc.stderr}")
+    yield
+    subprocess.run(["bash", CLUSTER, "stop"], check=True)
+
+
+def submit(runs: Path, *overrides: str) -> tuple[str, Path]:
+    """The README's sbatch line with the test's run folder, log and schedule; (job id, log)."""
+    cmd = readme_command("sbatch scripts/slurm/train-cpu.sbatch")
+    env = {
+        **os.environ,
+        "LWM_RUNS": str(runs),
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",  # srun-train.sh runs `python`
+        "OMP_NUM_THREADS": "1",
+        "PYTHONWARNINGS": "ignore",
+    }
+    log = runs / "slurm-%j.out"
+    cmd = [cmd[0], "--parsable", f"--output={log}", *cmd[1:], *SMALL, *overrides]
+    job = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout.strip()
+    return job, runs / f"slurm-{job}.out"
+
+
+def job_field(job: str, name: str) -> str:
+    text = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True, check=True).stdout
+    return re.search(rf"\b{name}=(\S+)", text).group(1)
+
+
+def wait_done(job: str, log: Path, timeout: float = 240) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = job_field(job, "JobState")
+        if state in DONE:
+            return state
+        time.sleep(0.5)
+    subprocess.run(["scancel", job])
+    raise AssertionError(f"job {job} still {state} after {timeout}s:\n{read(log)[-3000:]}")
+
+
+def read(log: Path) -> str:
+    return log.read_text(errors="replace").replace("\r", "\n") if log.exists() else ""
+
+
+def bar_steps(text: str) -> list[int]:
+    return [int(n) for n in re.findall(rf"^a:.*?\| *(\d+)/{STEPS} ", text, re.M)]
+
+
+def wait_for_step(job: str, log: Path, step: int, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while max(bar_steps(read(log)), default=0) < step:
+        assert time.monotonic() < deadline and job_field(job, "JobState") not in DONE, read(log)[-3000:]
+        time.sleep(0.2)
+
+
+def final_weights(run: Path) -> dict[str, dict[str, torch.Tensor]]:
+    return {stage: load_file(run / stage / "final.safetensors") for stage in ("a", "b")}
+
+
+def check_same_run(run: Path, reference: Path) -> None:
+    """Weights bit for bit as the uninterrupted job's, every step's metrics row once."""
+    got, want = final_weights(run), final_weights(reference)
+    for stage in want:
+        assert got[stage].keys() == want[stage].keys()
+        unequal = [k for k in want[stage] if not torch.equal(got[stage][k], want[stage][k])]
+        assert not unequal, f"stage {stage}: {unequal} differ from the uninterrupted job's"
+    for stage, steps in (("a", STEPS), ("b", 4)):
+        assert sorted(losses(run, stage)) == list(range(steps)), stage
+        assert losses(run, stage) == losses(reference, stage), stage
+
+
+@pytest.fixture(scope="module")
+def reference(cluster, tmp_path_factory) -> Path:
+    """An uninterrupted job of the same config."""
+    runs = tmp_path_factory.mktemp("slurm-reference")
+    job, log = submit(runs)
+    assert wait_done(job, log) == "COMPLETED", read(log)[-3000:]
+    return runs / f"slurm-{job}"
+
+
+def test_srun_two_tasks_equal_one_node(reference, tmp_path):
+    """srun's two tasks (Lightning's SLURM environment) log the losses of Lightning's own two processes."""
+    train(tmp_path, *SMALL[len(DEBUG) :], "trainer.devices=2", "+schedule.stages.0.cp=2", "+schedule.stages.1.cp=2")
+    for stage in ("a", "b"):
+        want, got = losses(tmp_path, stage), losses(reference, stage)
+        assert sorted(got) == sorted(want)
+        for step, loss in want.items():
+            assert got[step] == pytest.approx(loss, rel=1e-6, abs=0), (stage, step)
+
+
+def test_time_limit_signal_requeues_and_resumes_by_itself(reference, tmp_path):
+    step = random.randint(2, STEPS - 6)
+    job, log = submit(tmp_path)
+    try:
+        wait_for_step(job, log, step)
+        scancel = readme_command("scancel --signal=USR1")
+        subprocess.run([a.replace("<job>", job) for a in scancel], check=True)
+        state = wait_done(job, log)
+    finally:
+        subprocess.run(["scancel", job])
+    text = read(log)
+    assert state == "COMPLETED" and job_field(job, "Restarts") == "1", text[-3000:]
+    assert f"job {job} requeued" in text and "started again (restart 1)" in text, text[-3000:]
+    resumed_at = bar_steps(text.split("started again", 1)[1])[0]  # the resumed bar starts where it stopped
+    assert step <= resumed_at < STEPS, (step, resumed_at)
+    assert [p.name for p in tmp_path.iterdir() if p.is_dir()] == [f"slurm-{job}"]  # one folder for both runs
+    check_same_run(tmp_path / f"slurm-{job}", reference)
+
+
+def test_killed_job_resumes_from_its_last_checkpoint_when_requeued(reference, tmp_path):
+    step = random.randint(7, STEPS - 4)  # a periodic checkpoint (every 5 steps) is behind it
+    job, log = submit(tmp_path)
+    try:
+        wait_for_step(job, log, step)
+        pids = subprocess.run(["scontrol", "listpids", job], capture_output=True, text=True, check=True).stdout
+        for row in pids.splitlines()[1:]:  # PID JOBID STEPID ...: the tasks of step 0, not the batch script
+            if row.split()[2] == "0":
+                os.kill(int(row.split()[0]), signal.SIGKILL)
+        assert wait_done(job, log) in {"FAILED", "CANCELLED"}, read(log)[-3000:]
+        subprocess.run(["scontrol", "requeue", job], check=True)
+        state = wait_done(job, log)
+    finally:
+        subprocess.run(["scancel", job])
+    text = read(log)
+    assert state == "COMPLETED" and "started again (restart 1)" in text, text[-3000:]
+    resumed_at = bar_steps(text.split("started again", 1)[1])[0]
+    assert resumed_at % 5 == 0 and 5 <= resumed_at <= max(bar_steps(text.split("started again", 1)[0])), resumed_at
+    check_same_run(tmp_path / f"slurm-{job}", reference)
