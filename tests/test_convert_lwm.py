@@ -410,7 +410,7 @@ def test_lwm_presets_are_lwms_shapes():
 
 def test_one_folder_with_the_vqgan_serves_generation_and_video_qa(tmp_path, capsys):
     """--vqgan puts LWM's VQGAN into DIR/vqgan as a diffusers VQModel; load_model finds it, and
-    lwm-generate and lwm/eval/video_qa.py answer about a video file from DIR alone, with LWM's prompt."""
+    lwm-generate and lwm/eval/video_qa/ answer about a video file from DIR alone, with LWM's prompt."""
     import json
     import pickle
 

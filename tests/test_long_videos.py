@@ -63,7 +63,7 @@ def test_qa_rows(made):
         texts = [o[3:] for o in r["options"]]
         assert [o[:3] for o in r["options"]] == ["A. ", "B. ", "C. ", "D. "] and len(set(texts)) == 4
         assert r["answer"] in ("A", "B", "C", "D") and set(texts) <= set(language.CHOICES[r["kind"]])
-        assert all(t.endswith(".") for t in texts)  # listed as in training: "A. Red." (lwm/eval/qa_text.py option_text)
+        assert all(t.endswith(".") for t in texts)  # listed as in training: "A. Red." (video_qa/text.py option_text)
         question, right = r["question"], texts["ABCD".index(r["answer"])]
         shapes = {o["shape"]: o for o in v["objects"]}
         if r["kind"] == "count":

@@ -1,4 +1,4 @@
-"""lwm/eval/video_qa.py and its qa_* modules: reading plain and Video-MME items, duration buckets,
+"""lwm/eval/video_qa/ (the package): reading plain and Video-MME items, duration buckets,
 answer normalization, scoring with stub generators (an oracle gets 100%), bad items recorded while
 good ones are scored, and the command line end to end on a random-weight debug model (one process
 and torchrun with 2)."""
@@ -21,10 +21,10 @@ from video_samples import write_video  # noqa: E402
 
 from lwm.data.chat import chat_prompt  # noqa: E402
 from lwm.eval import video_qa as vqa  # noqa: E402
-from lwm.eval.qa_items import ItemError, answer_index, parse_options, read_items  # noqa: E402
-from lwm.eval.qa_report import markdown  # noqa: E402
-from lwm.eval.qa_summary import Buckets  # noqa: E402
-from lwm.eval.qa_text import (  # noqa: E402
+from lwm.eval.video_qa.items import ItemError, answer_index, parse_options, read_items  # noqa: E402
+from lwm.eval.video_qa.report import markdown  # noqa: E402
+from lwm.eval.video_qa.summary import Buckets  # noqa: E402
+from lwm.eval.video_qa.text import (  # noqa: E402
     LETTER_INSTRUCTION,
     LETTERS,
     bare_question,
@@ -33,7 +33,7 @@ from lwm.eval.qa_text import (  # noqa: E402
     normalize,
     option_text,
 )
-from lwm.eval.qa_videos import VideoSource  # noqa: E402
+from lwm.eval.video_qa.videos import VideoSource  # noqa: E402
 
 SPM = ROOT / "data" / "sample" / "tokenizer.model"
 VQGAN = ROOT / "data" / "checkpoints" / "vqgan_tiny.safetensors"

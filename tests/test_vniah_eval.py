@@ -184,9 +184,9 @@ def test_command_bad_input(stage_model, tmp_path):
 def test_card_qa_answers_are_what_the_videos_show(tmp_path, vqgan):
     """Every question's answer letter points at the option the video holds: each frame is looked up
     in the frame pool (remade from its seed) to learn what it shows; the first and the last card's
-    colors are the answers. The held-out rows load in lwm/eval/video_qa.py."""
-    from lwm.eval.qa_items import read_items
-    from lwm.eval.qa_videos import VideoSource
+    colors are the answers. The held-out rows load in lwm/eval/video_qa/."""
+    from lwm.eval.video_qa.items import read_items
+    from lwm.eval.video_qa.videos import VideoSource
 
     make_card_qa.write(vqgan, tmp_path, n=6, heldout=6, frames=(3, 6), pool=6)
     train = [json.loads(line) for line in open(tmp_path / "train.jsonl")]

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from lwm.data.codes import CodeStore
-from lwm.eval.qa_items import Item, ItemError
+from lwm.eval.video_qa.items import Item, ItemError
 from lwm.infer.prompt import DEFAULT_VQGAN, video_codes
 from lwm.interop.vqgan_sources import load_vqgan
 from lwm.video.reader import Video, VideoError

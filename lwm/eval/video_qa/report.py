@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from lwm.eval.plots import markdown_table
-from lwm.eval.qa_scoring import METHODS
+from lwm.eval.video_qa.scoring import METHODS
 from lwm.io import JsonlAppender, write_atomic
 
 

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from lwm.data.chat import chat_prompt
-from lwm.eval.qa_items import Item, ItemError
-from lwm.eval.qa_summary import Buckets
-from lwm.eval.qa_text import LETTERS, first_letter, letter_question, normalize, option_text
+from lwm.eval.video_qa.items import Item, ItemError
+from lwm.eval.video_qa.summary import Buckets
+from lwm.eval.video_qa.text import LETTERS, first_letter, letter_question, normalize, option_text
 from lwm.infer.sampling import GenerationConfig
 from lwm.parallel.comm import PeerFailure, agree_on_failure, broadcast_object_from_first, group_size_and_rank
 

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from lwm.eval.qa_text import LETTERS, bare_question, normalize
+from lwm.eval.video_qa.text import LETTERS, bare_question, normalize
 from lwm.io import JsonlError, lines
 
 

@@ -1,47 +1,5 @@
-"""Long-video question answering: accuracy of a model on questions about videos, overall and by
-video duration.
-
-    python -m lwm.eval.video_qa --model runs/X/hf --data qa.jsonl --out runs/X/eval
-    python -m lwm.eval.video_qa --model M --data videomme.jsonl --video-dir videomme/data --codes codes/ --fps 1 --max-frames 512
-    torchrun --nproc_per_node 2 -m lwm.eval.video_qa --model M --data qa.jsonl     # prompts split over 2 ranks (context parallel)
-
-Data: JSON lines, one question each,
-
-    {"video": "clips/a.mp4", "question": "What color is the circle?", "options": ["Red.", "Cyan."],
-     "answer": "Cyan.", "duration": 95}
-
-(`video` relative to the file's folder or absolute; `options` optional; `answer` an option's text or
-its letter; `duration` in seconds or a bucket name; `id` optional), or Video-MME's field names:
-`videoID` (the file is --video-dir/<videoID>.mp4), `question_id`, `options` like ["A. ...", "B. ..."],
-`answer` a letter, `duration` "short"/"medium"/"long" (a line may also hold a video with a list of
-`questions`; a .json file may hold a list of such objects). `vision` (a video id, as in the sample
-data) is read like `videoID`.
-
-Video: frames at --fps (1 by default), at most --max-frames spread evenly; codes come from the
-lwm-tokenize cache (--codes) when the video is there (id: its path's hashed or stem id, or its
-videoID), else the file is read and tokenized with the VQGAN (--vqgan). The prompt is LWM's chat
-form, the question before the video:
-
-    [BOS] "You are a helpful assistant. USER: {question}" <vision> frames </vision> "ASSISTANT:"
-
-Multiple choice is scored two ways:
-  LL      the log-likelihood of each option's text ("Cyan.") after the prompt of the bare question;
-          the most likely option is the answer (the primary metric; the per-token mean is kept too)
-  letter  the question lists the options and asks for the letter, as in training
-          ("What color ...? A. Red. B. Cyan. Answer with the letter."); greedy generation restricted
-          to text; the first standalone option letter in the output is the answer
-Open questions (no options): greedy generation, normalized exact match (lowercase; punctuation,
-articles and extra whitespace removed).
-
-A question already written in the letter form (the sample data's multiple-choice rows) is cut back
-to the bare question. Outputs in --out: video_qa.json (config, summary, one record per item),
-video_qa.md (a table by duration bucket, and one by task where items have `task_type` or `kind`),
-video_qa.records.jsonl (records appended as items finish, so a killed run keeps them). A bad item
-(malformed line, missing or unreadable video, answer not among the options) is recorded with its
-reason and the run goes on. Under torchrun every rank takes part in each prompt;
-rank 0 reads the videos, writes and prints. Exit status: 0 if every item was scored, 1 if some
-were recorded as errors, 2 for a usage error, 130 if interrupted (what was done is written).
-"""
+"""The video QA command: options, the checks that need no model, the run, the outputs; the forms of
+the data and the outputs are in the package's doc."""
 
 from __future__ import annotations
 
@@ -51,74 +9,15 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-from tqdm import tqdm
-
 from lwm.arg_types import csv_list, positive_float, positive_int
-from lwm.eval.qa_items import Item, expand, read_items
-from lwm.eval.qa_report import RecordLog, markdown, write_outputs
-from lwm.eval.qa_scoring import METHODS, evaluate_item
-from lwm.eval.qa_summary import Buckets, summarize
-from lwm.eval.qa_videos import VideoSource
+from lwm.eval.video_qa.evaluate import run_video_qa
+from lwm.eval.video_qa.items import Item, read_items
+from lwm.eval.video_qa.report import RecordLog, markdown, write_outputs
+from lwm.eval.video_qa.scoring import METHODS
+from lwm.eval.video_qa.summary import Buckets
+from lwm.eval.video_qa.videos import VideoSource
 from lwm.infer.prompt import DEFAULT_VQGAN
 from lwm.infer.runtime import add_model_args, load_generator, start
-from lwm.parallel.comm import group_size_and_rank
-
-
-def run_video_qa(
-    generator,
-    tokenizer,
-    vocab,
-    items: list[Item],
-    source=None,
-    *,
-    methods=METHODS,
-    buckets: Buckets = Buckets(),
-    max_new_tokens: int = 32,
-    letter_tokens: int = 8,
-    prompt_style: str = "native",
-    on_record=None,
-    progress: bool = True,
-    config: dict | None = None,
-) -> dict:
-    """Evaluate the items -> {"config", "summary", "records", "complete"}. generator: a
-    lwm.infer.Generator (or anything with .score/.generate and .group); source: a VideoSource (or
-    anything with .load(item) -> (codes, info)), used on the group's first rank only; on_record(record)
-    is called on that rank as each item finishes. Items may also be JSON objects (parsed here, paths
-    relative to the working directory). Ctrl-C stops early with what was done."""
-    bad = [m for m in methods if m not in METHODS]
-    if bad or not methods:
-        raise ValueError(f"methods must be a non-empty subset of {METHODS}, got {list(methods)}")
-
-    _, rank = group_size_and_rank(getattr(generator, "group", None))
-    items = [
-        x
-        for k, it in enumerate(items)
-        for x in ([it] if isinstance(it, Item) else expand(it, f"item {k + 1}", Path.cwd(), None))
-    ]
-    records, complete = [], True
-    bar = tqdm(items, desc="video QA", unit="q", disable=not progress or rank != 0, dynamic_ncols=True, mininterval=1.0)
-    try:
-        for item in bar:
-            rec = evaluate_item(
-                item, generator, tokenizer, vocab, source, methods, buckets, max_new_tokens, letter_tokens, prompt_style
-            )
-            records.append(rec)
-            if rank == 0:
-                if on_record is not None:
-                    on_record(rec)
-                done = [r["correct"] for r in records if r["correct"] is not None]
-                bar.set_postfix_str(f"acc {np.mean(done):.3f}" if done else "", refresh=False)
-                if rec["error"] is not None:
-                    bar.write(f"{rec['id']}: {rec['error_kind']}: {rec['error']}")
-    except KeyboardInterrupt:
-        complete = False
-    finally:
-        bar.close()
-    return {"config": config or {}, "summary": summarize(records, buckets), "records": records, "complete": complete}
-
-
-# ------------------------------------------------------------------------------------ command line
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,66 @@
+"""The evaluation loop: every item scored by the model, one record each, summed up."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from lwm.eval.video_qa.items import Item, expand
+from lwm.eval.video_qa.scoring import METHODS, evaluate_item
+from lwm.eval.video_qa.summary import Buckets, summarize
+from lwm.parallel.comm import group_size_and_rank
+
+
+def run_video_qa(
+    generator,
+    tokenizer,
+    vocab,
+    items: list[Item],
+    source=None,
+    *,
+    methods=METHODS,
+    buckets: Buckets = Buckets(),
+    max_new_tokens: int = 32,
+    letter_tokens: int = 8,
+    prompt_style: str = "native",
+    on_record=None,
+    progress: bool = True,
+    config: dict | None = None,
+) -> dict:
+    """Evaluate the items -> {"config", "summary", "records", "complete"}. generator: a
+    lwm.infer.Generator (or anything with .score/.generate and .group); source: a VideoSource (or
+    anything with .load(item) -> (codes, info)), used on the group's first rank only; on_record(record)
+    is called on that rank as each item finishes. Items may also be JSON objects (parsed here, paths
+    relative to the working directory). Ctrl-C stops early with what was done."""
+    bad = [m for m in methods if m not in METHODS]
+    if bad or not methods:
+        raise ValueError(f"methods must be a non-empty subset of {METHODS}, got {list(methods)}")
+
+    _, rank = group_size_and_rank(getattr(generator, "group", None))
+    items = [
+        x
+        for k, it in enumerate(items)
+        for x in ([it] if isinstance(it, Item) else expand(it, f"item {k + 1}", Path.cwd(), None))
+    ]
+    records, complete = [], True
+    bar = tqdm(items, desc="video QA", unit="q", disable=not progress or rank != 0, dynamic_ncols=True, mininterval=1.0)
+    try:
+        for item in bar:
+            rec = evaluate_item(
+                item, generator, tokenizer, vocab, source, methods, buckets, max_new_tokens, letter_tokens, prompt_style
+            )
+            records.append(rec)
+            if rank == 0:
+                if on_record is not None:
+                    on_record(rec)
+                done = [r["correct"] for r in records if r["correct"] is not None]
+                bar.set_postfix_str(f"acc {np.mean(done):.3f}" if done else "", refresh=False)
+                if rec["error"] is not None:
+                    bar.write(f"{rec['id']}: {rec['error_kind']}: {rec['error']}")
+    except KeyboardInterrupt:
+        complete = False
+    finally:
+        bar.close()
+    return {"config": config or {}, "summary": summarize(records, buckets), "records": records, "complete": complete}
