@@ -1,19 +1,15 @@
 """What a training run prints: one helper that prints on rank zero, and Lightning's start-up
-chatter (accelerator lines, tips, deprecation notes from its internals) turned down to warnings."""
+chatter (accelerator lines, tips, deprecation notes from its internals) turned down to warnings.
+(is_rank0 is lwm.ranks', imported here for train.py and requeue.py.)"""
 
 from __future__ import annotations
 
 import logging
-import os
 import warnings
 
-# Set by the launchers before any process group exists: torchrun (RANK), Lightning's re-launch
-# (LOCAL_RANK, NODE_RANK), srun (SLURM_PROCID).
-RANK_VARIABLES = ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID")
+from lwm.ranks import is_rank0
 
-
-def is_rank0() -> bool:
-    return all(os.environ.get(v, "0") == "0" for v in RANK_VARIABLES)
+__all__ = ["is_rank0", "quiet_lightning", "say"]
 
 
 def say(*args) -> None:

@@ -11,7 +11,6 @@ out_dir/
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from dataclasses import asdict, dataclass, field, fields
 from datetime import timedelta
@@ -30,6 +29,7 @@ from lwm.interop.hf import config_from_hf, from_hf
 from lwm.interop.hf_files import read_hf_config
 from lwm.model import ModelConfig
 from lwm.parallel.layout import check_divisible
+from lwm.ranks import is_rank0
 from lwm.train.callbacks import KEPT_METRICS, MetricHistory, PeakMemory, StageCheckpoint, StageProgress, Throughput
 from lwm.train.checkpointing import AtomicCheckpointIO, AtomicModelParallelStrategy, recover
 from lwm.train.config import OptimConfig, ParallelConfig, ScheduleConfig, StageConfig, TrainerConfig
@@ -80,10 +80,6 @@ class RunConfig:
     stop_at_step: int | None = None  # stop a stage early (a job's time limit; tests of resume)
     probe: ProbeConfig = field(default_factory=ProbeConfig)  # held-out answers scored at each stage's start and end
     evaluate: NeedleEvalConfig = field(default_factory=NeedleEvalConfig)  # a needle grid after the last stage
-
-
-def global_rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", 0))
 
 
 def validate(cfg: RunConfig) -> None:
@@ -196,7 +192,7 @@ def run_stage(cfg: RunConfig, stage: StageConfig, model_config: ModelConfig, ini
         f"stage {stage.name}: seq_len {stage.seq_len}, rope_theta {stage.rope_theta:g}, {stage.steps} steps, "
         f"cp {stage.cp}, dp {dp}" + (f" (resuming from {resume_from})" if resume_from else "")
     )
-    if global_rank() == 0:
+    if is_rank0():
         out.mkdir(parents=True, exist_ok=True)
         (out / "model_config.json").write_text(json.dumps(asdict(stage_model), indent=2))
     L.seed_everything(cfg.trainer.seed, workers=True, verbose=False)
@@ -210,7 +206,7 @@ def run_stage(cfg: RunConfig, stage: StageConfig, model_config: ModelConfig, ini
     from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
     global_batch = stage.per_rank_batch(dp) * dp
-    history = MetricHistory.resumed(out / "logs", keep=global_rank() == 0) if resume_from else MetricHistory([])
+    history = MetricHistory.resumed(out / "logs", keep=is_rank0()) if resume_from else MetricHistory([])
     strategy = _strategy(stage, cfg.trainer)
     trainer = L.Trainer(
         accelerator=cfg.trainer.accelerator,
@@ -249,7 +245,7 @@ def run_stage(cfg: RunConfig, stage: StageConfig, model_config: ModelConfig, ini
     if trainer.global_step < stage.steps:  # stopped early (stop_at_step, a signal): resume later with resume=true
         return None
     state = full_state(module)
-    if trainer.global_rank == 0:
+    if is_rank0():
         save_weights(state, final)
         (out / "logs" / KEPT_METRICS).unlink(missing_ok=True)  # metrics.csv has every row now
         if not cfg.trainer.keep_checkpoints:
@@ -283,12 +279,12 @@ def run_schedule(cfg: RunConfig) -> dict[str, Path]:
             return {"stopped": out / stage.name / "checkpoints" / "last.ckpt"}
         init = stage_weights(finished)
     where = {"run": out, "last_weights": finished}
-    if cfg.export and finished is not None and global_rank() == 0:
+    if cfg.export and finished is not None and is_rank0():
         vqgan = codes_vqgan(cfg.data.codes) if cfg.data.codes is not None else None
         where["hf"] = export_weights(
             finished, stage_model_config(model_config, last), out / "hf", cfg.data.tokenizer, vqgan
         )
-    if cfg.evaluate.lengths is not None and finished is not None and global_rank() == 0:
+    if cfg.evaluate.lengths is not None and finished is not None and is_rank0():
         device = "cpu" if cfg.trainer.accelerator == "cpu" else None
         needle = evaluate_needles(cfg.evaluate, finished.parent, cfg.data.tokenizer, out / "needle", device)
         if needle is not None:
