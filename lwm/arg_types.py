@@ -1,10 +1,13 @@
 """argparse types shared by the command-line tools: a bad value is refused by argparse itself
-("argument --fps: expected a positive number, got '0'"), before any work starts."""
+("argument --fps: expected a positive number, got '0'"), before any work starts. And a command's parser
+built from its config dataclass (option, add_options, from_args; below)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
+import typing
 
 
 def positive_int(text: str) -> int:
@@ -61,3 +64,86 @@ def device_name(text: str) -> str:
                 f"{text!r}: this machine has {count} CUDA device(s), cuda:0..cuda:{count - 1}"
             )
     return text
+
+
+# ------------------------------------------------------------------------------------ commands as dataclasses
+# A command's options are the fields of its config dataclass: `option(...)` puts the argparse settings in a
+# field's metadata, add_options builds the parser from the fields and from_args builds the config back from
+# the parsed namespace. A field whose type is a dataclass (without option()) adds that dataclass's options,
+# so a group of options shared by several commands (the model's, lwm.infer.runtime.ModelOptions) is one type.
+
+_CLI = "lwm.arg_types"  # the metadata key of option()
+
+
+def option(
+    help: str,
+    default=dataclasses.MISSING,
+    *,
+    default_factory=dataclasses.MISSING,
+    flag: str | None = None,
+    positional: bool = False,
+    exclusive: str | None = None,
+    **argparse_kwargs,
+):
+    """A dataclass field that is also a command-line option. flag: the option's name (default: --field-name);
+    positional: an argument without a flag; exclusive: a name shared by options that exclude each other;
+    argparse_kwargs: type, choices, action, metavar, nargs as for add_argument. A field without a default is a
+    required option. The type defaults to int or float when the field's annotation is one of them."""
+    spec = {"help": help, "flag": flag, "positional": positional, "exclusive": exclusive, "kwargs": argparse_kwargs}
+    return dataclasses.field(default=default, default_factory=default_factory, metadata={_CLI: spec})
+
+
+def _options(cls) -> list[tuple[dataclasses.Field, type, tuple[str, ...]]]:
+    """(field, its type, the attribute path from cls) of every option of cls, nested dataclasses flattened."""
+    hints = typing.get_type_hints(cls)
+    found = []
+    for f in dataclasses.fields(cls):
+        if _CLI in f.metadata:
+            found.append((f, hints[f.name], (f.name,)))
+        elif dataclasses.is_dataclass(hints[f.name]):
+            found += [(g, tp, (f.name, *path)) for g, tp, path in _options(hints[f.name])]
+    return found
+
+
+def add_options(parser: argparse.ArgumentParser, cls) -> argparse.ArgumentParser:
+    """Add every option of the dataclass cls to parser, in field order (a nested dataclass's where it stands)."""
+    groups: dict[str, argparse._MutuallyExclusiveGroup] = {}
+    dests: dict[str, str] = {}
+    for f, tp, path in _options(cls):
+        spec = f.metadata[_CLI]
+        if f.name in dests:
+            raise TypeError(
+                f"{cls.__name__}: option {f.name!r} is declared twice ({dests[f.name]} and {'.'.join(path)})"
+            )
+        dests[f.name] = ".".join(path)
+        kwargs = {"help": spec["help"], **spec["kwargs"]}
+        if "type" not in kwargs and "action" not in kwargs and tp in (int, float):
+            kwargs["type"] = tp
+        if f.default is not dataclasses.MISSING:
+            kwargs["default"] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            kwargs["default"] = f.default_factory()
+        elif not spec["positional"]:
+            kwargs["required"] = True
+        target = parser
+        if spec["exclusive"]:
+            if spec["exclusive"] not in groups:
+                groups[spec["exclusive"]] = parser.add_mutually_exclusive_group()
+            target = groups[spec["exclusive"]]
+        if spec["positional"]:
+            target.add_argument(f.name, **kwargs)
+        else:
+            target.add_argument(spec["flag"] or "--" + f.name.replace("_", "-"), dest=f.name, **kwargs)
+    return parser
+
+
+def from_args(cls, args: argparse.Namespace):
+    """The config cls of a namespace that add_options(parser, cls) parsed (nested dataclasses rebuilt)."""
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for f in dataclasses.fields(cls):
+        if _CLI in f.metadata:
+            values[f.name] = getattr(args, f.name)
+        elif dataclasses.is_dataclass(hints[f.name]):
+            values[f.name] = from_args(hints[f.name], args)
+    return cls(**values)

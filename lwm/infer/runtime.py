@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from lwm.arg_types import device_name
+from lwm.arg_types import add_options, device_name, option
 from lwm.infer.generator import Generator
 from lwm.infer.load import Loaded, load_model
 from lwm.parallel.comm import group_size_and_rank
@@ -20,35 +20,33 @@ from lwm.parallel.layout import LAYOUTS
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--model", required=True, help="Hugging Face folder, training stage folder, final.safetensors or .ckpt"
-    )
-    p.add_argument("--tokenizer", help="sentencepiece model (default: found next to the model)")
-    p.add_argument(
-        "--device",
+@dataclass(kw_only=True)
+class ModelOptions:
+    """The options of every inference command that loads a model (load_generator reads them)."""
+
+    model: str = option("Hugging Face folder, training stage folder, final.safetensors or .ckpt")
+    tokenizer: str | None = option("sentencepiece model (default: found next to the model)", None)
+    device: str | None = option(
+        "cpu or cuda (default: cuda when available); under torchrun each rank uses cuda:LOCAL_RANK",
+        None,
         type=device_name,
-        help="cpu or cuda (default: cuda when available); under torchrun each rank uses cuda:LOCAL_RANK",
     )
-    p.add_argument(
-        "--dtype", choices=["auto", *DTYPES], default="auto", help="auto: bfloat16 on CUDA, as stored on CPU"
-    )
-    p.add_argument(
-        "--layout",
-        choices=LAYOUTS,
-        default="striped",
-        help="how the prompt is split over the ranks under torchrun",
-    )
-    p.add_argument("--prefill-chunk", type=int, default=8192, help="prompt tokens per rank processed at a time")
+    dtype: str = option("auto: bfloat16 on CUDA, as stored on CPU", "auto", choices=["auto", *DTYPES])
+    layout: str = option("how the prompt is split over the ranks under torchrun", "striped", choices=LAYOUTS)
+    prefill_chunk: int = option("prompt tokens per rank processed at a time", 8192)
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    add_options(p, ModelOptions)
 
 
 def require_paths(parser: argparse.ArgumentParser, args: argparse.Namespace, *options: str) -> None:
     """Exit 2 with parser.error naming the first of `options` (e.g. "--vqgan") given a path that does not
     exist; called before any model is loaded, so a typo costs no loading time."""
-    for option in options:
-        value = getattr(args, option.lstrip("-").replace("-", "_"))
+    for flag in options:
+        value = getattr(args, flag.lstrip("-").replace("-", "_"))
         if value is not None and not Path(value).exists():
-            parser.error(f"{option} {value} does not exist")
+            parser.error(f"{flag} {value} does not exist")
 
 
 @dataclass
@@ -76,7 +74,7 @@ def start(device: str | None) -> Runtime:
     return Runtime(device, group, rank, world)
 
 
-def load_generator(args: argparse.Namespace, runtime: Runtime) -> tuple[Loaded, Generator]:
+def load_generator(args: argparse.Namespace | ModelOptions, runtime: Runtime) -> tuple[Loaded, Generator]:
     """The model of --model on the runtime's device and its Generator; raises FileNotFoundError or
     ValueError for a bad model or tokenizer."""
     on_cuda = runtime.device.startswith("cuda")
