@@ -5,6 +5,13 @@ progressive schedule on CPU (128 -> 512 -> 2K tokens), then the needle grid is p
 for the groups (model, data, parallel, schedule, trainer, optim, experiment) and the README for
 multi-GPU, torchrun and SLURM launches.
 """
+# ruff: noqa: E402 (the stopping signals are held back before the imports, which take seconds)
+
+import signal
+
+# SLURM's warning before a time limit (SIGUSR1) kills a process that has no handler for it yet: until
+# lwm.train.requeue handles them, the stopping signals wait, blocked, instead of killing the run unsaved.
+signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGUSR1, signal.SIGTERM))
 
 import sys
 import time
@@ -65,5 +72,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    requeue.install()  # SLURM's warning before the time limit must not kill the run before it can save
-    main()
+    with requeue.stop_signals_noted():  # those held back meanwhile included
+        main()

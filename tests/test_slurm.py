@@ -163,3 +163,38 @@ def test_killed_job_resumes_from_its_last_checkpoint_when_requeued(reference, tm
     resumed_at = bar_steps(text.split("started again", 1)[1])[0]
     assert resumed_at % 5 == 0 and 5 <= resumed_at <= max(bar_steps(text.split("started again", 1)[0])), resumed_at
     check_same_run(tmp_path / f"slurm-{job}", reference)
+
+
+def test_a_signal_while_starting_stops_the_run_after_its_first_step(tmp_path):
+    """SLURM checks time limits once a minute, so its warning can come while train.py is still importing
+    (seconds): held back until it is handled, it stops the stage after one step, with a checkpoint."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    cmd = [sys.executable, "train.py", f"trainer.out_dir={tmp_path}", *DEBUG, "stage_only=a"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    time.sleep(1.0)  # inside the imports (torch and Lightning take longer)
+    proc.send_signal(signal.SIGUSR1)
+    out = proc.communicate(timeout=300)[0]
+    assert proc.returncode == 0 and "stopped on SIGUSR1" in out, out[-3000:]
+    assert sorted(losses(tmp_path)) == [0] and (tmp_path / "a" / "checkpoints" / "last.ckpt").is_file()
+
+
+@pytest.mark.parametrize(
+    "restarts,folder,resume,expected",
+    [
+        (None, True, False, False),  # a fresh job (or run) in an existing folder starts anew unless told
+        ("0", True, False, False),
+        ("1", True, False, True),  # SLURM started the job again: its run goes on
+        ("1", False, False, False),  # requeued before it made its folder: nothing to resume
+        (None, True, True, True),
+    ],
+)
+def test_only_a_restarted_job_resumes_by_itself(tmp_path, monkeypatch, restarts, folder, resume, expected):
+    from lwm.train.requeue import resumes
+
+    monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
+    if restarts is not None:
+        monkeypatch.setenv("SLURM_RESTART_COUNT", restarts)
+    out = tmp_path / "run"
+    if folder:
+        out.mkdir()
+    assert resumes(resume, out) is expected

@@ -19,7 +19,9 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import lightning as L
 
@@ -34,9 +36,23 @@ def _note(signum, frame) -> None:
 
 
 def install() -> None:
-    """Note SIGUSR1 and SIGTERM instead of dying of them (as early as possible: SIGUSR1 kills by default)."""
+    """Note SIGUSR1 and SIGTERM instead of dying of them."""
     for signum in SIGNALS:
         signal.signal(signum, _note)
+
+
+@contextmanager
+def stop_signals_noted() -> Iterator[None]:
+    """install() for the block, taking the signals held back (blocked) before it too; the previous
+    handlers after it (train.py's main also runs inside a test's process)."""
+    previous = {signum: signal.getsignal(signum) for signum in SIGNALS}
+    install()
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def received() -> signal.Signals | None:
