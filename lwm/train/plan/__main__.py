@@ -1,0 +1,3 @@
+from lwm.train.plan.command import main
+
+raise SystemExit(main())

@@ -1,0 +1,153 @@
+"""lwm-plan: will this run fit, and how fast will it go? Rank 0's real training step (and an
+inference prefill) under fake tensors, for each stage asked, on a device of your choice.
+
+    lwm-plan model=7b schedule=lwm_vision trainer.devices=8 --gpu h100-80g --stage all
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from dataclasses import asdict, fields
+from pathlib import Path
+
+from lwm.train.config import StageConfig
+from lwm.train.fake_step import GPU_SETTINGS
+from lwm.train.plan import report
+from lwm.train.plan.config import PlanConfig, compose_run
+from lwm.train.plan.devices import parse_device
+from lwm.train.plan.infer import plan_inference
+from lwm.train.plan.memory import Mesh, plan_step
+from lwm.train.plan.search import check_mesh, longest_sequence, smallest_fitting_cp
+from lwm.train.plan.time import step_time, step_work
+from lwm.train.run import hf_start, stage_model_config
+
+NODE = 8  # GPUs per node when --cp/--dp give the world directly (an HGX node)
+
+
+def planned_stages(config: PlanConfig, run) -> list[tuple[StageConfig, Mesh]]:
+    """(stage, mesh) for each stage asked, every mesh checked before any fake work."""
+    stages = run.schedule.stages
+    if config.stage != "all":
+        stages = [s for s in stages if s.name == config.stage]
+        if not stages:
+            names = [s.name for s in run.schedule.stages]
+            raise ValueError(
+                f"--stage {config.stage!r} is not a stage of schedule {run.schedule.name!r}: {names} (or all)"
+            )
+    if config.seq_len:  # one configuration, given directly: the first stage asked lends lr, theta, batch
+        stages = [
+            dataclasses.replace(
+                stages[0], name=f"seq{config.seq_len}", seq_len=config.seq_len, global_batch=None, batch_size=1
+            )
+        ]
+    planned = []
+    for stage in stages:
+        cp = config.cp or stage.cp
+        world = cp * config.dp if config.dp else run.trainer.world_size
+        stage = dataclasses.replace(stage, cp=cp)
+        dp = stage.check_world(world)  # train.py's validate: the world splits into cp x dp
+        mesh = Mesh(stage.seq_len, cp, dp, stage.per_rank_batch(dp))
+        check_mesh(mesh, run.model.n_heads, run.parallel.layout, run.parallel.mode, f"stage {stage.name!r}")
+        planned.append((stage, mesh))
+    return planned
+
+
+def run(config: PlanConfig) -> dict:
+    device = parse_device(config.gpu)
+    run_cfg = compose_run(config.overrides)
+    model = hf_start(run_cfg.schedule.init_hf)[0] if run_cfg.schedule.init_hf else run_cfg.model
+    planned = planned_stages(config, run_cfg)
+    node = NODE if config.dp else run_cfg.trainer.devices
+    # Document masks are off: their runs are read on the host (lwm.train.fake_step's docstring).
+    parallel = dataclasses.replace(run_cfg.parallel, document_mask=False)
+    if config.infer:
+        infer_cp = config.cp or run_cfg.trainer.world_size
+        check_mesh(Mesh(config.infer, infer_cp, 1), model.n_heads, "striped", "ring", f"--infer {config.infer}")
+
+    def peak_of(stage: StageConfig):
+        def peak(mesh: Mesh) -> int:
+            s = dataclasses.replace(stage, seq_len=mesh.seq_len, cp=mesh.cp)
+            return plan_step(stage_model_config(model, s), s, mesh, parallel, run_cfg.optim, GPU_SETTINGS).peak
+
+        return peak
+
+    rows, curves = [], {}
+    for stage, mesh in planned:
+        mc = stage_model_config(model, stage)
+        mem = plan_step(mc, stage, mesh, parallel, run_cfg.optim, GPU_SETTINGS)
+        work = step_work(mc, mesh, mem, parallel.layout, parallel.mode, parallel.activation_checkpointing)
+        t = step_time(work, mesh, device, node)
+        row = {"stage": stage.name, **asdict(mesh), "peak_bytes": mem.peak, "needs_bytes": device.needs(mem.peak)}
+        row.update(parts=mem.parts, sent=mem.sent, written=mem.written, time=asdict(t), work=asdict(work))
+        if device.fits(mem.peak):
+            row["verdict"] = f"fits, {device.headroom_gib(mem.peak):.1f} GiB free"
+        else:
+            valid = _valid_for(stage, model.n_heads, parallel)
+            better = smallest_fitting_cp(mesh, peak_of(stage), device, valid)
+            row["verdict"] = f"needs cp {better.cp} x dp {better.dp}" if better else f"no cp fits {mesh.world} GPUs"
+            row["fits_with"] = asdict(better) if better else None
+        rows.append(row)
+        curves.setdefault(f"cp {mesh.cp} x dp {mesh.dp}", {})[mesh.seq_len] = mem.peak
+    plan = {"device": asdict(device), "model": asdict(model), "parallel": asdict(parallel), "stages": rows}
+    if config.longest:
+        first = planned[0][0]
+        world = planned[0][1].world
+        found = []
+        for cp in [c for c in (2**i for i in range(world.bit_length())) if world % c == 0]:
+            found.append(longest_sequence(cp, world // cp, peak_of(first), device, granule=1024 * cp))
+        plan["longest"] = [asdict(f) for f in found]
+        curves = {f"cp {f.cp} x dp {f.dp}": f.points for f in found}
+    if config.infer:
+        plan["infer"] = plan_inference(model, config.infer, infer_cp, device, node)
+    _write(plan, curves, device, Path(config.out))
+    return plan
+
+
+def _valid_for(stage: StageConfig, n_heads: int, parallel):
+    def valid(mesh: Mesh) -> bool:
+        try:
+            dataclasses.replace(stage, cp=mesh.cp).per_rank_batch(mesh.dp)
+            check_mesh(mesh, n_heads, parallel.layout, parallel.mode, stage.name)
+        except ValueError:
+            return False
+        return True
+
+    return valid
+
+
+def _write(plan: dict, curves: dict, device, out: Path) -> None:
+    print(report.stage_table(plan["stages"]))
+    for line in report.parts_lines(plan["stages"]):
+        print(line)
+    if "longest" in plan:
+        print(report.longest_table(plan["longest"]))
+    if "infer" in plan:
+        for line in report.infer_lines(plan["infer"]):
+            print(line)
+    print(f"wrote {report.write_json(plan, out)} and {report.plot(curves, device, out)}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="lwm-plan", description=__doc__.split("\n\n")[0])
+    for f in fields(PlanConfig):
+        if f.name == "overrides":
+            p.add_argument("overrides", nargs="*", help=f.metadata["help"])
+        elif f.type in (bool, "bool"):
+            p.add_argument(f"--{f.name.replace('_', '-')}", action="store_true", help=f.metadata["help"])
+        else:
+            kind = type(f.default)
+            p.add_argument(f"--{f.name.replace('_', '-')}", type=kind, default=f.default, help=f.metadata["help"])
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        run(PlanConfig(**vars(args)))
+    except (ValueError, TypeError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,61 @@
+"""What lwm-plan is asked, and the run it plans: the same Hydra composition as train.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf, open_dict
+
+from lwm.paths import REPO
+from lwm.train.entry import to_run_config
+from lwm.train.run import RunConfig
+
+
+@dataclass
+class PlanConfig:
+    overrides: list[str] = field(
+        default_factory=list,
+        metadata={"help": "Hydra overrides as for train.py: model=7b schedule=lwm_vision trainer.devices=8"},
+    )
+    gpu: str = field(
+        default="h100-80g",
+        metadata={
+            "help": "h100-80g | h200-141g | a100-80g | b200-192g | custom:MEM_GIB,TFLOPS,NVLINK_GBPS,IB_GBPS[,HBM_TBPS]"
+        },
+    )
+    stage: str = field(default="all", metadata={"help": "a stage of the schedule, or all"})
+    seq_len: int = field(
+        default=0, metadata={"help": "plan this length directly instead of the stages' (0: the stages')"}
+    )
+    cp: int = field(default=0, metadata={"help": "context-parallel size (0: each stage's own)"})
+    dp: int = field(default=0, metadata={"help": "data-parallel size (0: world size / cp); the world becomes cp x dp"})
+    tp: int = field(default=1, metadata={"help": "tensor-parallel size (this project has none: only 1)"})
+    longest: bool = field(
+        default=False, metadata={"help": "find the longest sequence that fits each (cp, dp) of the world"}
+    )
+    infer: int = field(
+        default=0, metadata={"help": "also plan an inference prefill of this many tokens over the world (0: no)"}
+    )
+    out: str = field(default="plan", metadata={"help": "folder for plan.json and memory.png"})
+
+    def __post_init__(self) -> None:
+        for name in ("seq_len", "cp", "dp", "infer"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
+        if self.tp != 1:
+            raise ValueError(
+                f"--tp {self.tp}: this project has no tensor parallelism (lwm/parallel: ring and Ulysses context "
+                "parallelism, FSDP2); plan with --tp 1"
+            )
+
+
+def compose_run(overrides: list[str]) -> RunConfig:
+    """conf/train.yaml with the overrides, as train.py composes it; a schedule that starts from a
+    Hugging Face folder not given (init_hf: ???) is planned with the model group's shapes."""
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=list(overrides))
+    if OmegaConf.is_missing(cfg.schedule, "init_hf"):
+        with open_dict(cfg):
+            cfg.schedule.init_hf = None
+    return to_run_config(cfg)

@@ -1,0 +1,84 @@
+"""The devices a plan is made for: memory, peak bf16 matmul rate, HBM and link bandwidths.
+
+Vendor figures (dense bf16, no sparsity; SXM parts). Memory is what `torch.cuda.mem_get_info` reports
+as the device's total, not the marketing number (an "80GB" H100 shows 79.1 GiB). Links are per GPU,
+one direction: NVLink inside a node, the node's InfiniBand share per GPU (one 400 Gb/s NIC per GPU,
+200 Gb/s on A100 systems) across nodes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str
+    memory_gib: float  # what the device holds in total
+    tflops: float  # peak dense bf16 matmul rate
+    hbm_tbps: float  # HBM bandwidth, TB/s
+    nvlink_gbps: float  # GB/s per GPU, one direction, inside a node
+    ib_gbps: float  # GB/s per GPU, one direction, between nodes
+    # Not the tensors' memory: the CUDA context and NCCL's buffers (about 0.5 + 1 GiB on H100 with
+    # NCCL's defaults), and the caching allocator's rounding and fragmentation on top of the peak.
+    reserved_gib: float = 1.5
+    fragmentation: float = 0.05
+    # What kernels reach of the peak: large bf16 GEMMs about 70% on Hopper, FlashAttention-2's
+    # forward + backward about 50% (its published H100 figures); 1.0 where the peak is measured.
+    matmul_efficiency: float = 0.7
+    attention_efficiency: float = 0.5
+
+    def needs(self, peak_bytes: int) -> float:
+        """Bytes a step with this tracked peak holds on the device, margins included."""
+        return peak_bytes * (1 + self.fragmentation) + self.reserved_gib * GIB
+
+    def fits(self, peak_bytes: int) -> bool:
+        return self.needs(peak_bytes) <= self.memory_gib * GIB
+
+    def headroom_gib(self, peak_bytes: int) -> float:
+        return (self.memory_gib * GIB - self.needs(peak_bytes)) / GIB
+
+
+DEVICES = {
+    "h100-80g": Device("h100-80g", 79.1, 989.0, 3.35, 450.0, 50.0),
+    "h200-141g": Device("h200-141g", 139.8, 989.0, 4.8, 450.0, 50.0),
+    "a100-80g": Device("a100-80g", 79.1, 312.0, 2.04, 300.0, 25.0),
+    "b200-192g": Device("b200-192g", 178.4, 2250.0, 8.0, 900.0, 50.0),
+}
+
+
+def parse_device(text: str) -> Device:
+    """A name of DEVICES, or custom:MEM_GIB,TFLOPS,NVLINK_GBPS,IB_GBPS[,HBM_TBPS] (HBM 3.35 if not
+    given; MEM net of the CUDA context and NCCL's buffers)."""
+    if text in DEVICES:
+        return DEVICES[text]
+    if not text.startswith("custom:"):
+        raise ValueError(
+            f"--gpu must be one of {sorted(DEVICES)} or custom:MEM,TFLOPS,NVLINK_GBPS,IB_GBPS, got {text!r}"
+        )
+    parts = text.removeprefix("custom:").split(",")
+    try:
+        values = [float(p) for p in parts]
+    except ValueError:
+        raise ValueError(
+            f"--gpu {text!r}: custom values must be numbers (MEM_GIB,TFLOPS,NVLINK_GBPS,IB_GBPS)"
+        ) from None
+    if len(values) not in (4, 5) or min(values) <= 0:
+        raise ValueError(
+            f"--gpu {text!r}: expected 4 or 5 positive numbers MEM_GIB,TFLOPS,NVLINK_GBPS,IB_GBPS[,HBM_TBPS], got {parts}"
+        )
+    mem, tflops, nvlink, ib = values[:4]
+    hbm = values[4] if len(values) == 5 else 3.35
+    # MEM is what the tensors may use: nothing reserved for a context; the allocator's margin stays.
+    return Device(text, mem, tflops, hbm, nvlink, ib, reserved_gib=0.0)
+
+
+def cpu_device(tflops: float, mem_gbps: float, memory_gib: float, workspace_mib: float) -> Device:
+    """This machine's CPU as a device, from measured rates: nothing reserved but the workspaces
+    (oneDNN's, the allocator's) the tracker does not see; kernels at the measured rate."""
+    base = Device("cpu", memory_gib, tflops, mem_gbps / 1000, 1e9, 1e9)
+    return replace(
+        base, reserved_gib=workspace_mib / 1024, fragmentation=0.0, matmul_efficiency=1.0, attention_efficiency=1.0
+    )

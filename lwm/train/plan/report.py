@@ -1,0 +1,89 @@
+"""What a plan prints and writes: a table, plan.json, and the plot of memory per GPU against
+sequence length (a line per mesh, the device's memory across)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from matplotlib.figure import Figure  # not pyplot: no display, no global figure state
+from tabulate import tabulate
+
+from lwm.train.plan.devices import GIB, Device
+
+
+def gib(n: float) -> str:
+    return f"{n / GIB:.2f}" if n >= GIB / 10 else f"{n / GIB:.5f}"
+
+
+def stage_table(rows: list[dict]) -> str:
+    head = ["stage", "tokens", "seqs/rank", "cp x dp", "peak GiB", "with margins"]
+    head += ["verdict", "step s", "tok/s/GPU", "MFU", "bound"]
+    body = [
+        [
+            r["stage"],
+            r["seq_len"],
+            r["batch"],
+            f"{r['cp']} x {r['dp']}",
+            gib(r["peak_bytes"]),
+            gib(r["needs_bytes"]),
+            r["verdict"],
+            f"{r['time']['seconds']:.3g}",
+            f"{r['time']['tokens_per_s_per_gpu']:.4g}",
+            f"{r['time']['mfu']:.0%}",
+            r["time"]["bound"],
+        ]
+        for r in rows
+    ]
+    return tabulate(body, head)
+
+
+def parts_lines(rows: list[dict]) -> list[str]:
+    return [
+        f"  {r['stage']}: " + ", ".join(f"{k} {gib(v)}" for k, v in r["parts"].items() if v) + " GiB at the peak"
+        for r in rows
+    ]
+
+
+def longest_table(found: list[dict]) -> str:
+    body = [[f"{f['cp']} x {f['dp']}", f["longest"] or "none", f["next_up"]] for f in found]
+    return tabulate(body, ["cp x dp", "longest that fits", "next up (does not fit)"])
+
+
+def infer_lines(infer: dict) -> list[str]:
+    p = infer["parts"]
+    return [
+        f"inference prefill of {infer['seq_len']} tokens over cp {infer['cp']}: peak {gib(infer['peak_bytes'])} GiB per rank "
+        f"(weights {gib(p['weights'])}, KV cache {gib(p['kv_cache'])}, temporaries {gib(p['temporaries'])}), "
+        f"{infer['verdict']}",
+        f"  prefill {infer['prefill_s']:.3g} s, decode {infer['decode_tokens_per_s']:.4g} tokens/s (bound: {infer['decode_bound']})",
+    ]
+
+
+def write_json(plan: dict, out: Path) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "plan.json"
+    path.write_text(json.dumps(plan, indent=2))
+    return path
+
+
+def plot(curves: dict[str, dict[int, int]], device: Device, out: Path) -> Path:
+    """curves: a label per mesh -> {seq_len: planned peak bytes}."""
+    out.mkdir(parents=True, exist_ok=True)
+    fig = Figure(figsize=(7, 4.5))
+    ax = fig.subplots()
+    for label, points in curves.items():
+        xs = sorted(points)
+        ax.plot(xs, [points[x] / GIB for x in xs], marker="o", label=label)
+    ax.axhline(device.memory_gib, color="red", linestyle="--", label=f"{device.name} memory")
+    usable = (device.memory_gib - device.reserved_gib) / (1 + device.fragmentation)
+    ax.axhline(usable, color="orange", linestyle=":", label="tracked peak that fits (margins off)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("sequence length (tokens)")
+    ax.set_ylabel("planned peak per GPU (GiB)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path = out / "memory.png"
+    fig.savefig(path, dpi=120)
+    return path
