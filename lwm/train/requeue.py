@@ -2,12 +2,13 @@
 
 SLURM warns a job before its time limit with the signal that `--signal=USR1@<seconds>` asks for,
 and stops a job that it preempts, requeues (`scontrol requeue`) or cancels with SIGTERM, then
-SIGKILL KillWait seconds later. A run whose ranks receive SIGUSR1 or SIGTERM finishes the step it
-is in; at that step's end the ranks agree (one rank's signal is enough), the stage stops and
-StageCheckpoint writes checkpoints/last.ckpt, as at stop_at_step. On SIGUSR1 rank 0 then requeues
-the job (a preempted or requeued job SLURM requeues itself), and the job, started again under its
-own id and so in its own folder, continues the run by itself: a job whose SLURM_RESTART_COUNT is
-above 0 runs as with resume=true. A fresh job never resumes unless told to (resume=true).
+SIGKILL KillWait seconds later. A run whose ranks receive SIGUSR1 or SIGTERM during a stage's steps
+finishes the step it is in; at that step's end the ranks agree (one rank's signal is enough), the
+stage stops and StageCheckpoint writes checkpoints/last.ckpt, as at stop_at_step (outside a stage's
+steps, with nothing to save, SIGTERM ends the run at once). On SIGUSR1 rank 0 then requeues the job
+(a preempted or requeued job SLURM requeues itself), and the job, started again under its own id
+and so in its own folder, continues the run by itself: a job whose SLURM_RESTART_COUNT is above 0
+runs as with resume=true. A fresh job never resumes unless told to (resume=true).
 
 Lightning's own SLURM requeue is not used: it saves from inside the signal handler, wherever the
 step is (a sharded save's collectives against the step's own), into hpc_ckpt_N.ckpt files that a
@@ -29,9 +30,12 @@ from lwm.train.console import is_rank0, say
 
 SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 _received: list[int] = []  # set by the handler: a handler may only note, the step decides
+_training = [False]  # a stage is between its first and last step, where a step boundary comes soon
 
 
 def _note(signum, frame) -> None:
+    if signum == signal.SIGTERM and not _training[0]:
+        raise SystemExit(128 + signum)  # nothing to save (starting, between stages, exporting): stop now
     _received.append(signum)
 
 
@@ -83,6 +87,13 @@ class StopOnSignal(L.Callback):
 
     def on_train_start(self, trainer, pl_module) -> None:
         install()  # over the handlers Lightning registers when fit starts
+        _training[0] = True
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        _training[0] = False
+
+    def on_exception(self, trainer, pl_module, exception) -> None:
+        _training[0] = False
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.strategy.reduce_boolean_decision(bool(_received), all=False):
