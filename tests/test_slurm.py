@@ -24,7 +24,7 @@ from safetensors.torch import load_file
 from test_train import DEBUG, ROOT, losses, train
 
 CLUSTER = ROOT / "scripts" / "slurm" / "local-cluster.sh"
-STEPS = 30  # stage a: long enough to be stopped at a random step; stage b keeps its 4
+STEPS = 20  # stage a: long enough to be stopped at a random step; stage b keeps its 4
 SMALL = [*DEBUG, f"schedule.stages.0.steps={STEPS}"]
 DONE = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL"}
 

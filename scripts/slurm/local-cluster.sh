@@ -45,8 +45,8 @@ ClusterName=lwm-local
 SlurmctldHost=$host
 SlurmUser=root
 AuthType=auth/munge
-# a requeued job may start again once its old credential expired (default 120 s)
-AuthInfo=cred_expire=10
+# a requeued job may start again once its old credential expired (default 120 s: the tests wait less)
+AuthInfo=cred_expire=5
 StateSaveLocation=$STATE/ctld
 SlurmdSpoolDir=$STATE/d
 SlurmctldPidFile=$STATE/slurmctld.pid
