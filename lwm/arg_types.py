@@ -147,3 +147,27 @@ def from_args(cls, args: argparse.Namespace):
         elif dataclasses.is_dataclass(hints[f.name]):
             values[f.name] = from_args(hints[f.name], args)
     return cls(**values)
+
+
+def to_argv(config) -> list[str]:
+    """The command line that gives `config` back through add_options and from_args: its options that
+    differ from their defaults, in field order (printed where one command runs another, so the user
+    can run the same)."""
+    argv: list[str] = []
+    for f, _, path in _options(type(config)):
+        value = config
+        for name in path:
+            value = getattr(value, name)
+        spec = f.metadata[_CLI]
+        if f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            default = f.default
+        if value == default:
+            continue
+        words = [value] if not isinstance(value, (list, tuple)) else list(value)
+        if isinstance(value, bool):
+            words = []  # a switch: store_true or store_false
+        flag = [] if spec["positional"] else [spec["flag"] or "--" + f.name.replace("_", "-")]
+        argv += flag + [f"{w:g}" if isinstance(w, float) else str(w) for w in words]
+    return argv

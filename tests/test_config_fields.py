@@ -18,7 +18,8 @@ Shown elsewhere (tests/test_train.py unless named):
   model.*                test_model_fields_and_schedule_name, test_conf_models_are_the_presets
   probe.path, probe.examples  tests/test_learning.py (200 held-out answers scored at the stage's start and end)
   evaluate.*             tests/test_learning.py (lwm/eval/needle.py after the run, every field in its needle.json);
-                         evaluate.lengths=null in every other test run (no needle/ folder)
+                         evaluate.lengths=null in every other test run (no needle/ folder); here: every
+                         field of the NeedleGrid reaches the needle command's run(config)
   data.holdout           tests/test_data.py (held-out examples never trained on), tests/test_learning.py
   parallel.document_mask, data.positions
                          tests/test_documents.py (the packed batch equals its examples one by one;
@@ -50,8 +51,13 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
+from lwm.arg_types import from_args
 from lwm.data import Vocab
+from lwm.eval import needle
+from lwm.eval.needle import NeedleConfig, NeedleGrid
+from lwm.infer.runtime import ModelOptions
 from lwm.model import ModelConfig, Transformer, token_coefficients
+from lwm.train import evaluate
 from lwm.train.config import OptimConfig, ParallelConfig, StageConfig, TrainerConfig
 from lwm.train.datamodule import LWMDataModule
 from lwm.train.entry import ensure_sample_data, to_run_config
@@ -570,3 +576,51 @@ def test_holdout_and_val_every_give_validation_losses(sample, tmp_path):
     rows = list(csv.DictReader(open(tmp_path / "a" / "logs" / "metrics.csv")))
     val = [float(r["val/loss"]) for r in rows if r.get("val/loss")]
     assert len(val) == 2 and all(math.isfinite(v) for v in val), val
+
+
+def test_evaluate_is_the_needle_commands_grid(tmp_path, monkeypatch, capsys):
+    """evaluate.* is lwm/eval/needle.py's NeedleGrid: every field set in the run's config reaches the
+    command's run(config), in a process of its own without the launcher's variables, on the last
+    stage's weights, the run's tokenizer and <out_dir>/needle; the printed command line gives that
+    config. The default run keeps its own grid (the README's: 128/512/2K, depths 0/50/100, 4 trials)."""
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        default = to_run_config(compose("train", overrides=[f"trainer.out_dir={tmp_path}"])).evaluate
+    assert default == NeedleGrid(
+        lengths=[128, 512, 2048],
+        depths=[0, 50, 100],
+        trials=4,
+        haystack="data/sample/needles/128/haystack.txt",
+        max_new_tokens=4,
+        digits=1,
+        instruction=False,
+    )
+    fields = ["lengths=[100,200]", "depths=[5,95]", "trials=3", "needles=2", "ask=1", "haystack=h.txt"]
+    fields += ["max_new_tokens=2", "seed=7", "digits=2", "instruction=true"]
+    run = run_config(tmp_path, *(f"evaluate.{f}" for f in fields))
+    given = []
+    monkeypatch.setattr(evaluate, "run_in_child", lambda fn, config, env: given.append((fn, config, env)) or 0)
+    monkeypatch.setenv("RANK", "0")
+    found = evaluate.evaluate_needles(run.evaluate, tmp_path / "b", run.data.tokenizer, tmp_path / "needle", "cpu")
+    assert found == tmp_path / "needle" / "needle.json"
+    ((fn, config, env),) = given
+    assert fn is needle.run and "RANK" not in env
+    assert config.grid == NeedleGrid(
+        lengths=[100, 200],
+        depths=[5, 95],
+        trials=3,
+        needles=2,
+        ask=1,
+        haystack="h.txt",
+        max_new_tokens=2,
+        seed=7,
+        digits=2,
+        instruction=True,
+    )
+    assert config.model == ModelOptions(model=str(tmp_path / "b"), tokenizer=run.data.tokenizer, device="cpu")
+    assert config.out == str(tmp_path / "needle")
+    line = capsys.readouterr().out.split("evaluating: -m lwm.eval.needle ")[1].split()
+    assert from_args(NeedleConfig, needle.build_parser().parse_args(line)) == config
+    with pytest.raises(
+        ValueError, match=r"evaluate.depths must lie in 0..100 \(percent of the context\), got \[101.0\]"
+    ):
+        run_config(tmp_path, "evaluate.depths=[101]")

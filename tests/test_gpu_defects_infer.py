@@ -16,15 +16,16 @@ from comm_contract import HOST, MOVES, HostTensors, _names_device
 from test_video_qa import StubSource, Tok
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from lwm import child
 from lwm.data.vocab import Vocab
+from lwm.eval.needle import NeedleGrid
 from lwm.eval.video_qa import run_video_qa
 from lwm.infer import GenerationConfig, Generator
 from lwm.infer import runtime as runtime_module
 from lwm.model import ModelConfig, Transformer
 from lwm.parallel import launch
 from lwm.parallel.launch import LAUNCH_VARIABLES, rank_device, run_distributed
-from lwm.train import evaluate
-from lwm.train.evaluate import NeedleEvalConfig, evaluate_needles
+from lwm.train.evaluate import evaluate_needles
 
 TORCHRUN = {"WORLD_SIZE": "4", "LOCAL_RANK": "2"}
 
@@ -182,8 +183,8 @@ def test_the_needle_evaluation_runs_alone_not_as_a_rank(monkeypatch, tmp_path):
         given.update(kwargs)
         return subprocess.CompletedProcess(cmd, 0)
 
-    monkeypatch.setattr(evaluate.subprocess, "run", fake_run)
-    evaluate_needles(NeedleEvalConfig(lengths=[64]), tmp_path / "model", "sp.model", tmp_path / "needle")
+    monkeypatch.setattr(child.subprocess, "run", fake_run)
+    evaluate_needles(NeedleGrid(lengths=[64]), tmp_path / "model", "sp.model", tmp_path / "needle")
     env = given.get("env")
     assert env is not None, "the evaluation inherits torchrun's RANK, WORLD_SIZE, MASTER_ADDR ..."
     assert not {*LAUNCH_VARIABLES, "TORCHELASTIC_RUN_ID"} & set(env) and env["KEPT"] == "yes"

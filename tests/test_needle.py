@@ -23,11 +23,13 @@ from lwm.data.text_tokenizer import TextTokenizer
 from lwm.data.vocab import Vocab
 from lwm.eval import needle as nd
 from lwm.eval.plots import color_at, grid_table, heatmap, human_count
+from lwm.infer.runtime import ModelOptions
 from lwm.synth import needle_prompts as prompts
 
 ROOT = Path(__file__).resolve().parents[1]
 
 TOKENIZER = ROOT / "data" / "sample" / "tokenizer.model"
+TEXT = ROOT / "data" / "sample" / "text.jsonl"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
 
 
@@ -477,3 +479,34 @@ def test_chat_training_examples_are_the_evaluation_prompts(tmp_path, tok):
     for r in map(json.loads, open(tmp_path / "bare" / "train.jsonl")):
         digits = [c for c in r["prompt"] if c.isdigit()]
         assert digits == [r["answer"][0]]  # the needle's number is the only one left
+
+
+def test_run_takes_every_field_of_its_config(hf_model, tok, tmp_path, capsys):
+    """run(NeedleConfig) in this process, as another command calls it: each field of the grid and
+    of the model's options lands in needle.json and in the trials."""
+    grid = nd.NeedleGrid(
+        lengths=[160],
+        depths=[30],
+        trials=2,
+        needles=2,
+        ask=1,
+        haystack=str(TEXT),
+        max_new_tokens=3,
+        seed=5,
+        digits=3,
+        instruction=False,
+    )
+    model = ModelOptions(model=str(hf_model), tokenizer=str(TOKENIZER), device="cpu", dtype="float32", layout="zigzag")
+    assert nd.run(nd.NeedleConfig(model=model, grid=grid, out=str(tmp_path / "o"))) == 0
+    res = json.loads((tmp_path / "o" / "needle.json").read_text())
+    same = nd.run_needle(Oracle(tok), tok, Vocab(tok.vocab_size), [160], [30], 2, needles=2, ask=1, haystack=TEXT,
+                         seed=5, digits=3, instruction="", max_new_tokens=3)  # fmt: skip
+    c = res["config"]
+    assert {k: c[k] for k in same["config"]} == same["config"]  # lengths ... instruction, haystack, seed, digits
+    assert (c["model"], c["tokenizer"], c["device"], c["dtype"], c["layout"]) == (
+        str(hf_model), str(TOKENIZER), "cpu", "float32", "zigzag"
+    )  # fmt: skip
+    placed = lambda r: [(n["city"], n["number"], n["position"], n["asked"]) for n in r["needles"]]  # noqa: E731
+    assert [placed(r) for r in same["trials"]] == [placed(r) for r in res["trials"]]  # the seed's needles
+    assert all(len(r["needles"]) == 2 and len(str(r["needles"][0]["number"])) == 3 for r in res["trials"])
+    assert "| depth \\ length |" in squeeze(capsys.readouterr().out)

@@ -130,7 +130,7 @@ def test_default_run_config_is_valid():
         (["+model.preset=tiny"], r"model: unknown key\(s\) \['preset'\] for ModelConfig"),
         (["optim.betas=[0.9]"], r"optim.betas: expected 2 values, got \[0.9\]"),
         (["schedule.stages.0.steps=many"], r"schedule.stages\[0\].steps: expected an integer, got 'many'"),
-        (["+evaluate.trails=3"], r"evaluate: unknown key\(s\) \['trails'\] for NeedleEvalConfig"),
+        (["+evaluate.trails=3"], r"evaluate: unknown key\(s\) \['trails'\] for NeedleGrid"),
     ],
 )
 def test_bad_input_is_refused_before_the_run(tmp_path, overrides, message, monkeypatch, capsys):

@@ -36,6 +36,7 @@ import random
 import re
 import sys
 import time
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Callable, Sequence
@@ -43,14 +44,16 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from lwm.arg_types import add_options, from_args, option
 from lwm.data.text_tokenizer import TextTokenizer
 from lwm.eval.plots import grid_table, heatmap, human_count
 from lwm.eval.trials import Autosave, announce, check_out_dir, finish, run_trials
 from lwm.infer import GenerationConfig
 from lwm.infer.load import find_tokenizer
-from lwm.infer.runtime import add_model_args, load_generator, start
+from lwm.infer.runtime import ModelOptions, load_generator, start
 from lwm.io import write_atomic
 from lwm.paths import REPO
+from lwm.ranks import is_rank0
 from lwm.synth.make_sample import ensure_sample
 from lwm.synth.needle_prompts import (
     CITIES,
@@ -68,6 +71,42 @@ from lwm.synth.needle_prompts import (
 )
 
 
+@dataclass(kw_only=True)
+class NeedleGrid:
+    """What the grid asks (training's `evaluate` is one, its own values in conf/train.yaml)."""
+
+    lengths: list[int] | None = option(
+        "whole-prompt lengths in tokens", default_factory=lambda: [1024, 2048], type=int, nargs="+"
+    )
+    depths: list[float] = option(
+        "needle depths, percent", default_factory=lambda: [0.0, 25.0, 50.0, 75.0, 100.0], type=float, nargs="+"
+    )
+    trials: int = option("trials per cell (a new city and number each)", 2)
+    needles: int = option("needles per context", 1)
+    ask: int | None = option("how many of the needles the question asks for (default: all)", None, type=int)
+    haystack: str | None = option(
+        f'text file, or JSON lines with "text" (default {DEFAULT_HAYSTACK.relative_to(REPO)})', None
+    )
+    max_new_tokens: int = option("tokens generated per answer", 16)
+    seed: int = option("seeds the needles' cities and numbers", 0)
+    digits: int = option("digits of the needles' numbers (LWM's: 7)", 7)
+    instruction: bool = option(
+        "leave LWM's instruction after the question out (as lwm/synth/make_retrieval.py --no-instruction)",
+        True,
+        flag="--no-instruction",
+        action="store_false",
+    )
+
+
+@dataclass(kw_only=True)
+class NeedleConfig:
+    """python -m lwm.eval.needle: the model, the grid and where its results go."""
+
+    model: ModelOptions
+    grid: NeedleGrid = field(default_factory=NeedleGrid)
+    out: str = option("results folder", "results/needle")
+
+
 def found_in(number: int, answer: str) -> bool:
     """The number appears in the answer, not as part of a longer run of digits ("1,234,567" counts)."""
     digits = re.sub(r"(?<=\d)[,\s_'](?=\d)", "", answer)
@@ -75,14 +114,15 @@ def found_in(number: int, answer: str) -> bool:
 
 
 def check_grid(lengths, depths, trials: int, needles: int, ask: int | None) -> None:
-    if not lengths:
+    """Each message names its field; lengths None is not checked (training's evaluate.lengths=null)."""
+    if lengths is not None and not lengths:
         raise ValueError("lengths: give at least one context length")
     if not depths:
         raise ValueError("depths: give at least one depth")
     bad = [d for d in depths if not 0 <= d <= 100]
     if bad:
         raise ValueError(f"depths must lie in 0..100 (percent of the context), got {bad}")
-    bad = [n for n in lengths if n < 1]
+    bad = [n for n in lengths or () if n < 1]
     if bad:
         raise ValueError(f"lengths must be positive token counts, got {bad}")
     if trials < 1:
@@ -91,6 +131,14 @@ def check_grid(lengths, depths, trials: int, needles: int, ask: int | None) -> N
         raise ValueError(f"needles must lie in 1..{len(CITIES)}, got {needles}")
     if ask is not None and not 1 <= ask <= needles:
         raise ValueError(f"ask must lie in 1..needles ({needles}), got {ask}")
+
+
+def check_options(grid: NeedleGrid) -> None:
+    """Every check of the grid's options that needs no file; each message names its field."""
+    check_grid(grid.lengths, grid.depths, grid.trials, grid.needles, grid.ask)
+    number_range(grid.digits)
+    if grid.max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {grid.max_new_tokens}")
 
 
 def check_lengths(tokenizer, lengths, needles: int, ask: int | None) -> None:
@@ -290,57 +338,36 @@ def build_parser() -> argparse.ArgumentParser:
         description="Needle-in-a-haystack evaluation (LWM's form) over context lengths x depths",
         epilog="Exit status: 0, 1 if some trial failed (recorded in needle.json), 2 for bad input.",
     )
-    add_model_args(p)
-    p.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048], help="whole-prompt lengths in tokens")
-    p.add_argument("--depths", type=float, nargs="+", default=[0, 25, 50, 75, 100], help="needle depths, percent")
-    p.add_argument("--trials", type=int, default=2, help="trials per cell (a new city and number each)")
-    p.add_argument("--needles", type=int, default=1, help="needles per context")
-    p.add_argument("--ask", type=int, help="how many of the needles the question asks for (default: all)")
-    p.add_argument(
-        "--haystack",
-        type=Path,
-        help=f'text file, or JSON lines with "text" (default {DEFAULT_HAYSTACK.relative_to(REPO)})',
-    )
-    p.add_argument("--out", type=Path, default=Path("results/needle"))
-    p.add_argument("--max-new-tokens", type=int, default=16)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--digits", type=int, default=7, help="digits of the needles' numbers (LWM's: 7)")
-    p.add_argument(
-        "--no-instruction",
-        action="store_true",
-        help="leave LWM's instruction after the question out (as lwm/synth/make_retrieval.py --no-instruction)",
-    )
-    return p
+    return add_options(p, NeedleConfig)
 
 
-def validate(args) -> Haystack:
+def validate(config: NeedleConfig) -> Haystack:
     """Every check that needs no weights, before they load -> the haystack; raises FileNotFoundError or
     ValueError naming the input."""
-
-    check_grid(args.lengths, args.depths, args.trials, args.needles, args.ask)
-    number_range(args.digits)
-    if args.max_new_tokens < 1:
-        raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    if not Path(args.model).exists():
-        raise FileNotFoundError(f"model {args.model} does not exist")
-    check_out_dir(args.out)
-    tokenizer = TextTokenizer(find_tokenizer(Path(args.model), args.tokenizer))
-    check_lengths(tokenizer, args.lengths, args.needles, args.ask)
-    if args.haystack is None and not DEFAULT_HAYSTACK.exists():  # the sample data is made, not committed
+    grid, model = config.grid, config.model
+    if grid.lengths is None:
+        raise ValueError("lengths: give at least one context length")
+    check_options(grid)
+    if not Path(model.model).exists():
+        raise FileNotFoundError(f"model {model.model} does not exist")
+    check_out_dir(Path(config.out))
+    tokenizer = TextTokenizer(find_tokenizer(Path(model.model), model.tokenizer))
+    check_lengths(tokenizer, grid.lengths, grid.needles, grid.ask)
+    if grid.haystack is None and not DEFAULT_HAYSTACK.exists():  # the sample data is made, not committed
         with contextlib.redirect_stdout(sys.stderr):  # stdout is the grid's
             ensure_sample()
-    return Haystack.from_file(tokenizer, args.haystack or DEFAULT_HAYSTACK, max(args.lengths) + 4096)
+    return Haystack.from_file(tokenizer, grid.haystack or DEFAULT_HAYSTACK, max(grid.lengths) + 4096)
 
 
-def _so_far(args, run_info: dict, records: list[dict]) -> dict:
+def _so_far(grid: NeedleGrid, run_info: dict, records: list[dict]) -> dict:
     """needle.json while the grid runs."""
     config = {
         **run_info,
-        "lengths": args.lengths,
-        "depths": [float(d) for d in args.depths],
-        "trials": args.trials,
-        "needles": args.needles,
-        "ask": args.ask or args.needles,
+        "lengths": grid.lengths,
+        "depths": [float(d) for d in grid.depths],
+        "trials": grid.trials,
+        "needles": grid.needles,
+        "ask": grid.ask or grid.needles,
         "complete": False,
     }
     return {"config": config, "trials": records}
@@ -358,9 +385,9 @@ def _report(results: dict, out: Path, title: str) -> list[str]:
     ]
 
 
-def _title(args) -> str:
-    model = Path(args.model).resolve()
-    many = f", {args.needles} needles ({args.ask or args.needles} asked)" if args.needles > 1 else ""
+def _title(config: NeedleConfig) -> str:
+    model, grid = Path(config.model.model).resolve(), config.grid
+    many = f", {grid.needles} needles ({grid.ask or grid.needles} asked)" if grid.needles > 1 else ""
     return f"Needle in a haystack: {model.parent.name}/{model.name}{many}"
 
 
@@ -368,49 +395,49 @@ def _trial_name(r: dict) -> str:
     return f"length {r['length']} depth {r['depth']:g} trial {r['trial']}"
 
 
-def run(args, runtime, loaded, gen, haystack: Haystack) -> int:
-    """The grid on the loaded model; rank 0 saves as it goes, writes and prints -> exit status."""
+def run(config: NeedleConfig) -> int:
+    """The command: checks, the model, the grid; rank 0 saves as it goes, writes and prints -> exit
+    status (0, 1 if some trial failed, 2 for bad input, said on stderr)."""
+    runtime = start(config.model.device)
+    try:  # every check that needs no weights comes before loading them
+        haystack = validate(config)
+        loaded, gen = load_generator(config.model, runtime)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"needle: {e}", file=sys.stderr)
+        return 2
+    grid, out = config.grid, Path(config.out)
     run_info = {
-        "model": str(args.model),
+        "model": str(config.model.model),
         "tokenizer": str(loaded.tokenizer.path),
         "device": runtime.device,
         "dtype": str(next(loaded.model.parameters()).dtype).replace("torch.", ""),
         "world_size": runtime.world,
-        "layout": args.layout,
+        "layout": config.model.layout,
     }
-    announce(runtime, "needle", len(args.lengths), len(args.depths), args.trials)
+    announce(runtime, "needle", len(grid.lengths), len(grid.depths), grid.trials)
     results = run_needle(
         gen,
         loaded.tokenizer,
         loaded.vocab,
-        args.lengths,
-        args.depths,
-        args.trials,
-        needles=args.needles,
-        ask=args.ask,
+        grid.lengths,
+        grid.depths,
+        grid.trials,
+        needles=grid.needles,
+        ask=grid.ask,
         haystack=haystack,
-        max_new_tokens=args.max_new_tokens,
-        seed=args.seed,
-        digits=args.digits,
-        instruction="" if args.no_instruction else INSTRUCTION,
-        progress=runtime.rank == 0,
-        on_trial=Autosave(args.out / "needle.json", partial(_so_far, args, run_info), runtime.rank),
+        max_new_tokens=grid.max_new_tokens,
+        seed=grid.seed,
+        digits=grid.digits,
+        instruction=INSTRUCTION if grid.instruction else "",
+        progress=is_rank0(),
+        on_trial=Autosave(out / "needle.json", partial(_so_far, grid, run_info)),
     )
     results["config"] = {**run_info, **results["config"], "complete": True}
-    return finish(runtime, results, lambda: _report(results, args.out, _title(args)), _trial_name)
+    return finish(runtime, results, lambda: _report(results, out, _title(config)), _trial_name)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-
-    runtime = start(args.device)
-    try:  # every check that needs no weights comes before loading them
-        haystack = validate(args)
-        loaded, gen = load_generator(args, runtime)
-    except (FileNotFoundError, ValueError) as e:
-        print(f"needle: {e}", file=sys.stderr)
-        return 2
-    return run(args, runtime, loaded, gen, haystack)
+    return run(from_args(NeedleConfig, build_parser().parse_args(argv)))
 
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@ from typing import Callable, Sequence
 import numpy as np
 from tqdm import tqdm
 
+from lwm.ranks import is_rank0
+
 
 def check_out_dir(out: Path) -> None:
     """Refuse a results folder that cannot be made (a file on its path, no write access), before the
@@ -57,12 +59,12 @@ def run_trials(
 class Autosave:
     """An on_trial that rewrites `path` with partial(records) on rank 0, at most every 30 s."""
 
-    def __init__(self, path: Path, partial: Callable[[list[dict]], dict], rank: int, every: float = 30.0):
-        self.path, self.partial, self.rank, self.every = path, partial, rank, every
+    def __init__(self, path: Path, partial: Callable[[list[dict]], dict], every: float = 30.0):
+        self.path, self.partial, self.every = path, partial, every
         self.last = 0.0  # so the first trial is saved
 
     def __call__(self, record: dict, records: list[dict]) -> None:
-        if self.rank == 0 and time.monotonic() - self.last >= self.every:
+        if is_rank0() and time.monotonic() - self.last >= self.every:
             self.last = time.monotonic()
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.path.write_text(json.dumps(self.partial(records), indent=1))
@@ -70,7 +72,7 @@ class Autosave:
 
 def announce(runtime, name: str, lengths: int, depths: int, trials: int) -> None:
     """The grid's size on stderr (stdout is the report's), from rank 0."""
-    if runtime.rank == 0:
+    if is_rank0():
         print(
             f"{name}: {lengths} lengths x {depths} depths x {trials} trials on {runtime.world} process(es), "
             f"{runtime.device}",
@@ -81,7 +83,7 @@ def announce(runtime, name: str, lengths: int, depths: int, trials: int) -> None
 def finish(runtime, results: dict, report: Callable[[], list[str]], trial_name: Callable[[dict], str]) -> int:
     """The end of a grid command: on rank 0, report() (which writes the outputs) -> lines for stdout,
     then each failed trial to stderr; the process group ends. -> 1 if a trial failed, else 0."""
-    if runtime.rank == 0:
+    if is_rank0():
         for line in report():
             print(line)
         for r in results["trials"]:

@@ -32,26 +32,54 @@ import json
 import re
 import sys
 import time
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
 
+from lwm.arg_types import add_options, from_args, option
 from lwm.data.chat import chat_prompt
 from lwm.eval.plots import grid_table, heatmap
 from lwm.eval.trials import Autosave, announce, check_out_dir, finish, run_trials
 from lwm.infer import GenerationConfig
 from lwm.infer.prompt import DEFAULT_VQGAN
-from lwm.infer.runtime import add_model_args, load_generator, require_paths, start
+from lwm.infer.runtime import ModelOptions, load_generator, start
 from lwm.interop.vqgan_sources import load_vqgan
 from lwm.io import write_atomic
+from lwm.ranks import is_rank0
 from lwm.synth.make_vniah import NEEDLE_COLORS, QUESTION, code_pool
 
 METHODS = ("generated", "ll")
 EVAL_SEED = 3 * 10**6  # the frame pools: make_vniah trains on seed 0.. and holds out 10**6..
 ANSWERS = [f"{c.capitalize()}." for c in NEEDLE_COLORS]
 _COLOR_WORD = re.compile(r"\b(" + "|".join(NEEDLE_COLORS) + r")\b", re.IGNORECASE)
+
+
+@dataclass(kw_only=True)
+class VniahConfig:
+    """python -m lwm.eval.vniah: the model, the VQGAN, the grid and where its results go."""
+
+    model: ModelOptions
+    vqgan: str = option("the VQGAN that encodes the frames (safetensors)", str(DEFAULT_VQGAN))
+    frames: list[int] = option(
+        "video lengths in frames (1 fps)", default_factory=lambda: [2, 4, 6], type=int, nargs="+"
+    )
+    depths: list[float] = option(
+        "needle depths, percent", default_factory=lambda: [0.0, 25.0, 50.0, 75.0, 100.0], type=float, nargs="+"
+    )
+    trials: int = option("trials per cell (another needle and haystack each)", 4)
+    methods: list[str] = option(
+        "generated: the greedy answer names the color; ll: the color's answer is the most likely",
+        default_factory=lambda: list(METHODS),
+        nargs="+",
+        choices=METHODS,
+    )
+    pool: int = option("frames per color and of the haystack, encoded once", 20)
+    max_new_tokens: int = option("tokens generated per answer", 4)
+    seed: int = option("seeds the frame pools and each trial's video", 0)
+    out: str = option("results folder", "results/vniah")
 
 
 def check_grid(frames: Sequence[int], depths: Sequence[float], trials: int, pool: int) -> None:
@@ -251,29 +279,20 @@ def build_parser() -> argparse.ArgumentParser:
         description="Visual needle in a video haystack over video lengths x needle depths",
         epilog="Exit status: 0, 1 if some trial failed (recorded in vniah.json), 2 for bad input.",
     )
-    add_model_args(p)
-    p.add_argument("--vqgan", type=Path, default=DEFAULT_VQGAN, help="the VQGAN that encodes the frames (safetensors)")
-    p.add_argument("--frames", type=int, nargs="+", default=[2, 4, 6], help="video lengths in frames (1 fps)")
-    p.add_argument("--depths", type=float, nargs="+", default=[0, 25, 50, 75, 100], help="needle depths, percent")
-    p.add_argument("--trials", type=int, default=4, help="trials per cell (another needle and haystack each)")
-    p.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
-    p.add_argument("--pool", type=int, default=20, help="frames per color and of the haystack, encoded once")
-    p.add_argument("--max-new-tokens", type=int, default=4)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, default=Path("results/vniah"))
-    return p
+    return add_options(p, VniahConfig)
 
 
-def validate(parser, args) -> None:
-    """Every check that needs no weights, before they load; a failure exits 2 naming the option."""
-    require_paths(parser, args, "--model", "--tokenizer", "--vqgan")
-    try:
-        check_grid(args.frames, args.depths, args.trials, args.pool)
-        if args.max_new_tokens < 1:
-            raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-        check_out_dir(args.out)
-    except ValueError as e:
-        parser.error(str(e))
+def check(config: VniahConfig) -> None:
+    """Every check that needs no weights, before they load; raises FileNotFoundError or ValueError
+    naming the option."""
+    paths = {"--model": config.model.model, "--tokenizer": config.model.tokenizer, "--vqgan": config.vqgan}
+    for flag, value in paths.items():
+        if value is not None and not Path(value).exists():
+            raise FileNotFoundError(f"{flag} {value} does not exist")
+    check_grid(config.frames, config.depths, config.trials, config.pool)
+    if config.max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be >= 1, got {config.max_new_tokens}")
+    check_out_dir(Path(config.out))
 
 
 def _report(results: dict, out: Path) -> list[str]:
@@ -300,50 +319,55 @@ def _trial_name(r: dict) -> str:
     return f"{r['frames']} frames depth {r['depth']:g} trial {r['trial']}"
 
 
-def run(args, runtime, loaded, gen, vqgan) -> int:
-    """The grid on the loaded model; rank 0 saves as it goes, writes and prints -> exit status."""
+def run(config: VniahConfig) -> int:
+    """The command: checks (raising for bad input), the model and VQGAN, the grid; rank 0 saves as
+    it goes, writes and prints -> exit status (0, 1 if some trial failed, 2 if loading failed)."""
+    check(config)
+    runtime = start(config.model.device)
+    try:
+        vqgan = load_vqgan(config.vqgan).eval()
+        loaded, gen = load_generator(config.model, runtime)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"vniah: {e}", file=sys.stderr)
+        return 2
+    out = Path(config.out)
     run_info = {
-        "model": str(args.model),
+        "model": str(config.model.model),
         "tokenizer": str(loaded.tokenizer.path),
-        "vqgan": str(args.vqgan),
+        "vqgan": str(config.vqgan),
         "device": runtime.device,
         "world_size": runtime.world,
-        "layout": args.layout,
+        "layout": config.model.layout,
         "dtype": str(next(loaded.model.parameters()).dtype).replace("torch.", ""),
     }
-    announce(runtime, "vniah", len(args.frames), len(args.depths), args.trials)
+    announce(runtime, "vniah", len(config.frames), len(config.depths), config.trials)
     results = run_vniah(
         gen,
         loaded.tokenizer,
         loaded.vocab,
         vqgan,
-        args.frames,
-        args.depths,
-        args.trials,
-        methods=args.methods,
-        pool=args.pool,
-        seed=args.seed,
-        max_new_tokens=args.max_new_tokens,
-        progress=runtime.rank == 0,
-        on_trial=Autosave(args.out / "vniah.json", partial(_so_far, run_info), runtime.rank),
+        config.frames,
+        config.depths,
+        config.trials,
+        methods=config.methods,
+        pool=config.pool,
+        seed=config.seed,
+        max_new_tokens=config.max_new_tokens,
+        progress=is_rank0(),
+        on_trial=Autosave(out / "vniah.json", partial(_so_far, run_info)),
     )
     results["config"] = {**run_info, **results["config"], "complete": True}
-    return finish(runtime, results, lambda: _report(results, args.out), _trial_name)
+    return finish(runtime, results, lambda: _report(results, out), _trial_name)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    validate(parser, args)
-
-    runtime = start(args.device)
-    try:
-        vqgan = load_vqgan(args.vqgan).eval()
-        loaded, gen = load_generator(args, runtime)
+    config = from_args(VniahConfig, parser.parse_args(argv))
+    try:  # bad input exits 2 with the usage, before anything loads
+        check(config)
     except (FileNotFoundError, ValueError) as e:
-        print(f"vniah: {e}", file=sys.stderr)
-        return 2
-    return run(args, runtime, loaded, gen, vqgan)
+        parser.error(str(e))
+    return run(config)
 
 
 if __name__ == "__main__":

@@ -37,8 +37,10 @@ import json
 import random
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
+from lwm.arg_types import add_options, from_args, option
 from lwm.data.text_tokenizer import TextTokenizer
 from lwm.paths import SAMPLE
 from lwm.synth.needle_prompts import (
@@ -58,6 +60,46 @@ from lwm.synth.needle_prompts import (
 DEFAULT_TOKENIZER = SAMPLE / "tokenizer.model"
 
 HELDOUT_SEED = 10**6  # held-out examples use seeds from here on: never trained on
+
+
+@dataclass(kw_only=True)
+class RetrievalConfig:
+    """python -m lwm.synth.make_retrieval: what to write and where."""
+
+    out: Path = option("output folder: train.jsonl, heldout.jsonl", type=Path)
+    n: int = option("training examples (seeds 0 .. n-1)", 4000)
+    heldout: int = option("held-out examples, from a disjoint seed range", 200)
+    needles: int = option("needles per example", 4)
+    ask: int = option("how many of the needles are asked for", 2)
+    digits: int = option("digits of the needles' numbers (1: ten answers, chance one in ten)", 1)
+    filler: int = option("at most this many words of text before each needle", 6)
+    haystack: Path = option('text file, or JSON lines with a "text" field', DEFAULT_HAYSTACK, type=Path)
+    form: str = option(
+        "plain: context, question, answer; chat: lwm/eval/needle.py's prompts (LWM's chat form)",
+        "plain",
+        choices=["plain", "chat"],
+    )
+    lengths: list[int] = option(
+        "chat: whole-prompt lengths in tokens, uniform in [LOW, HIGH]",
+        default_factory=lambda: [128, 512],
+        type=int,
+        nargs=2,
+        metavar=("LOW", "HIGH"),
+    )
+    tokenizer: Path = option("chat: the sentencepiece model", DEFAULT_TOKENIZER, type=Path)
+    numberless: bool = option(
+        "drop the haystack's sentences that hold a digit; the text used is written to OUT/haystack.txt "
+        "(give it to lwm/eval/needle.py --haystack)",
+        False,
+        action="store_true",
+    )
+    instruction: bool = option(
+        "chat: leave out LWM's instruction after the question (a curriculum's first step: a small "
+        "model learns the retrieval with the question next to the answer, then the full form)",
+        True,
+        flag="--no-instruction",
+        action="store_false",
+    )
 
 
 def words_of(path: Path) -> list[str]:
@@ -153,102 +195,65 @@ def write(path: Path, rows) -> None:
     tmp.replace(path)
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--n", type=int, default=4000)
-    p.add_argument("--heldout", type=int, default=200)
-    p.add_argument("--needles", type=int, default=4)
-    p.add_argument("--ask", type=int, default=2)
-    p.add_argument("--digits", type=int, default=1)
-    p.add_argument("--filler", type=int, default=6, help="at most this many words of text before each needle")
-    p.add_argument("--haystack", type=Path, default=DEFAULT_HAYSTACK)
-    p.add_argument(
-        "--form",
-        choices=["plain", "chat"],
-        default="plain",
-        help="plain: context, question, answer; chat: lwm/eval/needle.py's prompts (LWM's chat form)",
-    )
-    p.add_argument(
-        "--lengths",
-        type=int,
-        nargs=2,
-        default=[128, 512],
-        metavar=("LOW", "HIGH"),
-        help="chat: whole-prompt lengths in tokens, uniform in [LOW, HIGH]",
-    )
-    p.add_argument("--tokenizer", type=Path, default=DEFAULT_TOKENIZER, help="chat: the sentencepiece model")
-    p.add_argument(
-        "--numberless",
-        action="store_true",
-        help="drop the haystack's sentences that hold a digit; the text used is written to OUT/haystack.txt "
-        "(give it to lwm/eval/needle.py --haystack)",
-    )
-    p.add_argument(
-        "--no-instruction",
-        action="store_true",
-        help="chat: leave out LWM's instruction after the question (a curriculum's first step: a small "
-        "model learns the retrieval with the question next to the answer, then the full form)",
-    )
-    args = p.parse_args(argv)
-    if not 1 <= args.ask <= args.needles <= len(CITIES):
-        p.error(f"need 1 <= --ask ({args.ask}) <= --needles ({args.needles}) <= {len(CITIES)}")
-    if args.digits < 1 or args.n < 1 or args.heldout < 1 or args.filler < 0:
-        p.error("--digits, --n and --heldout must be positive and --filler >= 0")
-    if not args.haystack.is_file():
-        p.error(f"--haystack {args.haystack} does not exist")
-    args.out.mkdir(parents=True, exist_ok=True)
-    if args.numberless:
-        try:
-            text = numberless(args.haystack)
-        except ValueError as e:
-            p.error(str(e))
-        args.haystack = args.out / "haystack.txt"
-        args.haystack.write_text(text)
-    words = words_of(args.haystack)
-    if len(words) <= args.filler:
-        p.error(f"--haystack {args.haystack} has {len(words)} words, fewer than --filler {args.filler}")
-    if args.needles > len(number_range(args.digits)):
-        p.error(
-            f"--needles {args.needles} need distinct numbers; --digits {args.digits} give {len(number_range(args.digits))}"
+def run(config: RetrievalConfig) -> int:
+    """Writes OUT/train.jsonl and OUT/heldout.jsonl -> 0; bad input raises ValueError naming the option
+    (OUT is made before the checks that read the haystack, as they may write OUT/haystack.txt)."""
+    c = config
+    if not 1 <= c.ask <= c.needles <= len(CITIES):
+        raise ValueError(f"need 1 <= --ask ({c.ask}) <= --needles ({c.needles}) <= {len(CITIES)}")
+    if c.digits < 1 or c.n < 1 or c.heldout < 1 or c.filler < 0:
+        raise ValueError("--digits, --n and --heldout must be positive and --filler >= 0")
+    if not c.haystack.is_file():
+        raise ValueError(f"--haystack {c.haystack} does not exist")
+    c.out.mkdir(parents=True, exist_ok=True)
+    haystack = c.haystack
+    if c.numberless:
+        haystack = c.out / "haystack.txt"
+        haystack.write_text(numberless(c.haystack))
+    words = words_of(haystack)
+    if len(words) <= c.filler:
+        raise ValueError(f"--haystack {haystack} has {len(words)} words, fewer than --filler {c.filler}")
+    if c.needles > len(number_range(c.digits)):
+        raise ValueError(
+            f"--needles {c.needles} need distinct numbers; --digits {c.digits} give {len(number_range(c.digits))}"
         )
-    if args.form == "chat":
-        if not args.tokenizer.is_file():
-            p.error(f"--tokenizer {args.tokenizer} does not exist")
-        if not 1 <= args.lengths[0] <= args.lengths[1]:
-            p.error(f"--lengths {args.lengths[0]} {args.lengths[1]}: need 1 <= LOW <= HIGH")
-        tokenizer = TextTokenizer(args.tokenizer)
-        haystack = Haystack.from_file(tokenizer, args.haystack, args.lengths[1] + 4096)
-        try:
-            chat_example(
-                0,
-                tokenizer,
-                haystack,
-                (args.lengths[0],) * 2,
-                args.needles,
-                args.ask,
-                args.digits,
-                "" if args.no_instruction else INSTRUCTION,
-            )
-        except ValueError as e:  # the shortest prompt cannot hold the template and needles
-            p.error(f"--lengths {args.lengths[0]}: {e}")
-        instruction = "" if args.no_instruction else INSTRUCTION
-        make = lambda seed: chat_example(  # noqa: E731
-            seed,
-            tokenizer,
-            haystack,
-            tuple(args.lengths),
-            args.needles,  # noqa: E731
-            args.ask,
-            args.digits,
-            instruction,
-        )
+    if c.form == "chat":
+        make = _chat_maker(c, haystack)
     else:
-        make = lambda seed: example(seed, words, args.needles, args.ask, args.digits, args.filler)  # noqa: E731
-    write(args.out / "train.jsonl", (make(s) for s in range(args.n)))
-    write(args.out / "heldout.jsonl", (make(HELDOUT_SEED + s) for s in range(args.heldout)))
-    print(f"wrote {args.n} training and {args.heldout} held-out examples to {args.out}")
+        make = lambda seed: example(seed, words, c.needles, c.ask, c.digits, c.filler)  # noqa: E731
+    write(c.out / "train.jsonl", (make(s) for s in range(c.n)))
+    write(c.out / "heldout.jsonl", (make(HELDOUT_SEED + s) for s in range(c.heldout)))
+    print(f"wrote {c.n} training and {c.heldout} held-out examples to {c.out}")
     return 0
+
+
+def _chat_maker(c: RetrievalConfig, path: Path):
+    """seed -> a chat example of `c`, once the shortest prompt is known to hold the template and needles."""
+    if not c.tokenizer.is_file():
+        raise ValueError(f"--tokenizer {c.tokenizer} does not exist")
+    low, high = c.lengths
+    if not 1 <= low <= high:
+        raise ValueError(f"--lengths {low} {high}: need 1 <= LOW <= HIGH")
+    tokenizer = TextTokenizer(c.tokenizer)
+    haystack = Haystack.from_file(tokenizer, path, high + 4096)
+    instruction = INSTRUCTION if c.instruction else ""
+    try:
+        chat_example(0, tokenizer, haystack, (low, low), c.needles, c.ask, c.digits, instruction)
+    except ValueError as e:  # the shortest prompt cannot hold the template and needles
+        raise ValueError(f"--lengths {low}: {e}") from None
+    return lambda seed: chat_example(seed, tokenizer, haystack, (low, high), c.needles, c.ask, c.digits, instruction)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    return add_options(argparse.ArgumentParser(description=__doc__.split("\n\n")[0]), RetrievalConfig)
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    try:
+        return run(from_args(RetrievalConfig, parser.parse_args(argv)))
+    except ValueError as e:
+        parser.error(str(e))
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from lwm.paths import SAMPLE
 from lwm.synth import make_retrieval
 from lwm.synth.make_sample import ensure_sample
 from lwm.train.console import say
+from lwm.train.evaluate import check as check_evaluation
 from lwm.train.run import DataSpec, RunConfig
 from lwm.train.run_dir import register_resolver
 
@@ -40,7 +41,9 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
             say(f"note: model.vocab_size {model.vocab_size} set to {rows} for {data.tokenizer}")
             model = model.replace(vocab_size=rows)
     run = {k: v for k, v in c.items() if k not in ("model", "data")}
-    return from_dict(RunConfig, {**run, "model": model, "data": data})
+    run = from_dict(RunConfig, {**run, "model": model, "data": data})
+    check_evaluation(run.evaluate)
+    return run
 
 
 # The sample's needle sets (lwm.synth.make_retrieval): LWM's needle and question in the chat form, 1-digit
@@ -54,10 +57,8 @@ def ensure_sample_needles(root: Path = SAMPLE / "needles") -> None:
     for name, (low, high, n) in SAMPLE_NEEDLES.items():
         if (root / name / "heldout.jsonl").is_file():
             continue
-        form = ["--form", "chat", "--needles", "1", "--ask", "1", "--numberless", "--no-instruction"]
-        code = make_retrieval.main(form + ["--lengths", str(low), str(high), "--n", str(n), "--out", str(root / name)])
-        if code:
-            raise RuntimeError(f"making the sample's needle set {root / name} failed (exit status {code})")
+        chat = dict(form="chat", needles=1, ask=1, numberless=True, instruction=False)
+        make_retrieval.run(make_retrieval.RetrievalConfig(**chat, lengths=[low, high], n=n, out=root / name))
 
 
 def ensure_sample_data(data: DataSpec) -> None:

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from lwm.data import DataConfig, Source
 from lwm.data.batches import StreamOptions
 from lwm.data.vocab import Vocab
+from lwm.eval.needle import NeedleGrid
 from lwm.interop.hf import config_from_hf, from_hf
 from lwm.interop.hf_files import read_hf_config
 from lwm.model import ModelConfig
@@ -35,7 +36,7 @@ from lwm.train.checkpointing import AtomicCheckpointIO, AtomicModelParallelStrat
 from lwm.train.config import OptimConfig, ParallelConfig, ScheduleConfig, StageConfig, TrainerConfig
 from lwm.train.console import say
 from lwm.train.datamodule import LWMDataModule
-from lwm.train.evaluate import NeedleEvalConfig, evaluate_needles
+from lwm.train.evaluate import evaluate_needles
 from lwm.train.export import codes_vqgan, export_weights
 from lwm.train.module import LWMModule
 from lwm.train.probe import AnswerProbe, ProbeConfig
@@ -79,7 +80,7 @@ class RunConfig:
     export: bool = True
     stop_at_step: int | None = None  # stop a stage early (a job's time limit; tests of resume)
     probe: ProbeConfig = field(default_factory=ProbeConfig)  # held-out answers scored at each stage's start and end
-    evaluate: NeedleEvalConfig = field(default_factory=NeedleEvalConfig)  # a needle grid after the last stage
+    evaluate: NeedleGrid = field(default_factory=NeedleGrid)  # a needle grid after the last stage (conf/train.yaml)
 
 
 def validate(cfg: RunConfig) -> None:
