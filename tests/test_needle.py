@@ -22,6 +22,7 @@ from lwm.data.chat import chat_prompt
 from lwm.data.text_tokenizer import TextTokenizer
 from lwm.data.vocab import Vocab
 from lwm.eval import needle as nd
+from lwm.eval import needle_grid as ng
 from lwm.eval.plots import color_at, grid_table, heatmap, human_count
 from lwm.infer.runtime import ModelOptions
 from lwm.synth import needle_prompts as prompts
@@ -155,13 +156,13 @@ def test_haystack_inputs(tok, tmp_path):
 
 
 def test_scoring():
-    assert nd.found_in(4821937, "The special magic Paris number is: 4821937.")
-    assert nd.found_in(4821937, "4,821,937")
-    assert nd.found_in(4821937, "4821937")
-    assert not nd.found_in(4821937, "48219370")  # part of a longer number
-    assert not nd.found_in(4821937, "14821937")
-    assert not nd.found_in(4821937, "482193")
-    assert not nd.found_in(4821937, "I don't know.")
+    assert ng.found_in(4821937, "The special magic Paris number is: 4821937.")
+    assert ng.found_in(4821937, "4,821,937")
+    assert ng.found_in(4821937, "4821937")
+    assert not ng.found_in(4821937, "48219370")  # part of a longer number
+    assert not ng.found_in(4821937, "14821937")
+    assert not ng.found_in(4821937, "482193")
+    assert not ng.found_in(4821937, "I don't know.")
 
 
 # --- run_needle with stub generators ---------------------------------------------------------------
@@ -195,17 +196,17 @@ def test_stub_that_answers_gets_1_and_one_that_does_not_gets_0(tok, hay):
     vocab = Vocab(tok.vocab_size)
     lengths, depths = [200, 600], [0, 50, 100]
     oracle = Oracle(tok)
-    good = nd.run_needle(oracle, tok, vocab, lengths, depths, trials=2, haystack=hay)
+    good = ng.run_needle(oracle, tok, vocab, lengths, depths, trials=2, haystack=hay)
     assert good["accuracy"] == 1.0 and good["trials_failed"] == 0
     assert [c["accuracy"] for c in good["cells"]] == [1.0] * 6
     assert [len(p) for p in oracle.prompts] == [n for n in lengths for _ in depths for _ in range(2)]
     assert len(good["trials"]) == 12 and all(r["correct"] and r["prompt_tokens"] == r["length"] for r in good["trials"])
     cities = {(r["length"], r["depth"], r["trial"]): (r["city"], r["number"]) for r in good["trials"]}
     assert len(set(cities.values())) > 6  # a new city and number per trial
-    bad = nd.run_needle(Wrong(tok), tok, vocab, lengths, depths, trials=2, haystack=hay)
+    bad = ng.run_needle(Wrong(tok), tok, vocab, lengths, depths, trials=2, haystack=hay)
     assert bad["accuracy"] == 0.0 and [c["accuracy"] for c in bad["cells"]] == [0.0] * 6
     assert bad["trials"][0]["answer"] == "I do not know the number 1234."
-    again = nd.run_needle(Oracle(tok), tok, vocab, lengths, depths, trials=2, haystack=hay)
+    again = ng.run_needle(Oracle(tok), tok, vocab, lengths, depths, trials=2, haystack=hay)
     assert cities == {
         (r["length"], r["depth"], r["trial"]): (r["city"], r["number"]) for r in again["trials"]
     }  # seeded
@@ -213,7 +214,7 @@ def test_stub_that_answers_gets_1_and_one_that_does_not_gets_0(tok, hay):
 
 def test_multi_needle_bookkeeping(tok, hay):
     vocab = Vocab(tok.vocab_size)
-    res = nd.run_needle(
+    res = ng.run_needle(
         Oracle(tok, only_first=True), tok, vocab, [900], [0, 40], trials=3, needles=4, ask=2, haystack=hay
     )
     assert res["config"]["needles"] == 4 and res["config"]["ask"] == 2
@@ -230,7 +231,7 @@ def test_multi_needle_bookkeeping(tok, hay):
         assert sorted(i["found"] for i in items if i["asked"]) == [False, True]  # only the first city answered
         assert r["score"] == 0.5 and r["correct"] is False and "city" not in r
     assert [c["accuracy"] for c in res["cells"]] == [0.5, 0.5] and [c["all_found"] for c in res["cells"]] == [0.0, 0.0]
-    full = nd.run_needle(Oracle(tok), tok, vocab, [900], [0], trials=2, needles=4, ask=4, haystack=hay)
+    full = ng.run_needle(Oracle(tok), tok, vocab, [900], [0], trials=2, needles=4, ask=4, haystack=hay)
     assert full["accuracy"] == 1.0 and all(r["correct"] for r in full["trials"])
 
 
@@ -242,7 +243,7 @@ def test_a_failing_trial_is_recorded_and_the_run_goes_on(tok, hay):
             return super().generate(ids, config)
 
     seen = []
-    res = nd.run_needle(
+    res = ng.run_needle(
         Flaky(tok),
         tok,
         Vocab(tok.vocab_size),
@@ -271,7 +272,7 @@ def test_bad_grids(tok, hay):
     ]:
         args = {"lengths": [300], "depths": [50], "trials": 1, **kwargs}
         with pytest.raises(ValueError, match=message):
-            nd.run_needle(
+            ng.run_needle(
                 Wrong(tok),
                 tok,
                 vocab,
@@ -372,7 +373,7 @@ def test_command_writes_json_and_heatmap(one_process, hf_model):
     for r in res["trials"]:
         assert {"length", "depth", "city", "number", "answer", "correct", "score", "needles"} <= set(r)
         assert r["error"] is None and r["prompt_tokens"] == r["length"] and isinstance(r["answer"], str)
-        assert r["correct"] == nd.found_in(r["number"], r["answer"])
+        assert r["correct"] == ng.found_in(r["number"], r["answer"])
     assert [(c["length"], c["depth"]) for c in res["cells"]] == [(128, 0.0), (128, 100.0), (256, 0.0), (256, 100.0)]
     assert all(0.0 <= c["accuracy"] <= 1.0 for c in res["cells"])
     with Image.open(one_process / "needle_heatmap.png") as img:
@@ -427,7 +428,7 @@ def test_digits_and_haystack_start(tok, hay):
     """--digits: every needle's number has that many digits (one digit: 0-9), and an oracle still
     scores 1; text_from moves the haystack window, not the prompt's length or its needle."""
     for digits in (1, 2, 7):
-        res = nd.run_needle(
+        res = ng.run_needle(
             Oracle(tok), tok, Vocab(tok.vocab_size), [200], [0, 50, 100], trials=4, haystack=hay, digits=digits
         )
         assert res["accuracy"] == 1.0 and res["config"]["digits"] == digits
@@ -435,7 +436,7 @@ def test_digits_and_haystack_start(tok, hay):
     with pytest.raises(ValueError, match="digits must be >= 1, got 0"):
         prompts.number_range(0)
     with pytest.raises(ValueError, match="12 needles need distinct numbers; 1 digit"):
-        nd.run_needle(Oracle(tok), tok, Vocab(tok.vocab_size), [400], [0], needles=12, haystack=hay, digits=1)
+        ng.run_needle(Oracle(tok), tok, Vocab(tok.vocab_size), [400], [0], needles=12, haystack=hay, digits=1)
     items = prompts.make_needles(random.Random(0), 50, 1, 1)
     first = prompts.build_prompt(tok, hay, 300, items, prompts.question_for(items))
     later = prompts.build_prompt(tok, hay, 300, items, prompts.question_for(items), text_from=2000)
@@ -499,7 +500,7 @@ def test_run_takes_every_field_of_its_config(hf_model, tok, tmp_path, capsys):
     model = ModelOptions(model=str(hf_model), tokenizer=str(TOKENIZER), device="cpu", dtype="float32", layout="zigzag")
     assert nd.run(nd.NeedleConfig(model=model, grid=grid, out=str(tmp_path / "o"))) == 0
     res = json.loads((tmp_path / "o" / "needle.json").read_text())
-    same = nd.run_needle(Oracle(tok), tok, Vocab(tok.vocab_size), [160], [30], 2, needles=2, ask=1, haystack=TEXT,
+    same = ng.run_needle(Oracle(tok), tok, Vocab(tok.vocab_size), [160], [30], 2, needles=2, ask=1, haystack=TEXT,
                          seed=5, digits=3, instruction="", max_new_tokens=3)  # fmt: skip
     c = res["config"]
     assert {k: c[k] for k in same["config"]} == same["config"]  # lengths ... instruction, haystack, seed, digits
