@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 from lwm.data import TextTokenizer, Vocab  # noqa: E402
 from lwm.eval import vniah  # noqa: E402
+from lwm.infer.runtime import ModelOptions  # noqa: E402
 from lwm.interop.vqgan_sources import load_vqgan  # noqa: E402
 from lwm.synth import make_card_qa, make_vniah  # noqa: E402
 
@@ -205,3 +206,27 @@ def test_card_qa_answers_are_what_the_videos_show(tmp_path, vqgan):
         assert len(item.options) == 4 and len(set(item.options)) == 4 and len(set(cards)) == len(cards)
         assert 1 <= len(cards) <= make_card_qa.MAX_CARDS
         assert answer == f"{cards[0 if item.task == 'first' else -1].capitalize()}.", (item.task, answer, cards)
+
+
+def test_run_takes_every_field_of_its_config(stage_model, tmp_path):
+    """run(VniahConfig) in this process, as another command calls it: methods, seed, pool,
+    max_new_tokens and the rest land in vniah.json."""
+    model = ModelOptions(model=str(stage_model), tokenizer=str(TOKENIZER), device="cpu", layout="zigzag")
+    config = vniah.VniahConfig(
+        model=model,
+        frames=[2],
+        depths=[50],
+        trials=1,
+        methods=["ll"],
+        pool=2,
+        seed=1,
+        max_new_tokens=2,
+        out=str(tmp_path),
+    )
+    assert vniah.run(config) == 0
+    res = json.loads((tmp_path / "vniah.json").read_text())
+    c = res["config"]
+    assert (c["frames"], c["depths"], c["trials"], c["methods"], c["pool"]) == ([2], [50.0], 1, ["ll"], 2)
+    assert (c["seed"], c["max_new_tokens"], c["vqgan"], c["layout"]) == (1, 2, str(vniah.DEFAULT_VQGAN), "zigzag")
+    assert "generated" not in res["trials"][0] and "ll" in res["trials"][0]
+    assert res["trials"][0]["video_id"] == "vniah_2f_50_0" and not (tmp_path / "vniah_heatmap.png").exists()
