@@ -11,6 +11,14 @@ flash (FlashAttention-2 behind aten._scaled_dot_product_flash_attention[_backwar
     causal with Lq != Lk is aligned bottom-right (query i sees key j when j <= i + Lk - Lq);
     the backward reads its logsumexp as a dense (B, H, Lq) block from the data pointer, whatever
     its strides (the kernel indexes (b * H + h) * Lq + row).
+flash varlen (FlashAttention-2's variable-length form behind aten._flash_attention_forward /
+_flash_attention_backward with cum_seq_q / cum_seq_k)
+    q (total_q, Hq, D), k/v (total_k, Hkv, D), last dim contiguous, other strides free; cum_seq_q,
+    cum_seq_k int32, contiguous, (pairs + 1,), from 0 to the totals, non-decreasing; max_q/max_k
+    at least every pair's length; pair i is rows cum_q[i]:cum_q[i+1] against keys
+    cum_k[i]:cum_k[i+1], causal aligned bottom-right in each pair (and off when max_q == 1, as the
+    kernel sets it); a row with no key gets output 0 and logsumexp +inf; the logsumexp is
+    (Hq, total_q) fp32, and the backward reads it as that dense block from its data pointer.
 memory-efficient (aten._scaled_dot_product_efficient_attention[_backward])
     fp16/bf16/fp32, equal q and k/v heads, head dim a multiple of 8 (16-bit) or 4 (fp32);
     causal aligned top-left; the forward's logsumexp is padded to a multiple of 32 rows (the
@@ -94,15 +102,15 @@ def _backward(dout, q, k, v, out, lse, causal, scale, bottom_right):
     return tuple(_bshd(g.to(q.dtype)) for g in (dq, group(dk), group(dv)))
 
 
-def _dense_read(lse: torch.Tensor, shape: tuple[int, int, int], kernel: str) -> torch.Tensor:
-    """The (B, H, L) block a kernel reads from lse's data pointer with dense row-major indexing."""
-    need = lse.storage_offset() + shape[0] * shape[1] * shape[2]
+def _dense_read(lse: torch.Tensor, shape: tuple[int, ...], kernel: str) -> torch.Tensor:
+    """The block of `shape` a kernel reads from lse's data pointer with dense row-major indexing."""
+    need = lse.storage_offset() + math.prod(shape)
     _require(
         need * lse.element_size() <= lse.untyped_storage().nbytes(),
         kernel,
         f"logsumexp {tuple(lse.shape)} strides {lse.stride()}: a dense {shape} read runs past its memory",
     )
-    return torch.as_strided(lse, shape, (shape[1] * shape[2], shape[2], 1))
+    return torch.as_strided(lse, shape, torch.empty(shape, device="meta").stride())
 
 
 # ----------------------------------------------------------------------------------------- flash
@@ -134,6 +142,81 @@ def flash_backward(
     B, H, Lq, _ = query.shape
     lse = _dense_read(logsumexp, (B, H, Lq), kernel)  # strides ignored, as the kernel does
     return _backward(grad_out, query, key, value, out, lse, is_causal, scale, bottom_right=True)
+
+
+# ----------------------------------------------------------------------------------------- flash varlen
+
+
+def _cumulative(kernel: str, name: str, t, total: int, longest: int) -> list[int]:
+    _require(t is not None, kernel, f"{name} is None: the stand-in serves the varlen call only")
+    _require(
+        t.dtype == torch.int32 and t.dim() == 1 and t.is_contiguous(), kernel, f"{name} must be contiguous 1-D int32"
+    )
+    c = t.tolist()
+    steps = [b - a for a, b in zip(c, c[1:])]
+    _require(c[0] == 0 and c[-1] == total and min(steps) >= 0, kernel, f"{name} {c} must rise from 0 to {total}")
+    _require(max(steps) <= longest, kernel, f"{name}: a pair of {max(steps)} rows exceeds its max {longest}")
+    return c
+
+
+def _check_packed(kernel, q, k, v, cum_q, cum_k, max_q, max_k) -> tuple[list[int], list[int]]:
+    for name, t in (("query", q), ("key", k), ("value", v)):
+        _require(t.dim() == 3, kernel, f"{name} must be packed (total, H, D), got {tuple(t.shape)}")
+    _check_qkv(kernel, *(t.transpose(0, 1)[None] for t in (q, k, v)), FLASH_DTYPES, grouped=True)
+    _require(q.shape[-1] <= 256 and q.shape[-1] % 8 == 0, kernel, f"head dim {q.shape[-1]}: <= 256, a multiple of 8")
+    cq = _cumulative(kernel, "cum_seq_q", cum_q, q.shape[0], max_q)
+    ck = _cumulative(kernel, "cum_seq_k", cum_k, k.shape[0], max_k)
+    _require(len(cq) == len(ck), kernel, f"{len(cq) - 1} query pairs but {len(ck) - 1} key pairs")
+    return cq, ck
+
+
+def _pair(t, c, i):
+    return t[c[i] : c[i + 1]].transpose(0, 1)[None]  # rows of pair i: (n, H, D) -> (1, H, n, D)
+
+
+def varlen_forward(
+    query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, return_debug_mask, *, scale=None,
+    window_size_left=None, window_size_right=None, seqused_k=None, alibi_slopes=None, block_table=None, num_splits=None,
+):  # fmt: skip
+    kernel = "flash varlen forward"
+    calls[kernel] = calls.get(kernel, 0) + 1
+    cq, ck = _check_packed(kernel, query, key, value, cum_seq_q, cum_seq_k, max_q, max_k)
+    extras = (window_size_left, window_size_right, seqused_k, alibi_slopes, block_table)
+    _require(dropout_p == 0.0 and not return_debug_mask and extras == (None,) * 5, kernel, "only the plain call")
+    causal = is_causal and max_q > 1
+    out = torch.zeros(query.shape, dtype=query.dtype)
+    lse = torch.full((query.shape[1], query.shape[0]), float("inf"))  # (Hq, total_q): no key -> +inf
+    for i in range(len(cq) - 1):
+        if cq[i + 1] > cq[i] and ck[i + 1] > ck[i]:
+            o, l = _forward(*(_pair(t, c, i) for t, c in ((query, cq), (key, ck), (value, ck))), causal, scale, True)
+            out[cq[i] : cq[i + 1]] = o[0].transpose(0, 1)
+            lse[:, cq[i] : cq[i + 1]] = l[0].masked_fill(l[0] == float("-inf"), float("inf"))
+    seed, offset = torch.zeros(2, dtype=torch.uint64), torch.zeros((), dtype=torch.uint64)
+    return out, lse, seed, offset, torch.empty(0, dtype=query.dtype)
+
+
+def varlen_backward(
+    grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
+    rng_state, unused, *, scale=None, window_size_left=None, window_size_right=None,
+):  # fmt: skip
+    kernel = "flash varlen backward"
+    calls[kernel] = calls.get(kernel, 0) + 1
+    cq, ck = _check_packed(kernel, query, key, value, cum_seq_q, cum_seq_k, max_q, max_k)
+    for name, t in (("grad_out", grad_out), ("out", out)):
+        _require(t.shape == query.shape and t.dtype == query.dtype, kernel, f"{name} must be like query")
+        _require(t.stride(-1) == 1, kernel, f"{name} must have a contiguous last dim, strides {t.stride()}")
+    _require(logsumexp.dtype == torch.float32, kernel, f"logsumexp must be fp32, got {logsumexp.dtype}")
+    _require(dropout_p == 0.0 and window_size_left is None and window_size_right is None, kernel, "only the plain call")
+    lse = _dense_read(logsumexp, (query.shape[1], query.shape[0]), kernel)  # (Hq, total_q), strides ignored
+    grads = [torch.zeros(t.shape, dtype=t.dtype) for t in (query, key, value)]
+    for i in range(len(cq) - 1):
+        if cq[i + 1] > cq[i] and ck[i + 1] > ck[i]:
+            q_, k_, v_ = (_pair(t, c, i) for t, c in ((query, cq), (key, ck), (value, ck)))
+            do, o = _pair(grad_out, cq, i), _pair(out, cq, i)
+            parts = _backward(do, q_, k_, v_, o, lse[None, :, cq[i] : cq[i + 1]], is_causal and max_q > 1, scale, True)
+            for g, c, part in zip(grads, (cq, ck, ck), parts):
+                g[c[i] : c[i + 1]] = part[0].transpose(0, 1)
+    return tuple(grads)
 
 
 # ----------------------------------------------------------------------------------------- memory-efficient
@@ -182,6 +265,8 @@ def efficient_backward(
 STANDINS = {
     "_scaled_dot_product_flash_attention": flash_forward,
     "_scaled_dot_product_flash_attention_backward": flash_backward,
+    "_flash_attention_forward": varlen_forward,
+    "_flash_attention_backward": varlen_backward,
     "_scaled_dot_product_efficient_attention": efficient_forward,
     "_scaled_dot_product_efficient_attention_backward": efficient_backward,
 }

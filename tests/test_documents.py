@@ -15,7 +15,7 @@ from hydra import compose, initialize_config_dir
 from lwm.data import DataConfig, Sharding, shard_batch
 from lwm.data.batches import document_positions
 from lwm.model import ModelConfig
-from lwm.model.documents import document_attention
+from lwm.model.documents import Documents, document_attention
 from lwm.parallel import simulate_ring
 from lwm.parallel.documents import StepPlanner, piece_work
 from lwm.parallel.layout import shard
@@ -116,14 +116,14 @@ def test_pieces_compute_each_allowed_entry_once_and_nothing_else(layout, world, 
     S, B = 48, 2
     seg = packings(B, S, seed=2)
     pos = lambda r: shard(torch.arange(S)[None], 1, r, world, layout)[0]  # noqa: E731
-    segs = [shard(seg, 1, r, world, layout) for r in range(world)]
+    docs = Documents(seg, S // world)
     hits = torch.zeros(B, S, S, dtype=torch.int32)
     work = 0
     for r in range(world):
-        planner = StepPlanner(layout, r, world, S // world, causal, segs[r])
+        planner = StepPlanner(layout, r, world, S // world, causal, docs)
         for step in range(world):
             src = (r - step) % world
-            pieces = planner(step, segs[src])
+            pieces = planner(step)
             work += piece_work(pieces, B, S // world)
             for p in pieces:
                 rows, qi, ki = range(*p.b.indices(B)), pos(r)[p.q], pos(src)[p.k]
@@ -138,14 +138,9 @@ def test_pieces_compute_each_allowed_entry_once_and_nothing_else(layout, world, 
 
 
 def test_a_block_pair_without_a_shared_document_is_skipped():
-    seg = torch.tensor([[1] * 8 + [2] * 8])  # striped over 2 ranks: both hold both documents
-    assert (
-        StepPlanner("contiguous", 1, 2, 8, True, shard(seg, 1, 1, 2, "contiguous"))(
-            1, shard(seg, 1, 0, 2, "contiguous")
-        )
-        == []
-    )
-    assert len(StepPlanner("striped", 1, 2, 8, True, shard(seg, 1, 1, 2))(1, shard(seg, 1, 0, 2))) > 0
+    docs = Documents(torch.tensor([[1] * 8 + [2] * 8]), 8)  # striped over 2 ranks: both hold both documents
+    assert StepPlanner("contiguous", 1, 2, 8, True, docs)(1) == []
+    assert len(StepPlanner("striped", 1, 2, 8, True, docs)(1)) > 0
 
 
 def test_no_sequence_by_sequence_buffer_is_allocated():

@@ -14,6 +14,7 @@ import torch
 from torch.utils.data import IterableDataset
 
 from lwm.data.dataset import PackedStream, Source, StreamState, to_tensors
+from lwm.model.documents import Documents
 from lwm.parallel.layout import positions, shard
 
 POSITIONS = ("sequence", "document")
@@ -74,7 +75,9 @@ def shard_batch(
     batch: dict[str, torch.Tensor], sharding: Sharding, position_mode: str = "sequence"
 ) -> dict[str, torch.Tensor]:
     """Every (B, S) tensor -> this rank's (B, S / cp) slice, plus `positions`: (S / cp,) global
-    positions, or (B, S / cp) positions within each example (computed on the whole sequence)."""
+    positions, or (B, S / cp) positions within each example (computed on the whole sequence), and
+    `documents`: where the whole sequence's documents are (lwm.model.documents.Documents, host data
+    that moving the batch to a device leaves on the host)."""
     S = batch["tokens"].shape[1]
     sh = sharding
     if position_mode == "document":
@@ -82,6 +85,8 @@ def shard_batch(
     out = {k: shard(v, 1, sh.cp_rank, sh.cp_size, sh.layout, sh.ulysses_size) for k, v in batch.items()}
     if position_mode == "sequence":
         out["positions"] = positions(S, sh.cp_rank, sh.cp_size, sh.layout, sh.ulysses_size)
+    if "segment_ids" in batch:  # read here, on the host, once: every attention call of the step uses it
+        out["documents"] = Documents(batch["segment_ids"], S // sh.cp_size)
     return out
 
 

@@ -4,43 +4,99 @@
 seg[i] == seg[j] (and j <= i if causal). Segment 0 (padding) is a document like any other, so
 every query has at least itself and nothing is NaN. No (S, S) mask is ever built: each document
 is one SDPA call on its own tokens, so the work is the sum of the documents' squares.
+
+Where the documents are is read on the host once per batch (`Documents`, from the ids before
+they move to the device) and handed to every attention call, forward, backward and recompute:
+reading it from a device tensor at every call would make the host wait for the device each time.
+A plain ids tensor is still accepted (read at each call: one host transfer).
 """
 
 from __future__ import annotations
 
+from typing import Callable
+
+import numpy as np
 import torch
 import torch.nn.functional as F
 
-Run = tuple[int, int, int]  # (start, end, segment id): a maximal stretch of equal ids
+Run = tuple[int, int, int]  # (start, end, key): a maximal stretch of one document
+BatchRuns = list[tuple[slice, list[Run]]]  # (batch rows, their runs): one entry when all rows share them
 
 
-def check_segment_ids(segment_ids: torch.Tensor, batch: int, length: int, what: str = "segment_ids") -> None:
-    """An integer (batch, length) tensor, or a ValueError naming the shapes and dtype."""
+def _row_runs(row: np.ndarray) -> np.ndarray:
+    """(S,) ids -> (R, 3) int64 runs (start, end, id) of equal ids, in order."""
+    cuts = np.flatnonzero(row[1:] != row[:-1]) + 1
+    starts = np.concatenate([[0], cuts]).astype(np.int64)
+    ends = np.concatenate([cuts, [row.size]]).astype(np.int64)
+    return np.stack([starts, ends, row[starts].astype(np.int64)], axis=1)
+
+
+class Documents:
+    """The documents of one batch of packed sequences, on the host (numpy: fake and meta tensors
+    pass through untouched). `seq_len` is the whole sequence; `local_len` the slice this process's
+    q, k, v hold (seq_len / context-parallel size). `memo` keeps what attention derives from it
+    (ring step plans, their device copies) for the rest of the batch: every layer reuses it."""
+
+    def __init__(self, segment_ids, local_len: int | None = None):
+        ids = np.asarray(segment_ids.cpu() if isinstance(segment_ids, torch.Tensor) else segment_ids)
+        if ids.ndim != 2 or ids.dtype.kind not in "iu":
+            raise ValueError(f"segment_ids must be (batch, length) integers, got shape {ids.shape} dtype {ids.dtype}")
+        self.batch, self.seq_len = ids.shape
+        self.local_len = self.seq_len if local_len is None else local_len
+        shared = self.batch == 1 or bool((ids == ids[:1]).all())
+        rows = [ids[0]] if shared else list(ids)
+        self.rows = [(slice(None) if shared else slice(b, b + 1), _row_runs(r)) for b, r in enumerate(rows)]
+        # one run per id: runs are then told apart by their order, which every layout keeps
+        self.unique = all(len(np.unique(r[:, 2])) == len(r) for _, r in self.rows)
+        self._memo: dict = {}
+
+    def to(self, *args, **kwargs) -> "Documents":
+        """Host data: moving a batch to a device leaves it where it is (Lightning calls this)."""
+        return self
+
+    def __getstate__(self) -> dict:  # a data-loading worker sends it without what was derived
+        return {**self.__dict__, "_memo": {}}
+
+    def memo(self, key, make: Callable):
+        if key not in self._memo:
+            self._memo[key] = make()
+        return self._memo[key]
+
+    def runs(self, held_before: Callable[[np.ndarray], np.ndarray]) -> BatchRuns:
+        """The runs in the local indices of a slice of the sequence, given `held_before(g)`: how
+        many of the slice's tokens lie before global position g (the slice keeps token order).
+        A run's key is its order in the sequence when ids are unique, else its id."""
+        out = []
+        for rows, runs in self.rows:
+            a, b = held_before(runs[:, 0]), held_before(runs[:, 1])
+            keys = np.arange(len(runs)) if self.unique else runs[:, 2]
+            keep = b > a
+            out.append((rows, list(zip(a[keep].tolist(), b[keep].tolist(), keys[keep].tolist()))))
+        return out
+
+    def whole(self) -> BatchRuns:
+        """The runs of the whole sequence."""
+        return self.runs(lambda g: g)
+
+
+SegmentIds = torch.Tensor | Documents
+
+
+def check_segment_ids(segment_ids: SegmentIds, batch: int, length: int, what: str = "segment_ids") -> None:
+    """An integer (batch, length) tensor or Documents whose slice is that long, or a ValueError."""
+    if isinstance(segment_ids, Documents):
+        if (segment_ids.batch, segment_ids.local_len) != (batch, length):
+            raise ValueError(
+                f"{what}: documents of {segment_ids.batch} x {segment_ids.local_len} local tokens, "
+                f"expected (batch, length) = ({batch}, {length}) for the queries"
+            )
+        return
     if segment_ids.dtype.is_floating_point or segment_ids.dtype.is_complex or segment_ids.dtype == torch.bool:
         raise ValueError(f"{what} must be an integer tensor, got dtype {segment_ids.dtype}")
     if tuple(segment_ids.shape) != (batch, length):
         raise ValueError(
             f"{what} {tuple(segment_ids.shape)} must be (batch, length) = ({batch}, {length}) for the queries"
         )
-
-
-def runs(row: torch.Tensor) -> list[Run]:
-    """(L,) ids -> maximal runs of equal ids, in order. One host transfer of the boundaries."""
-    n = row.numel()
-    if n == 0:
-        return []
-    cuts = (torch.nonzero(row[1:] != row[:-1]).flatten() + 1).tolist()  # first index of each later run
-    starts, ends = [0, *cuts], [*cuts, n]
-    ids = row[torch.tensor(starts, device=row.device)].tolist()
-    return list(zip(starts, ends, ids))
-
-
-def batch_runs(segment_ids: torch.Tensor) -> list[tuple[slice, list[Run]]]:
-    """(B, L) -> [(batch rows, runs)]: one entry for all rows when they share their ids (the usual
-    case, so the kernels run batched), else one per row."""
-    if segment_ids.shape[0] == 1 or bool((segment_ids == segment_ids[:1]).all()):
-        return [(slice(None), runs(segment_ids[0]))]
-    return [(slice(b, b + 1), runs(segment_ids[b])) for b in range(segment_ids.shape[0])]
 
 
 def _sdpa(q, k, v, causal, scale):
@@ -67,12 +123,18 @@ def document_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    segment_ids: torch.Tensor,
+    segment_ids: SegmentIds,
     causal: bool = True,
     scale: float | None = None,
 ) -> torch.Tensor:
-    """q (B, Hq, S, D), k/v (B, Hkv, S, D), segment_ids (B, S) -> (B, Hq, S, D)."""
+    """q (B, Hq, S, D), k/v (B, Hkv, S, D), segment_ids (B, S) or Documents -> (B, Hq, S, D)."""
     check_segment_ids(segment_ids, q.shape[0], q.shape[2])
-    groups = batch_runs(segment_ids)
+    docs = segment_ids if isinstance(segment_ids, Documents) else Documents(segment_ids)
+    if docs.seq_len != q.shape[2]:
+        raise ValueError(
+            f"documents of a {docs.seq_len}-token sequence cut into {q.shape[2]}-token slices need "
+            "context-parallel attention (lwm.parallel), not the one-process kind"
+        )
+    groups = docs.whole()
     outs = [_rows_attention(q[rows], k[rows], v[rows], row_runs, causal, scale) for rows, row_runs in groups]
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)

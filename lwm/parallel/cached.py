@@ -47,13 +47,13 @@ def ring_prefill_attention(q, k, v, k_cache, v_cache, group=None, layout: str = 
     non-causal ring pass over the earlier segments' cache slices (all of them come before)."""
     comm = RingComm(group)
     L = q.shape[2]
-    out, lse, _ = ring_forward(
+    out, lse = ring_forward(
         q, ring_blocks(comm, k, v), StepPlanner(layout, comm.rank, comm.world_size, L, True), None, backend
     )
     if k_cache is None or k_cache.shape[2] == 0:
         return out
     out = out.to(acc_dtype(q.dtype))
-    past_out, past_lse, _ = ring_forward(
+    past_out, past_lse = ring_forward(
         q,
         ring_blocks(RingComm(group), k_cache, v_cache),
         StepPlanner(layout, comm.rank, comm.world_size, L, False),

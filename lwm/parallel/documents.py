@@ -1,12 +1,12 @@
 """The rectangles a ring step computes: its block plan, cut to the documents of packed sequences.
 
 A step's BlockPlan (schedule.py) says which query rows of the local block see which key rows of
-the visiting block: all of them, or a plain causal square. Without segment ids that is one kernel
-call, one Piece. With segment ids (query i sees key j only when seg[i] == seg[j]) every layout
-keeps token order, so in each block a document is a contiguous run of local indices. For each
-pair of runs (query run, key run) of one id, the entries the plan allows are cut into at most
-three rectangles, each fully visible or a causal square (top-left, diagonal included), so the
-plain block kernels serve them and nothing outside a document is computed:
+the visiting block: all of them, or a plain causal square. Without documents that is one kernel
+call, one Piece. With documents (query i sees key j only when both are in one document) every
+layout keeps token order, so in each block a document is a contiguous run of local indices. For
+each pair of runs (query run, key run) of one document, the entries the plan allows are cut into
+at most three rectangles, each fully visible or a causal square (top-left, diagonal included), so
+the plain block kernels serve them and nothing outside a document is computed:
 
     causal plan, key j visible from query i when j <= i + d  (d = plan.k.start - plan.q.start)
 
@@ -15,19 +15,20 @@ plain block kernels serve them and nothing outside a document is computed:
                     |  sees) | causal square|      |
     rows mid..a1    | full: every key of the run   |
 
-A pair of blocks with no shared document gives no pieces: it is skipped.
+A pair of blocks with no shared document gives no pieces: it is skipped. Every rank's runs come
+from the batch's Documents (host arithmetic, no device read), and the plans of a rank are kept in
+them for the batch: the layers, the backward and the recompute reuse them (`step_planner`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
-import torch
+import numpy as np
 
-from lwm.model.documents import Run, batch_runs
+from lwm.model.documents import BatchRuns, Documents, Run
 from lwm.parallel.schedule import ALL, BlockPlan, block_plan, block_work
-
-BatchRuns = list[tuple[slice, list[Run]]]
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,17 @@ class Piece:
     def covers(self) -> bool:
         """Whether the piece spans every query row (and so may start the accumulators)."""
         return self.b == ALL and self.q == ALL
+
+
+def held_before(layout: str, rank: int, world_size: int, local_len: int):
+    """g -> how many tokens of `rank`'s slice (lwm.parallel.layout) lie before global position g."""
+    L, N = local_len, world_size
+    if layout == "contiguous":
+        return lambda g: np.clip(g - rank * L, 0, L)
+    if layout == "striped":
+        return lambda g: np.clip(-((rank - g) // N), 0, L)  # ceil((g - rank) / N)
+    c = L // 2  # zigzag: chunks rank and 2N-1-rank
+    return lambda g: np.clip(g - rank * c, 0, c) + np.clip(g - (2 * N - 1 - rank) * c, 0, c)
 
 
 def _clip(row_runs: list[Run], lo: int, hi: int) -> list[Run]:
@@ -63,8 +75,8 @@ def _causal_pieces(rows: slice, a0: int, a1: int, b0: int, b1: int, d: int) -> l
     return out
 
 
-def _pair_groups(q_runs: BatchRuns, k_runs: BatchRuns, batch: int) -> list[tuple[slice, list[Run], list[Run]]]:
-    """Query and key runs side by side, batched when both blocks share their ids over the batch."""
+def pair_groups(q_runs: BatchRuns, k_runs: BatchRuns, batch: int) -> list[tuple[slice, list[Run], list[Run]]]:
+    """Query and key runs side by side, batched when both blocks share their runs over the batch."""
     if len(q_runs) == 1 and len(k_runs) == 1:
         return [(q_runs[0][0], q_runs[0][1], k_runs[0][1])]
     per_row = lambda g: [g[0][1]] * batch if len(g) == 1 else [r for _, r in g]  # noqa: E731
@@ -75,7 +87,7 @@ def document_pieces(plan: BlockPlan, local_len: int, q_runs: BatchRuns, k_runs: 
     qs, qe, _ = plan.q.indices(local_len)
     ks, ke, _ = plan.k.indices(local_len)
     pieces = []
-    for rows, qr, kr in _pair_groups(q_runs, k_runs, batch):
+    for rows, qr, kr in pair_groups(q_runs, k_runs, batch):
         keys: dict[int, list[tuple[int, int]]] = {}
         for b0, b1, i in _clip(kr, ks, ke):
             keys.setdefault(i, []).append((b0, b1))
@@ -89,16 +101,11 @@ def document_pieces(plan: BlockPlan, local_len: int, q_runs: BatchRuns, k_runs: 
 
 
 class StepPlanner:
-    """The pieces of every ring step of one rank: `planner(step, key_segment_ids)`."""
+    """What every ring step of one rank computes: `planner(step)` its pieces, `planner.varlen(step)`
+    its one variable-length call (lwm.parallel.varlen) or None. Host arithmetic only."""
 
     def __init__(
-        self,
-        layout: str,
-        rank: int,
-        world_size: int,
-        local_len: int,
-        causal: bool,
-        segment_ids: torch.Tensor | None = None,
+        self, layout: str, rank: int, world_size: int, local_len: int, causal: bool, documents: Documents | None = None
     ):
         self.layout, self.rank, self.world_size, self.local_len, self.causal = (
             layout,
@@ -107,16 +114,46 @@ class StepPlanner:
             local_len,
             causal,
         )
-        self.batch = None if segment_ids is None else segment_ids.shape[0]
-        self.q_runs = None if segment_ids is None else batch_runs(segment_ids)
+        self.documents = documents
+        self._pieces: dict[int, list[Piece]] = {}
 
-    def __call__(self, step: int, key_segment_ids: torch.Tensor | None = None) -> list[Piece]:
-        plan = block_plan(self.layout, self.rank, (self.rank - step) % self.world_size, self.local_len, self.causal)
-        if plan is None:
-            return []
-        if self.q_runs is None:
-            return [Piece(ALL, plan.q, plan.k, plan.causal)]
-        return document_pieces(plan, self.local_len, self.q_runs, batch_runs(key_segment_ids), self.batch)
+    def plan(self, step: int) -> BlockPlan | None:
+        src = (self.rank - step) % self.world_size
+        return block_plan(self.layout, self.rank, src, self.local_len, self.causal)
+
+    def runs(self, rank: int) -> BatchRuns:
+        return self.documents.runs(held_before(self.layout, rank, self.world_size, self.local_len))
+
+    @cached_property
+    def q_runs(self) -> BatchRuns:
+        return self.runs(self.rank)
+
+    def __call__(self, step: int) -> list[Piece]:
+        if step not in self._pieces:
+            plan = self.plan(step)
+            if plan is None:
+                pieces = []
+            elif self.documents is None:
+                pieces = [Piece(ALL, plan.q, plan.k, plan.causal)]
+            else:
+                k_runs = self.runs((self.rank - step) % self.world_size)
+                pieces = document_pieces(plan, self.local_len, self.q_runs, k_runs, self.documents.batch)
+            self._pieces[step] = pieces
+        return self._pieces[step]
+
+
+def step_planner(
+    layout: str, rank: int, world_size: int, local_len: int, causal: bool, documents: Documents | None
+) -> StepPlanner:
+    """The rank's planner, made once per batch: kept in the documents for every later call."""
+    if documents is None:
+        return StepPlanner(layout, rank, world_size, local_len, causal)
+    if documents.seq_len != world_size * local_len:
+        raise ValueError(
+            f"documents of a {documents.seq_len}-token sequence do not match {world_size} slices of {local_len}"
+        )
+    key = ("ring", layout, rank, world_size, local_len, causal)
+    return documents.memo(key, lambda: StepPlanner(layout, rank, world_size, local_len, causal, documents))
 
 
 def piece_work(pieces: list[Piece], batch: int, local_len: int) -> int:

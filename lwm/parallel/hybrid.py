@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import torch
 
+from lwm.model.documents import Documents, check_segment_ids
 from lwm.parallel.comm import group_size_and_rank
 from lwm.parallel.layout import check_layout
-from lwm.parallel.ring import check_qkv, check_segments, ring_attention
+from lwm.parallel.ring import check_qkv, ring_attention
 from lwm.parallel.ulysses import check_heads, gather_segments, heads_to_seq, replicate_kv, seq_to_heads
 
 
@@ -24,12 +25,13 @@ def hybrid_attention(
     causal: bool = True,
     layout: str = "striped",
     scale: float | None = None,
-    segment_ids: torch.Tensor | None = None,
+    segment_ids: torch.Tensor | Documents | None = None,
     backend: str = "auto",
 ):
+    """segment_ids: the batch's Documents (the whole sequence: nothing to gather), or this rank's
+    (B, L) ids, gathered over the Ulysses group into the ring piece's (read at each call)."""
     check_qkv(q, k, v)
     check_layout(layout)
-    segment_ids = check_segments(segment_ids, q)
     U = group_size_and_rank(ulysses_group)[0]
     check_heads(q.shape[1], k.shape[1], U)
     if U == 1:
@@ -37,7 +39,10 @@ def hybrid_attention(
     qh = seq_to_heads(q, ulysses_group)  # (B, Hq/U, U*L, D): the whole ring piece, in order
     kh = seq_to_heads(replicate_kv(k, U), ulysses_group)
     vh = seq_to_heads(replicate_kv(v, U), ulysses_group)
-    seg = None if segment_ids is None else gather_segments(segment_ids, ulysses_group)  # (B, U*L): the ring piece's
+    seg = segment_ids
+    if isinstance(seg, torch.Tensor):
+        check_segment_ids(seg, q.shape[0], q.shape[2])
+        seg = gather_segments(seg.to(q.device).contiguous(), ulysses_group)  # (B, L) -> (B, U*L): the ring piece's
     out = ring_attention(qh, kh, vh, ring_group, causal, layout, scale, seg, backend)
     return heads_to_seq(out, ulysses_group)
 

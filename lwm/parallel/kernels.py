@@ -8,9 +8,10 @@ does, so the per-block gradients of a ring add up to the gradients of the whole.
 
 Backends (the CUDA kernels' contracts are checked on CPU by tests/cuda_standins.py):
     cpu_flash       aten's flash kernel for CPU (any float dtype, GQA native)
-    cuda_flash      aten's flash kernel for CUDA (fp16/bf16, head dim <= 256 and a multiple of 8);
-                    its backward reads the logsumexp as a dense (B, H, Lq) block, whatever the
-                    strides, so a slice of a larger one is copied first
+    cuda_flash      aten's flash kernel for CUDA (fp16/bf16, head dim <= 256 and a multiple of 8,
+                    GQA native: k/v are never expanded); its backward reads the logsumexp as a
+                    dense (B, H, Lq) block, whatever the strides, so a slice of a larger one is
+                    copied first. Packed documents use its varlen form (varlen.py)
     cuda_efficient  aten's memory-efficient kernel for CUDA (fp32 too; the logsumexp it returns
                     and reads back is padded to a multiple of 32 rows; no GQA, k/v are expanded)
     math            plain PyTorch, any device and dtype: materializes the (Lq, Lk) scores, so it
@@ -57,7 +58,7 @@ def _check_causal(q: torch.Tensor, k: torch.Tensor, causal: bool) -> None:
         )
 
 
-def _scale(q: torch.Tensor, scale: float | None) -> float:
+def softmax_scale(q: torch.Tensor, scale: float | None) -> float:
     return 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
 
 
@@ -106,15 +107,14 @@ def _math_backward(dout, q, k, v, out, lse, causal, scale):
 
 def block_forward(q, k, v, causal: bool, scale: float | None = None, backend: str = "auto"):
     """-> out (B, Hq, Lq, D) in q's dtype, lse (B, Hq, Lq) in fp32 (fp64 for fp64 inputs)."""
-    backend, scale = select_backend(q, backend), _scale(q, scale)
+    backend, scale = select_backend(q, backend), softmax_scale(q, scale)
     _check_causal(q, k, causal)
     if backend == "cpu_flash":
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, 0.0, causal, attn_mask=None, scale=scale
         )
     elif backend == "cuda_flash":
-        kx, vx = _expand_kv(k, q.shape[1]), _expand_kv(v, q.shape[1])
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, kx, vx, 0.0, causal, False, scale=scale)[:2]
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)[:2]
     elif backend == "cuda_efficient":
         kx, vx = _expand_kv(k, q.shape[1]), _expand_kv(v, q.shape[1])
         out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(
@@ -128,7 +128,7 @@ def block_forward(q, k, v, causal: bool, scale: float | None = None, backend: st
 
 def block_backward(dout, q, k, v, out, lse, causal: bool, scale: float | None = None, backend: str = "auto"):
     """-> dq (like q), dk, dv (like k, v): gradients of this block's share of the attention."""
-    backend, scale = select_backend(q, backend), _scale(q, scale)
+    backend, scale = select_backend(q, backend), softmax_scale(q, scale)
     _check_causal(q, k, causal)
     if backend == "cpu_flash":
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
@@ -144,15 +144,14 @@ def block_backward(dout, q, k, v, out, lse, causal: bool, scale: float | None = 
             scale=scale,
         )
     if backend == "cuda_flash":
-        kx, vx = _expand_kv(k, q.shape[1]), _expand_kv(v, q.shape[1])
         # No dropout: the RNG state is never read; cum_seq_* = None selects the dense (not varlen) path.
         seed = torch.zeros(2, dtype=torch.uint64, device=q.device)
         offset = torch.zeros((), dtype=torch.uint64, device=q.device)
-        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_backward(
+        return torch.ops.aten._scaled_dot_product_flash_attention_backward(
             dout,
             q,
-            kx,
-            vx,
+            k,
+            v,
             out,
             lse.float().contiguous(),  # read as dense (B, H, Lq): a row slice must be copied
             None,
@@ -164,8 +163,7 @@ def block_backward(dout, q, k, v, out, lse, causal: bool, scale: float | None = 
             seed,
             offset,
             scale=scale,
-        )
-        return dq, _reduce_kv(dk, k.shape[1]), _reduce_kv(dv, k.shape[1])
+        )  # dk, dv come back with k's heads: the kernel sums each group's
     if backend == "cuda_efficient":
         kx, vx = _expand_kv(k, q.shape[1]), _expand_kv(v, q.shape[1])
         lq = q.shape[2]

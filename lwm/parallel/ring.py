@@ -1,11 +1,13 @@
 """Ring attention: exact attention over a sequence split across the ranks of a group.
 
 Each rank keeps its queries; K/V blocks (Hkv heads, never expanded) travel around the ring, the
-next one in flight while the current one is computed, with their document ids when the sequence
-is packed (documents.py cuts each step to the documents' rectangles). Partial results merge in
-fp32 from (out, logsumexp). Backward recomputes each block from the final
-output and logsumexp; dQ stays home, dK/dV (fp32) travel the ring with the K/V they belong to
-and arrive back at their owner after the last step.
+next one in flight while the current one is computed. A packed sequence's Documents (read on the
+host once per batch) say what each step computes: on CUDA flash one variable-length call per step
+(varlen.py), elsewhere the documents' rectangles one by one (documents.py; on CPU the flash kernel
+per piece is the fastest exact path: its varlen kernel does not exist, and a masked dense call
+would compute every entry). Partial results merge in fp32 from (out, logsumexp). Backward
+recomputes each block from the final output and logsumexp; dQ stays home, dK/dV (fp32) travel the
+ring with the K/V they belong to and arrive back at their owner after the last step.
 
 The step loops (`ring_forward`, `ring_backward`) take the K/V blocks as an iterable, so the same
 code runs over a real ring (`ring_attention`) or over N virtual ranks in one process
@@ -18,12 +20,16 @@ from typing import Iterable, Iterator
 
 import torch
 
-from lwm.model.documents import check_segment_ids
-from lwm.parallel.comm import RingComm
-from lwm.parallel.documents import StepPlanner
-from lwm.parallel.kernels import block_backward, block_forward
+from lwm.model.documents import Documents, check_segment_ids
+from lwm.parallel.comm import RingComm, all_gather_stack
+from lwm.parallel.documents import Piece, StepPlanner, step_planner
+from lwm.parallel.kernels import block_backward, block_forward, select_backend, softmax_scale
 from lwm.parallel.layout import check_divisible, check_layout, shard, unshard
 from lwm.parallel.merge import acc_dtype, merge_
+from lwm.parallel.schedule import ALL
+from lwm.parallel.varlen import VarlenPlan, packed_lse, varlen_backward, varlen_forward, varlen_plan
+
+WHOLE = Piece(ALL, ALL, ALL, False)  # a varlen step's gradients cover the whole block
 
 
 def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -41,17 +47,29 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
 # ----------------------------------------------------------------------------------------- step loops
 
 
-def ring_forward(q, kv_blocks: Iterable[tuple], planner: StepPlanner, scale, backend):
-    """-> out (q's dtype), lse (fp32), and the pieces of every step (for the backward).
+def _varlen(planner: StepPlanner, backend: str, q: torch.Tensor) -> VarlenPlan | None:
+    """The one-call-per-step plan, for packed documents on CUDA flash (other kernels: pieces)."""
+    if planner.documents is None or select_backend(q, backend) != "cuda_flash":
+        return None
+    return varlen_plan(planner)
 
-    kv_blocks yields the (k, v) or (k, v, key segment ids) of step 0, 1, ..., N-1."""
+
+def ring_forward(q, kv_blocks: Iterable[tuple], planner: StepPlanner, scale, backend):
+    """-> out (q's dtype), lse (fp32). kv_blocks yields the (k, v) of step 0, 1, ..., N-1.
+
+    Step 0 is the rank's own block, where every row sees at least its own key: it starts the sums."""
     out = lse = None
-    step_pieces = []
-    for step, block in enumerate(kv_blocks):
-        k, v = block[0], block[1]
-        pieces = planner(step, block[2] if len(block) > 2 else None)
-        step_pieces.append(pieces)
-        for p in pieces:
+    varlen = _varlen(planner, backend, q)
+    for step, (k, v) in enumerate(kv_blocks):
+        vs = varlen.steps[step] if varlen is not None else None
+        if vs is not None and (out is not None or vs.covers):
+            o, l = varlen_forward(q, k, v, vs, varlen.lengths(vs, q.device), softmax_scale(q, scale))
+            if out is None:
+                out, lse = o.to(acc_dtype(q.dtype)), l
+            else:
+                merge_(out, lse, o, l)
+            continue
+        for p in planner(step):
             o, l = block_forward(q[p.b, :, p.q], k[p.b, :, p.k], v[p.b, :, p.k], p.causal, scale, backend)
             if out is None and p.covers():  # the first piece spans every row: it starts the sums
                 out, lse = o.to(acc_dtype(q.dtype)), l.clone()
@@ -60,16 +78,25 @@ def ring_forward(q, kv_blocks: Iterable[tuple], planner: StepPlanner, scale, bac
                 out = torch.zeros(q.shape, dtype=acc_dtype(q.dtype), device=q.device)
                 lse = torch.full(q.shape[:3], float("-inf"), dtype=l.dtype, device=q.device)
             merge_(out[p.b, :, p.q], lse[p.b, :, p.q], o, l)
-    return out.to(q.dtype), lse, step_pieces
+    return out.to(q.dtype), lse
 
 
-def ring_backward(dout, q, out, lse, kv_blocks, step_pieces, scale, backend) -> Iterator:
+def ring_backward(dout, q, out, lse, kv_blocks, planner: StepPlanner, scale, backend) -> Iterator:
     """Yields, per step, [(piece, dk, dv)]: the gradients of that step's K/V block, rows piece.k
     (empty for a skipped block). When exhausted, the returned dq (fp32) is in StopIteration.value."""
     dq = torch.zeros(q.shape, dtype=acc_dtype(q.dtype), device=q.device)
-    for (k, v), pieces in zip(kv_blocks, step_pieces):
+    varlen = _varlen(planner, backend, q)
+    whole_lse = packed_lse(lse) if varlen is not None else None  # once, in the layout the kernel reads
+    for step, (k, v) in enumerate(kv_blocks):
+        vs = varlen.steps[step] if varlen is not None else None
+        if vs is not None:
+            lengths = varlen.lengths(vs, q.device)
+            dq_b, dk_b, dv_b = varlen_backward(dout, q, k, v, out, whole_lse, vs, lengths, softmax_scale(q, scale))
+            dq += dq_b
+            yield [(WHOLE, dk_b, dv_b)]
+            continue
         grads = []
-        for p in pieces:
+        for p in planner(step):
             dq_b, dk_b, dv_b = block_backward(
                 dout[p.b, :, p.q],
                 q[p.b, :, p.q],
@@ -95,9 +122,9 @@ def add_block_grads(dk, dv, grads) -> None:
 
 
 def ring_blocks(comm: RingComm, *tensors: torch.Tensor) -> Iterator[tuple]:
-    """Yields the tensors (k, v, and the keys' segment ids if given) of each step; the next set
-    is sent/received while the caller computes. Two sets of receive buffers alternate (a set is
-    reused only after its send has completed)."""
+    """Yields the tensors (k, v) of each step; the next set is sent/received while the caller
+    computes. Two sets of receive buffers alternate (a set is reused only after its send has
+    completed)."""
     if comm.world_size > 1:
         tensors = tuple(t.contiguous() for t in tensors)  # what travels must be dense
     buffers = [[torch.empty_like(t) for t in tensors] for _ in range(2)] if comm.world_size > 1 else []
@@ -111,12 +138,18 @@ def ring_blocks(comm: RingComm, *tensors: torch.Tensor) -> Iterator[tuple]:
             tensors = tuple(nxt)
 
 
-def check_segments(segment_ids, q: torch.Tensor, what: str = "segment_ids"):
-    """None, or the ids as a contiguous tensor on q's device (they travel with k and v)."""
+def as_documents(segment_ids, q: torch.Tensor, gather=None) -> Documents | None:
+    """None, the batch's Documents, or Documents read from ids (B, L) (the whole sequence's after
+    `gather`): a tensor costs one host transfer per call, Documents none."""
     if segment_ids is None:
         return None
-    check_segment_ids(segment_ids, q.shape[0], q.shape[2], what)
-    return segment_ids.to(q.device).contiguous()
+    if isinstance(segment_ids, Documents):
+        if segment_ids.batch != q.shape[0]:
+            raise ValueError(f"documents of batch {segment_ids.batch} for queries of batch {q.shape[0]}")
+        return segment_ids
+    check_segment_ids(segment_ids, q.shape[0], q.shape[2])
+    ids = segment_ids.to(q.device).contiguous()
+    return Documents(ids if gather is None else gather(ids), q.shape[2])
 
 
 # ----------------------------------------------------------------------------------------- real ring
@@ -124,22 +157,21 @@ def check_segments(segment_ids, q: torch.Tensor, what: str = "segment_ids"):
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, group, causal, layout, scale, backend, segment_ids):
+    def forward(ctx, q, k, v, group, causal, layout, scale, backend, documents):
         comm = RingComm(group)
-        planner = StepPlanner(layout, comm.rank, comm.world_size, q.shape[2], causal, segment_ids)
-        blocks = ring_blocks(comm, k, v) if segment_ids is None else ring_blocks(comm, k, v, segment_ids)
-        out, lse, step_pieces = ring_forward(q, blocks, planner, scale, backend)
+        planner = step_planner(layout, comm.rank, comm.world_size, q.shape[2], causal, documents)
+        out, lse = ring_forward(q, ring_blocks(comm, k, v), planner, scale, backend)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.args = (group, step_pieces, scale, backend)
+        ctx.args = (group, planner, scale, backend)
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
-        group, step_pieces, scale, backend = ctx.args
+        group, planner, scale, backend = ctx.args
         kv_comm, dkv_comm = RingComm(group, tag=0), RingComm(group, tag=1)
         n = kv_comm.world_size
-        steps = ring_backward(dout.contiguous(), q, out, lse, ring_blocks(kv_comm, k, v), step_pieces, scale, backend)
+        steps = ring_backward(dout.contiguous(), q, out, lse, ring_blocks(kv_comm, k, v), planner, scale, backend)
         # Step 0's block is this rank's own: its dK/dV stay home. The dK/dV of the block of step
         # s >= 1 travel: started here at step 1 (fp32), passed on with each rank's contribution,
         # and after the last step received by the owner (N-1 hops).
@@ -177,20 +209,22 @@ def ring_attention(
     causal: bool = True,
     layout: str = "striped",
     scale: float | None = None,
-    segment_ids: torch.Tensor | None = None,
+    segment_ids: torch.Tensor | Documents | None = None,
     backend: str = "auto",
 ):
     """Exact attention for this rank's slice. q (B, Hq, L, D), k/v (B, Hkv, L, D), the rank's slice
-    of the sequence in `layout`; returns (B, Hq, L, D). segment_ids (B, L): the rank's slice of
-    the sequence's document ids (same layout); a query attends only keys of its own document.
+    of the sequence in `layout`; returns (B, Hq, L, D). segment_ids: the batch's Documents, or
+    (B, L) the rank's slice of the sequence's document ids (same layout; gathered and read on the
+    host at each call); a query attends only keys of its own document.
     group=None: the default process group (a single process without torch.distributed is a group
     of one)."""
     check_qkv(q, k, v)
     check_layout(layout)
     if layout == "zigzag" and causal and q.shape[2] % 2:
         raise ValueError(f"zigzag needs an even local length (two chunks per rank), got {q.shape[2]}")
-    segment_ids = check_segments(segment_ids, q)
-    return _RingAttention.apply(q, k, v, group, causal, layout, scale, backend, segment_ids)
+    gather = lambda ids: unshard(list(all_gather_stack(ids, group)), 1, layout)  # noqa: E731  (B, L) -> (B, S)
+    documents = as_documents(segment_ids, q, gather)
+    return _RingAttention.apply(q, k, v, group, causal, layout, scale, backend, documents)
 
 
 # ----------------------------------------------------------------------------------------- virtual ring
@@ -200,23 +234,22 @@ class _SimulatedRing(torch.autograd.Function):
     """All N ranks of a ring in one process: same step loops, kernels and merges, no communication."""
 
     @staticmethod
-    def forward(ctx, q, k, v, world_size, causal, layout, scale, backend, segment_ids):
+    def forward(ctx, q, k, v, world_size, causal, layout, scale, backend, documents):
         n = world_size
         qs, ks, vs = ([shard(t, 2, r, n, layout) for r in range(n)] for t in (q, k, v))
-        segs = [None] * n if segment_ids is None else [shard(segment_ids, 1, r, n, layout) for r in range(n)]
+        planners = [step_planner(layout, r, n, qs[r].shape[2], causal, documents) for r in range(n)]
         results = []
         for r in range(n):
-            planner = StepPlanner(layout, r, n, qs[r].shape[2], causal, segs[r])
-            blocks = ((ks[(r - s) % n], vs[(r - s) % n], segs[(r - s) % n]) for s in range(n))
-            results.append(ring_forward(qs[r], blocks, planner, scale, backend))
-        outs, lses = [o for o, _, _ in results], [l for _, l, _ in results]
+            blocks = ((ks[(r - s) % n], vs[(r - s) % n]) for s in range(n))
+            results.append(ring_forward(qs[r], blocks, planners[r], scale, backend))
+        outs, lses = [o for o, _ in results], [l for _, l in results]
         ctx.save_for_backward(*qs, *ks, *vs, *outs, *lses)
-        ctx.args = (n, [p for _, _, p in results], layout, scale, backend)
+        ctx.args = (n, planners, layout, scale, backend)
         return unshard(outs, 2, layout)
 
     @staticmethod
     def backward(ctx, dout):
-        n, rank_pieces, layout, scale, backend = ctx.args
+        n, planners, layout, scale, backend = ctx.args
         saved = ctx.saved_tensors  # unpacked once: checkpointing allows one read
         qs, ks, vs, outs, lses = (saved[i * n : (i + 1) * n] for i in range(5))
         dks = [torch.zeros(k.shape, dtype=acc_dtype(k.dtype), device=k.device) for k in ks]
@@ -230,7 +263,7 @@ class _SimulatedRing(torch.autograd.Function):
                 outs[r],
                 lses[r],
                 kv_blocks,
-                rank_pieces[r],
+                planners[r],
                 scale,
                 backend,
             )
@@ -256,12 +289,12 @@ def simulate_ring(
     causal: bool = True,
     layout: str = "striped",
     scale: float | None = None,
-    segment_ids: torch.Tensor | None = None,
+    segment_ids: torch.Tensor | Documents | None = None,
     backend: str = "auto",
 ):
     """Full-sequence attention computed as an N-rank ring would, in one process (differentiable).
-    segment_ids: the full sequence's (B, S) document ids."""
+    segment_ids: the full sequence's (B, S) document ids, or its Documents."""
     check_qkv(q, k, v)
     check_divisible(q.shape[2], world_size, layout)
-    segment_ids = check_segments(segment_ids, q)
-    return _SimulatedRing.apply(q, k, v, world_size, causal, layout, scale, backend, segment_ids)
+    documents = as_documents(segment_ids, q)
+    return _SimulatedRing.apply(q, k, v, world_size, causal, layout, scale, backend, documents)

@@ -1,7 +1,8 @@
 """Ulysses attention: an all-to-all trades the sequence split for a head split, each rank runs
 local attention over the whole sequence for its share of the heads (the block kernels of ring
 attention, as one rank of a ring: the same backends and document pieces), and a second all-to-all
-trades back. With segment ids, every rank gathers the whole sequence's ids. Q heads must be
+trades back. The batch's Documents describe the whole sequence already; given segment ids
+instead, every rank gathers the whole sequence's ids. Q heads must be
 divisible by the group size P. K/V heads stay as they are when their count Hkv is a multiple of
 P; otherwise each is repeated lcm(Hkv, P) / Hkv times (the GQA grouping of q head h to kv head
 h // (H / Hkv) is kept), the fewest that give every rank the K/V heads its q heads use.
@@ -14,9 +15,10 @@ import math
 
 import torch
 
+from lwm.model.documents import Documents
 from lwm.parallel.comm import all_gather_stack, all_to_all, group_size_and_rank
 from lwm.parallel.layout import check_layout, gathered_positions
-from lwm.parallel.ring import check_qkv, check_segments, simulate_ring
+from lwm.parallel.ring import as_documents, check_qkv, simulate_ring
 
 
 def check_heads(n_heads: int, n_kv_heads: int, size: int) -> None:
@@ -70,24 +72,26 @@ def ulysses_attention(
     causal: bool = True,
     layout: str = "striped",
     scale: float | None = None,
-    segment_ids: torch.Tensor | None = None,
+    segment_ids: torch.Tensor | Documents | None = None,
     backend: str = "auto",
 ):
     """Exact attention for this rank's slice (same contract as ring_attention). The local attention
     over the whole sequence runs on the block kernels named by `backend` (lwm.parallel.kernels)."""
     check_qkv(q, k, v)
     check_layout(layout)
-    segment_ids = check_segments(segment_ids, q)
     P = group_size_and_rank(group)[0]
     check_heads(q.shape[1], k.shape[1], P)
-    if P == 1:
-        return simulate_ring(q, k, v, 1, causal, "contiguous", scale, segment_ids, backend)
     S = P * q.shape[2]
     perm = gathered_positions(S, P, layout, 1).to(q.device)  # global position of each gathered token
     to_natural, to_layout = torch.argsort(perm), perm
+    gather = lambda ids: gather_segments(ids, group, to_natural)  # noqa: E731  (B, L) -> (B, S) natural order
+    documents = as_documents(segment_ids, q, gather)
+    if P == 1:
+        return simulate_ring(q, k, v, 1, causal, "contiguous", scale, documents, backend)
     qh = seq_to_heads(q, group, to_natural)
     kh = seq_to_heads(replicate_kv(k, P), group, to_natural)
     vh = seq_to_heads(replicate_kv(v, P), group, to_natural)
-    seg = None if segment_ids is None else gather_segments(segment_ids, group, to_natural)
-    out = simulate_ring(qh, kh, vh, 1, causal, "contiguous", scale, seg, backend)  # (B, H/P, S, D), whole sequence
+    out = simulate_ring(
+        qh, kh, vh, 1, causal, "contiguous", scale, documents, backend
+    )  # (B, H/P, S, D), whole sequence
     return heads_to_seq(out, group, to_layout)  # natural order -> rank pieces -> back to the owners

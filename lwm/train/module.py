@@ -56,7 +56,7 @@ def batch_loss(model: Transformer, batch: dict, optim: OptimConfig, cp_group, do
     coeff = token_coefficients(
         batch["loss_weight"], batch["vision_mask"], optim.text_weight, optim.vision_weight, counts=counts
     )
-    segments = batch["segment_ids"] if document_mask else None
+    segments = batch.get("documents", batch["segment_ids"]) if document_mask else None  # host-read once per batch
     out = model(batch["tokens"], batch["positions"], targets=batch["targets"], loss_coeff=coeff, segment_ids=segments)
     loss = out.loss.detach().clone()
     if cp > 1:
