@@ -1,0 +1,146 @@
+"""lwm-plan (lwm/train/plan): the command end to end at a small shape, its memory against the same
+step run for real, its refusals before any fake work, the --longest boundary, and every option."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from lwm.model import ModelConfig
+from lwm.parallel.launch import run_distributed
+from lwm.train.config import OptimConfig
+from lwm.train.plan import command
+from lwm.train.plan.accuracy import PARALLEL, _setup, real_step
+from lwm.train.plan.devices import DEVICES, GIB, parse_device
+from lwm.train.plan.memory import Mesh, StepMemory, plan_step
+from lwm.train.plan.search import longest_sequence
+from lwm.train.sharding import compute_settings
+
+SMALL = ["model=debug", "schedule=debug", "parallel=7b"]  # activation checkpointing on, as at 7b
+
+
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory):
+    """One real run of the command: debug model, 512 tokens, cp 2 x dp 1, --longest, --infer."""
+    out = tmp_path_factory.mktemp("plan")
+    args = [*SMALL, "--seq-len", "512", "--cp", "2", "--dp", "1", "--gpu", "custom:0.06,10,100,10"]
+    code = command.main(args + ["--longest", "--infer", "1024", "--out", str(out)])
+    assert code == 0
+    return out, json.loads((out / "plan.json").read_text())
+
+
+def test_the_command_writes_plan_json_and_the_plot(planned):
+    out, plan = planned
+    assert (out / "memory.png").stat().st_size > 10_000
+    (row,) = plan["stages"]
+    assert (row["seq_len"], row["cp"], row["dp"]) == (512, 2, 1)
+    assert row["time"]["seconds"] > 0 and 0 < row["time"]["mfu"] < 1 and row["sent"]["p2p"] > 0
+    assert plan["infer"]["parts"]["kv_cache"] > 0 and plan["infer"]["decode_tokens_per_s"] > 0
+
+
+def test_the_parts_add_up_to_the_peak(planned):
+    _, plan = planned
+    row = plan["stages"][0]
+    assert sum(row["parts"].values()) == row["peak_bytes"]
+    assert row["parts"]["parameters"] > 0 and row["parts"]["activations"] > 0
+    infer = plan["infer"]
+    assert sum(infer["parts"].values()) == infer["peak_bytes"] and infer["parts"]["temporaries"] >= 0
+
+
+def test_longest_is_a_boundary(planned):
+    """The longest length fits, the next one searched does not, by the plan's own measurements."""
+    _, plan = planned
+    device = parse_device("custom:0.06,10,100,10")
+    for found in plan["longest"]:
+        points = {int(k): v for k, v in found["points"].items()}
+        assert found["next_up"] == found["longest"] + 1024 * found["cp"]
+        assert device.fits(points[found["longest"]]) and not device.fits(points[found["next_up"]])
+
+
+def test_the_search_walks_to_the_boundary_from_a_wrong_guess():
+    device = parse_device("custom:1,10,100,10")
+
+    def peak(mesh):  # not linear: the two-probe guess overshoots
+        return int(0.1 * GIB + (mesh.seq_len / 65536) ** 2 * GIB)
+
+    found = longest_sequence(1, 1, peak, device, granule=1024)
+    assert device.fits(peak(Mesh(found.longest, 1, 1))) and not device.fits(peak(Mesh(found.longest + 1024, 1, 1)))
+
+
+@pytest.mark.parametrize("cp", [1, 2])
+def test_the_planned_peak_equals_the_real_runs(cp):
+    """Fake tensors on the CPU settings against the same step for real over gloo: the tracker's
+    peak byte for byte."""
+    config, stage = _setup("debug", 512, cp)
+    settings = compute_settings(torch.device("cpu"), config.head_dim)
+    plan = plan_step(config, stage, Mesh(512, cp, 1), PARALLEL, OptimConfig(), settings)
+    real = run_distributed(real_step, cp, "debug", 512, cp)[0]
+    assert plan.peak == real["peak"]
+
+
+@pytest.mark.parametrize(
+    "args, named",
+    [
+        (["--seq-len", "1000", "--cp", "3", "--dp", "1"], "1000"),
+        (["--cp", "3"], "world size 1 is not divisible by cp 3"),
+        (["--tp", "2"], "--tp 2"),
+        (["--stage", "nope"], "'nope'"),
+        (["--gpu", "h100"], "h100"),
+        (["--gpu", "custom:80,1000"], "custom:80,1000"),
+        (["--infer", "1001", "--cp", "2", "--dp", "1"], "--infer 1001"),
+        (["parallel.mode=ulysses", "--seq-len", "512", "--cp", "8", "--dp", "1"], "n_heads 4 divisible by cp 8"),
+    ],
+)
+def test_impossible_meshes_are_refused_before_fake_work(monkeypatch, capsys, args, named):
+    monkeypatch.setattr(command, "plan_step", lambda *a, **k: pytest.fail("planned an impossible mesh"))
+    assert command.main([*SMALL, *args]) == 2
+    assert named in capsys.readouterr().err
+
+
+def _stub(monkeypatch, calls):
+    """plan_step without fake work: 1 KiB per token on a rank."""
+
+    def plan_step(config, stage, mesh, parallel, optim, settings):
+        calls.append((config, stage, mesh, parallel))
+        return StepMemory(mesh.batch * mesh.seq_len // mesh.cp * 1024, {"activations": 1}, {"p2p": 1}, 1)
+
+    monkeypatch.setattr(command, "plan_step", plan_step)
+
+
+def test_every_option_takes_effect(monkeypatch, tmp_path):
+    calls = []
+    _stub(monkeypatch, calls)
+    plan = command.run(command.PlanConfig(SMALL + ["trainer.devices=4"], out=str(tmp_path / "a")))
+    assert [r["stage"] for r in plan["stages"]] == ["a", "b"] and (tmp_path / "a" / "plan.json").is_file()
+    assert [(r["cp"], r["dp"], r["batch"]) for r in plan["stages"]] == [(1, 4, 2), (1, 4, 1)]
+    assert calls[0][0].n_layers == ModelConfig.from_preset("debug").n_layers
+    assert calls[0][3].activation_checkpointing and not calls[0][3].document_mask
+
+    plan = command.run(command.PlanConfig(SMALL + ["model=tiny"], stage="b", gpu="h200-141g", out=str(tmp_path)))
+    assert [r["stage"] for r in plan["stages"]] == ["b"] and plan["device"]["name"] == "h200-141g"
+    assert calls[-1][0].dim == ModelConfig.from_preset("tiny").dim
+
+    plan = command.run(command.PlanConfig(SMALL, seq_len=4096, cp=4, dp=2, gpu="a100-80g", out=str(tmp_path)))
+    row = plan["stages"][0]
+    assert (row["seq_len"], row["cp"], row["dp"]) == (4096, 4, 2) and plan["device"]["tflops"] == DEVICES[
+        "a100-80g"
+    ].tflops
+
+    big = command.run(
+        command.PlanConfig(SMALL, seq_len=2**20, cp=1, dp=4, gpu="custom:0.5,10,100,10", out=str(tmp_path))
+    )
+    assert big["stages"][0]["verdict"] == "needs cp 4 x dp 1"  # 1 GiB at cp 1, 256 MiB at cp 4
+
+    plan = command.run(
+        command.PlanConfig(SMALL, seq_len=4096, longest=True, gpu="custom:0.5,10,100,10", out=str(tmp_path))
+    )
+    assert plan["longest"][0]["longest"] == int(0.5 * GIB / 1.05 / 2**20) * 1024  # 1 MiB per 1024 tokens
+
+    monkeypatch.setattr(
+        command, "plan_inference", lambda model, n, cp, device, node: {"seq_len": n, "cp": cp, "parts": {}}
+    )
+    monkeypatch.setattr(command.report, "infer_lines", lambda infer: [])
+    plan = command.run(command.PlanConfig(SMALL + ["trainer.devices=2"], infer=2048, out=str(tmp_path)))
+    assert (plan["infer"]["seq_len"], plan["infer"]["cp"]) == (2048, 2)
