@@ -1,7 +1,8 @@
 """train.py under a real SLURM: scripts/slurm/local-cluster.sh starts a one-machine cluster once per
 test run (skipped, saying why, only where it cannot: not root, no package source), and the README's
 sbatch line runs 2 tasks of the debug model with cp 2. Stopped at a random step by SIGUSR1 (what
-SLURM sends before the time limit), the job saves, requeues itself and resumes by itself; killed
+SLURM sends before the time limit) or SIGTERM (a preemption, `scontrol requeue`), the job saves, is
+requeued (by itself on SIGUSR1) and resumes by itself; killed
 without warning (SIGKILL to its processes) and requeued, it resumes from its last periodic
 checkpoint. Both end with weights equal bit for bit to an uninterrupted job's and every step once
 in metrics.csv."""
@@ -125,19 +126,23 @@ def test_srun_two_tasks_equal_one_node(reference, tmp_path):
             assert got[step] == pytest.approx(loss, rel=1e-6, abs=0), (stage, step)
 
 
-def test_time_limit_signal_requeues_and_resumes_by_itself(reference, tmp_path):
+@pytest.mark.parametrize("signal_name", ["SIGUSR1", "SIGTERM"])
+def test_requeued_at_a_random_step_resumes_by_itself(reference, tmp_path, signal_name):
+    """SIGUSR1: what SLURM sends before the time limit (the job requeues itself); SIGTERM: what a
+    preemption or `scontrol requeue` sends (SLURM requeues the job)."""
     step = random.randint(2, STEPS - 6)
     job, log = submit(tmp_path)
     try:
         wait_for_step(job, log, step)
-        scancel = readme_command("scancel --signal=USR1")
-        subprocess.run([a.replace("<job>", job) for a in scancel], check=True)
+        stop = readme_command("scancel --signal=USR1" if signal_name == "SIGUSR1" else "scontrol requeue")
+        subprocess.run([a.replace("<job>", job) for a in stop], check=True)
         state = wait_done(job, log)
     finally:
         subprocess.run(["scancel", job])
     text = read(log)
     assert state == "COMPLETED" and job_field(job, "Restarts") == "1", text[-3000:]
-    assert f"job {job} requeued" in text and "started again (restart 1)" in text, text[-3000:]
+    said = f"job {job} requeued" if signal_name == "SIGUSR1" else "stopped on SIGTERM"
+    assert said in text and "started again (restart 1)" in text, text[-3000:]
     resumed_at = bar_steps(text.split("started again", 1)[1])[0]  # the resumed bar starts where it stopped
     assert step <= resumed_at < STEPS, (step, resumed_at)
     assert [p.name for p in tmp_path.iterdir() if p.is_dir()] == [f"slurm-{job}"]  # one folder for both runs
@@ -154,7 +159,7 @@ def test_killed_job_resumes_from_its_last_checkpoint_when_requeued(reference, tm
             if row.split()[2] == "0":
                 os.kill(int(row.split()[0]), signal.SIGKILL)
         assert wait_done(job, log) in {"FAILED", "CANCELLED"}, read(log)[-3000:]
-        subprocess.run(["scontrol", "requeue", job], check=True)
+        subprocess.run([a.replace("<job>", job) for a in readme_command("scontrol requeue")], check=True)
         state = wait_done(job, log)
     finally:
         subprocess.run(["scancel", job])
