@@ -423,9 +423,9 @@ def test_one_folder_with_the_vqgan_serves_generation_and_video_qa(tmp_path, caps
     from lwm.infer.cli import build_parser, prompt_ids
     from lwm.infer.cli import main as generate_main
     from lwm.infer.load import load_model
-    from lwm.infer.prompt import video_codes
     from lwm.interop.diffusers import from_diffusers
     from lwm.interop.lwm_vqgan import from_lwm_vqgan
+    from lwm.video.codes import video_codes
 
     vq_pickle = tmp_path / "vqgan"
     vq_pickle.write_bytes(pickle.dumps(lwm_params(**SMALL, rng=np.random.default_rng(0))))

@@ -3,8 +3,9 @@
     DIR/tokens/<id>.npy      uint16 (T, 256)
     DIR/manifest*.jsonl      one JSON object per video: {"id", "timestamps", ...}
 
-A CodeStore loads a video's codes by id, optionally subsampled to a frame count (uniform over
-the clip, as LWM does) or a rate (by the recorded timestamps). Code files come from anywhere (a
+A CodeStore loads a video's codes by id, optionally subsampled by rate, count or both with the rule
+decoded videos are sampled by (lwm.data.sampling), over the timestamps the manifest recorded, so a
+video's cached codes and the video read again at the same rate give the same frames. Code files come from anywhere (a
 download, a shared disk), so nothing in them is trusted: an id names a file inside tokens/ only (no
 path, `..` or symlink out of it), and a file must be a whole .npy of an integer dtype with
 TOKENS_PER_FRAME codes a frame, or a CodesError names it and says what it holds instead.
@@ -17,29 +18,13 @@ from pathlib import Path
 import numpy as np
 from numpy.lib.format import open_memmap
 
+from lwm.data.sampling import Sampling, SamplingError, frame_indices, uniform_indices
 from lwm.data.vocab import TOKENS_PER_FRAME
 from lwm.io import records
 
 
 class CodesError(ValueError):
     """A video id or a cached codes file that cannot be used; the message names the file."""
-
-
-def uniform_indices(n_frames: int, count: int) -> np.ndarray:
-    """`count` frame indices spread evenly over [0, n_frames), first and last included."""
-    if count >= n_frames:
-        return np.arange(n_frames)
-    return np.linspace(0, n_frames - 1, count).round().astype(np.int64)
-
-
-def rate_indices(timestamps: np.ndarray, fps: float) -> np.ndarray:
-    """Indices of frames at least 1/fps seconds apart, starting with the first."""
-    keep, next_t = [], -np.inf
-    for i, t in enumerate(timestamps):
-        if t >= next_t - 1e-6:
-            keep.append(i)
-            next_t = t + 1.0 / fps
-    return np.asarray(keep, dtype=np.int64)
 
 
 class CodeStore:
@@ -72,22 +57,60 @@ class CodeStore:
             )
         return path
 
-    def load(self, video_id: str, max_frames: int | None = None, fps: float | None = None) -> np.ndarray:
-        """(T, 256) int64 codes of one video, subsampled by count or by rate."""
+    def frames(self, video_id: str, n_frames: int, max_frames: int | None = None, fps: float | None = None):
+        """(indices (T,) of the cached frames the sampling takes, their timestamps (T,) or None when the
+        manifest has none). By rate the ticks run over the clip lwm-tokenize cut (its start and end, else
+        the video's duration, else the last frame lasts a typical interval)."""
+        meta = self.meta.get(video_id, {})
+        stamps = meta.get("timestamps")
+        stamps = np.asarray(stamps, dtype=np.float64) if stamps is not None and len(stamps) == n_frames else None
+        if fps is None:  # by count or all: every cached frame is in the clip
+            indices = np.arange(n_frames) if max_frames is None else uniform_indices(n_frames, max_frames)
+            return indices, None if stamps is None else stamps[indices]
+        if stamps is None:
+            raise ValueError(
+                f"video {video_id!r} has no timestamps for its {n_frames} frames in the manifest; cannot sample by rate"
+            )
+        cut = meta.get("sampling") or {}
+        if cut.get("fps") is None and cut.get("max_frames") is not None or (cut.get("fps") or fps) < fps - 1e-9:
+            # the frames between the cached ones are not there: repeating cached frames would pass for them
+            raise ValueError(
+                f"video {video_id!r} was tokenized with {_sampling_text(cut)}; its cached codes cannot be sampled "
+                f"at {fps:g} fps (the frames between them are not there): sample by count (max_frames) or at a rate up to "
+                f"the cache's, or tokenize again with --fps {fps:g}"
+            )
+        end = cut.get("end") or (meta.get("video") or {}).get("duration") or _last_frame_end(stamps, fps)
+        try:
+            sampling = Sampling(fps=fps, max_frames=max_frames, start=cut.get("start"))
+            indices = frame_indices(stamps, float(end), sampling)
+        except (SamplingError, ValueError, TypeError) as e:
+            raise ValueError(f"video {video_id!r} in {self.root}: {e}") from None
+        return indices, stamps[indices]
+
+    def sample(self, video_id: str, max_frames: int | None = None, fps: float | None = None):
+        """(codes (T, 256) int64, their timestamps (T,) or None) of one video, subsampled by rate, count or
+        both (lwm.data.sampling)."""
         path = self.path(video_id)
         if not path.is_file():
             raise FileNotFoundError(f"no cached codes for video {video_id!r} (expected {path})")
         codes = read_codes(path)
-        if fps is not None:
-            stamps = self.meta.get(video_id, {}).get("timestamps")
-            if stamps is None or len(stamps) != codes.shape[0]:
-                raise ValueError(
-                    f"video {video_id!r} has no timestamps for its {codes.shape[0]} frames in the manifest; cannot sample by rate"
-                )
-            codes = codes[rate_indices(np.asarray(stamps, dtype=np.float64), fps)]
-        if max_frames is not None:
-            codes = codes[uniform_indices(codes.shape[0], max_frames)]
-        return np.array(codes, dtype=np.int64)  # a copy in memory: only the frames kept are read
+        indices, stamps = self.frames(video_id, codes.shape[0], max_frames, fps)
+        return np.array(codes[indices], dtype=np.int64), stamps  # a copy in memory: only the frames kept are read
+
+    def load(self, video_id: str, max_frames: int | None = None, fps: float | None = None) -> np.ndarray:
+        """(T, 256) int64 codes of one video, subsampled by rate, count or both (lwm.data.sampling)."""
+        return self.sample(video_id, max_frames, fps)[0]
+
+
+def _sampling_text(cut: dict) -> str:
+    return ", ".join(f"--{k.replace('_', '-')} {v:g}" for k, v in cut.items() if v is not None)
+
+
+def _last_frame_end(stamps: np.ndarray, fps: float) -> float:
+    """When the manifest does not say how long the video is: its last frame lasts the median interval
+    (one tick for a lone frame)."""
+    step = float(np.median(np.diff(stamps))) if len(stamps) > 1 else 1.0 / fps
+    return float(stamps[-1]) + (step if step > 0 else 1.0 / fps)
 
 
 def read_codes(path: Path) -> np.ndarray:

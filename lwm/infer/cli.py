@@ -18,11 +18,11 @@ import time
 
 from lwm.arg_types import positive_int
 from lwm.data.chat import PROMPT_STYLES, chat_prompt
-from lwm.data.codes import CodeStore
 from lwm.infer import GenerationConfig
-from lwm.infer.prompt import DEFAULT_VQGAN, video_codes
+from lwm.infer.prompt import DEFAULT_VQGAN
 from lwm.infer.runtime import add_model_args, load_generator, require_paths, start
 from lwm.interop.vqgan_sources import load_vqgan
+from lwm.video.codes import CodeSource
 from lwm.video.reader import VideoError
 
 
@@ -61,13 +61,11 @@ def prompt_ids(args, loaded) -> list[int]:
     if args.video_id or args.codes:
         if not (args.video_id and args.codes):
             raise ValueError("--codes and --video-id go together")
-
-        codes = CodeStore(args.codes).load(args.video_id, max_frames=args.max_frames, fps=args.fps)
+        codes = CodeSource(args.fps, args.max_frames, cache=args.codes).from_cache(args.video_id).codes
     elif args.video:
         vqgan = args.vqgan or loaded.vqgan or DEFAULT_VQGAN
-        codes = video_codes(
-            args.video, load_vqgan(vqgan, preset="tiny").to(args.device), fps=args.fps, max_frames=args.max_frames
-        )
+        source = CodeSource(args.fps, args.max_frames, vqgan=lambda: load_vqgan(vqgan, preset="tiny").to(args.device))
+        codes = source.from_video(args.video).codes
     if args.raw:
         if codes is not None:
             raise ValueError("--raw takes text only; a video goes in the chat form")

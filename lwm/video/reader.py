@@ -5,10 +5,9 @@
         ...                                                                    # at most 32 frames decoded at once
 
 Times are the frames' own presentation timestamps (decord's `get_frame_timestamp`), so variable
-frame rate videos are sampled at the right moments. Sampling by rate takes, at each time
-start + k / fps, the frame on screen at that time: T = floor((end - start) * fps), and a frame held
-longer than 1 / fps is taken once per sample time. Sampling by count takes `max_frames` frames
-spread uniformly over the clip (all of them if it has fewer), as LWM does.
+frame rate videos are sampled at the right moments. Which frames: lwm.data.sampling's rule (by rate,
+the frame on screen at each tick start + k / fps, held frames repeating; by count, `max_frames`
+spread uniformly, as LWM does; or both), the one cached codes are sampled by too.
 
 decord indexes the file and decodes the frames `read` asks for (random access); `Video.chunks` and
 `stream_video` decode forward through the file with PyAV instead, so memory holds one chunk of frames
@@ -27,55 +26,18 @@ import re
 import sys
 import tempfile
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from lwm.data.sampling import TIME_EPS, Sampling, SamplingError, frame_indices
+
 
 class VideoError(Exception):
     """A video that cannot be read or sampled as asked; the message names the file and says why."""
-
-
-# Slack for comparing times computed in float32 (decord's timestamps) with times given by a user.
-_TIME_EPS = 1e-4
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """Which frames to take: by rate (`fps`) or by count (`max_frames`), optionally within [start, end) seconds."""
-
-    fps: float | None = None
-    max_frames: int | None = None
-    start: float | None = None
-    end: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.fps is not None and self.max_frames is not None:
-            raise ValueError(
-                f"sample by fps or by max_frames, not both (got fps={self.fps}, max_frames={self.max_frames})"
-            )
-        if self.fps is None and self.max_frames is None:
-            object.__setattr__(self, "fps", 1.0)  # the default: one frame per second
-        if self.fps is not None and not (
-            isinstance(self.fps, (int, float)) and math.isfinite(self.fps) and self.fps > 0
-        ):
-            raise ValueError(f"fps must be a positive number, got {self.fps!r}")
-        if self.max_frames is not None and (
-            isinstance(self.max_frames, bool) or not isinstance(self.max_frames, int) or self.max_frames <= 0
-        ):
-            raise ValueError(f"max_frames must be a positive integer, got {self.max_frames!r}")
-        for name in ("start", "end"):
-            value = getattr(self, name)
-            if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-                raise ValueError(f"{name} must be a time in seconds >= 0, got {value!r}")
-        if self.start is not None and self.end is not None and self.end <= self.start:
-            raise ValueError(f"end {self.end} s must be after start {self.start} s")
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -266,37 +228,11 @@ class Video:
     # ------------------------------------------------------------------------------------ sampling
 
     def plan(self, sampling: Sampling) -> Plan:
-        first = float(self.starts[0])
-        start = first if sampling.start is None else float(sampling.start)
-        end = self.duration if sampling.end is None else float(sampling.end)
-        if start >= self.duration - _TIME_EPS:
-            raise VideoError(f"{self.path}: start {start:g} s is not inside the clip (0 to {self.duration:.3f} s)")
-        if end > self.duration + _TIME_EPS:
-            raise VideoError(f"{self.path}: end {end:g} s is past the end of the clip ({self.duration:.3f} s)")
-
-        if sampling.fps is not None:
-            interval = 1.0 / sampling.fps
-            count = math.floor((end - start) * sampling.fps + _TIME_EPS)
-            if count < 1:
-                raise VideoError(
-                    f"{self.path}: the clip from {start:.3f} s to {end:.3f} s ({end - start:.3f} s) is shorter than one "
-                    f"sampling interval ({interval:g} s at fps {sampling.fps:g})"
-                )
-            times = start + np.arange(count) * interval
-            # The frame on screen at each time: the last one that started at or before it.
-            indices = np.searchsorted(self.starts, times + _TIME_EPS, side="right") - 1
-            indices = np.clip(indices, 0, self.num_frames - 1)
-        else:
-            # Frames shown at some moment of [start, end).
-            inside = np.flatnonzero(
-                (self.starts < end - _TIME_EPS) & (np.append(self.starts[1:], self.duration) > start + _TIME_EPS)
-            )
-            if len(inside) == 0:
-                raise VideoError(f"{self.path}: no frame is shown between {start:.3f} s and {end:.3f} s")
-            if len(inside) > sampling.max_frames:
-                inside = inside[np.round(np.linspace(0, len(inside) - 1, sampling.max_frames)).astype(np.int64)]
-            indices = inside
-        indices = indices.astype(np.int64)
+        """The frames `sampling` takes (lwm.data.sampling's rule over the frames' start times)."""
+        try:
+            indices = frame_indices(self.starts, self.duration, sampling)
+        except SamplingError as e:
+            raise VideoError(f"{self.path}: {e}") from None
         return Plan(indices=indices, timestamps=self.starts[indices].astype(np.float64))
 
     # ------------------------------------------------------------------------------------ decoding
@@ -396,9 +332,7 @@ class Video:
                     pos += 1
                 if pos < target:
                     continue  # decoded, never converted
-                if pos > target or (
-                    t is not None and abs(t - self.starts[pos]) > _TIME_EPS + np.spacing(np.float32(t))
-                ):
+                if pos > target or (t is not None and abs(t - self.starts[pos]) > TIME_EPS + np.spacing(np.float32(t))):
                     raise VideoError(
                         f"{self.path}: decoding forward met frame {pos} at {t} s where frame {target} at "
                         f"{self.starts[target]:.4f} s was due (PyAV and decord disagree on the frames)"
@@ -478,6 +412,11 @@ class Video:
         return x.round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1).contiguous().numpy()  # (t, r, r, 3)
 
 
+def default_rate(fps=None, max_frames=None, start=None, end=None) -> Sampling:
+    """The sampling asked for, at 1 fps when neither a rate nor a count is given (the commands' default)."""
+    return Sampling(fps=1.0 if fps is None and max_frames is None else fps, max_frames=max_frames, start=start, end=end)
+
+
 def read_video(
     path: str | os.PathLike,
     *,
@@ -489,7 +428,7 @@ def read_video(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Frames (T, resolution, resolution, 3) uint8 and their timestamps (T,) in seconds; fps 1.0 unless told."""
     video = Video(path, resolution)
-    plan = video.plan(Sampling(fps=fps, max_frames=max_frames, start=start, end=end))
+    plan = video.plan(default_rate(fps, max_frames, start, end))
     return video.read(plan.indices), plan.timestamps
 
 
@@ -506,5 +445,5 @@ def stream_video(
     """read_video in chunks of at most `chunk_size` frames; memory stays bounded however long the video is.
     A generator: a bad file or sampling raises VideoError at the first next()."""
     video = Video(path, resolution)
-    plan = video.plan(Sampling(fps=fps, max_frames=max_frames, start=start, end=end))
+    plan = video.plan(default_rate(fps, max_frames, start, end))
     yield from video.chunks(plan, chunk_size)

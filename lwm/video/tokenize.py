@@ -29,7 +29,6 @@ below (--help prints it).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import re
 import sys
@@ -42,10 +41,12 @@ import numpy as np
 import torch
 
 from lwm.arg_types import device_name, positive_float, positive_int, seconds
+from lwm.data.sampling import Sampling
 from lwm.interop.vqgan_sources import open_vqgan
 from lwm.io import NoSpaceLeft, append_jsonl, atomic_file, read_jsonl, writes_to
 from lwm.out_lock import FolderLocked, output_lock
-from lwm.video.reader import Sampling, Video, VideoError
+from lwm.video.codes import encode_video, video_id
+from lwm.video.reader import VideoError, default_rate
 from lwm.vision.vqgan_config import PRESETS
 
 VIDEO_EXTENSIONS = frozenset(".mp4 .m4v .mkv .webm .avi .mov .mpg .mpeg .ts .flv .wmv .3gp .ogv".split())
@@ -136,15 +137,6 @@ def collect_videos(inputs: list[str]) -> list[str]:
     return sorted(paths)
 
 
-def video_id(path: str, scheme: str = "hashed") -> str:
-    """hashed: the file stem (for people) + a hash of the absolute path (collision-free, but tied to
-    where the data lies); stem: the file stem alone, what example files usually refer to."""
-    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(path).stem)[:80] or "video"
-    if scheme == "stem":
-        return stem
-    return f"{stem}-{hashlib.sha1(os.path.abspath(path).encode()).hexdigest()[:10]}"
-
-
 def check_unique_ids(paths: list[str], scheme: str) -> str | None:
     """A usage error naming the clash when two videos would get the same id."""
     seen: dict[str, str] = {}
@@ -219,32 +211,6 @@ class OutputDir:
 # ------------------------------------------------------------------------------------ the run
 
 
-def tokenize_video(
-    path: str, model, sampling: Sampling, batch_size: int, progress=None
-) -> tuple[np.ndarray, Video, np.ndarray]:
-    """Codes (T, 256) uint16 of one video, encoded chunk by chunk; also the Video and the timestamps (T,)."""
-    video = Video(path, model.config.resolution)
-    plan = video.plan(sampling)
-    if progress is not None:
-        progress.total += len(plan)
-        progress.refresh()
-    codes = np.empty((len(plan), model.config.tokens_per_frame), np.uint16)
-    done = 0
-    try:
-        for frames, _ in video.chunks(plan, chunk_size=batch_size):
-            # (t, r, r, 3) uint8 -> (t, 256) long
-            codes[done : done + len(frames)] = (
-                model.encode(torch.from_numpy(frames), batch_size=batch_size).cpu().numpy()
-            )
-            done += len(frames)
-            if progress is not None:
-                progress.update(len(frames))
-    finally:
-        if progress is not None and done < len(plan):
-            progress.total -= len(plan) - done
-    return codes, video, plan.timestamps
-
-
 def _check_compatible(finished: dict[str, dict], sampling: dict, tokenizer: dict) -> str | None:
     for record in finished.values():
         if record.get("sampling") != sampling or record.get("tokenizer", {}).get("weights") != tokenizer["weights"]:
@@ -275,7 +241,7 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace, held: Ex
     """Everything checked before any video is read; a problem exits with argparse's status 2. The output
     folder's lock is entered into `held`, which the caller keeps open while the job runs."""
     try:
-        sampling = Sampling(fps=args.fps, max_frames=args.max_frames, start=args.start, end=args.end)
+        sampling = default_rate(args.fps, args.max_frames, args.start, args.end)
     except ValueError as e:
         parser.error(str(e))
     try:
@@ -351,7 +317,9 @@ def run(job: Job) -> int:
                     skipped += 1
                     continue
                 try:
-                    codes, video, timestamps = tokenize_video(path, job.model, job.sampling, job.batch_size, progress)
+                    codes, timestamps, video = encode_video(
+                        path, job.model, job.sampling, job.batch_size, np.uint16, progress
+                    )
                     job.out.write(manifest_record(job, vid, path, codes, video, timestamps), codes)
                     done += 1
                     frames += len(codes)
