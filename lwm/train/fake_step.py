@@ -9,9 +9,10 @@ LWMModule's loss and backward objective, clipping and AdamW (lwm.train.module). 
 shapes, dtypes and devices, never values. The autograd engine cannot run a backward on fake CUDA
 tensors without a GPU, so the tensors are fake CPU tensors with the GPU's settings forced: the bf16
 policy and the CUDA flash kernel (whose aten ops have meta kernels that give their shapes).
-Document masks are off: their runs are read from the segment ids on the host (lwm/model/documents.py
-`runs`: nonzero and tolist), which fake tensors have no values for; tests/test_fake_step.py counts
-those host syncs at a small real shape.
+The sequence is packed from `documents` equal documents with document masks on: the batch is cut
+on the host as the datamodule cuts it, where the documents are read once (lwm.model.documents.
+Documents), then its tensors become fake ones as Lightning would move them to the device; the
+ring then runs one varlen flash call per step and never reads a device value.
 """
 
 from __future__ import annotations
@@ -64,14 +65,17 @@ class FakeStepConfig:
     cp: int = field(default=8, metadata={"help": "context-parallel degree"})
     dp: int = field(default=4, metadata={"help": "data-parallel degree (world = dp x cp)"})
     prefill_chunk: int = field(default=8192, metadata={"help": "prompt tokens per rank per prefill segment"})
+    documents: int = field(default=256, metadata={"help": "equal documents packed in the sequence (1: no masks)"})
 
     def __post_init__(self) -> None:
         if self.preset not in PRESETS:
             raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {self.preset!r}")
-        for name in ("seq_len", "cp", "dp", "prefill_chunk"):
+        for name in ("seq_len", "cp", "dp", "prefill_chunk", "documents"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         check_divisible(self.seq_len, self.cp, "striped")
+        if self.seq_len % self.documents:
+            raise ValueError(f"seq_len {self.seq_len} is not divisible by documents {self.documents}")
 
 
 class OpCounter:
@@ -188,7 +192,7 @@ def make_batch(
 ) -> dict:
     """This rank's slice of one packed sequence of `documents` equal documents (a third of each a
     vision span), cut on the host as the datamodule cuts it (lwm.data.batches.shard_batch), then
-    moved to `device` as Lightning moves a batch."""
+    moved to `device` as Lightning moves a batch (for fake tensors: `fake`)."""
     if seq_len % documents:
         raise ValueError(f"seq_len {seq_len} is not divisible by documents {documents}")
     tokens = torch.randint(0, config.vocab_size, (1, seq_len + 1))
@@ -204,6 +208,12 @@ def make_batch(
     sharding = Sharding(cp_rank=where.cp_rank, cp_size=where.cp, layout=layout)
     local = shard_batch(full, sharding, "document" if documents > 1 else "sequence")
     return {k: v.to(device) for k, v in local.items()}
+
+
+def fake(batch: dict, mode: FakeTensorMode) -> dict:
+    """The batch's tensors as fake ones of `mode` (what the device would hold); its Documents stay
+    host data, as a real move leaves them."""
+    return {k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
 def train_step(model, batch: dict, optimizer, optim: OptimConfig, cp_group, document_mask: bool):
@@ -350,9 +360,10 @@ def run(config: FakeStepConfig) -> FakeStepReport:
         preset = ModelConfig.from_preset(config.preset)
         stage = StageConfig("fake", config.seq_len, rope_theta=preset.rope_theta, steps=1, lr=1e-5, cp=config.cp)
         model_config = stage_model_config(preset, stage)
-        parallel = ParallelConfig(document_mask=False)  # document runs are read on the host (module docstring)
-        with FakeTensorMode():
-            batch = make_batch(model_config, config.seq_len, where, 1, parallel.layout, "cpu")
+        parallel = ParallelConfig(document_mask=config.documents > 1)
+        batch = make_batch(model_config, config.seq_len, where, config.documents, parallel.layout, "cpu")  # host
+        with FakeTensorMode() as mode:
+            batch = fake(batch, mode)
             start = time.perf_counter()
             step = run_step(model_config, stage, where, parallel, GPU_SETTINGS, "cpu", batch)
             seconds = {"step": time.perf_counter() - start}
@@ -369,9 +380,10 @@ def run(config: FakeStepConfig) -> FakeStepReport:
 def _report(config: FakeStepConfig, step: StepResult, prefill: PrefillResult, seconds: dict) -> list[str]:
     world, local = config.dp * config.cp, config.seq_len // config.cp
     attn_in, block_out, rope = step.seen["attn_in"], step.seen["block_out"], step.seen["rope"]
+    masks = f"{config.documents} documents masked" if config.documents > 1 else "no document masks"
     return [
         f"fake step: preset {config.preset}, {config.seq_len} tokens, cp {config.cp}, dp {config.dp} "
-        f"(rank 0 of {world}), bf16 compute on fp32 shards, attention cuda_flash, no document masks",
+        f"(rank 0 of {world}), bf16 compute on fp32 shards, attention cuda_flash, {masks}",
         f"step {seconds['step']:.1f} s wall (model built on meta, sharded, loss, backward, clip, AdamW)",
         f"  batch: {local} of {config.seq_len} tokens on this rank; loss {tuple(step.loss.shape)} {step.loss.dtype}",
         f"  first block: attention in {attn_in[0]} {attn_in[1]}, RoPE cos/sin {rope[0]} {rope[1]}/{rope[2]}, "
