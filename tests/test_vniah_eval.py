@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 from lwm.data import TextTokenizer, Vocab  # noqa: E402
 from lwm.eval import vniah  # noqa: E402
+from lwm.eval import vniah_grid as vg  # noqa: E402
 from lwm.infer.runtime import ModelOptions  # noqa: E402
 from lwm.interop.vqgan_sources import load_vqgan  # noqa: E402
 from lwm.synth import make_card_qa, make_vniah  # noqa: E402
@@ -45,14 +46,14 @@ def reader(vqgan):
 def test_trial_videos_put_the_needle_at_the_depth_and_repeat():
     codes, labels = np.arange(70)[:, None].repeat(4, 1), np.repeat(np.arange(7), 10)
     for frames, depth in ((1, 50.0), (5, 0.0), (5, 50.0), (5, 100.0), (9, 25.0)):
-        video, color, at = vniah.trial_video(codes, labels, frames, depth, seed=0, trial=0)
+        video, color, at = vg.trial_video(codes, labels, frames, depth, seed=0, trial=0)
         assert video.shape == (frames, 4) and at == round(depth / 100 * (frames - 1))
         kinds = labels[video[:, 0]]
         assert kinds[at] < 6 and make_vniah.NEEDLE_COLORS[kinds[at]] == color
         assert (np.delete(kinds, at) == 6).all()  # every other frame is haystack
-        again = vniah.trial_video(codes, labels, frames, depth, seed=0, trial=0)
+        again = vg.trial_video(codes, labels, frames, depth, seed=0, trial=0)
         assert np.array_equal(again[0], video) and again[1:] == (color, at)
-    many = {vniah.trial_video(codes, labels, 5, 50.0, seed=0, trial=t)[0].tobytes() for t in range(8)}
+    many = {vg.trial_video(codes, labels, 5, 50.0, seed=0, trial=t)[0].tobytes() for t in range(8)}
     assert len(many) == 8
 
 
@@ -87,7 +88,7 @@ def test_grid_scores_both_methods(vqgan, reader):
     vocab = Vocab(tok.vocab_size)
     frames, depths = [1, 3, 6], [0, 50, 100]
     right = Reader(tok, vocab, reader)
-    res = vniah.run_vniah(right, tok, vocab, vqgan, frames, depths, trials=2, pool=8)
+    res = vg.run_vniah(right, tok, vocab, vqgan, frames, depths, trials=2, pool=8)
     assert res["trials_failed"] == 0 and len(res["trials"]) == 18
     assert right.frames == [n for n in frames for _ in depths for _ in range(2) for _ in range(2)]  # once per method
     assert res["accuracy"] == {"generated": 1.0, "ll": 1.0}
@@ -95,13 +96,13 @@ def test_grid_scores_both_methods(vqgan, reader):
     for r in res["trials"]:
         assert r["generated"]["output"] == r["answer"] and r["ll"]["predicted"] == r["answer"][:-1].lower()
         assert {"video_id", "duration", "question", "options", "answer", "task_type"} <= set(r)
-    wrong = vniah.run_vniah(Reader(tok, vocab, reader, wrong=True), tok, vocab, vqgan, frames, depths, trials=2, pool=8)
+    wrong = vg.run_vniah(Reader(tok, vocab, reader, wrong=True), tok, vocab, vqgan, frames, depths, trials=2, pool=8)
     assert wrong["accuracy"] == {"generated": 0.0, "ll": 0.0}
-    assert vniah.first_color("It is Cyan, not red.") == "cyan" and vniah.first_color("I see a card.") is None
+    assert vg.first_color("It is Cyan, not red.") == "cyan" and vg.first_color("I see a card.") is None
     with pytest.raises(ValueError, match="--frames must be positive"):
-        vniah.run_vniah(right, tok, vocab, vqgan, [0, 2], depths)
+        vg.run_vniah(right, tok, vocab, vqgan, [0, 2], depths)
     with pytest.raises(ValueError, match="methods must be"):
-        vniah.run_vniah(right, tok, vocab, vqgan, frames, depths, methods=["letter"])
+        vg.run_vniah(right, tok, vocab, vqgan, frames, depths, methods=["letter"])
 
 
 @pytest.fixture(scope="module")
