@@ -524,6 +524,26 @@ def test_cli_end_to_end(e2e, tmp_path, capsys):
     assert "video_qa.md" in capsys.readouterr().out
 
 
+def test_run_takes_the_config_the_command_line_gives(e2e, tmp_path, capsys):
+    """run(VideoQAConfig) in-process, the config built in code, writes what main writes for the same options."""
+    from lwm.arg_types import from_args
+    from lwm.eval.video_qa.cli import UsageError, VideoQAConfig, build_parser, run
+    from lwm.infer.runtime import ModelOptions
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    parsed = from_args(VideoQAConfig, build_parser().parse_args(_args(e2e, a, "--limit", "2")))
+    config = VideoQAConfig(
+        load=ModelOptions(model=str(e2e["hf"])), data=str(e2e["data"]), codes=str(e2e["codes"]), vqgan=str(VQGAN),
+        out=str(b), progress=False, letter_tokens=4, max_new_tokens=6, limit=2,
+    )  # fmt: skip
+    assert parsed == VideoQAConfig(**{**vars(config), "out": str(a), "load": parsed.load})
+    assert vqa.main(_args(e2e, a, "--limit", "2")) == 0 and run(config) == 0
+    one, two = (json.loads((d / "video_qa.json").read_text()) for d in (a, b))
+    assert [r.pop("seconds", None) for r in (one["config"], two["config"])] and one["records"] == two["records"]
+    with pytest.raises(UsageError, match="--data .*: no such file"):
+        run(VideoQAConfig(load=config.load, data=str(tmp_path / "none.jsonl")))
+
+
 def test_cli_usage_errors(e2e, tmp_path, capsys):
     for args, message in (
         (["--model", str(tmp_path / "none"), "--data", str(e2e["data"])], "--model"),

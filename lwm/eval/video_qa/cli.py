@@ -1,15 +1,17 @@
-"""The video QA command: options, the checks that need no model, the run, the outputs; the forms of
-the data and the outputs are in the package's doc."""
+"""The video QA command, a typed config plus run(config): VideoQAConfig's fields are the options
+(lwm.arg_types builds the parser from them), validate checks what needs no model, run loads the model
+and evaluates. The forms of the data and the outputs are in the package's doc."""
 
 from __future__ import annotations
 
 import argparse
-import os
+import dataclasses
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from lwm.arg_types import csv_list, positive_float, positive_int
+from lwm.arg_types import add_options, csv_list, from_args, option, positive_float, positive_int
 from lwm.eval.video_qa.evaluate import run_video_qa
 from lwm.eval.video_qa.items import Item, read_items
 from lwm.eval.video_qa.report import RecordLog, markdown, write_outputs
@@ -17,7 +19,59 @@ from lwm.eval.video_qa.scoring import METHODS
 from lwm.eval.video_qa.summary import Buckets
 from lwm.eval.video_qa.videos import VideoSource
 from lwm.infer.prompt import DEFAULT_VQGAN
-from lwm.infer.runtime import add_model_args, load_generator, start
+from lwm.infer.runtime import ModelOptions, load_generator, start
+from lwm.ranks import is_rank0
+
+
+@dataclass(kw_only=True)
+class VideoQAConfig:
+    """python -m lwm.eval.video_qa's options."""
+
+    load: ModelOptions  # --model, --tokenizer, --device, --dtype, --layout, --prefill-chunk
+    data: str = option("JSON lines of questions (or a .json list); see the module's doc")
+    video_dir: str | None = option("folder of <videoID>.mp4 for Video-MME style items", None)
+    codes: str | None = option("an lwm-tokenize output folder with cached codes", None)
+    ids: str = option(
+        "how cached codes are named (lwm-tokenize --ids); auto tries both", "auto", choices=["auto", "hashed", "stem"]
+    )
+    vqgan: str | None = option(
+        "VQGAN checkpoint (tiny preset) or diffusers folder for videos not in the cache "
+        "(default: the model folder's vqgan/, else the bundled tiny VQGAN)",
+        None,
+    )
+    fps: float = option("frames per second (default 1)", 1.0, type=positive_float)
+    max_frames: int | None = option("at most this many frames, spread evenly", None, type=positive_int)
+    methods: list[str] = option(
+        "multiple-choice scoring: ll, letter or ll,letter", default_factory=lambda: list(METHODS), type=csv_list
+    )
+    bucket_edges: list[str] = option(
+        "duration bucket edges in seconds (default 120,900)", default_factory=lambda: ["120", "900"], type=csv_list
+    )
+    bucket_names: list[str] | None = option(
+        "names of the buckets (one more than edges; default short,medium,long)", None, type=csv_list
+    )
+    max_new_tokens: int = option("tokens generated for an open question", 32, type=positive_int)
+    letter_tokens: int = option("tokens generated for the letter", 8, type=positive_int)
+    limit: int | None = option("only the first N items", None, type=positive_int)
+    max_duration: float | None = option(
+        "skip items whose given duration (seconds) is longer, e.g. what a CPU cannot prefill in reasonable time",
+        None,
+        type=float,
+    )
+    out: str = option("output folder (default runs/eval)", "runs/eval")
+    progress: bool = option("no progress bar", True, flag="--no-progress", action="store_false")
+
+
+@dataclass
+class Checked:
+    """What validate found: the duration buckets and the items to evaluate."""
+
+    buckets: Buckets
+    items: list[Item]
+
+
+class UsageError(Exception):
+    """A bad option or input, before anything is evaluated: exit status 2, the message naming the option."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,120 +81,70 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Exit status: 0 if every item was scored, 1 if some were recorded as errors, "
         "2 for a usage error, 130 if interrupted.",
     )
-    add_model_args(p)
-    p.add_argument("--data", required=True, help="JSON lines of questions (or a .json list); see the module's doc")
-    p.add_argument("--video-dir", help="folder of <videoID>.mp4 for Video-MME style items")
-    p.add_argument("--codes", help="an lwm-tokenize output folder with cached codes")
-    p.add_argument(
-        "--ids",
-        choices=["auto", "hashed", "stem"],
-        default="auto",
-        help="how cached codes are named (lwm-tokenize --ids); auto tries both",
-    )
-    p.add_argument(
-        "--vqgan",
-        help="VQGAN checkpoint (tiny preset) or diffusers folder for videos not in the cache "
-        "(default: the model folder's vqgan/, else the bundled tiny VQGAN)",
-    )
-    p.add_argument("--fps", type=positive_float, default=1.0, help="frames per second (default 1)")
-    p.add_argument("--max-frames", type=positive_int, help="at most this many frames, spread evenly")
-    p.add_argument(
-        "--methods", type=csv_list, default=list(METHODS), help="multiple-choice scoring: ll, letter or ll,letter"
-    )
-    p.add_argument(
-        "--bucket-edges",
-        type=csv_list,
-        default=["120", "900"],
-        help="duration bucket edges in seconds (default 120,900)",
-    )
-    p.add_argument(
-        "--bucket-names", type=csv_list, help="names of the buckets (one more than edges; default short,medium,long)"
-    )
-    p.add_argument("--max-new-tokens", type=positive_int, default=32, help="tokens generated for an open question")
-    p.add_argument("--letter-tokens", type=positive_int, default=8, help="tokens generated for the letter")
-    p.add_argument("--limit", type=positive_int, help="only the first N items")
-    p.add_argument(
-        "--max-duration",
-        type=float,
-        help="skip items whose given duration (seconds) is longer, e.g. what a CPU cannot prefill in reasonable time",
-    )
-    p.add_argument("--out", default="runs/eval", help="output folder (default runs/eval)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    return p
+    return add_options(p, VideoQAConfig)
 
 
-def _rank() -> int:
-    return int(os.environ.get("RANK", "0"))
-
-
-def _usage_error(parser, message: str):
-    if _rank() == 0:
-        parser.print_usage(sys.stderr)
-        print(f"{parser.prog}: error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
-def _check_paths(parser, args) -> None:
-    if not Path(args.model).exists():
-        _usage_error(parser, f"--model {args.model}: no such file or folder")
+def _check_paths(args: VideoQAConfig) -> None:
+    if not Path(args.load.model).exists():
+        raise UsageError(f"--model {args.load.model}: no such file or folder")
     if not Path(args.data).is_file():
-        _usage_error(parser, f"--data {args.data}: no such file")
+        raise UsageError(f"--data {args.data}: no such file")
     if args.video_dir and not Path(args.video_dir).is_dir():
-        _usage_error(parser, f"--video-dir {args.video_dir}: no such folder")
+        raise UsageError(f"--video-dir {args.video_dir}: no such folder")
     if args.codes and not (Path(args.codes) / "tokens").is_dir():
-        _usage_error(parser, f"--codes {args.codes}: no tokens/ folder (expected the output of lwm-tokenize)")
+        raise UsageError(f"--codes {args.codes}: no tokens/ folder (expected the output of lwm-tokenize)")
     if args.vqgan is not None and not Path(args.vqgan).exists():
-        _usage_error(parser, f"--vqgan {args.vqgan}: no such file or folder")
+        raise UsageError(f"--vqgan {args.vqgan}: no such file or folder")
 
 
-def _items(parser, args) -> list[Item]:
+def _items(args: VideoQAConfig) -> list[Item]:
     """The items of --data, less those over --max-duration, at most --limit; none is a usage error."""
     try:
         items = read_items(args.data, args.video_dir)
     except OSError as e:
-        _usage_error(parser, f"--data {args.data}: {e}")
+        raise UsageError(f"--data {args.data}: {e}")
     if args.max_duration is not None:
         n = len(items)
         items = [it for it in items if not (isinstance(it.duration, (int, float)) and it.duration > args.max_duration)]
-        if len(items) < n and _rank() == 0:
+        if len(items) < n and is_rank0():
             print(
                 f"skipping {n - len(items)} items longer than --max-duration {args.max_duration:g} s", file=sys.stderr
             )
     if args.limit:
         items = items[: args.limit]
     if not items:
-        _usage_error(parser, f"--data {args.data}: no items")
+        raise UsageError(f"--data {args.data}: no items")
     if any(it.video_key and not it.video for it in items) and not args.codes:
-        _usage_error(
-            parser, f"--data {args.data} names videos by videoID: pass --video-dir (folder of <videoID>.mp4) or --codes"
+        raise UsageError(
+            f"--data {args.data} names videos by videoID: pass --video-dir (folder of <videoID>.mp4) or --codes"
         )
     return items
 
 
-def validate(parser, args) -> tuple[Buckets, list[Item]]:
+def validate(args: VideoQAConfig) -> Checked:
     """Every check that needs no model, before one loads; a failure exits 2 naming the option."""
-    _check_paths(parser, args)
+    _check_paths(args)
     bad = [m for m in args.methods if m not in METHODS]
     if bad or not args.methods:
-        _usage_error(parser, f"--methods: expected ll, letter or ll,letter, got {','.join(args.methods)!r}")
+        raise UsageError(f"--methods: expected ll, letter or ll,letter, got {','.join(args.methods)!r}")
     try:
         edges = tuple(float(e) for e in args.bucket_edges)
         buckets = Buckets(edges, tuple(args.bucket_names) if args.bucket_names else None)
     except ValueError as e:
-        _usage_error(parser, f"--bucket-edges/--bucket-names: {e}")
-    items = _items(parser, args)
-    if _rank() == 0:
+        raise UsageError(f"--bucket-edges/--bucket-names: {e}")
+    items = _items(args)
+    if is_rank0():
         try:
             Path(args.out).mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            _usage_error(parser, f"--out {args.out}: {e}")
-    return buckets, items
+            raise UsageError(f"--out {args.out}: {e}")
+    return Checked(buckets, items)
 
 
-def _config(args, buckets: Buckets, loaded, runtime) -> dict:
+def _config(args: VideoQAConfig, buckets: Buckets, loaded, runtime) -> dict:
     """The run's settings, as video_qa.json records them."""
     return {
-        "model": str(args.model),
+        "model": str(args.load.model),
         "data": str(args.data),
         "video_dir": args.video_dir,
         "codes": args.codes,
@@ -155,7 +159,7 @@ def _config(args, buckets: Buckets, loaded, runtime) -> dict:
         "limit": args.limit,
         "max_duration": args.max_duration,
         "world_size": runtime.world,
-        "layout": args.layout,
+        "layout": args.load.layout,
         "device": runtime.device,
         "dtype": str(loaded.model.output.weight.dtype).removeprefix("torch."),
         "model_max_seq_len": loaded.model.config.max_seq_len,
@@ -174,21 +178,22 @@ def _report(result: dict, out: Path, max_seq_len: int) -> None:
     print(f"wrote {js} and {md}")
 
 
-def run(parser, args, buckets: Buckets, items: list[Item]) -> int:
-    """Load the model, evaluate the items (rank 0 reads the videos, logs, writes and prints) -> exit status."""
-    runtime = start(args.device)
+def run(config: VideoQAConfig, checked: Checked | None = None) -> int:
+    """Load the model, evaluate the items (rank 0 reads the videos, logs, writes and prints) -> exit status.
+    Raises UsageError for a bad option or a model that cannot load."""
+    checked = checked or validate(config)
+    runtime = start(config.load.device)
     try:
-        loaded, generator = load_generator(args, runtime)
+        loaded, generator = load_generator(config.load, runtime)
     except (FileNotFoundError, ValueError) as e:
-        _usage_error(parser, str(e))
-    args.vqgan = str(args.vqgan or loaded.vqgan or DEFAULT_VQGAN)
-    first, device = _rank() == 0, runtime.device
+        raise UsageError(str(e)) from e
+    args = dataclasses.replace(config, vqgan=str(config.vqgan or loaded.vqgan or DEFAULT_VQGAN))
+    first, device = is_rank0(), runtime.device
     source = (
         VideoSource(args.codes, args.vqgan, fps=args.fps, max_frames=args.max_frames, ids=args.ids, device=device)
         if first
         else None
     )
-    config = _config(args, buckets, loaded, runtime)
     log = RecordLog(Path(args.out) / "video_qa.records.jsonl") if first else None
     started = time.perf_counter()
     try:
@@ -196,16 +201,16 @@ def run(parser, args, buckets: Buckets, items: list[Item]) -> int:
             generator,
             loaded.tokenizer,
             loaded.vocab,
-            items,
+            checked.items,
             source,
             methods=tuple(args.methods),
-            buckets=buckets,
+            buckets=checked.buckets,
             max_new_tokens=args.max_new_tokens,
             letter_tokens=args.letter_tokens,
             prompt_style=loaded.prompt,
             on_record=log,
-            progress=not args.no_progress,
-            config=config,
+            progress=args.progress,
+            config=_config(args, checked.buckets, loaded, runtime),
         )
     finally:
         if log is not None:
@@ -221,10 +226,11 @@ def run(parser, args, buckets: Buckets, items: list[Item]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    buckets, items = validate(parser, args)
-    return run(parser, args, buckets, items)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    config = from_args(VideoQAConfig, parser.parse_args(argv))
+    try:
+        return run(config, validate(config))
+    except UsageError as e:
+        if is_rank0():  # every rank stops; one says why
+            parser.print_usage(sys.stderr)
+            print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        sys.exit(2)
