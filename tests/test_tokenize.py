@@ -350,3 +350,30 @@ def test_a_full_tmpfs(data, tmp_path, capsys):
         assert not list((out / "tokens").iterdir()) and not records(out, "failures.jsonl")
     finally:
         subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_run_takes_the_config_the_command_line_gives(data, tmp_path, capsys):
+    """lwm-tokenize is TokenizeConfig plus run(config): a config built in code is the parsed one, and run
+    writes what main does; a bad option is a UsageError (main turns it into argparse's exit 2)."""
+    from lwm.arg_types import from_args
+    from lwm.video.tokenize import TokenizeConfig, UsageError, build_parser
+    from lwm.video.tokenize import run as run_config
+
+    video = str(data["good"]["portrait"])
+    config = TokenizeConfig(
+        inputs=[video], out=tmp_path / "a", max_frames=3, vqgan="tiny", checkpoint=data["checkpoint"], device="cpu"
+    )
+    argv = [video, "--out", str(tmp_path / "a"), "--max-frames", "3", "--vqgan", "tiny"]
+    assert (
+        from_args(
+            TokenizeConfig,
+            build_parser().parse_args(argv + ["--checkpoint", str(data["checkpoint"]), "--device", "cpu"]),
+        )
+        == config
+    )
+    assert run_config(config) == 0
+    assert run(data, tmp_path / "b", "--max-frames", "3", inputs=[video]) == 0
+    a, b = (np.load(next((tmp_path / d / "tokens").glob("*.npy"))) for d in ("a", "b"))
+    assert (a == b).all() and len(a) == 3
+    with pytest.raises(UsageError, match="neither a folder nor a preset"):
+        run_config(TokenizeConfig(inputs=[video], out=tmp_path / "c", vqgan="nope"))

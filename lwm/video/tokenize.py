@@ -29,7 +29,6 @@ below (--help prints it).
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import sys
 import time
@@ -40,17 +39,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lwm.arg_types import device_name, positive_float, positive_int, seconds
+from lwm.arg_types import add_options, device_name, from_args, option, positive_float, positive_int, seconds
 from lwm.data.sampling import Sampling
 from lwm.interop.vqgan_sources import open_vqgan
 from lwm.io import NoSpaceLeft, append_jsonl, atomic_file, read_jsonl, writes_to
 from lwm.out_lock import FolderLocked, output_lock
 from lwm.video.codes import encode_video, video_id
+from lwm.video.inputs import check_unique_ids, collect_videos
 from lwm.video.reader import VideoError, default_rate
 from lwm.vision.vqgan_config import PRESETS
 
-VIDEO_EXTENSIONS = frozenset(".mp4 .m4v .mkv .webm .avi .mov .mpg .mpeg .ts .flv .wmv .3gp .ogv".split())
-LIST_EXTENSIONS = frozenset({".txt", ".lst", ".list"})
 # Codes are stored as uint16.
 _MAX_CODES = 1 << 16
 EXIT_STATUS = (
@@ -73,85 +71,49 @@ def _shard(text: str) -> tuple[int, int]:
     return i, n
 
 
+@dataclass(kw_only=True)
+class TokenizeConfig:
+    """lwm-tokenize's options."""
+
+    inputs: list[str] = option(
+        "video files, folders (recursive) and list files (.txt/.lst/.list)", positional=True, nargs="+"
+    )
+    out: Path = option("output folder (tokens/, manifest, failures)", type=Path)
+    fps: float | None = option("frames per second to sample (default 1.0)", None, type=positive_float, exclusive="rate")
+    max_frames: int | None = option(
+        "sample this many frames uniformly over the clip instead", None, type=positive_int, exclusive="rate"
+    )
+    start: float | None = option("clip start in seconds (default: the first frame)", None, type=seconds)
+    end: float | None = option("clip end in seconds (default: the end of the video)", None, type=seconds)
+    vqgan: str = option("a VQGAN preset name (lwm, tiny) or a folder saved by diffusers (VQModel)", "lwm")
+    checkpoint: Path | None = option("state dict for the preset (.pt/.pth/.bin or .safetensors)", None, type=Path)
+    batch_size: int = option("frames per VQGAN batch; also frames decoded at once", 16, type=positive_int)
+    device: str | None = option("cpu, cuda or cuda:N (default: cuda if available, else cpu)", None, type=device_name)
+    ids: str = option(
+        "video ids: file stem + path hash (default), or the file stem alone (must be unique)",
+        "hashed",
+        choices=["hashed", "stem"],
+    )
+    shard: tuple[int, int] = option("take every N-th video, starting at the I-th", (0, 1), type=_shard, metavar="I/N")
+
+
+class UsageError(Exception):
+    """A bad option, input or output folder, found before any video is read: exit status 2."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="lwm-tokenize",
         description="Tokenize videos with a VQGAN into uint16 (T, 256) codes, resumably.",
         epilog=EXIT_STATUS,
     )
-    p.add_argument("inputs", nargs="+", help="video files, folders (recursive) and list files (.txt/.lst/.list)")
-    p.add_argument("--out", required=True, type=Path, help="output folder (tokens/, manifest, failures)")
-    rate = p.add_mutually_exclusive_group()
-    rate.add_argument("--fps", type=positive_float, help="frames per second to sample (default 1.0)")
-    rate.add_argument("--max-frames", type=positive_int, help="sample this many frames uniformly over the clip instead")
-    p.add_argument("--start", type=seconds, help="clip start in seconds (default: the first frame)")
-    p.add_argument("--end", type=seconds, help="clip end in seconds (default: the end of the video)")
-    p.add_argument(
-        "--vqgan",
-        default="lwm",
-        help="a VQGAN preset name (lwm, tiny) or a folder saved by diffusers (VQModel)",
-    )
-    p.add_argument("--checkpoint", type=Path, help="state dict for the preset (.pt/.pth/.bin or .safetensors)")
-    p.add_argument(
-        "--batch-size", type=positive_int, default=16, help="frames per VQGAN batch; also frames decoded at once"
-    )
-    p.add_argument(
-        "--device", type=device_name, default=None, help="cpu, cuda or cuda:N (default: cuda if available, else cpu)"
-    )
-    p.add_argument(
-        "--ids",
-        choices=["hashed", "stem"],
-        default="hashed",
-        help="video ids: file stem + path hash (default), or the file stem alone (must be unique)",
-    )
-    p.add_argument(
-        "--shard", type=_shard, default=(0, 1), metavar="I/N", help="take every N-th video, starting at the I-th"
-    )
-    return p
-
-
-# ------------------------------------------------------------------------------------ inputs
-
-
-def _walk(folder: Path) -> list[Path]:
-    found = []
-    for root, dirs, files in os.walk(folder):
-        dirs[:] = [d for d in dirs if not d.startswith(".")]
-        found += [Path(root, f) for f in files if not f.startswith(".") and Path(f).suffix.lower() in VIDEO_EXTENSIONS]
-    return found
-
-
-def _expand(path: Path, allow_list: bool) -> list[Path]:
-    if path.is_dir():
-        return _walk(path)
-    if allow_list and path.is_file() and path.suffix.lower() in LIST_EXTENSIONS:
-        lines = path.read_text(errors="replace").splitlines()
-        entries = [line.strip() for line in lines if line.strip() and not line.strip().startswith("#")]
-        return [p for entry in entries for p in _expand(path.parent / Path(entry).expanduser(), allow_list=False)]
-    return [path]  # a video, or a path that does not exist (it becomes a failure)
-
-
-def collect_videos(inputs: list[str]) -> list[str]:
-    """Absolute paths of all videos named by the inputs, without duplicates, sorted (the order shards split)."""
-    paths = {os.path.abspath(p) for arg in inputs for p in _expand(Path(arg).expanduser(), allow_list=True)}
-    return sorted(paths)
-
-
-def check_unique_ids(paths: list[str], scheme: str) -> str | None:
-    """A usage error naming the clash when two videos would get the same id."""
-    seen: dict[str, str] = {}
-    for p in paths:
-        vid = video_id(p, scheme)
-        if vid in seen:
-            return f"--ids {scheme}: {seen[vid]} and {p} both get the id {vid!r}; use --ids hashed"
-        seen[vid] = p
-    return None
+    return add_options(p, TokenizeConfig)
 
 
 # ------------------------------------------------------------------------------------ the VQGAN
 
 
-def _open(args: argparse.Namespace):
+def _open(args: TokenizeConfig):
     """The VQGAN of --vqgan (a preset, with --checkpoint its weights, or a diffusers folder) and its identity."""
     if Path(args.vqgan).is_dir():
         if args.checkpoint is not None:
@@ -237,22 +199,22 @@ class Job:
     shard: tuple[int, int]
 
 
-def validate(parser: argparse.ArgumentParser, args: argparse.Namespace, held: ExitStack) -> Job:
-    """Everything checked before any video is read; a problem exits with argparse's status 2. The output
-    folder's lock is entered into `held`, which the caller keeps open while the job runs."""
+def validate(args: TokenizeConfig, held: ExitStack) -> Job:
+    """Everything checked before any video is read; a problem raises UsageError (NoSpaceLeft for a full
+    disk). The output folder's lock is entered into `held`, which the caller keeps open while the job runs."""
     try:
         sampling = default_rate(args.fps, args.max_frames, args.start, args.end)
     except ValueError as e:
-        parser.error(str(e))
+        raise UsageError(str(e))
     try:
         device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     except RuntimeError as e:
-        parser.error(f"--device {args.device!r}: {e}")
+        raise UsageError(f"--device {args.device!r}: {e}")
     try:
         model, tokenizer = _open(args)
         model.to(device)
     except (ValueError, FileNotFoundError, RuntimeError) as e:
-        parser.error(str(e))
+        raise UsageError(str(e))
     if args.checkpoint is None and "preset" in tokenizer:
         print(f"warning: no --checkpoint; preset {args.vqgan!r} has random weights (seed 0)", file=sys.stderr)
     try:
@@ -261,18 +223,18 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace, held: Ex
         held.enter_context(output_lock(out.root, out.lock_name))  # before reading what is done
         finished = out.finished()
     except FolderLocked as e:
-        parser.error(f"--out: {e}")
-    except NoSpaceLeft as e:
-        parser.exit(EXIT_NO_SPACE, f"lwm-tokenize: {e}; free space and rerun\n")
+        raise UsageError(f"--out: {e}")
+    except NoSpaceLeft:
+        raise
     except (OSError, ValueError) as e:  # ValueError: a manifest line that is not JSON (JsonlError)
-        parser.error(f"--out {args.out}: {e}")
+        raise UsageError(f"--out {args.out}: {e}")
     problem = _check_compatible(finished, sampling.to_dict(), tokenizer)
     if problem:
-        parser.error(problem)
+        raise UsageError(problem)
     all_videos = collect_videos(args.inputs)
     clash = check_unique_ids(all_videos, args.ids)
     if clash:
-        parser.error(clash)
+        raise UsageError(clash)
     shard_i, shard_n = args.shard
     videos = all_videos[shard_i::shard_n]
     return Job(model, tokenizer, sampling, out, finished, videos, args.ids, args.batch_size, args.shard)
@@ -298,7 +260,7 @@ def manifest_record(job: Job, vid: str, path: str, codes: np.ndarray, video, tim
     }
 
 
-def run(job: Job) -> int:
+def tokenize(job: Job) -> int:
     """Tokenize the videos not in the manifest yet; a video that fails is recorded and the run goes on.
     Exit status 0, 1 when some video failed, 3 when the disk is full, 130 when interrupted (a rerun
     resumes)."""
@@ -354,11 +316,22 @@ def run(job: Job) -> int:
     return 1 if failed else 0
 
 
+def run(config: TokenizeConfig) -> int:
+    """Check the config, hold the output folder and tokenize -> exit status (tokenize's). Raises UsageError,
+    or NoSpaceLeft when the disk is full before the run starts."""
+    with ExitStack() as held:  # the output folder's lock, until the run ends
+        return tokenize(validate(config, held))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    with ExitStack() as held:  # the output folder's lock, until the run ends
-        return run(validate(parser, args, held))
+    config = from_args(TokenizeConfig, parser.parse_args(argv))
+    try:
+        return run(config)
+    except UsageError as e:
+        parser.error(str(e))
+    except NoSpaceLeft as e:
+        parser.exit(EXIT_NO_SPACE, f"lwm-tokenize: {e}; free space and rerun\n")
 
 
 if __name__ == "__main__":
