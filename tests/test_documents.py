@@ -11,9 +11,10 @@ import pytest
 import torch
 from documents import allowed, masked_sdpa, one_by_one_grads, packed_pair, packings
 from hydra import compose, initialize_config_dir
+from lightning.fabric.utilities.apply_func import move_data_to_device
 
 from lwm.data import DataConfig, Sharding, shard_batch
-from lwm.data.batches import document_positions
+from lwm.data.batches import WHOLE_IDS, document_positions, with_documents
 from lwm.model import ModelConfig
 from lwm.model.documents import Documents, document_attention
 from lwm.parallel import simulate_ring
@@ -197,6 +198,11 @@ def test_one_process_training_step_keeps_packed_examples_apart():
     loss, grads = _step(module, shard_batch(batch, Sharding(), "document"))
     assert (loss - ref_loss).abs() < 1e-6 * ref_loss
     assert max((grads[n] - ref_grads[n]).abs().max().item() for n in grads) < 1e-5
+    # as the datamodule hands it over (transfer_batch_to_device): documents read on the host, then moved
+    moved = move_data_to_device(with_documents(shard_batch(batch, Sharding(), "document")), "cpu")
+    assert isinstance(moved["documents"], Documents) and WHOLE_IDS not in moved
+    handed, handed_grads = _step(module, moved)
+    assert handed == loss and all(torch.equal(handed_grads[n], grads[n]) for n in grads)
     plain = _module(ParallelConfig(document_mask=False))
     plain.model.load_state_dict(state)
     unmasked, _ = _step(plain, shard_batch(batch, Sharding(), "document"))

@@ -18,6 +18,7 @@ from lwm.model.documents import Documents
 from lwm.parallel.layout import positions, shard
 
 POSITIONS = ("sequence", "document")
+WHOLE_IDS = "sequence_segment_ids"  # the whole sequence's segment ids, kept on the host for with_documents
 
 
 @dataclass
@@ -76,8 +77,7 @@ def shard_batch(
 ) -> dict[str, torch.Tensor]:
     """Every (B, S) tensor -> this rank's (B, S / cp) slice, plus `positions`: (S / cp,) global
     positions, or (B, S / cp) positions within each example (computed on the whole sequence), and
-    `documents`: where the whole sequence's documents are (lwm.model.documents.Documents, host data
-    that moving the batch to a device leaves on the host)."""
+    `WHOLE_IDS`: the whole sequence's segment ids, from which `with_documents` reads the documents."""
     S = batch["tokens"].shape[1]
     sh = sharding
     if position_mode == "document":
@@ -85,9 +85,19 @@ def shard_batch(
     out = {k: shard(v, 1, sh.cp_rank, sh.cp_size, sh.layout, sh.ulysses_size) for k, v in batch.items()}
     if position_mode == "sequence":
         out["positions"] = positions(S, sh.cp_rank, sh.cp_size, sh.layout, sh.ulysses_size)
-    if "segment_ids" in batch:  # read here, on the host, once: every attention call of the step uses it
-        out["documents"] = Documents(batch["segment_ids"], S // sh.cp_size)
+    if "segment_ids" in batch:
+        out[WHOLE_IDS] = batch["segment_ids"]
     return out
+
+
+def with_documents(batch: dict) -> dict:
+    """The batch with `documents` (lwm.model.documents.Documents) read from its WHOLE_IDS (taken out),
+    on the host, once: every attention call of the step uses them, and moving the batch to a device
+    leaves them on the host. Called as the training loop takes a batch, before it moves."""
+    if WHOLE_IDS not in batch:
+        return batch
+    rest = {k: v for k, v in batch.items() if k != WHOLE_IDS}  # a new dict: a stored batch stays whole
+    return {**rest, "documents": Documents(batch[WHOLE_IDS], batch["segment_ids"].shape[1])}
 
 
 class ShardedBatches(IterableDataset):

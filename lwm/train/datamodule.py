@@ -11,7 +11,7 @@ import lightning as L
 from torch.utils.data import DataLoader
 
 from lwm.data import CodeStore, PackedStream, StreamState, TextTokenizer, Vocab, to_tensors
-from lwm.data.batches import DataConfig, ShardedBatches, Sharding, shard_batch
+from lwm.data.batches import DataConfig, ShardedBatches, Sharding, shard_batch, with_documents
 from lwm.parallel.layout import check_divisible
 
 
@@ -100,6 +100,10 @@ class LWMDataModule(L.LightningDataModule):
             epoch, done = batch.pop("data_state").tolist()
             self.state = StreamState(epoch, done)  # the loop has taken this batch
         return batch
+
+    def transfer_batch_to_device(self, batch, device, dataloader_idx: int):
+        # where the documents are is read on the host, from the whole sequence's ids, before the move
+        return super().transfer_batch_to_device(with_documents(batch), device, dataloader_idx)
 
     def state_dict(self) -> dict:
         return self.state.as_dict()

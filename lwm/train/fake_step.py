@@ -29,7 +29,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from lwm.data.batches import Sharding, shard_batch
+from lwm.data.batches import Sharding, shard_batch, with_documents
 from lwm.data.vocab import Vocab
 from lwm.infer.generator import Generator
 from lwm.model import ModelConfig, Transformer
@@ -206,7 +206,7 @@ def make_batch(
         "segment_ids": segment_ids,
     }
     sharding = Sharding(cp_rank=where.cp_rank, cp_size=where.cp, layout=layout)
-    local = shard_batch(full, sharding, "document" if documents > 1 else "sequence")
+    local = with_documents(shard_batch(full, sharding, "document" if documents > 1 else "sequence"))
     return {k: v.to(device) for k, v in local.items()}
 
 
