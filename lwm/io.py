@@ -11,7 +11,7 @@ A killed writer leaves at most its last line cut short. The reader skips such a 
 line without its newline that does not parse, or, where a later append has started a fresh line
 after it, a line that is a JSON object or array cut short (a proper prefix of one). Any other line
 that is not JSON is an error naming the file and line (JsonlError). Callers that record a bad line
-as a failed item and go on (lwm/eval/video_qa.py) take the raw lines (`lines`) and parse each one.
+as a failed item and go on (lwm/eval/video_qa/) take the raw lines (`lines`) and parse each one.
 
 Nothing here keeps a Python object per line: a data source of millions of lines is an index of byte
 offsets (LineIndex), and each line is read from the file when it is wanted.

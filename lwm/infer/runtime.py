@@ -1,4 +1,4 @@
-"""What every inference tool (lwm-generate, lwm/eval/needle.py, lwm/eval/video_qa.py) sets up the same way:
+"""What every inference tool (lwm-generate, lwm/eval/needle.py, lwm/eval/video_qa/) sets up the same way:
 the model arguments, the device and process group (torchrun -> context parallelism over all
 ranks), and the model with its Generator."""
 
