@@ -19,7 +19,7 @@ cards was tried too and not learned by the debug model in the demo's budget: REA
 Writes OUT/codes (or --codes; tokens/<id>.npy and manifest.*.jsonl, as lwm-tokenize writes them),
 OUT/train.jsonl (every question twice, as the sample QA: the bare question answered with the
 option's text, and the question with its options answered with the letter, in the chat form) and
-OUT/qa.jsonl (held-out videos from frames of their own, in lwm/eval/video_qa.py's form):
+OUT/qa.jsonl (held-out videos from frames of their own, in lwm/eval/video_qa's form):
 
     {"vision": "cardqa_f6_heldout_000003", "id": "cardqa_f6_heldout_000003_last", "question": "What color
      is the last card in the video?", "options": ["A. Red.", "B. Blue.", "C. Green.", "D. Cyan."],

@@ -28,7 +28,7 @@ Layout of the output folder:
                                "options": ["A. Red.", "B. Cyan.", "C. Green.", "D. White."], "answer": "B"}
                               (Video-MME style: `question` is the bare question; listed with its options
                               as in training, it reads "What color is the circle? A. Red. B. Cyan.
-                              C. Green. D. White. Answer with the letter." (lwm/eval/qa_text.py's letter
+                              C. Green. D. White. Answer with the letter." (lwm/eval/video_qa/text.py's letter
                               form; lwm.synth.language.choice_question); `video` is relative to this
                               folder; `id` is the video's id and the question's number in it, the same
                               at every duration.

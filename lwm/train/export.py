@@ -8,7 +8,7 @@ final.safetensors, or a Lightning checkpoint (a .ckpt file, or a sharded checkpo
 The model's shape and RoPE theta come from the stage folder's model_config.json. With --vqgan (the
 VQGAN that made the run's codes: our safetensors checkpoint or a diffusers folder) the folder gets
 it as vqgan/ and an lwm.json (lwm.interop.bundle), so that `lwm-generate --model OUT --video clip.mp4`
-and lwm/eval/video_qa.py need nothing else.
+and lwm/eval/video_qa/ need nothing else.
 """
 
 from __future__ import annotations
