@@ -18,7 +18,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from lwm.model import ModelConfig
 from lwm.train.config import OptimConfig, ParallelConfig, StageConfig
-from lwm.train.fake_step import Placement, make_batch, place, run_prefill, start_fake_group, train_step
+from lwm.train.fake_step import Placement, fake, make_batch, place, run_prefill, start_fake_group, train_step
 from lwm.train.module import build_optimizer
 from lwm.train.plan.tracker import PeakTracker, PlanTracker, WorkCounter
 from lwm.train.sharding import ComputeSettings, shard_model
@@ -57,7 +57,13 @@ def widen(batch: dict, sequences: int) -> dict:
     """`sequences` copies of a one-sequence batch: (1, L) -> (sequences, L); positions (L,) are shared."""
     if sequences == 1:
         return batch
-    return {k: v.expand(sequences, *v.shape[1:]).contiguous() if v.dim() > 1 else v for k, v in batch.items()}
+    return {k: _widen(v, sequences) for k, v in batch.items()}
+
+
+def _widen(v, sequences: int):
+    if not isinstance(v, torch.Tensor) or v.dim() < 2:  # positions (L,), host-side document runs
+        return v
+    return v.expand(sequences, *v.shape[1:]).contiguous()
 
 
 def tracked_step(model, batch: dict, optim: OptimConfig, stage: StageConfig, where: Placement, document_mask: bool):
@@ -99,8 +105,9 @@ def plan_step(
     start_fake_group(mesh.world)
     try:
         where = place(mesh.dp, mesh.cp)
-        with FakeTensorMode():
-            batch = widen(make_batch(model_config, mesh.seq_len, where, 1, parallel.layout, "cpu"), mesh.batch)
+        host = make_batch(model_config, mesh.seq_len, where, 1, parallel.layout, "cpu")  # cut on the host
+        with FakeTensorMode() as mode:
+            batch = widen(fake(host, mode), mesh.batch)
             model = shard_model(model_config, where.cp_group, where.fsdp, parallel, settings, "cpu", None)
             return tracked_step(model, batch, optim, stage, where, parallel.document_mask)
     finally:
