@@ -144,7 +144,7 @@ def test_requeued_at_a_random_step_resumes_by_itself(reference, tmp_path, signal
     said = f"job {job} requeued" if signal_name == "SIGUSR1" else "stopped on SIGTERM"
     assert said in text and "started again (restart 1)" in text, text[-3000:]
     resumed_at = bar_steps(text.split("started again", 1)[1])[0]  # the resumed bar starts where it stopped
-    assert step <= resumed_at < STEPS, (step, resumed_at)
+    assert step <= resumed_at < STEPS, (step, resumed_at, text[-3000:])
     assert [p.name for p in tmp_path.iterdir() if p.is_dir()] == [f"slurm-{job}"]  # one folder for both runs
     check_same_run(tmp_path / f"slurm-{job}", reference)
 

@@ -64,7 +64,8 @@ JobCompType=jobcomp/none
 AccountingStorageType=accounting_storage/none
 ReturnToService=2
 # seconds between SIGTERM and SIGKILL when a job is cancelled, requeued or preempted: a run saves meanwhile
-KillWait=30
+# (more than SLURM's 30 on a loaded 2-core machine)
+KillWait=60
 MinJobAge=600
 $node State=UNKNOWN
 PartitionName=cpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP
