@@ -527,17 +527,17 @@ def test_sample_and_vqgan_checkpoint(tmp_path, monkeypatch):
     run.data.sample = False
     with pytest.raises(FileNotFoundError, match="data.tokenizer /no/tokenizer.model does not exist"):
         validate(run)
-    calls = []
-    monkeypatch.setattr(entry.subprocess, "run", lambda cmd, **kw: calls.append(cmd))
+    calls = []  # lwm-tokenize's run, given its config
+    monkeypatch.setattr(entry.tokenize, "run", lambda config: calls.append(config) or 0)
     data = run.data
     vqgan = "data/checkpoints/vqgan_tiny.safetensors"
     data.codes, data.vqgan_checkpoint, data.max_frames, data.fps = str(tmp_path), vqgan, 3, None
     ensure_sample_data(data)
     data.fps = 0.5
     ensure_sample_data(data)
-    tokenize = [c for c in calls if "lwm.video.tokenize" in c]
-    assert tokenize[0][-4:] == ["--max-frames", "3", "--checkpoint", vqgan]
-    assert tokenize[1][-4:-2] == ["--fps", "0.5"]
+    assert (calls[0].max_frames, calls[0].fps, calls[0].checkpoint) == (3, None, Path(vqgan))
+    assert (calls[1].max_frames, calls[1].fps) == (None, 0.5)
+    assert (calls[0].out, calls[0].vqgan, calls[0].ids) == (tmp_path, "tiny", "stem")
 
 
 # --------------------------------------------------------------------------- model and names

@@ -1,9 +1,8 @@
-"""From a composed Hydra config to typed configs, sample data on first use, and the run."""
+"""From a composed Hydra config to typed configs, and the sample data on first use (its needle sets by
+lwm/synth/make_retrieval.py's run, its videos' codes by lwm-tokenize's run, each given its config)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -18,6 +17,8 @@ from lwm.train.console import say
 from lwm.train.evaluate import check as check_evaluation
 from lwm.train.run import DataSpec, RunConfig
 from lwm.train.run_dir import register_resolver
+from lwm.video import tokenize
+from lwm.video.tokenize import TokenizeConfig
 
 register_resolver()  # ${run_id:} in trainer.out_dir: one folder name shared by every rank
 
@@ -69,21 +70,14 @@ def ensure_sample_data(data: DataSpec) -> None:
     codes = Path(data.codes)
     if list(codes.glob("manifest*.jsonl")) and not (codes / "failures.jsonl").read_text().strip():
         return
-    cmd = [
-        sys.executable,
-        "-m",
-        "lwm.video.tokenize",
-        str(SAMPLE / "videos"),
-        "--out",
-        str(codes),
-        "--vqgan",
-        "tiny",
-        "--ids",
-        "stem",
-    ]
-    cmd += ["--fps", str(data.fps)] if data.fps else ["--max-frames", str(data.max_frames or 8)]
-    if data.vqgan_checkpoint and Path(data.vqgan_checkpoint).exists():
-        cmd += ["--checkpoint", data.vqgan_checkpoint]
-    else:
+    rate = {"fps": data.fps} if data.fps else {"max_frames": data.max_frames or 8}
+    checkpoint = data.vqgan_checkpoint and Path(data.vqgan_checkpoint)
+    if not (checkpoint and checkpoint.exists()):
         print(f"note: {data.vqgan_checkpoint} not found; the sample videos are tokenized by a random-weight VQGAN")
-    subprocess.run(cmd, check=True)
+        checkpoint = None
+    config = TokenizeConfig(
+        inputs=[str(SAMPLE / "videos")], out=codes, vqgan="tiny", ids="stem", checkpoint=checkpoint, **rate
+    )
+    code = tokenize.run(config)
+    if code:
+        raise RuntimeError(f"tokenizing the sample videos into {codes} failed (lwm-tokenize's exit status {code})")
