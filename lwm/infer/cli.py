@@ -22,6 +22,7 @@ from lwm.infer import GenerationConfig
 from lwm.infer.prompt import DEFAULT_VQGAN
 from lwm.infer.runtime import add_model_args, load_generator, require_paths, start
 from lwm.interop.vqgan_sources import load_vqgan
+from lwm.ranks import is_rank0
 from lwm.video.codes import CodeSource
 from lwm.video.reader import VideoError
 
@@ -107,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     out = gen.generate(ids, config)
     seconds = time.perf_counter() - t0
     runtime.close()
-    if runtime.rank == 0:
+    if is_rank0():
         text = loaded.tokenizer.decode([t for t in out if t < loaded.vocab.text_size])
         n_vision = sum(1 for t in out if t >= loaded.vocab.text_size)
         print(text + (f"  [+{n_vision} vision tokens]" if n_vision else ""))

@@ -24,6 +24,7 @@ from torch.distributed.tensor import DTensor
 
 from lwm.model import ModelConfig, Transformer, token_coefficients
 from lwm.parallel import global_group_counts
+from lwm.ranks import is_rank0
 from lwm.train import rng
 from lwm.train.config import OptimConfig, ParallelConfig, StageConfig
 from lwm.train.lr import lr_factor
@@ -137,7 +138,7 @@ class LWMModule(L.LightningModule):
 
         settings = compute_settings(self.device, self.model_config.head_dim)  # from the accelerator, once
         init = {}  # the other ranks receive rank 0's weights
-        if dist.get_rank() == 0:  # the given weights, or those one process would start from
+        if is_rank0():  # the given weights, or those one process would start from
             init = self._read_init_state()
             init = init if init is not None else self._fresh_model().state_dict()
         self.cp_group = mesh[CP_DIM].get_group()
