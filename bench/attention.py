@@ -29,7 +29,8 @@ import torch
 import torch.nn.functional as F
 
 from bench.report import command_line, host_line, publish, sync
-from lwm.parallel import block_backward, block_forward, block_plan, block_work, ring_attention, shard, simulate_ring
+from lwm.model.documents import Documents
+from lwm.parallel import block_backward, block_forward, block_plan, block_work, ring_attention, simulate_ring
 from lwm.parallel.documents import StepPlanner, piece_work
 from lwm.parallel.launch import run_distributed
 from lwm.parallel.layout import LAYOUTS
@@ -221,11 +222,11 @@ def document_lengths(seq_len: int, low: int, high: int, seed: int = 0) -> list[i
 def computed_entries(segment_ids, n: int, layout: str) -> int:
     """Score entries the pieces of every rank and step compute (documents.piece_work)."""
     L = segment_ids.shape[1] // n
-    segs = [shard(segment_ids, 1, r, n, layout) for r in range(n)]
+    docs = Documents(segment_ids, L)
     total = 0
     for r in range(n):
-        planner = StepPlanner(layout, r, n, L, True, segs[r])
-        total += sum(piece_work(planner(step, segs[(r - step) % n]), 1, L) for step in range(n))
+        planner = StepPlanner(layout, r, n, L, True, docs)
+        total += sum(piece_work(planner(step), 1, L) for step in range(n))
     return total
 
 
