@@ -26,9 +26,10 @@ from lwm.checkpoint_io import CheckpointError
 from lwm.io import NoSpaceLeft, write_atomic
 from lwm.out_lock import FolderLocked, output_lock
 from lwm.train import requeue
+from lwm.train.config import check_files, validate
 from lwm.train.console import is_rank0, quiet_lightning, say
 from lwm.train.entry import ensure_sample_data, to_run_config
-from lwm.train.run import check_files, run_schedule, validate
+from lwm.train.run import run_schedule
 
 EXIT_NO_SPACE = 3  # as lwm-tokenize: 2 is bad input, 3 a full disk
 

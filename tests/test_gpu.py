@@ -95,7 +95,7 @@ def test_one_gpu_training_step_computes_in_bf16_on_fp32_weights(tmp_path):
 
     from lwm.train.config import OptimConfig, ParallelConfig, StageConfig, TrainerConfig
     from lwm.train.module import LWMModule
-    from lwm.train.run import _strategy
+    from lwm.train.trainer import strategy as _strategy
 
     cfg = ModelConfig.from_preset("debug")
     stage = StageConfig("a", seq_len=64, rope_theta=1e4, steps=6, lr=3e-3, warmup_steps=1)

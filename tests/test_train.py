@@ -15,8 +15,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from lwm.checkpoint_io import load_verified
+from lwm.train.config import validate
 from lwm.train.entry import to_run_config
-from lwm.train.run import validate
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
@@ -372,7 +372,7 @@ def test_one_gpu_trains_through_fsdp2_and_one_cpu_process_plainly():
     from lightning.pytorch.strategies import ModelParallelStrategy
 
     from lwm.train.config import StageConfig, TrainerConfig
-    from lwm.train.run import _strategy
+    from lwm.train.trainer import strategy as _strategy
 
     stage = StageConfig("a", seq_len=64, rope_theta=1e4, steps=1, lr=1e-3)
     assert _strategy(stage, TrainerConfig(accelerator="cpu")) == "auto"

@@ -23,7 +23,7 @@ WHOLE_IDS = "sequence_segment_ids"  # the whole sequence's segment ids, kept on 
 
 @dataclass
 class StreamOptions:
-    """How examples become sequences: what a run's data config (conf/data, lwm.train.run.DataSpec)
+    """How examples become sequences: what a run's data config (conf/data, lwm.train.config.DataSpec)
     and the stream of one stage (DataConfig) have in common."""
 
     tokenizer: str = "data/sample/tokenizer.model"

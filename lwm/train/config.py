@@ -3,10 +3,16 @@ into its dataclass here and hands each component only its own part."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from pathlib import Path
 
 from lwm.configs import from_dict
-from lwm.parallel.layout import LAYOUTS
+from lwm.data import DataConfig, Source
+from lwm.data.batches import StreamOptions
+from lwm.eval.needle import NeedleGrid
+from lwm.interop.hf_files import read_hf_config
+from lwm.model import ModelConfig
+from lwm.parallel.layout import LAYOUTS, check_divisible
 from lwm.train.lr import SCHEDULES
 
 
@@ -147,3 +153,105 @@ class TrainerConfig(TrainerBase):
     @property
     def world_size(self) -> int:
         return self.devices * self.num_nodes
+
+
+@dataclass
+class ProbeConfig:
+    path: str | None = None  # JSON lines of held-out examples; None: no probe
+    examples: int = 100  # the first this many examples of the file
+
+    def __post_init__(self) -> None:
+        if self.examples <= 0:
+            raise ValueError(f"probe.examples must be positive, got {self.examples}")
+
+
+@dataclass
+class DataSpec(StreamOptions):
+    """conf/data: the stream's options, the named sources a stage picks from, and the sample data."""
+
+    sources: dict[str, Source] = field(default_factory=dict)
+    sample: bool = False  # make data/sample and tokenize its videos on first use
+    vqgan_checkpoint: str | None = None  # sample only: the VQGAN that tokenizes the sample videos
+    positions: str | None = None  # sequence | document (RoPE restarts per example); None: document when masked
+
+    def for_stage(self, stage: StageConfig, batch_size: int, document_mask: bool = True) -> DataConfig:
+        names = stage.sources or list(self.sources)
+        unknown = [n for n in names if n not in self.sources]
+        if unknown:
+            raise ValueError(f"stage {stage.name!r} names data sources {unknown}; conf/data has {sorted(self.sources)}")
+        shared = {f.name: getattr(self, f.name) for f in fields(StreamOptions)}
+        return DataConfig(
+            **shared,
+            sources=[self.sources[n] for n in names],
+            batch_size=batch_size,
+            positions=self.positions or ("document" if document_mask else "sequence"),
+        )
+
+
+@dataclass
+class RunConfig:
+    model: ModelConfig
+    data: DataSpec
+    parallel: ParallelConfig
+    schedule: ScheduleConfig
+    trainer: TrainerConfig
+    optim: OptimConfig
+    stage_only: str | None = None
+    resume: bool = False
+    export: bool = True
+    stop_at_step: int | None = None  # stop a stage early (a job's time limit; tests of resume)
+    probe: ProbeConfig = field(default_factory=ProbeConfig)  # held-out answers scored at each stage's start and end
+    evaluate: NeedleGrid = field(default_factory=NeedleGrid)  # a needle grid after the last stage (conf/train.yaml)
+
+
+def validate(cfg: RunConfig) -> None:
+    """Everything that can be checked before any process starts, with the values in the message."""
+    world = cfg.trainer.world_size
+    if cfg.stop_at_step is not None and cfg.stop_at_step < 1:
+        raise ValueError(f"stop_at_step must be >= 1 (null: run each stage to its end), got {cfg.stop_at_step}")
+    if Path(cfg.trainer.out_dir).exists() and not Path(cfg.trainer.out_dir).is_dir():
+        raise ValueError(f"trainer.out_dir {cfg.trainer.out_dir} is a file; name a folder for the run")
+    names = [s.name for s in cfg.schedule.stages]
+    if cfg.stage_only is not None and cfg.stage_only not in names:
+        raise ValueError(f"stage_only {cfg.stage_only!r} is not a stage of schedule {cfg.schedule.name!r}: {names}")
+
+    for stage in cfg.schedule.stages:
+        dp = stage.check_world(world)
+        stage.per_rank_batch(dp)
+        check_divisible(stage.seq_len, stage.cp, cfg.parallel.layout)
+        cfg.data.for_stage(stage, 1)
+    if cfg.schedule.init_hf is not None:
+        try:
+            read_hf_config(cfg.schedule.init_hf)  # its fields, before any process starts
+        except (FileNotFoundError, ValueError) as e:
+            raise type(e)(f"schedule.init_hf: {e}") from None
+    if cfg.resume and not Path(cfg.trainer.out_dir).is_dir():
+        raise FileNotFoundError(
+            f"resume=true: trainer.out_dir {cfg.trainer.out_dir} does not exist; "
+            "name the folder of the run to continue (trainer.out_dir=runs/X resume=true)"
+        )
+    if cfg.probe.path is not None and not Path(cfg.probe.path).is_file():
+        raise FileNotFoundError(f"probe.path {cfg.probe.path} does not exist")
+    if not cfg.data.sample:  # the sample data (and its needle sets) is made on first use, then checked
+        check_files(cfg)
+
+
+def check_files(cfg: RunConfig) -> None:
+    """The data files and the evaluation's haystack exist."""
+    check_data_files(cfg.data)
+    if (
+        cfg.evaluate.lengths is not None
+        and cfg.evaluate.haystack is not None
+        and not Path(cfg.evaluate.haystack).is_file()
+    ):
+        raise FileNotFoundError(f"evaluate.haystack {cfg.evaluate.haystack} does not exist")
+
+
+def check_data_files(data: DataSpec) -> None:
+    if not Path(data.tokenizer).is_file():
+        raise FileNotFoundError(f"data.tokenizer {data.tokenizer} does not exist")
+    if data.codes is not None and not list(Path(data.codes).glob("manifest*.jsonl")):
+        raise FileNotFoundError(f"data.codes {data.codes} has no manifest*.jsonl; run lwm-tokenize into it first")
+    for name, source in data.sources.items():
+        if not Path(source.path).is_file():
+            raise FileNotFoundError(f"data.sources.{name}.path {source.path} does not exist")

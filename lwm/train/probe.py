@@ -11,7 +11,6 @@ one sequence, split over the context-parallel group as training splits its batch
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import lightning as L
@@ -23,17 +22,8 @@ from lwm.data import Sharding, shard_batch
 from lwm.data.codes import CodeStore
 from lwm.data.example import Encoded, ExampleError, encode_example
 from lwm.io import records
+from lwm.train.config import ProbeConfig
 from lwm.train.console import say
-
-
-@dataclass
-class ProbeConfig:
-    path: str | None = None  # JSON lines of held-out examples; None: no probe
-    examples: int = 100  # the first this many examples of the file
-
-    def __post_init__(self) -> None:
-        if self.examples <= 0:
-            raise ValueError(f"probe.examples must be positive, got {self.examples}")
 
 
 def answer_ids(enc: Encoded) -> np.ndarray:

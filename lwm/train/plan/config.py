@@ -8,8 +8,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf, open_dict
 
 from lwm.paths import REPO
+from lwm.train.config import RunConfig
 from lwm.train.entry import to_run_config
-from lwm.train.run import RunConfig
 
 
 @dataclass

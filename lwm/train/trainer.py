@@ -1,0 +1,75 @@
+"""The Lightning Trainer of one stage: its strategy (one CPU process plainly, else FSDP2 x context
+parallelism through our ModelParallelStrategy), checkpoint IO, loggers and callbacks."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+
+from lwm.train.callbacks import MetricHistory, PeakMemory, StageCheckpoint, StageProgress, Throughput
+from lwm.train.checkpointing import AtomicCheckpointIO, AtomicModelParallelStrategy
+from lwm.train.config import RunConfig, StageConfig, TrainerConfig
+from lwm.train.module import LWMModule
+from lwm.train.probe import AnswerProbe
+from lwm.train.requeue import StopOnSignal
+
+
+def strategy(stage: StageConfig, trainer_cfg: TrainerConfig):
+    # On GPUs FSDP2 runs even on one device: it is what computes in bf16 on fp32 master weights
+    # (lwm/train/sharding.py); one CPU process trains the plain model.
+    gpu = trainer_cfg.accelerator in ("gpu", "cuda") or (
+        trainer_cfg.accelerator == "auto" and torch.cuda.is_available()
+    )
+    if trainer_cfg.world_size == 1 and not gpu:
+        return "auto"
+    return AtomicModelParallelStrategy(
+        data_parallel_size=trainer_cfg.world_size // stage.cp,
+        tensor_parallel_size=stage.cp,
+        timeout=timedelta(seconds=trainer_cfg.timeout_s),
+    )
+
+
+def build_trainer(
+    cfg: RunConfig, stage: StageConfig, out: Path, module: LWMModule, history: MetricHistory
+) -> L.Trainer:
+    """The stage's Trainer; `out` is the stage's folder."""
+    dp = stage.check_world(cfg.trainer.world_size)
+    global_batch = stage.per_rank_batch(dp) * dp
+    chosen = strategy(stage, cfg.trainer)
+    return L.Trainer(
+        accelerator=cfg.trainer.accelerator,
+        devices=cfg.trainer.devices,
+        num_nodes=cfg.trainer.num_nodes,
+        strategy=chosen,
+        plugins=[AtomicCheckpointIO()] if chosen == "auto" else None,  # the strategy writes sharded ones
+        precision=cfg.trainer.precision,
+        max_steps=min(stage.steps, cfg.stop_at_step or stage.steps),  # validate: >= 1 or None
+        log_every_n_steps=cfg.trainer.log_every,
+        logger=[
+            CSVLogger(out.parent, name=stage.name, version="logs"),
+            TensorBoardLogger(out.parent, name=stage.name, version="tb"),
+        ],
+        callbacks=[
+            StageCheckpoint(
+                out / "checkpoints", cfg.trainer.checkpoint_every, stage.steps, cfg.trainer.keep_checkpoints
+            ),
+            StageProgress(stage.name, stage.steps),
+            history,
+            Throughput(module.model_config, stage.seq_len, global_batch, cfg.trainer.peak_tflops),
+            PeakMemory(),
+            StopOnSignal(),
+        ]
+        + ([AnswerProbe(cfg.probe, out, stage.name)] if cfg.probe.path else []),
+        num_sanity_val_steps=0,
+        use_distributed_sampler=False,
+        enable_model_summary=False,
+        default_root_dir=out,
+        # val/loss on data.holdout every trainer.val_every steps (0: at the stage's last step)
+        limit_val_batches=1.0 if cfg.data.holdout else 0,
+        check_val_every_n_epoch=None,
+        val_check_interval=cfg.trainer.val_every or stage.steps,
+    )
