@@ -17,6 +17,7 @@ from cuda_standins import KernelContractError, installed
 from documents import masked_sdpa, packings
 
 from lwm.model import ModelConfig, Transformer
+from lwm.model.documents import Documents
 from lwm.parallel import (
     block_backward,
     block_forward,
@@ -252,10 +253,14 @@ def _dist_worker(rank, world):
             sh = lambda t, d=2: shard(t, d, rank, world, layout, 2 if name == "hybrid" else 1)  # noqa: E731
             ref, full = _reference(q, k, v, True, seg)
             ref_grads = torch.autograd.grad(ref, full, dout)
-            local = [sh(t).bfloat16().requires_grad_() for t in (q, k, v)]
-            out = fn(*local, s=sh(seg, 1))
-            grads = torch.autograd.grad(out, local, sh(dout).bfloat16())
-            errors[name] = max((a.float() - sh(b)).abs().max().item() for a, b in zip((out, *grads), (ref, *ref_grads)))
+            # the rank's ids (gathered and read in each call), and the batch's Documents (read once)
+            for form, s in (("ids", sh(seg, 1)), ("documents", Documents(seg, seg.shape[1] // world))):
+                local = [sh(t).bfloat16().requires_grad_() for t in (q, k, v)]
+                out = fn(*local, s=s)
+                grads = torch.autograd.grad(out, local, sh(dout).bfloat16())
+                errors[f"{name} {form}"] = max(
+                    (a.float() - sh(b)).abs().max().item() for a, b in zip((out, *grads), (ref, *ref_grads))
+                )
     return errors
 
 
