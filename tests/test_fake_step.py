@@ -173,7 +173,6 @@ def test_run_schedule_hands_on_weights_unread(tmp_path, monkeypatch):
         starts[stage.name] = init
         return tmp_path / stage.name / "final.safetensors"
 
-    monkeypatch.setattr(run_module, "validate", lambda cfg: None)
     monkeypatch.setattr(run_module, "run_stage", run_stage)
     monkeypatch.setattr(run_module, "read_weights", lambda path: reads.append(path) or {})
     stages = [StageConfig(n, seq_len=64, rope_theta=1e4, steps=1, lr=1e-3) for n in "ab"]
