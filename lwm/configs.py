@@ -15,6 +15,7 @@ import dataclasses
 import types
 import typing
 from functools import cache
+from pathlib import PurePath
 from typing import Any, Union
 
 
@@ -109,6 +110,10 @@ def _convert(tp, value: Any, where: str):
         if not isinstance(value, str):
             raise ConfigError(f"{where}: expected a string, got {value!r}")
         return value
+    if isinstance(tp, type) and issubclass(tp, PurePath):
+        if not isinstance(value, (str, PurePath)):
+            raise ConfigError(f"{where}: expected a path, got {value!r}")
+        return tp(value)
     if tp in (list, dict) and not isinstance(value, tp):
         raise ConfigError(f"{where}: expected a {'list' if tp is list else 'mapping'}, got {value!r}")
     return value  # anything else (a class the config does not describe) is the dataclass's own to check

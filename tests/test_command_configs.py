@@ -139,3 +139,25 @@ def test_a_command_runs_in_a_child_given_its_config(tmp_path):
     assert run_in_child(make_retrieval.run, config, env=single_process_env()) == 0
     assert len((tmp_path / "r" / "train.jsonl").read_text().splitlines()) == 3
     assert run_in_child(make_retrieval.run, RetrievalConfig(out=tmp_path / "bad", n=0)) == 1  # a ValueError
+
+
+def test_the_child_reads_json_and_runs_only_lwms_own_functions(monkeypatch):
+    """Nothing crosses to the child pickled: the message is JSON, and a name outside lwm is refused."""
+    import io
+    import json
+
+    from lwm import child
+
+    given = []
+    monkeypatch.setattr(
+        child.subprocess, "run", lambda cmd, input, env: given.append(input) or type("P", (), {"returncode": 0})
+    )
+    config = RetrievalConfig(out="unused", n=3)
+    assert run_in_child(make_retrieval.run, config) == 0
+    message = json.loads(given[0])
+    assert message["run"] == "lwm.synth.make_retrieval:run" and message["values"]["n"] == 3
+    for name in ("os:system", "builtins:eval", "lwm.synth.make_retrieval:run.__globals__"):
+        bad = json.dumps({**message, "run": name}).encode()
+        monkeypatch.setattr(child.sys, "stdin", type("S", (), {"buffer": io.BytesIO(bad)}))
+        with pytest.raises(ValueError, match="lwm's own module-level functions"):
+            child.main()
