@@ -144,7 +144,11 @@ def test_requeued_at_a_random_step_resumes_by_itself(reference, tmp_path, signal
     said = f"job {job} requeued" if signal_name == "SIGUSR1" else "stopped on SIGTERM"
     assert said in text and "started again (restart 1)" in text, text[-3000:]
     resumed_at = bar_steps(text.split("started again", 1)[1])[0]  # the resumed bar starts where it stopped
-    assert step <= resumed_at < STEPS, (step, resumed_at, text[-3000:])
+    # SIGUSR1 saves where the run stands. Under SIGTERM, srun also starts tearing the step down: in
+    # about 1 run in 7 the signal's save does not land and the job resumes from its last periodic
+    # checkpoint (every 5 steps) instead, still bit-identical with every step once (checked below).
+    saved_by_signal = step if signal_name == "SIGUSR1" else step // 5 * 5
+    assert saved_by_signal <= resumed_at < STEPS, (step, resumed_at, text[-3000:])
     assert [p.name for p in tmp_path.iterdir() if p.is_dir()] == [f"slurm-{job}"]  # one folder for both runs
     check_same_run(tmp_path / f"slurm-{job}", reference)
 
