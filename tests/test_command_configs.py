@@ -20,8 +20,6 @@ from lwm.parallel.launch import single_process_env
 from lwm.synth import make_retrieval
 from lwm.synth.make_retrieval import RetrievalConfig
 
-ROOT = Path(__file__).resolve().parent.parent
-TEXT = ROOT / "data" / "sample" / "text.jsonl"
 MODEL = ModelOptions(model="m", tokenizer="t.model", device="cpu", dtype="float32", layout="zigzag", prefill_chunk=64)
 
 # every field away from its default
@@ -135,7 +133,9 @@ def test_retrieval_fields_take_effect(tmp_path):
 
 
 def test_a_command_runs_in_a_child_given_its_config(tmp_path):
-    config = RetrievalConfig(out=tmp_path / "r", n=3, heldout=2, needles=1, ask=1, haystack=TEXT)
+    hay = tmp_path / "hay.txt"  # its own haystack: the sample's text.jsonl is made by other tests
+    hay.write_text("alpha beta gamma delta epsilon zeta eta theta iota kappa")
+    config = RetrievalConfig(out=tmp_path / "r", n=3, heldout=2, needles=1, ask=1, haystack=hay)
     assert run_in_child(make_retrieval.run, config, env=single_process_env()) == 0
     assert len((tmp_path / "r" / "train.jsonl").read_text().splitlines()) == 3
     assert run_in_child(make_retrieval.run, RetrievalConfig(out=tmp_path / "bad", n=0)) == 1  # a ValueError

@@ -57,8 +57,11 @@ class Runtime:
     world: int
 
     def close(self) -> None:
-        """End the process group that start() began (nothing for one process)."""
+        """End the process group that start() began (nothing for one process). Every rank waits for
+        the others first: a gloo rank that tears its connections down while a peer is still in the
+        group can abort that peer's process ("terminate called without an active exception")."""
         if self.group is not None:
+            torch.distributed.barrier(self.group)
             torch.distributed.destroy_process_group()
             self.group = None
 
