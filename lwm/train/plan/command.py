@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import sys
 from dataclasses import asdict, fields
 from pathlib import Path
@@ -19,14 +20,33 @@ from lwm.train.plan.config import PlanConfig, compose_run
 from lwm.train.plan.devices import parse_device
 from lwm.train.plan.infer import plan_inference
 from lwm.train.plan.memory import Mesh, plan_step
-from lwm.train.plan.search import check_mesh, longest_sequence, smallest_fitting_cp
+from lwm.train.plan.search import check_mesh, longest_sequence, no_fit, smallest_fitting_cp, stage_meshes
 from lwm.train.plan.time import step_time, step_work
 from lwm.train.run import hf_start, stage_model_config
 
 NODE = 8  # GPUs per node when --cp/--dp give the world directly (an HGX node)
 
 
-def planned_stages(config: PlanConfig, run) -> list[tuple[StageConfig, Mesh]]:
+def planned_world(config: PlanConfig, run) -> tuple[int, int]:
+    """(world, GPUs per node). --cp with --dp give the world directly (8 per node); a run that names
+    no world (no trainer override, one device) is planned on the smallest that runs every stage of
+    its schedule (the least common multiple of their cps, 8 per node); otherwise the run's own."""
+    if config.dp:
+        return (config.cp or 1) * config.dp, NODE
+    named = any(o.lstrip("+~").startswith("trainer") for o in config.overrides)
+    world = run.trainer.world_size
+    if not named and world == 1 and not config.cp:
+        world = math.lcm(*(s.cp for s in run.schedule.stages))
+        if world > 1:
+            print(
+                f"note: planned on {world} GPUs, the smallest world that runs every stage of schedule "
+                f"{run.schedule.name!r} (name yours with trainer.devices= trainer.num_nodes=)"
+            )
+            return world, NODE
+    return world, run.trainer.devices
+
+
+def planned_stages(config: PlanConfig, run, world: int) -> list[tuple[StageConfig, Mesh]]:
     """(stage, mesh) for each stage asked, every mesh checked before any fake work."""
     stages = run.schedule.stages
     if config.stage != "all":
@@ -42,10 +62,11 @@ def planned_stages(config: PlanConfig, run) -> list[tuple[StageConfig, Mesh]]:
                 stages[0], name=f"seq{config.seq_len}", seq_len=config.seq_len, global_batch=None, batch_size=1
             )
         ]
+    if config.batch:  # sequences per data-parallel rank, in place of the stage's
+        stages = [dataclasses.replace(s, global_batch=None, batch_size=config.batch) for s in stages]
     planned = []
     for stage in stages:
         cp = config.cp or stage.cp
-        world = cp * config.dp if config.dp else run.trainer.world_size
         stage = dataclasses.replace(stage, cp=cp)
         dp = stage.check_world(world)  # train.py's validate: the world splits into cp x dp
         mesh = Mesh(stage.seq_len, cp, dp, stage.per_rank_batch(dp))
@@ -58,12 +79,12 @@ def run(config: PlanConfig) -> dict:
     device = parse_device(config.gpu)
     run_cfg = compose_run(config.overrides)
     model = hf_start(run_cfg.schedule.init_hf)[0] if run_cfg.schedule.init_hf else run_cfg.model
-    planned = planned_stages(config, run_cfg)
-    node = NODE if config.dp else run_cfg.trainer.devices
+    world, node = planned_world(config, run_cfg)
+    planned = planned_stages(config, run_cfg, world)
     # Document masks are off: their runs are read on the host (lwm.train.fake_step's docstring).
     parallel = dataclasses.replace(run_cfg.parallel, document_mask=False)
     if config.infer:
-        infer_cp = config.cp or run_cfg.trainer.world_size
+        infer_cp = config.cp or world
         check_mesh(Mesh(config.infer, infer_cp, 1), model.n_heads, "striped", "ring", f"--infer {config.infer}")
 
     def peak_of(stage: StageConfig):
@@ -84,10 +105,11 @@ def run(config: PlanConfig) -> dict:
         if device.fits(mem.peak):
             row["verdict"] = f"fits, {device.headroom_gib(mem.peak):.1f} GiB free"
         else:
-            valid = _valid_for(stage, model.n_heads, parallel)
-            better = smallest_fitting_cp(mesh, peak_of(stage), device, valid)
-            row["verdict"] = f"needs cp {better.cp} x dp {better.dp}" if better else f"no cp fits {mesh.world} GPUs"
-            row["fits_with"] = asdict(better) if better else None
+            mesh_for = stage_meshes(stage, mesh.world, model.n_heads, parallel.layout, parallel.mode)
+            search = smallest_fitting_cp(mesh, mesh_for, peak_of(stage), device)
+            row["verdict"], row["why"] = no_fit(mesh, search)
+            row["fits_with"] = asdict(search.fits) if search.fits else None
+            row["searched"] = {str(cp): peak for cp, peak in sorted(search.peaks.items())}
         rows.append(row)
         curves.setdefault(f"cp {mesh.cp} x dp {mesh.dp}", {})[mesh.seq_len] = mem.peak
     plan = {"device": asdict(device), "model": asdict(model), "parallel": asdict(parallel), "stages": rows}
@@ -103,18 +125,6 @@ def run(config: PlanConfig) -> dict:
         plan["infer"] = plan_inference(model, config.infer, infer_cp, device, node)
     _write(plan, curves, device, Path(config.out))
     return plan
-
-
-def _valid_for(stage: StageConfig, n_heads: int, parallel):
-    def valid(mesh: Mesh) -> bool:
-        try:
-            dataclasses.replace(stage, cp=mesh.cp).per_rank_batch(mesh.dp)
-            check_mesh(mesh, n_heads, parallel.layout, parallel.mode, stage.name)
-        except ValueError:
-            return False
-        return True
-
-    return valid
 
 
 def _write(plan: dict, curves: dict, device, out: Path) -> None:

@@ -28,6 +28,13 @@ class PlanConfig:
     seq_len: int = field(
         default=0, metadata={"help": "plan this length directly instead of the stages' (0: the stages')"}
     )
+    batch: int = field(
+        default=0,
+        metadata={
+            "help": "sequences per data-parallel rank per step, in place of the stage's global_batch / dp "
+            "(0: the stage's); fewer than the schedule's would need gradient accumulation, which this project lacks"
+        },
+    )
     cp: int = field(default=0, metadata={"help": "context-parallel size (0: each stage's own)"})
     dp: int = field(default=0, metadata={"help": "data-parallel size (0: world size / cp); the world becomes cp x dp"})
     tp: int = field(default=1, metadata={"help": "tensor-parallel size (this project has none: only 1)"})
@@ -40,7 +47,7 @@ class PlanConfig:
     out: str = field(default="plan", metadata={"help": "folder for plan.json and memory.png"})
 
     def __post_init__(self) -> None:
-        for name in ("seq_len", "cp", "dp", "infer"):
+        for name in ("seq_len", "batch", "cp", "dp", "infer"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
         if self.tp != 1:
@@ -52,10 +59,23 @@ class PlanConfig:
 
 def compose_run(overrides: list[str]) -> RunConfig:
     """conf/train.yaml with the overrides, as train.py composes it; a schedule that starts from a
-    Hugging Face folder not given (init_hf: ???) is planned with the model group's shapes."""
+    Hugging Face folder not given (init_hf: ???) is planned with the model group's shapes.
+
+    train.py sizes the embedding to the data's tokenizer when that file exists; the default data is
+    the sample's (a 4K-id tokenizer, found or not depending on the working folder), so unless the
+    overrides name the data (data=... or data.tokenizer=...) the plan keeps the model group's
+    vocabulary: the same plan from any folder."""
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose(config_name="train", overrides=list(overrides))
     if OmegaConf.is_missing(cfg.schedule, "init_hf"):
         with open_dict(cfg):
             cfg.schedule.init_hf = None
-    return to_run_config(cfg)
+    run = to_run_config(cfg)
+    named = any(o.lstrip("+~").startswith("data") for o in overrides)
+    if not named and run.model.vocab_size != cfg.model.vocab_size:
+        print(
+            f"note: planned with the model group's vocab_size {cfg.model.vocab_size}, not the sample tokenizer's "
+            f"{run.model.vocab_size} (name the data, data=... data.tokenizer=..., to plan its vocabulary)"
+        )
+        run.model = run.model.replace(vocab_size=cfg.model.vocab_size)
+    return run

@@ -39,10 +39,15 @@ def stage_table(rows: list[dict]) -> str:
 
 
 def parts_lines(rows: list[dict]) -> list[str]:
-    return [
-        f"  {r['stage']}: " + ", ".join(f"{k} {gib(v)}" for k, v in r["parts"].items() if v) + " GiB at the peak"
-        for r in rows
-    ]
+    lines = []
+    for r in rows:
+        lines.append(
+            f"  {r['stage']}: " + ", ".join(f"{k} {gib(v)}" for k, v in r["parts"].items() if v) + " GiB at the peak"
+        )
+        if "why" in r:
+            searched = ", ".join(f"cp {cp}: {gib(peak)}" for cp, peak in r["searched"].items())
+            lines.append(f"    {r['why']}" + (f" (planned peaks {searched} GiB)" if searched else ""))
+    return lines
 
 
 def longest_table(found: list[dict]) -> str:

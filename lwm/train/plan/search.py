@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from lwm.parallel.layout import check_divisible
+from lwm.train.config import StageConfig
 from lwm.train.plan.devices import GIB, Device
 from lwm.train.plan.memory import Mesh
 
@@ -28,18 +29,83 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def tokens_per_rank(mesh: Mesh) -> int:
+    return mesh.batch * mesh.seq_len // mesh.cp
+
+
+@dataclass
+class CpSearch:
+    """A larger cp for a mesh that does not fit: `fits` is the smallest that does (None: none),
+    `helps` the cps searched (valid, and fewer tokens per rank), `peaks` cp -> planned peak of
+    every probe."""
+
+    fits: Mesh | None
+    helps: list[int]
+    peaks: dict[int, int] = field(default_factory=dict)
+
+
 def smallest_fitting_cp(
-    mesh: Mesh, peak_of: Callable[[Mesh], int], device: Device, valid: Callable[[Mesh], bool]
-) -> Mesh | None:
-    """The first mesh of the same world with a larger cp (dp = world / cp) whose step fits; the
-    sequences per rank follow dp (valid(m) says whether the stage can run on m at all)."""
+    mesh: Mesh, mesh_for: Callable[[int], Mesh | None], peak_of: Callable[[Mesh], int], device: Device
+) -> CpSearch:
+    """The smallest cp above mesh.cp, of the same world, whose step fits. mesh_for(cp) is the
+    stage's mesh at that cp (dp = world / cp, its sequences per rank following dp), or None where
+    the stage cannot run. Only meshes with fewer tokens per rank than `mesh` can fit where it does
+    not (parameters and optimizer state are sharded over the whole world at every cp); among them
+    the peak falls as cp grows, so a binary search finds the boundary: the largest cp first (if it
+    does not fit, none does), then halves. Fewer probes, and the cheapest ones (short slices)."""
+    helps = []
     for cp in divisors(mesh.world):
-        if cp <= mesh.cp:
-            continue
-        candidate = Mesh(mesh.seq_len, cp, mesh.world // cp, mesh.batch)
-        if valid(candidate) and device.fits(peak_of(candidate)):
-            return candidate
-    return None
+        candidate = mesh_for(cp) if cp > mesh.cp else None
+        if candidate is not None and tokens_per_rank(candidate) < tokens_per_rank(mesh):
+            helps.append(candidate)
+    found = CpSearch(None, [m.cp for m in helps])
+
+    def fits(m: Mesh) -> bool:
+        found.peaks[m.cp] = peak_of(m)
+        return device.fits(found.peaks[m.cp])
+
+    if not helps or not fits(helps[-1]):
+        return found
+    lo, hi = -1, len(helps) - 1  # helps[hi] fits; helps[lo] does not (-1: mesh itself)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if fits(helps[mid]) else (mid, hi)
+    found.fits = helps[hi]
+    return found
+
+
+def stage_meshes(stage: StageConfig, world: int, n_heads: int, layout: str, mode: str) -> Callable[[int], Mesh | None]:
+    """cp -> the stage's mesh on `world` GPUs at that cp (its sequences per rank following dp), or
+    None where the stage cannot run so (world, global batch or layout)."""
+
+    def mesh_for(cp: int) -> Mesh | None:
+        if world % cp:
+            return None
+        try:
+            mesh = Mesh(stage.seq_len, cp, world // cp, stage.per_rank_batch(world // cp))
+            check_mesh(mesh, n_heads, layout, mode, stage.name)
+        except ValueError:
+            return None
+        return mesh
+
+    return mesh_for
+
+
+def no_fit(mesh: Mesh, search: CpSearch) -> tuple[str, str]:
+    """(a short verdict, the reason in full) for a mesh that does not fit."""
+    if search.fits is not None:
+        m = search.fits
+        return f"needs cp {m.cp} x dp {m.dp}", f"the smallest cp that fits is {m.cp} (dp {m.dp}, {m.batch} per rank)"
+    short = f"no cp of {mesh.world} GPUs fits"
+    if search.helps:
+        return short, f"no cp of {mesh.world} GPUs fits (the largest, cp {search.helps[-1]}, does not)"
+    if mesh.cp == mesh.world:
+        return short, f"no cp of {mesh.world} GPUs fits (cp {mesh.cp} is already all of them)"
+    return short, (
+        f"no cp of {mesh.world} GPUs fits: every cp that can run the stage puts {tokens_per_rank(mesh)} tokens "
+        f"on each rank (its global batch follows dp); fewer need more GPUs, or gradient accumulation, "
+        "which this project does not have"
+    )
 
 
 @dataclass

@@ -1,0 +1,164 @@
+"""Training's preflight: before a stage allocates anything, plan its step on the device it is about
+to run on and stop with a clear message if it will not fit.
+
+    plan = preflight(cfg, stage, device_memory(), model=model_config)   # WillNotFit if it does not fit
+
+The plan is lwm-plan's (rank 0's real step under fake tensors, FSDP2's memory tracker, the second
+step's peak; lwm/train/plan/memory.py) with the same margins: the caching allocator's 5% and 1.5 GiB
+for the CUDA context and NCCL's buffers. Every rank of a striped or zigzag run holds the same
+memory; rank 0 also holds the largest FSDP shards (torch.chunk puts the remainder first).
+
+It runs in a child process (python -m lwm.train.plan.stage_plan, the job as JSON on stdin): a
+fake process group and FakeTensorMode cannot share a process with a run's real process group
+(the second stage of a schedule already has one), and the child leaves no global state behind.
+It sees no GPU (CUDA_VISIBLE_DEVICES is empty), so it allocates nothing on the device. It takes
+as long as lwm-plan's plan of the stage: about 5-40 s for the 7b preset on 2 CPU cores, longer
+when the stage does not fit (the search for the smallest cp that does).
+
+This module is what training imports; it imports nothing that imports training (lwm.train.run),
+so run.py can call it. The planning itself is lwm/train/plan/stage_plan.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from lwm.configs import from_dict
+from lwm.model import ModelConfig
+from lwm.parallel.launch import single_process_env
+from lwm.train.config import OptimConfig, ParallelConfig, RunConfig, StageConfig
+from lwm.train.plan.devices import GIB
+
+
+@dataclass
+class PreflightJob:
+    """What the child plans: the stage's step of `model` (before the stage's RoPE theta and length,
+    which the child applies) on `world` GPUs of `device_bytes` each."""
+
+    model: ModelConfig
+    stage: StageConfig
+    parallel: ParallelConfig
+    optim: OptimConfig
+    world: int
+    device_bytes: int
+    reserved_gib: float = 1.5  # the CUDA context and NCCL's buffers (lwm.train.plan.devices.Device)
+    fragmentation: float = 0.05  # the caching allocator's rounding and fragmentation
+
+
+@dataclass
+class StagePlan:
+    """The preflight's answer: the stage's mesh, rank 0's planned peak and what it needs with the
+    margins, on a device of device_bytes."""
+
+    stage: str
+    seq_len: int
+    cp: int
+    dp: int
+    batch: int  # sequences per data-parallel rank
+    peak_bytes: int
+    needs_bytes: float
+    device_bytes: int
+    reserved_gib: float
+    fragmentation: float
+    parts: dict[str, int] = field(default_factory=dict)
+    fits_with: dict | None = None  # when it does not fit: the smallest larger cp that does ({"cp", "dp", "batch"})
+    why: str = ""  # when it does not fit: the search's answer in full
+
+    @property
+    def fits(self) -> bool:
+        return self.needs_bytes <= self.device_bytes
+
+    def summary(self) -> str:
+        margins = f"{self.fragmentation:.0%} for the allocator"
+        if self.reserved_gib:
+            margins += f" and {self.reserved_gib:.2f} GiB for the CUDA context and NCCL"
+        return (
+            f"stage {self.stage!r} (seq_len {self.seq_len}, cp {self.cp}, dp {self.dp}, {self.batch} sequence(s) per "
+            f"data-parallel rank): planned peak {size(self.peak_bytes)} per GPU, {size(self.needs_bytes)} with "
+            f"{margins}, on a device of {size(self.device_bytes)}"
+        )
+
+
+def size(n: float) -> str:
+    return f"{n / GIB:.2f} GiB" if n >= GIB / 10 else f"{n / 2**20:.2f} MiB"
+
+
+class WillNotFit(RuntimeError):
+    """A stage whose planned peak, with the margins, is more than the device holds."""
+
+    def __init__(self, plan: StagePlan):
+        self.plan = plan
+        super().__init__(
+            f"preflight: {plan.summary()}: it will not fit. {plan.why[0].upper() + plan.why[1:]}. "
+            f"Plan it with lwm-plan (docs/plan.md); trainer.preflight=false skips this check."
+        )
+
+
+def check(plan: StagePlan) -> StagePlan:
+    """The plan if it fits; WillNotFit naming the stage, its mesh, the peak, the device and the
+    smallest cp that fits (or why none does) otherwise."""
+    if not plan.fits:
+        raise WillNotFit(plan)
+    return plan
+
+
+def wanted(setting: bool | None, accelerator: str) -> bool:
+    """trainer.preflight: true or false as given; None (the default) is on for GPUs, off on CPU."""
+    if setting is not None:
+        return setting
+    if accelerator == "auto":
+        import torch
+
+        return torch.cuda.is_available()
+    return accelerator in ("gpu", "cuda")
+
+
+def device_memory(index: int | None = None) -> int:
+    """Total bytes of this rank's GPU (LOCAL_RANK's under torchrun), read without allocating."""
+    import torch
+
+    if index is None:
+        index = int(os.environ.get("LOCAL_RANK", torch.cuda.current_device()))
+    return torch.cuda.get_device_properties(index).total_memory
+
+
+def preflight(
+    run: RunConfig,
+    stage: StageConfig,
+    device_bytes: int,
+    model: ModelConfig | None = None,
+    reserved_gib: float = 1.5,
+) -> StagePlan | None:
+    """Plan `stage` of `run` (on run.trainer.world_size GPUs of device_bytes each; `model`: the
+    schedule's starting shapes, run.model when None) in a child process; the plan if it fits,
+    WillNotFit if not. None, with a note, for what the planner does not model (tensor parallelism)."""
+    tp = getattr(run.parallel, "tp", 1)
+    if tp != 1:
+        print(f"note: preflight skipped for stage {stage.name!r}: lwm-plan does not model tensor parallelism (tp {tp})")
+        return None
+    world = run.trainer.world_size
+    job = PreflightJob(model or run.model, stage, run.parallel, run.optim, world, device_bytes, reserved_gib)
+    return check(plan_in_child(job))
+
+
+def plan_in_child(job: PreflightJob) -> StagePlan:
+    """python -m lwm.train.plan.stage_plan with the job on stdin -> its StagePlan (written to a file)."""
+    with tempfile.TemporaryDirectory(prefix="lwm-preflight-") as tmp:
+        out = Path(tmp) / "plan.json"
+        env = single_process_env() | {"CUDA_VISIBLE_DEVICES": ""}
+        message = json.dumps({"job": asdict(job), "out": str(out)})
+        done = subprocess.run(
+            [sys.executable, "-m", "lwm.train.plan.stage_plan"], input=message.encode(), env=env, capture_output=True
+        )
+        if done.returncode != 0 or not out.is_file():
+            tail = done.stderr.decode(errors="replace").strip().splitlines()[-3:]
+            raise RuntimeError(
+                f"preflight could not plan stage {job.stage.name!r} (exit {done.returncode}): " + " | ".join(tail)
+            )
+        return from_dict(StagePlan, json.loads(out.read_text()), "preflight plan")

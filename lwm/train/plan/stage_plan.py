@@ -1,0 +1,67 @@
+"""The preflight's planning (lwm.train.plan.preflight runs it as a child process): one stage of a
+run on a device of given memory, as lwm-plan plans it; when it does not fit, the smallest larger cp
+of the same world that does.
+
+    python -m lwm.train.plan.stage_plan < {"job": {...PreflightJob...}, "out": "plan.json"}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from lwm.configs import from_dict
+from lwm.train.fake_step import GPU_SETTINGS
+from lwm.train.plan.devices import GIB, Device
+from lwm.train.plan.memory import Mesh, plan_step
+from lwm.train.plan.preflight import PreflightJob, StagePlan, size
+from lwm.train.plan.search import check_mesh, no_fit, smallest_fitting_cp, stage_meshes
+from lwm.train.run import stage_model_config
+
+
+def plan_stage(job: PreflightJob) -> StagePlan:
+    """Rank 0's step of the job's stage under fake tensors with the GPU's settings (bf16 compute on
+    fp32 shards, the CUDA flash kernel), document masks off as in lwm-plan; ValueError for a mesh
+    the stage cannot run on (the values named)."""
+    stage = job.stage
+    dp = stage.check_world(job.world)
+    mesh = Mesh(stage.seq_len, stage.cp, dp, stage.per_rank_batch(dp))
+    check_mesh(mesh, job.model.n_heads, job.parallel.layout, job.parallel.mode, f"stage {stage.name!r}")
+    parallel = dataclasses.replace(job.parallel, document_mask=False)  # runs are read on the host
+    device = Device(
+        "preflight", job.device_bytes / GIB, 1.0, 1.0, 1.0, 1.0, job.reserved_gib, job.fragmentation
+    )  # only the memory matters here
+
+    def peak_of(m: Mesh) -> int:
+        s = dataclasses.replace(stage, cp=m.cp)
+        return plan_step(stage_model_config(job.model, s), s, m, parallel, job.optim, GPU_SETTINGS).peak
+
+    mem = plan_step(stage_model_config(job.model, stage), stage, mesh, parallel, job.optim, GPU_SETTINGS)
+    plan = StagePlan(
+        stage.name, stage.seq_len, mesh.cp, mesh.dp, mesh.batch, mem.peak, device.needs(mem.peak),
+        job.device_bytes, job.reserved_gib, job.fragmentation, mem.parts,
+    )  # fmt: skip
+    if not device.fits(mem.peak):
+        mesh_for = stage_meshes(stage, job.world, job.model.n_heads, parallel.layout, parallel.mode)
+        search = smallest_fitting_cp(mesh, mesh_for, peak_of, device)
+        plan.why = no_fit(mesh, search)[1]
+        if search.fits is not None:
+            m = search.fits
+            plan.fits_with = {"cp": m.cp, "dp": m.dp, "batch": m.batch, "peak_bytes": search.peaks[m.cp]}
+            plan.why += f" (planned peak {size(search.peaks[m.cp])})"
+    return plan
+
+
+def main() -> int:
+    message = json.loads(sys.stdin.buffer.read())
+    job = from_dict(PreflightJob, message["job"], "preflight job")
+    plan = plan_stage(job)
+    Path(message["out"]).write_text(json.dumps(asdict(plan)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
