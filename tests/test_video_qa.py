@@ -21,7 +21,8 @@ from video_samples import write_video  # noqa: E402
 
 from lwm.data.chat import chat_prompt  # noqa: E402
 from lwm.eval import video_qa as vqa  # noqa: E402
-from lwm.eval.video_qa.items import ItemError, answer_index, parse_options, read_items  # noqa: E402
+from lwm.eval.video_qa.formats import read_items  # noqa: E402
+from lwm.eval.video_qa.items import ItemError, answer_index, parse_options  # noqa: E402
 from lwm.eval.video_qa.report import markdown  # noqa: E402
 from lwm.eval.video_qa.summary import Buckets  # noqa: E402
 from lwm.eval.video_qa.text import (  # noqa: E402
@@ -74,11 +75,23 @@ def test_read_plain_and_videomme(tmp_path):
                 "answer": "C",
             },
             {
+                "video_id": "002",
                 "videoID": "xyz",
                 "duration": "short",
                 "questions": [
-                    {"question_id": "002-1", "question": "One?", "options": ["A. x", "B. y"], "answer": "B"},
-                    {"question_id": "002-2", "question": "Two?", "options": ["A. x", "B. y"], "answer": "E"},
+                    {
+                        "question_id": "002-1",
+                        "question": "One?",
+                        "options": ["A. x", "B. y", "C. z", "D. w"],
+                        "answer": "B",
+                    },
+                    {
+                        "question_id": "002-2",
+                        "question": "Two?",
+                        "options": ["A. x", "B. y", "C. z", "D. w"],
+                        "answer": "E",
+                    },
+                    {"question_id": "002-3", "question": "Three?", "options": ["A. x", "B. y"], "answer": "B"},
                 ],
             },
             "{not json",
@@ -91,7 +104,7 @@ def test_read_plain_and_videomme(tmp_path):
     )
     items = read_items(data, video_dir=tmp_path / "vids")
     by_id = {it.id: it for it in items}
-    assert len(items) == 11
+    assert len(items) == 12
 
     a = items[0]
     assert a.id == "qa.jsonl:1" and a.error is None
@@ -103,9 +116,12 @@ def test_read_plain_and_videomme(tmp_path):
     assert m.options == ["Apples.", "Pears.", "Plums.", "Figs."] and m.answer_index == 2 and m.duration == "long"
     assert m.video_key == "fFjv93ACGo8" and m.video == str(tmp_path / "vids" / "fFjv93ACGo8.mp4")
     assert by_id["002-1"].answer_index == 1 and by_id["002-1"].duration == "short" and by_id["002-1"].video_key == "xyz"
-    assert by_id["002-2"].error_kind == "answer" and "'E' is not among the options" in by_id["002-2"].error
+    assert by_id["002-2"].error_kind == "answer" and "'E' is not an option letter A-D" in by_id["002-2"].error
+    # A video with its questions is Video-MME's form: 4 options each; another count is a bad row that keeps its fields
+    assert by_id["002-3"].error_kind == "options" and "4 options, got 2" in by_id["002-3"].error
+    assert by_id["002-3"].benchmark == "videomme" and by_id["002-3"].groups == {"duration": "short"}
 
-    errors = [(it.id, it.error_kind, it.error) for it in items[5:]]
+    errors = [(it.id, it.error_kind, it.error) for it in items[6:]]
     assert errors[0][:2] == ("qa.jsonl:5", "malformed") and "not JSON" in errors[0][2]
     assert errors[1][1] == "malformed" and "'question'" in errors[1][2]
     assert errors[2][1] == "answer" and "'Green' is not among the options (A. Red, B. Blue)" in errors[2][2]

@@ -13,11 +13,12 @@ from pathlib import Path
 
 from lwm.arg_types import add_options, csv_list, from_args, option, positive_float, positive_int
 from lwm.eval.video_qa.evaluate import run_video_qa
-from lwm.eval.video_qa.items import Item, read_items
+from lwm.eval.video_qa.formats import FormatError, Reader
+from lwm.eval.video_qa.items import Item
 from lwm.eval.video_qa.report import RecordLog, markdown, write_outputs
 from lwm.eval.video_qa.scoring import METHODS
 from lwm.eval.video_qa.summary import Buckets
-from lwm.eval.video_qa.videos import VideoSource
+from lwm.eval.video_qa.videos import VideoSource, probe_seconds
 from lwm.infer.prompt import DEFAULT_VQGAN
 from lwm.infer.runtime import ModelOptions, load_generator, start
 from lwm.ranks import is_rank0
@@ -28,8 +29,20 @@ class VideoQAConfig:
     """python -m lwm.eval.video_qa's options."""
 
     load: ModelOptions  # --model, --tokenizer, --device, --dtype, --layout, --prefill-chunk
-    data: str = option("JSON lines of questions (or a .json list); see the module's doc")
-    video_dir: str | None = option("folder of <videoID>.mp4 for Video-MME style items", None)
+    data: str = option(
+        "the questions: Video-MME's parquet or JSON, LongVideoBench's JSON or parquet, MLVU's task JSON or json/ "
+        "folder, or JSON lines; see the module's doc"
+    )
+    video_dir: str | None = option(
+        "the videos: Video-MME's data/ (<videoID>.mp4), LongVideoBench's videos/, MLVU's video/ "
+        "(default for the last two: beside the data, as released)",
+        None,
+    )
+    subtitles: str | None = option(
+        "the subtitles' folder (Video-MME's subtitle/, LongVideoBench's subtitles/): prompts in the "
+        "benchmark's with-subtitles setting",
+        None,
+    )
     codes: str | None = option("an lwm-tokenize output folder with cached codes", None)
     ids: str = option(
         "how cached codes are named (lwm-tokenize --ids); auto tries both", "auto", choices=["auto", "hashed", "stem"]
@@ -87,25 +100,45 @@ def build_parser() -> argparse.ArgumentParser:
 def _check_paths(args: VideoQAConfig) -> None:
     if not Path(args.load.model).exists():
         raise UsageError(f"--model {args.load.model}: no such file or folder")
-    if not Path(args.data).is_file():
+    if not Path(args.data).exists():
         raise UsageError(f"--data {args.data}: no such file")
     if args.video_dir and not Path(args.video_dir).is_dir():
         raise UsageError(f"--video-dir {args.video_dir}: no such folder")
+    if args.subtitles and not Path(args.subtitles).is_dir():
+        raise UsageError(f"--subtitles {args.subtitles}: no such folder")
     if args.codes and not (Path(args.codes) / "tokens").is_dir():
         raise UsageError(f"--codes {args.codes}: no tokens/ folder (expected the output of lwm-tokenize)")
     if args.vqgan is not None and not Path(args.vqgan).exists():
         raise UsageError(f"--vqgan {args.vqgan}: no such file or folder")
 
 
+def _seconds(item: Item, probed: dict) -> float | None:
+    """The item's length in seconds: as given, or for a named duration ("long") the file's, read from its header."""
+    if isinstance(item.duration, (int, float)):
+        return float(item.duration)
+    if item.video is None:
+        return None
+    if item.video not in probed:
+        probed[item.video] = probe_seconds(item.video)
+    return probed[item.video]
+
+
 def _items(args: VideoQAConfig) -> list[Item]:
-    """The items of --data, less those over --max-duration, at most --limit; none is a usage error."""
+    """The items of --data, less those over --max-duration, at most --limit; none is a usage error, and so
+    is a file in no known format (FormatError names the formats)."""
+    reader = Reader(args.video_dir, args.subtitles)
     try:
-        items = read_items(args.data, args.video_dir)
+        items = reader.read(args.data)
+    except FormatError as e:
+        raise UsageError(f"--data {e}")
     except OSError as e:
         raise UsageError(f"--data {args.data}: {e}")
+    for why, n in reader.skipped.items():
+        if is_rank0():
+            print(f"skipping {n} items: {why}", file=sys.stderr)
     if args.max_duration is not None:
-        n = len(items)
-        items = [it for it in items if not (isinstance(it.duration, (int, float)) and it.duration > args.max_duration)]
+        n, probed = len(items), {}
+        items = [it for it in items if not ((_seconds(it, probed) or 0) > args.max_duration)]
         if len(items) < n and is_rank0():
             print(
                 f"skipping {n - len(items)} items longer than --max-duration {args.max_duration:g} s", file=sys.stderr
@@ -147,6 +180,7 @@ def _config(args: VideoQAConfig, buckets: Buckets, loaded, runtime) -> dict:
         "model": str(args.load.model),
         "data": str(args.data),
         "video_dir": args.video_dir,
+        "subtitles": args.subtitles,
         "codes": args.codes,
         "vqgan": args.vqgan,
         "fps": args.fps,
@@ -167,8 +201,10 @@ def _config(args: VideoQAConfig, buckets: Buckets, loaded, runtime) -> dict:
 
 
 def _report(result: dict, out: Path, max_seq_len: int) -> None:
-    js, md = write_outputs(result, out)
+    js, md, *others = write_outputs(result, out)
     print(markdown(result))
+    for path in others:
+        print(f"wrote {path}")
     longest = result["summary"]["max_prompt_tokens"]
     if longest > max_seq_len:
         print(

@@ -7,7 +7,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from lwm.eval.video_qa.items import Item, expand
+from lwm.eval.video_qa.formats import Reader
+from lwm.eval.video_qa.items import Item
 from lwm.eval.video_qa.scoring import METHODS, evaluate_item
 from lwm.eval.video_qa.summary import Buckets, summarize
 from lwm.parallel.comm import group_size_and_rank
@@ -39,10 +40,11 @@ def run_video_qa(
         raise ValueError(f"methods must be a non-empty subset of {METHODS}, got {list(methods)}")
 
     _, rank = group_size_and_rank(getattr(generator, "group", None))
+    reader = Reader()
     items = [
         x
         for k, it in enumerate(items)
-        for x in ([it] if isinstance(it, Item) else expand(it, f"item {k + 1}", Path.cwd(), None))
+        for x in ([it] if isinstance(it, Item) else reader.adapt(it, f"item {k + 1}", Path.cwd() / "items"))
     ]
     records, complete = [], True
     bar = tqdm(items, desc="video QA", unit="q", disable=not progress or rank != 0, dynamic_ncols=True, mininterval=1.0)
@@ -63,4 +65,9 @@ def run_video_qa(
         complete = False
     finally:
         bar.close()
-    return {"config": config or {}, "summary": summarize(records, buckets), "records": records, "complete": complete}
+    return {
+        "config": config or {},
+        "summary": summarize(records, buckets, methods),
+        "records": records,
+        "complete": complete,
+    }

@@ -1,17 +1,23 @@
-"""Video QA items: JSON objects (plain, or in Video-MME's field names) -> Items, from a JSON-lines file
-or a .json list. The forms are in lwm.eval.video_qa's doc. A bad line or object is an Item with its
-error, so the run records it and goes on."""
+"""Video QA items: the one internal type every released format is read into (lwm.eval.video_qa.formats
+holds the readers), and the plain form, JSON objects `{video, question, options?, answer, duration?}`.
+A bad object is an Item with its error and what could be read of it, so the run records it and goes on.
+
+How an answer names its option (`answer_index`): a bare letter ("C", "c", "(C)", "C.") is the option at
+that letter, whatever the options' texts say (options "A. C.", "B. A.", "C. B.", "D. D." with answer "C"
+is option C); otherwise the answer is matched against the option texts, exactly first, then ignoring
+case and trailing punctuation, then also articles and punctuation, stopping at the first of these that
+finds a match (two matches at that step make the answer ambiguous: an error)."""
 
 from __future__ import annotations
 
-import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from lwm.eval.video_qa.text import LETTERS, bare_question, normalize
-from lwm.io import JsonlError, lines
+from lwm.eval.video_qa.text import LETTERS, bare_question, light, normalize
+
+VIDEO_EXTENSIONS = (".mp4", ".MP4", ".mkv")  # tried in this order for a video named by its id, as lmms-eval does
 
 
 class ItemError(ValueError):
@@ -33,16 +39,31 @@ class Item:
     video_key: str | None = None  # a video id (videoID / vision): cached codes, or --video-dir/<id>.mp4
     duration: float | str | None = None  # seconds, or a bucket name as given
     task: str | None = None  # the question's kind (Video-MME's task_type, or kind), for a breakdown
+    benchmark: str | None = None  # "videomme", "longvideobench", "mlvu"; None for the plain form
+    groups: dict[str, str] = field(default_factory=dict)  # the benchmark's breakdowns: {"domain": "Knowledge", ...}
+    meta: dict = field(default_factory=dict)  # the released fields, echoed in records and result files
+    subtitles: str | None = None  # the video's subtitle file (with --subtitles)
+    subtitle_offset: float = 0.0  # seconds to subtract from the subtitles' times (LongVideoBench's)
     error: str | None = None  # set for an item that cannot be evaluated
     error_kind: str | None = None
 
 
 _PREFIX = re.compile(r"^\s*\(?([A-Z])[.):]\s*(.*)$", re.S)
-_LETTER = re.compile(r"^\s*\(?([A-Z])\)?[.:]?\s*$")
+_LETTER = re.compile(r"^\s*\(?([A-Za-z])\)?[.:]?\s*$")
 
 
-def parse_options(raw) -> list[str]:
-    """A list of option texts (or {"A": text, ...}) -> texts without letter prefixes ("A. Red" -> "Red")."""
+def strip_prefixes(raw: list[str]) -> list[str]:
+    """["A. Red", "B. Blue"] -> ["Red", "Blue"] when every option carries its own letter in order; else as given."""
+    prefixed = [_PREFIX.match(o) for o in raw]
+    if all(m and m.group(1) == LETTERS[i] and m.group(2).strip() for i, m in enumerate(prefixed)):
+        raw = [m.group(2) for m in prefixed]
+    return [o.strip() for o in raw]
+
+
+def parse_options(raw, distinct: bool = True) -> list[str]:
+    """A list of option texts (or {"A": text, ...}) -> texts without letter prefixes ("A. Red" -> "Red").
+    distinct: refuse two options that are the same text (`text.light`: case and trailing punctuation
+    ignored; "a dog" and "the dog" differ). A benchmark scored by letters does not need it."""
     if isinstance(raw, dict):
         keys = sorted(raw)
         if keys != list(LETTERS[: len(keys)]):
@@ -52,30 +73,50 @@ def parse_options(raw) -> list[str]:
         raise ItemError("malformed", f"options must be a list of 2 to 26 texts, got {raw!r}")
     if not all(isinstance(o, str) and o.strip() for o in raw):
         raise ItemError("malformed", f"every option must be non-empty text, got {raw!r}")
-    prefixed = [_PREFIX.match(o) for o in raw]
-    if all(m and m.group(1) == LETTERS[i] and m.group(2).strip() for i, m in enumerate(prefixed)):
-        raw = [m.group(2) for m in prefixed]
-    options = [o.strip() for o in raw]
-    normalized = [normalize(o) for o in options]
-    if len(set(normalized)) < len(normalized):
+    options = strip_prefixes(raw)
+    if distinct and len({light(o) for o in options}) < len(options):
         raise ItemError("malformed", f"options are not distinct: {options}")
     return options
 
 
-def answer_index(answer: str, options: list[str]) -> int:
-    """The option an answer names: by its text ("Cyan.", "B. Cyan") or by its letter ("B", "B.", "(B)")."""
-    target = normalize(answer)
-    for i, o in enumerate(options):
-        if target in (normalize(o), normalize(f"{LETTERS[i]}. {o}")):
-            return i
+def _shown(options: list[str]) -> str:
+    return ", ".join(f"{LETTERS[i]}. {o}" for i, o in enumerate(options))
+
+
+def letter_index(answer: str, n_options: int) -> int | None:
+    """The option a bare letter names ("C", "c", "(C)", "C.") -> its index, or None (not a letter, or past the options)."""
     m = _LETTER.match(answer)
-    if m and LETTERS.index(m.group(1)) < len(options):
-        return LETTERS.index(m.group(1))
-    shown = ", ".join(f"{LETTERS[i]}. {o}" for i, o in enumerate(options))
-    raise ItemError("answer", f"answer {answer!r} is not among the options ({shown})")
+    if m is None:
+        return None
+    k = LETTERS.index(m.group(1).upper())
+    return k if k < n_options else None
 
 
-def _duration(value) -> float | str | None:
+def answer_index(answer: str, options: list[str], letters: bool = True, texts: bool = True) -> int:
+    """The option an answer names: by its letter (when `letters`), else by its text (when `texts`; see
+    the module's doc for the order). Raises ItemError("answer") naming the options."""
+    if letters:
+        k = letter_index(answer, len(options))
+        if k is not None:
+            return k
+    if texts:
+        for key in (str.strip, light, normalize):
+            target = key(answer)
+            if not target:
+                continue
+            hits = [i for i, o in enumerate(options) if target in (key(o), key(f"{LETTERS[i]}. {o}"))]
+            if len(hits) > 1:
+                named = ", ".join(LETTERS[i] for i in hits)
+                raise ItemError(
+                    "answer", f"answer {answer!r} is ambiguous: it names options {named} ({_shown(options)})"
+                )
+            if hits:
+                return hits[0]
+    raise ItemError("answer", f"answer {answer!r} is not among the options ({_shown(options)})")
+
+
+def duration_value(value) -> float | str | None:
+    """Seconds (a number or numeric text) or a bucket name as given; None when absent."""
     if value is None or (isinstance(value, str) and not value.strip()):
         return None
     if isinstance(value, str):
@@ -88,18 +129,36 @@ def _duration(value) -> float | str | None:
     return float(value)
 
 
+def video_file(folder, name: str) -> str:
+    """folder/<name>.mp4, or the first of .MP4 and .mkv that exists (the .mp4 path when none does, so the
+    error names it). A name that has an extension already is taken as it is."""
+    base = Path(folder) / name
+    if Path(name).suffix.lower() in {e.lower() for e in VIDEO_EXTENSIONS}:
+        return str(base)
+    for ext in VIDEO_EXTENSIONS:
+        if Path(f"{base}{ext}").is_file():
+            return f"{base}{ext}"
+    return f"{base}{VIDEO_EXTENSIONS[0]}"
+
+
+def text_field(obj: dict, key: str, required: bool = True) -> str | None:
+    value = obj.get(key)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str) or not value.strip():
+        if required:
+            raise ItemError("malformed", f"{key!r} must be non-empty text, got {value!r}")
+        return None
+    return value.strip()
+
+
 def parse_item(obj, item_id: str, base_dir: Path, video_dir: Path | None = None) -> Item:
-    """One question (a JSON object) -> an Item; raises ItemError saying what is wrong."""
+    """One question in the plain form (a JSON object) -> an Item; raises ItemError saying what is wrong."""
     if not isinstance(obj, dict):
         raise ItemError("malformed", f"expected a JSON object, got {type(obj).__name__}")
     item = Item(id=str(obj.get("question_id", obj.get("id", item_id))))
-    question, answer = obj.get("question"), obj.get("answer")
-    if not isinstance(question, str) or not question.strip():
-        raise ItemError("malformed", f"'question' must be non-empty text, got {question!r}")
-    if not isinstance(answer, str) or not answer.strip():
-        raise ItemError("malformed", f"'answer' must be non-empty text, got {answer!r}")
-    item.question, item.answer = question.strip(), answer.strip()
-    item.duration = _duration(obj.get("duration"))
+    item.question, item.answer = text_field(obj, "question"), text_field(obj, "answer")
+    item.duration = duration_value(obj.get("duration"))
     task = obj.get("task_type", obj.get("kind"))
     item.task = str(task).strip() if isinstance(task, (str, int)) and str(task).strip() else None
     if obj.get("options") is not None:
@@ -114,62 +173,23 @@ def parse_item(obj, item_id: str, base_dir: Path, video_dir: Path | None = None)
     elif isinstance(key, str) and key.strip():
         item.video_key = key.strip()
         if video_dir is not None:
-            item.video = str(Path(video_dir) / f"{item.video_key}.mp4")
+            item.video = video_file(video_dir, item.video_key)
     else:
         raise ItemError("malformed", "no video: expected 'video' (a path) or 'videoID' (with --video-dir)")
     return item
 
 
-def _bad(item_id: str, e: Exception, obj=None) -> Item:
-    item = Item(id=item_id, error=str(e), error_kind=getattr(e, "kind", "malformed"))
-    if isinstance(obj, dict):  # keep what can be kept, for the record
+def bad_item(item_id: str, e: Exception, obj=None, partial: Item | None = None) -> Item:
+    """An Item that records why it cannot be evaluated, keeping what could be read (the benchmark's fields
+    among them, so the error record still says which video, domain, task ... it was)."""
+    item = partial or Item(id=item_id)
+    item.error, item.error_kind = str(e), getattr(e, "kind", "malformed")
+    if partial is None and isinstance(obj, dict):
         item.id = str(obj.get("question_id", obj.get("id", item_id)))
         item.question = obj.get("question") if isinstance(obj.get("question"), str) else None
         item.answer = obj.get("answer") if isinstance(obj.get("answer"), str) else None
         try:
-            item.duration = _duration(obj.get("duration"))
+            item.duration = duration_value(obj.get("duration"))
         except ItemError:
             pass
     return item
-
-
-def expand(obj, item_id: str, base_dir: Path, video_dir: Path | None) -> list[Item]:
-    """A question, or a Video-MME video with a list of questions (each inherits the video's fields)."""
-    if isinstance(obj, dict) and isinstance(obj.get("questions"), list):
-        shared = {k: v for k, v in obj.items() if k != "questions"}
-        entries = [
-            ({**shared, **q} if isinstance(q, dict) else q, f"{item_id}.{k + 1}")
-            for k, q in enumerate(obj["questions"])
-        ]
-    else:
-        entries = [(obj, item_id)]
-    items = []
-    for entry, eid in entries:
-        try:
-            items.append(parse_item(entry, eid, base_dir, video_dir))
-        except ItemError as e:
-            items.append(_bad(eid, e, entry))
-    return items
-
-
-def read_items(path, video_dir=None) -> list[Item]:
-    """All items of a JSON-lines file (or a .json list); a bad line becomes an Item with its error."""
-    path = Path(path)
-    base, name = path.resolve().parent, path.name
-    if path.suffix.lower() == ".json":
-        try:
-            data = json.loads(path.read_text(encoding="utf-8", errors="replace"))
-        except json.JSONDecodeError:
-            data = None
-        if isinstance(data, list):
-            return [it for k, obj in enumerate(data) for it in expand(obj, f"{name}:{k + 1}", base, video_dir)]
-    items = []
-    for line in lines(path):
-        n = line.number
-        try:
-            obj = line.parse()
-        except JsonlError as e:  # a bad line, the last one included, is a recorded item: the run goes on
-            items.append(Item(id=f"{name}:{n}", error=f"line {n} is {e.reason}", error_kind="malformed"))
-            continue
-        items.extend(expand(obj, f"{name}:{n}", base, video_dir))
-    return items

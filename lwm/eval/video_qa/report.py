@@ -1,5 +1,9 @@
 """Video QA outputs: video_qa.json (config, summary, records), video_qa.md (the summary as tables by
-duration bucket and by task), and video_qa.records.jsonl (records appended as items finish)."""
+duration bucket and by task, and each benchmark's own table), video_qa.records.jsonl (records appended
+as items finish), and for Video-MME's questions videomme_results.json, the file Video-MME's scorer
+(eval_your_results.py) reads: its videos, each with duration_category, video_category,
+video_subcategory, url, videoID, `missing` (its video could not be read) and its questions, each with
+the model's raw `response` to the benchmark's prompt ("" where none was generated)."""
 
 from __future__ import annotations
 
@@ -61,16 +65,89 @@ def markdown(result: dict) -> str:
     if s["errors"]["total"]:
         kinds = ", ".join(f"{k} {v}" for k, v in sorted(s["errors"]["by_kind"].items()))
         lines.append(f"Errors by kind: {kinds} (reasons per item in video_qa.json).")
+    for bench in s.get("benchmarks", {}).values():
+        lines += ["", *benchmark_markdown(bench)]
     return "\n".join(lines) + "\n"
 
 
-def write_outputs(result: dict, out_dir) -> tuple[Path, Path]:
+_RULE_TEXT = {
+    "skip": "an output with no letter is not counted (Video-MME's scorer)",
+    "random": "an output with no letter is scored as a random option (LongVideoBench's authors; seeded by the question's id)",
+    "wrong": "an output with no letter is wrong",
+}
+
+
+def benchmark_markdown(bench: dict) -> list[str]:
+    """A benchmark's own numbers: its overall score by its rule, then a table per breakdown."""
+    method = "letter" if bench["method"] == "accuracy_letter" else "LL"
+    how = "mean of the tasks' accuracies (M-Avg)" if bench["overall_rule"] == "task_mean" else "accuracy"
+    a = bench["all"]
+    out = [
+        f"## {bench['title']}",
+        "",
+        f"Overall ({how}, the benchmark's prompt and answer rule, {method}): **{_pct(bench['overall'])}** "
+        f"over {a['n']} scored questions ({a['errors']} errors); {_RULE_TEXT[bench['unparsed']]}: "
+        f"{a['letter_unparsed']} outputs had none.",
+    ]
+    for key, groups in bench["breakdowns"].items():
+        rows = [[g, st["n"], st["letter_counted"], _pct(st[bench["method"]]), st["letter_unparsed"], st["errors"]]
+                for g, st in groups.items()]  # fmt: skip
+        out += ["", markdown_table([key, "n", "counted", "accuracy", "no letter", "errors"], rows)]
+    return out
+
+
+VIDEO_ERRORS = ("video_missing", "video_unreadable", "codes", "vqgan")
+
+
+def videomme_results(records: list[dict]) -> list[dict]:
+    """Video-MME's records as its scorer's input: videos in the order first met, questions in theirs."""
+    videos: dict[str, dict] = {}
+    for r in records:
+        if r.get("benchmark") != "videomme":
+            continue
+        m = r.get("meta", {})
+        key = str(m.get("video_id") or m.get("videoID") or r["video"])
+        v = videos.setdefault(
+            key,
+            {
+                "video_id": m.get("video_id") or key,
+                "duration_category": m.get("duration"),
+                "video_category": m.get("domain"),
+                "video_subcategory": m.get("sub_category"),
+                "url": m.get("url"),
+                "videoID": m.get("videoID"),
+                "missing": False,
+                "questions": [],
+            },
+        )
+        v["missing"] = v["missing"] or r.get("error_kind") in VIDEO_ERRORS
+        v["questions"].append(
+            {
+                "question_id": m.get("question_id") or r["id"],
+                "task_type": m.get("task_type"),
+                "question": m.get("question"),
+                "choices": m.get("options"),
+                "answer": m.get("answer"),
+                "response": (r.get("letter") or {}).get("output", "") if r.get("error") is None else "",
+            }
+        )
+    return list(videos.values())
+
+
+def write_outputs(result: dict, out_dir) -> tuple[Path, ...]:
+    """video_qa.json and video_qa.md, and videomme_results.json when there are Video-MME questions and
+    the letter method ran -> the paths written."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     js, md = out_dir / "video_qa.json", out_dir / "video_qa.md"
     write_atomic(js, json.dumps(result, indent=1, default=_jsonable) + "\n")
     write_atomic(md, markdown(result))
-    return js, md
+    written = [js, md]
+    mme = videomme_results(result["records"])
+    if mme and "letter" in result.get("config", {}).get("methods", METHODS):
+        written.append(out_dir / "videomme_results.json")
+        write_atomic(written[-1], json.dumps(mme, indent=1, default=_jsonable) + "\n")
+    return tuple(written)
 
 
 def _jsonable(x):

@@ -1,8 +1,10 @@
 """One video QA item -> its record: the video's codes in LWM's chat prompt, scored by each method.
 
 Multiple choice: `ll`, the option with the highest log-likelihood after the bare question; `letter`,
-the first option letter generated after the question with its options listed. An open question:
-greedy generation, normalized exact match."""
+the letter generated after the question with its options listed, in the item's benchmark's prompt and
+read back by its rule (lwm.eval.video_qa.benchmarks). An open question: greedy generation, normalized
+exact match. With subtitles, the lines at the sampled frames' times go where the benchmark puts them
+(before the question, or between the frames) in both methods' prompts."""
 
 from __future__ import annotations
 
@@ -11,9 +13,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from lwm.data.chat import chat_prompt
+from lwm.eval.video_qa.benchmarks import rules_for
 from lwm.eval.video_qa.items import Item, ItemError
+from lwm.eval.video_qa.subtitles import SubtitleError, at_frames, interleave, read_lvb, read_srt
 from lwm.eval.video_qa.summary import Buckets
-from lwm.eval.video_qa.text import LETTERS, first_letter, letter_question, normalize, option_text
+from lwm.eval.video_qa.text import LETTERS, normalize, option_text
 from lwm.infer.sampling import GenerationConfig
 from lwm.parallel.comm import PeerFailure, agree_on_failure, broadcast_object_from_first, group_size_and_rank
 
@@ -29,8 +33,22 @@ class _Model:
     vocab: object
     prompt_style: str
 
-    def prompt(self, question: str, codes: np.ndarray) -> list[int]:
-        return chat_prompt(self.tokenizer, self.vocab, question, codes, style=self.prompt_style)
+    def prompt(
+        self, question: str, codes: np.ndarray, between: list | None = None, answer_start: str = ""
+    ) -> list[int]:
+        """The chat prompt of a question and the frames; `between`: (frames before it, text) put among the
+        frames, after that frame's <eof> (before the first frame for 0); `answer_start`: text that begins
+        the answer, after the chat form's ASSISTANT:."""
+        ids = chat_prompt(self.tokenizer, self.vocab, question, codes, style=self.prompt_style)
+        if between:
+            frame = codes.shape[1] + 1  # 256 codes and <eof>
+            first = int(np.argmax(self.vocab.is_vision(np.asarray(ids))))  # the first frame's first code
+            for before, text in sorted(between, key=lambda b: b[0], reverse=True):  # from the end: indices hold
+                at = first + before * frame
+                ids[at:at] = self.tokenizer.encode(text + "\n")
+        if answer_start:
+            ids += self.tokenizer.encode(" " + answer_start)
+        return ids
 
     def generate(self, prompt: list[int], max_new_tokens: int) -> str:
         config = GenerationConfig(max_new_tokens=max_new_tokens, stop_tokens=[self.tokenizer.eos_id], restrict="text")
@@ -48,7 +66,39 @@ def _prepare(item: Item, source) -> dict:
         return {"error": str(e), "kind": e.kind}
     except Exception as e:  # one bad video must not stop the run
         return {"error": f"{item.video or item.video_key}: {type(e).__name__}: {e}", "kind": "video_unreadable"}
-    return {"codes": np.asarray(codes, dtype=np.int64), "info": info}
+    info = dict(info)
+    times = info.pop("timestamps", None)
+    prepared = {"codes": np.asarray(codes, dtype=np.int64), "info": info}
+    if item.subtitles is not None:
+        try:
+            prepared["subtitles"] = _subtitles(item, times, len(codes), getattr(source, "fps", None), info)
+        except SubtitleError as e:
+            return {"error": str(e), "kind": "subtitles", "info": info}
+    return prepared
+
+
+def _subtitles(item: Item, times, n_frames: int, fps, info: dict) -> dict:
+    """The item's subtitle lines at its frames' times, as its benchmark places them: {"prefix": text} or
+    {"between": [(frames before, text), ...]}. Frames without recorded times (a cache made without them)
+    are taken at k / fps."""
+    if times is None:
+        times = np.arange(n_frames) / (fps or 1.0)
+        info["subtitle_times"] = "k / fps (the cache has no timestamps)"
+    style = rules_for(item).subtitles
+    if style == "interleave":
+        duration = item.duration if isinstance(item.duration, (int, float)) else info.get("video_seconds")
+        lines = read_lvb(item.subtitles, item.subtitle_offset, duration)
+        between = interleave(lines, times)
+        info["subtitle_lines"] = len(between)
+        return {"between": between}
+    import os
+
+    if not os.path.isfile(item.subtitles):  # Video-MME: a video without subtitles says so (as lmms-eval does)
+        info["subtitle_lines"] = 0
+        return {"prefix": ""}
+    texts = at_frames(read_srt(item.subtitles), times)
+    info["subtitle_lines"] = len(texts)
+    return {"prefix": "\n".join(texts)}
 
 
 def _record(item: Item, prepared: dict, buckets: Buckets) -> dict:
@@ -57,11 +107,14 @@ def _record(item: Item, prepared: dict, buckets: Buckets) -> dict:
     duration = item.duration if item.duration is not None else info.get("video_seconds")
     return {
         "id": item.id,
+        "benchmark": item.benchmark,
         "video": item.video or item.video_key,
         "duration": duration,
         "bucket": buckets.of(duration),
         "kind": "mc" if item.options else "open",
         "task": item.task,
+        "groups": dict(item.groups),
+        "meta": dict(item.meta),
         "question": item.question,
         "options": item.options,
         "answer": item.answer,
@@ -88,21 +141,31 @@ def _ll(model: _Model, prompt: list[int], item: Item) -> dict:
     }
 
 
-def _letter(model: _Model, codes: np.ndarray, item: Item, letter_tokens: int) -> dict:
-    prompt = model.prompt(letter_question(item.question, item.options), codes)
+def _letter(model: _Model, codes: np.ndarray, item: Item, letter_tokens: int, subs: dict) -> dict:
+    """The benchmark's prompt, greedy text, its rule's reading of the letter. `correct` is None for an
+    output the rule does not count (Video-MME's scorer skips an output with no letter)."""
+    rules = rules_for(item)
+    question = rules.prompt(item, subs.get("prefix"))
+    prompt = model.prompt(question, codes, subs.get("between"), rules.answer_start)
     text = model.generate(prompt, letter_tokens)
-    pick = first_letter(text, len(item.options))
+    pick = rules.pick(item, text)
+    letter = lambda k: None if k is None else LETTERS[k] if k < len(LETTERS) else None  # noqa: E731
     return {
         "prompt_tokens": len(prompt),
         "output": text,
-        "predicted": None if pick is None else LETTERS[pick],
-        "correct": pick == item.answer_index,
+        "predicted": letter(pick.found),
+        "scored": letter(pick.scored),
+        "random": pick.found is None and pick.scored is not None,
+        "correct": (pick.scored == item.answer_index) if pick.counted else None,
     }
 
 
-def _score(rec: dict, model: _Model, codes: np.ndarray, item: Item, methods, max_new_tokens, letter_tokens) -> None:
+def _score(
+    rec: dict, model: _Model, codes: np.ndarray, item: Item, methods, max_new_tokens, letter_tokens, subs: dict
+) -> None:
     """Fills in rec, method by method (what was scored before a failure stays)."""
-    prompt = model.prompt(item.question, codes)
+    question = item.question if not subs.get("prefix") else f"{subs['prefix']}\n{item.question}"
+    prompt = model.prompt(question, codes, subs.get("between"))
     rec["prompt_tokens"] = len(prompt)
     if item.options is None:
         text = model.generate(prompt, max_new_tokens)
@@ -112,8 +175,15 @@ def _score(rec: dict, model: _Model, codes: np.ndarray, item: Item, methods, max
     if "ll" in methods:
         rec["ll"] = _ll(model, prompt, item)
     if "letter" in methods:
-        rec["letter"] = _letter(model, codes, item, letter_tokens)
-    rec["correct"] = rec["ll" if "ll" in methods else "letter"]["correct"]
+        rec["letter"] = _letter(model, codes, item, letter_tokens, subs)
+    rec["correct"] = rec[primary_method(item.benchmark, methods)]["correct"]
+
+
+def primary_method(benchmark: str | None, methods) -> str:
+    """A benchmark's items are scored first by its own rule (letter); the plain form's by log-likelihood."""
+    if benchmark is not None:
+        return "letter" if "letter" in methods else "ll"
+    return "ll" if "ll" in methods else "letter"
 
 
 def evaluate_item(
@@ -146,7 +216,9 @@ def evaluate_item(
     model = _Model(generator, tokenizer, vocab, prompt_style)
     error = None
     try:
-        _score(rec, model, prepared["codes"], item, methods, max_new_tokens, letter_tokens)
+        _score(
+            rec, model, prepared["codes"], item, methods, max_new_tokens, letter_tokens, prepared.get("subtitles", {})
+        )
     except PeerFailure as e:  # another rank failed, and said so where the generator waited for it
         return _failed(rec, e)
     except Exception as e:  # a failed prompt (too long, out of memory ...) is recorded; the run goes on

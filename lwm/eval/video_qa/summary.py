@@ -1,5 +1,6 @@
 """Video QA records summed up: duration buckets, and accuracy overall, by bucket and by task, with the
-errors counted by kind."""
+errors counted by kind; and for each benchmark its own overall number and breakdowns
+(lwm.eval.video_qa.benchmarks says how each is made)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
+
+from lwm.eval.video_qa.benchmarks import RULES
 
 
 @dataclass(frozen=True)
@@ -51,7 +54,7 @@ class Buckets:
 
 
 def _mean(values) -> float | None:
-    values = list(values)
+    values = [v for v in values if v is not None]  # None: an output the benchmark's rule does not count
     return float(np.mean(values)) if values else None
 
 
@@ -68,13 +71,38 @@ def _stats(recs: list[dict]) -> dict:
         "accuracy_ll_per_token": _mean(x["correct_per_token"] for x in ll),
         "accuracy_letter": _mean(x["correct"] for x in lt),
         "letter_unparsed": sum(x["predicted"] is None for x in lt),
+        "letter_counted": sum(x["correct"] is not None for x in lt),
         "chance": _mean(1 / len(r["options"]) for r in mc),
         "exact_match": _mean(r["open"]["correct"] for r in op),
     }
 
 
-def summarize(records: list[dict], buckets: Buckets = Buckets()) -> dict:
-    """Accuracy overall and by bucket, and the errors counted by kind."""
+def benchmark_summary(records: list[dict], name: str, methods=("ll", "letter")) -> dict:
+    """One benchmark's records -> its overall number by its own rule, and its breakdowns."""
+    rules = RULES[name]
+    recs = [r for r in records if r.get("benchmark") == name]
+    breakdowns = {}
+    for key in rules.breakdowns:
+        values = list(dict.fromkeys(r["groups"][key] for r in recs if key in r.get("groups", {})))
+        breakdowns[key] = {v: _stats([r for r in recs if r.get("groups", {}).get(key) == v]) for v in values}
+    method = "accuracy_letter" if "letter" in methods else "accuracy_ll"
+    overall = _stats(recs)[method]
+    if rules.overall == "task_mean":
+        per_task = [st[method] for st in breakdowns.get("task", {}).values() if st[method] is not None]
+        overall = float(np.mean(per_task)) if per_task else None
+    return {
+        "title": rules.title,
+        "method": method,
+        "overall": overall,
+        "overall_rule": rules.overall,
+        "unparsed": rules.unparsed,
+        "all": _stats(recs),
+        "breakdowns": breakdowns,
+    }
+
+
+def summarize(records: list[dict], buckets: Buckets = Buckets(), methods=("ll", "letter")) -> dict:
+    """Accuracy overall and by bucket, and the errors counted by kind; each benchmark's own numbers."""
     order = buckets.order([r["bucket"] for r in records])
     ok = [r for r in records if r["error"] is None]
     return {
@@ -93,5 +121,10 @@ def summarize(records: list[dict], buckets: Buckets = Buckets()) -> dict:
         "tasks": {
             t: _stats([r for r in records if r.get("task") == t])
             for t in sorted({r["task"] for r in records if r.get("task") is not None})
+        },
+        "benchmarks": {
+            b: benchmark_summary(records, b, methods)
+            for b in dict.fromkeys(r.get("benchmark") for r in records)
+            if b is not None
         },
     }

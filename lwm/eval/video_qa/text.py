@@ -17,6 +17,12 @@ def normalize(text: str) -> str:
     return " ".join(w for w in text.split() if w not in ("a", "an", "the"))
 
 
+def light(text: str) -> str:
+    """Case, runs of whitespace and trailing punctuation ignored, articles kept: two options are the same
+    option when these agree ("Red" and "red."), and differ when only an article does ("a dog", "the dog")."""
+    return " ".join(str(text).casefold().split()).rstrip(".!?;:, ")
+
+
 def option_text(text: str) -> str:
     """An option as an answer is written in training: stripped, ending with a full stop."""
     text = text.strip()

@@ -28,7 +28,7 @@ class VideoSource:
         ids: str = "auto",
         device="cpu",
     ):
-        self.vqgan_path, self.device = vqgan, device
+        self.vqgan_path, self.device, self.fps = vqgan, device, fps
         schemes = ("hashed", "stem") if ids == "auto" else (ids,)
         self.codes = CodeSource(fps, max_frames, cache=codes_dir, vqgan=self._load_vqgan, ids=schemes)
         self.store = self.codes.store
@@ -51,7 +51,8 @@ class VideoSource:
             ) from e
 
     def load(self, item: Item) -> tuple[np.ndarray, dict]:
-        """codes (T, 256) and what to record about them: where they came from, frames, the video's length."""
+        """codes (T, 256) and what to record about them: where they came from, frames, the video's length;
+        also the frames' times in seconds (`timestamps`, None from a cache that has none), for subtitles."""
         cid = self.cache_id(item)
         if cid is not None:
             try:
@@ -63,6 +64,7 @@ class VideoSource:
                 "cache_id": cid,
                 "frames": len(got.codes),
                 "video_seconds": got.duration,
+                "timestamps": got.timestamps,
             }
         if item.video is None:
             raise ItemError(
@@ -78,4 +80,20 @@ class VideoSource:
         except VideoError as e:
             raise ItemError("video_unreadable", str(e)) from e
         seconds = got.duration if item.duration is None else None
-        return got.codes, {"codes_from": "video", "frames": len(got.codes), "video_seconds": seconds}
+        info = {"codes_from": "video", "frames": len(got.codes), "video_seconds": seconds}
+        return got.codes, {**info, "timestamps": got.timestamps}
+
+
+def probe_seconds(path) -> float | None:
+    """A video file's length from its container's header (PyAV; nothing is decoded), or None when the file
+    is missing or says nothing."""
+    try:
+        import av
+
+        with av.open(str(path)) as container:
+            if container.duration is not None:
+                return container.duration / 1_000_000  # av.time_base
+            stream = container.streams.video[0]
+            return float(stream.duration * stream.time_base) if stream.duration else None
+    except Exception:
+        return None
