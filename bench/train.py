@@ -30,8 +30,7 @@ import torch
 
 from bench.report import command_line, host_line, peak_mib, peak_tflops, publish, sync
 from lwm.model import ModelConfig, Transformer
-from lwm.train.config import ParallelConfig
-from lwm.train.sharding import CP_DIM, compute_settings, fsdp_mesh, shard_model
+from lwm.parallel import ParallelDims, build_meshes, build_parallel_model, compute_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -75,8 +74,6 @@ def model_flops_per_token(config, seq_len: int) -> float:
 
 def layer_step(preset: str, layers: int, seq_len: int, steps: int, device_type: str) -> dict:
     """In a one-rank process group: times `steps` optimizer steps after one warm-up step."""
-    from torch.distributed.device_mesh import init_device_mesh
-
     device = torch.device(device_type, 0) if device_type == "cuda" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -84,9 +81,9 @@ def layer_step(preset: str, layers: int, seq_len: int, steps: int, device_type: 
     torch.manual_seed(0)
     with device:
         init_state = Transformer(config).state_dict()
-    mesh = init_device_mesh(device.type, (1, 1), mesh_dim_names=("data_parallel", "tensor_parallel"))
-    parallel, settings = ParallelConfig(activation_checkpointing=True), compute_settings(device, config.head_dim)
-    model = shard_model(config, mesh[CP_DIM].get_group(), fsdp_mesh(mesh), parallel, settings, device, init_state)
+    meshes = build_meshes(ParallelDims(), device.type, 0)
+    settings = compute_settings(device, config.head_dim)
+    model = build_parallel_model(config, meshes, settings, device, init_state, activation_checkpointing=True)
     del init_state
     optim = torch.optim.AdamW(model.parameters(), lr=1e-5)
     g = torch.Generator(device).manual_seed(0)

@@ -19,12 +19,12 @@ from documents import masked_sdpa, packings
 from lwm.model import ModelConfig, Transformer
 from lwm.model.documents import Documents
 from lwm.parallel import (
+    apply_context_parallel,
     block_backward,
     block_forward,
     hybrid_attention,
     hybrid_groups,
     kernels,
-    parallelize,
     ring_attention,
     shard,
     simulate_ring,
@@ -217,7 +217,7 @@ def test_training_step_on_cuda_flash_matches_cpu_flash():
     results = []
     for backend in ("cpu_flash", "cuda_flash"):
         torch.manual_seed(0)
-        model = parallelize(Transformer(cfg).to(torch.bfloat16), backend=backend)
+        model = apply_context_parallel(Transformer(cfg).to(torch.bfloat16), backend=backend)
         out = model(tokens[:, :-1], targets=tokens[:, 1:], loss_coeff=torch.full((2, 64), 1 / 128), segment_ids=seg)
         out.loss.backward()
         results.append((out.loss.float(), [p.grad.float() for p in model.parameters()]))

@@ -12,7 +12,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from lwm.data.vocab import Vocab
 from lwm.model import ModelConfig, Transformer
-from lwm.parallel import parallelize
+from lwm.parallel import apply_context_parallel, compute_settings
 from lwm.parallel.launch import run_distributed
 from lwm.train import module as module_file
 from lwm.train import run as run_module
@@ -29,7 +29,6 @@ from lwm.train.fake_step import (
     train_step,
 )
 from lwm.train.module import LWMModule, build_optimizer
-from lwm.train.sharding import CP_DIM, DP_DIM, compute_settings
 
 DEBUG = ModelConfig.from_preset("debug")
 STAGE = StageConfig("a", seq_len=64, rope_theta=1e4, steps=1, lr=1e-3, cp=2)
@@ -123,7 +122,7 @@ def test_the_meta_device_catches_a_tensor_made_on_the_wrong_device(fake_group):
     where = place(2, 2)
     with torch.device("meta"):
         model = Transformer(DEBUG).to(torch.bfloat16)
-    parallelize(model, where.cp_group, backend="cuda_flash")
+    apply_context_parallel(model, where.cp_group, backend="cuda_flash")
     batch = make_batch(DEBUG, 64, where, 1, "striped", "meta")
     optimizer, _ = build_optimizer(model, STAGE, OptimConfig())
     loss, _ = train_step(model, batch, optimizer, OptimConfig(), where.cp_group, document_mask=False)
@@ -148,14 +147,14 @@ def test_only_global_rank_0_reads_the_starting_weights(rank, monkeypatch):
         reads.append(rank)
         return {"embed.weight": torch.zeros(1)}
 
-    def shard_model(config, cp_group, mesh, parallel, settings, device, init_state):
-        loaded["init"] = init_state  # what shard_model broadcasts from rank 0
+    def build_parallel_model(config, meshes, settings, device, init_state, *args):
+        loaded["init"] = init_state  # what build_parallel_model broadcasts from rank 0
 
-    monkeypatch.setattr(module_file, "shard_model", shard_model)
+    monkeypatch.setattr(module_file, "build_parallel_model", build_parallel_model)
     start_fake_group(2, rank)
     try:
         module = LWMModule(DEBUG, STAGE, OptimConfig(), ParallelConfig(), init_state=read)
-        module._device_mesh = init_device_mesh("cpu", (1, 2), mesh_dim_names=(DP_DIM, CP_DIM))
+        module._device_mesh = init_device_mesh("cpu", (1, 2), mesh_dim_names=("data_parallel", "tensor_parallel"))
         module.configure_model()
     finally:
         dist.destroy_process_group()

@@ -98,7 +98,7 @@ def test_ring_ulysses_hybrid_match_full_sdpa(attention_errors):
 
 def _train_step_errors(rank, world, mode, layout, hybrid):
     from lwm.model import ModelConfig, Transformer, token_coefficients
-    from lwm.parallel import global_group_counts, parallelize
+    from lwm.parallel import apply_context_parallel, global_group_counts
 
     cfg = ModelConfig.from_preset("debug")
     torch.manual_seed(0)
@@ -121,7 +121,7 @@ def _train_step_errors(rank, world, mode, layout, hybrid):
     if mode == "hybrid":
         ulysses_size = 2
         group, ulysses_group = hybrid
-    parallelize(model, group, layout=layout, mode=mode, ulysses_group=ulysses_group)
+    apply_context_parallel(model, group, layout=layout, mode=mode, ulysses_group=ulysses_group)
     sh = lambda t: shard(t, 1, rank, world, layout, ulysses_size)  # noqa: E731
     counts = global_group_counts(sh(loss_mask), sh(vision_mask))
     coeff = token_coefficients(sh(loss_mask), sh(vision_mask), counts=counts)
@@ -143,7 +143,7 @@ def _train_step_errors(rank, world, mode, layout, hybrid):
 def _packed_errors(rank, world, cases):
     from lwm.data import Sharding, shard_batch
     from lwm.model import ModelConfig, Transformer, token_coefficients
-    from lwm.parallel import global_group_counts, parallelize
+    from lwm.parallel import apply_context_parallel, global_group_counts
 
     cfg = ModelConfig.from_preset("debug")
     torch.manual_seed(0)
@@ -154,7 +154,7 @@ def _packed_errors(rank, world, cases):
     for mode, layout in cases:
         model = Transformer(cfg)
         model.load_state_dict(state)
-        parallelize(model, None, layout=layout, mode=mode)
+        apply_context_parallel(model, None, layout=layout, mode=mode)
         local = shard_batch(batch, Sharding(cp_rank=rank, cp_size=world, layout=layout), "document")
         counts = global_group_counts(local["loss_weight"], local["vision_mask"])
         coeff = token_coefficients(local["loss_weight"], local["vision_mask"], counts=counts)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from lwm.model import ModelConfig
+from lwm.parallel import compute_settings
 from lwm.parallel.launch import run_distributed
 from lwm.train.config import OptimConfig
 from lwm.train.plan import command
@@ -16,7 +17,6 @@ from lwm.train.plan.accuracy import PARALLEL, _setup, real_step
 from lwm.train.plan.devices import DEVICES, GIB, parse_device
 from lwm.train.plan.memory import Mesh, StepMemory, plan_step
 from lwm.train.plan.search import longest_sequence
-from lwm.train.sharding import compute_settings
 
 SMALL = ["model=debug", "schedule=debug", "parallel=7b"]  # activation checkpointing on, as at 7b
 

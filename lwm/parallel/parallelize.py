@@ -1,29 +1,64 @@
-"""Apply context parallelism to a plain Transformer from outside.
+"""Every kind of parallelism applied to a plain Transformer from outside, in one order:
 
-The model stays single-process: `parallelize` only swaps its attention function. The caller feeds
-each rank its slice of the tokens (`shard`) with their global positions (`positions`); the loss
-uses global text/vision counts (`global_group_counts`) so the ranks' losses add up to the loss of
-the whole sequence.
+    tensor parallelism (tp group) -> context-parallel attention (cp group) -> activation
+    checkpointing (PyTorch's checkpoint wrapper) -> FSDP2 over dp x cp
+
+The model itself stays single-process. Context parallelism only swaps its attention function; the
+caller feeds each rank its slice of the tokens (lwm.parallel.layout.shard) with their global
+positions, and the loss uses global text/vision counts (`global_group_counts`) so the ranks' losses
+add up to the loss of the whole sequence.
+
+What the model computes with (precision, attention kernel), the meshes and the starting weights are
+explicit arguments, decided once by the caller, so the same code runs on real, meta and fake tensors.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
 
 import torch
 import torch.distributed as dist
 
-from lwm.model import Transformer
+# PyTorch's wrapper for activation checkpointing (torchtitan's too); its state-dict hooks keep the keys.
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from lwm.model import ModelConfig, Transformer
 from lwm.model.loss import GroupCounts, group_counts
+from lwm.parallel.dims import MODES
 from lwm.parallel.hybrid import hybrid_attention
+from lwm.parallel.kernels import auto_backend
 from lwm.parallel.layout import check_layout
+from lwm.parallel.mesh import Meshes
 from lwm.parallel.ring import ring_attention
+from lwm.parallel.tensor import apply_tensor_parallel
 from lwm.parallel.ulysses import ulysses_attention
 
-MODES = ("ring", "ulysses", "hybrid")
+
+@dataclass(frozen=True)
+class ComputeSettings:
+    """What the sharded model computes with."""
+
+    param_dtype: torch.dtype | None  # FSDP2's compute dtype on fp32 master weights; None: fp32 throughout
+    backend: str  # the attention kernel (lwm.parallel.kernels.BACKENDS)
+
+    def mp_policy(self) -> MixedPrecisionPolicy:
+        # Forward inputs are not cast: the blocks' RoPE cos/sin stay fp32 (apply_rope rotates in
+        # fp32, as on CPU and in inference); hidden states come in param_dtype from the embedding.
+        reduce = torch.float32 if self.param_dtype is not None else None
+        return MixedPrecisionPolicy(param_dtype=self.param_dtype, reduce_dtype=reduce, cast_forward_inputs=False)
 
 
-def parallelize(
+def compute_settings(device: torch.device, head_dim: int) -> ComputeSettings:
+    """A GPU computes in bf16 on fp32 master weights, a CPU in fp32; the kernel is the one
+    lwm.parallel.kernels picks for queries of that device, dtype and head dim."""
+    dtype = torch.bfloat16 if device.type == "cuda" else None
+    return ComputeSettings(dtype, auto_backend(device.type, dtype or torch.float32, head_dim))
+
+
+def apply_context_parallel(
     model: Transformer,
     group=None,
     layout: str = "striped",
@@ -32,7 +67,7 @@ def parallelize(
     backend: str = "auto",
 ) -> Transformer:
     """Swap `model`'s attention for context-parallel attention over `group` (hybrid: `group` is the
-    ring group and `ulysses_group` the Ulysses one). Returns the model."""
+    ring group and `ulysses_group` the all-to-all one). Returns the model."""
     check_layout(layout)
     if mode == "ring":
         fn = partial(ring_attention, group=group, layout=layout, backend=backend)
@@ -45,6 +80,58 @@ def parallelize(
     else:
         raise ValueError(f"unknown context-parallel mode {mode!r}; expected one of {MODES}")
     model.set_attention(fn)
+    return model
+
+
+def apply_activation_checkpointing(model: Transformer) -> Transformer:
+    """Recompute each block in backward (each block wrapped; state-dict keys and parameter names
+    unchanged, attributes reach the block through the wrapper)."""
+    for i, layer in enumerate(model.layers):
+        model.layers[i] = checkpoint_wrapper(layer)
+    return model
+
+
+def parallelize(
+    model: Transformer,
+    meshes: Meshes,
+    settings: ComputeSettings,
+    layout: str = "striped",
+    activation_checkpointing: bool = False,
+) -> Transformer:
+    """Apply meshes.dims to `model` (best built on the meta device): tp, cp attention, activation
+    checkpointing, FSDP2 over dp x cp with settings' mixed precision."""
+    dims = meshes.dims
+    dims.check_model(model.config.n_heads, model.config.n_kv_heads)
+    apply_tensor_parallel(model, meshes.tp)
+    apply_context_parallel(model, meshes.attention_group, layout, dims.mode, meshes.ulysses_group, settings.backend)
+    if activation_checkpointing:
+        apply_activation_checkpointing(model)
+    policy = settings.mp_policy()
+    for layer in model.layers:
+        fully_shard(layer, mesh=meshes.fsdp, mp_policy=policy)
+    fully_shard(model, mesh=meshes.fsdp, mp_policy=policy)
+    return model
+
+
+def build_parallel_model(
+    config: ModelConfig,
+    meshes: Meshes,
+    settings: ComputeSettings,
+    device: torch.device | str,
+    init_state: dict | None,
+    layout: str = "striped",
+    activation_checkpointing: bool = False,
+) -> Transformer:
+    """The model built on the meta device, parallelized, allocated on `device`. init_state: rank 0's
+    full starting weights ({} on the other ranks), broadcast from rank 0 and cut to each rank's
+    shards; None leaves the weights as allocated (no values: fake and meta tensors)."""
+    with torch.device("meta"):
+        model = Transformer(config)
+    parallelize(model, meshes, settings, layout, activation_checkpointing)
+    model.to_empty(device=device)
+    if init_state is not None:
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        set_model_state_dict(model, init_state, options=options)  # rank 0's, broadcast
     return model
 
 

@@ -12,7 +12,8 @@ from lwm.data.batches import StreamOptions
 from lwm.eval.needle import NeedleGrid
 from lwm.interop.hf_files import read_hf_config
 from lwm.model import ModelConfig
-from lwm.parallel.layout import LAYOUTS, check_divisible
+from lwm.parallel.dims import ParallelDims
+from lwm.parallel.layout import LAYOUTS
 from lwm.train.lr import SCHEDULES
 
 
@@ -77,19 +78,25 @@ class ScheduleConfig:
 
 @dataclass
 class ParallelConfig:
-    """How context parallelism is done; its degree is each stage's cp, and dp is derived
-    (world size / cp), so neither is set here."""
+    """How the ranks split the work (lwm.parallel.dims). The context-parallel degree is each stage's
+    cp; dp is derived (world size / (cp x tp)), so neither is set here."""
 
     layout: str = "striped"
-    mode: str = "ring"  # ring | ulysses
+    mode: str = "ring"  # ring | ulysses | hybrid (Ulysses inside groups of `ulysses`, ring across)
+    ulysses: int = 1  # hybrid's all-to-all size (divides each stage's cp)
+    tp: int = 1  # tensor-parallel degree (divides the q and kv heads)
     activation_checkpointing: bool = False  # recompute each block in backward
     document_mask: bool = True  # packed examples attend only within themselves (segment ids)
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
             raise ValueError(f"parallel.layout must be one of {LAYOUTS}, got {self.layout!r}")
-        if self.mode not in ("ring", "ulysses"):
-            raise ValueError(f"parallel.mode must be 'ring' or 'ulysses', got {self.mode!r}")
+        # mode, ulysses and tp on their own (the stage's cp and the world are checked in stage_dims)
+        ParallelDims(1, self.ulysses if self.mode == "hybrid" else 1, self.tp, self.mode, self.ulysses)
+
+    def dims(self, world: int, cp: int) -> ParallelDims:
+        """The run's ParallelDims at a stage's cp, dp derived; raises naming the values."""
+        return ParallelDims.from_world(world, cp, self.tp, self.mode, self.ulysses)
 
 
 @dataclass
@@ -206,7 +213,6 @@ class RunConfig:
 
 def validate(cfg: RunConfig) -> None:
     """Everything that can be checked before any process starts, with the values in the message."""
-    world = cfg.trainer.world_size
     if cfg.stop_at_step is not None and cfg.stop_at_step < 1:
         raise ValueError(f"stop_at_step must be >= 1 (null: run each stage to its end), got {cfg.stop_at_step}")
     if Path(cfg.trainer.out_dir).exists() and not Path(cfg.trainer.out_dir).is_dir():
@@ -216,9 +222,8 @@ def validate(cfg: RunConfig) -> None:
         raise ValueError(f"stage_only {cfg.stage_only!r} is not a stage of schedule {cfg.schedule.name!r}: {names}")
 
     for stage in cfg.schedule.stages:
-        dp = stage.check_world(world)
-        stage.per_rank_batch(dp)
-        check_divisible(stage.seq_len, stage.cp, cfg.parallel.layout)
+        dims = stage_dims(cfg, stage)
+        stage.per_rank_batch(dims.dp)
         cfg.data.for_stage(stage, 1)
     if cfg.schedule.init_hf is not None:
         try:
@@ -234,6 +239,18 @@ def validate(cfg: RunConfig) -> None:
         raise FileNotFoundError(f"probe.path {cfg.probe.path} does not exist")
     if not cfg.data.sample:  # the sample data (and its needle sets) is made on first use, then checked
         check_files(cfg)
+
+
+def stage_dims(cfg: RunConfig, stage: StageConfig) -> ParallelDims:
+    """The stage's ParallelDims on the run's world, checked against the model and the stage's
+    length; raises naming the stage and the values."""
+    try:
+        dims = cfg.parallel.dims(cfg.trainer.world_size, stage.cp)
+        dims.check_model(cfg.model.n_heads, cfg.model.n_kv_heads)
+        dims.check_seq(stage.seq_len, cfg.parallel.layout)
+    except ValueError as e:
+        raise ValueError(f"stage {stage.name!r} (seq_len {stage.seq_len}, cp {stage.cp}): {e}") from None
+    return dims
 
 
 def check_files(cfg: RunConfig) -> None:

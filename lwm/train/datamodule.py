@@ -12,12 +12,14 @@ from torch.utils.data import DataLoader
 
 from lwm.data import CodeStore, PackedStream, StreamState, TextTokenizer, Vocab, to_tensors
 from lwm.data.batches import DataConfig, ShardedBatches, Sharding, shard_batch, with_documents
+from lwm.parallel.dims import ParallelDims
 from lwm.parallel.layout import check_divisible
 
 
 class LWMDataModule(L.LightningDataModule):
     """`sharding` places this process explicitly; without it, a datamodule attached to a Trainer
-    places itself from the trainer's rank: dp = world / cp_size, global rank = dp_rank * cp + cp_rank."""
+    places itself from the trainer's rank by `dims` (lwm.parallel.dims: the tp ranks of a cp rank
+    read the same tokens)."""
 
     def __init__(
         self,
@@ -25,13 +27,14 @@ class LWMDataModule(L.LightningDataModule):
         seq_len: int,
         vocab: Vocab | None = None,
         sharding: Sharding | None = None,
-        cp_size: int = 1,
+        dims: ParallelDims | None = None,
         layout: str = "striped",
     ):
         super().__init__()
         self.config, self.seq_len = config, seq_len
         self.explicit = sharding is not None
-        self.sharding = sharding or Sharding(cp_size=cp_size, layout=layout)
+        self.dims = dims or ParallelDims()
+        self.sharding = sharding or Sharding(cp_size=self.dims.cp, layout=layout, ulysses_size=self.dims.data_ulysses)
         sh = self.sharding
         check_divisible(seq_len, sh.cp_size, sh.layout, sh.ulysses_size)
         self.text_tokenizer = TextTokenizer(config.tokenizer)
@@ -43,10 +46,10 @@ class LWMDataModule(L.LightningDataModule):
         trainer = getattr(self, "trainer", None)
         if self.explicit or trainer is None or trainer.world_size == 1:
             return
-        cp, world, rank = self.sharding.cp_size, trainer.world_size, trainer.global_rank
-        if world % cp:
-            raise ValueError(f"world size {world} is not divisible by the context-parallel degree {cp}")
-        self.sharding = Sharding(rank // cp, world // cp, rank % cp, cp, self.sharding.layout)
+        self.dims.check_world(trainer.world_size)
+        dp_rank, cp_rank, _ = self.dims.coords(trainer.global_rank)
+        sh = self.sharding
+        self.sharding = Sharding(dp_rank, self.dims.dp, cp_rank, self.dims.cp, sh.layout, sh.ulysses_size)
 
     def setup(self, stage: str | None = None) -> None:
         if self.stream is not None:

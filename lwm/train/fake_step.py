@@ -4,7 +4,7 @@ of a (dp, cp) run under FakeTensorMode and a fake process group.
     python -m lwm.train.fake_step --preset 7b --seq-len 1048576 --cp 8 --dp 4
 
 The step is the real one: the model built on the meta device, context-parallel attention
-(lwm.parallel.parallelize), FSDP2 with bf16 mixed precision (lwm.train.sharding.shard_model),
+(lwm.parallel.parallelize), FSDP2 with bf16 mixed precision (lwm.parallel.build_parallel_model),
 LWMModule's loss and backward objective, clipping and AdamW (lwm.train.module). Fake tensors carry
 shapes, dtypes and devices, never values. The autograd engine cannot run a backward on fake CUDA
 tensors without a GPU, so the tensors are fake CPU tensors with the GPU's settings forced: the bf16
@@ -25,7 +25,6 @@ from dataclasses import dataclass, field, fields
 import torch
 import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -34,11 +33,11 @@ from lwm.data.vocab import Vocab
 from lwm.infer.generator import Generator
 from lwm.model import ModelConfig, Transformer
 from lwm.model.config import PRESETS
+from lwm.parallel import ComputeSettings, Meshes, ParallelDims, build_meshes, build_parallel_model
 from lwm.parallel.layout import check_divisible, ring_parts
 from lwm.train.config import OptimConfig, ParallelConfig, StageConfig
 from lwm.train.module import build_optimizer, clip_grad_norm, training_objective
 from lwm.train.run import stage_model_config
-from lwm.train.sharding import CP_DIM, DP_DIM, ComputeSettings, fsdp_mesh, shard_model
 
 GPU_SETTINGS = ComputeSettings(param_dtype=torch.bfloat16, backend="cuda_flash")  # what compute_settings gives a GPU
 
@@ -169,26 +168,14 @@ def start_fake_group(world_size: int, rank: int = 0) -> None:
     dist.init_process_group("cpu:fake,meta:fake", store=FakeStore(), rank=rank, world_size=world_size)
 
 
-@dataclass
-class Placement:
-    """This rank's place in a (dp, cp) run. Built before any fake tensor exists: a DeviceMesh
-    reads its ranks from real tensors."""
-
-    cp_group: object
-    cp_rank: int
-    cp: int
-    fsdp: DeviceMesh  # every rank, 1-D: what FSDP2 shards over
-
-
-def place(dp: int, cp: int, device_type: str = "cpu") -> Placement:
-    """The (dp, cp) mesh with the names Lightning's ModelParallelStrategy gives it, seen from here."""
-    mesh = init_device_mesh(device_type, (dp, cp), mesh_dim_names=(DP_DIM, CP_DIM))
-    cp_mesh = mesh[CP_DIM]
-    return Placement(cp_mesh.get_group(), cp_mesh.get_local_rank(), cp, fsdp_mesh(mesh))
+def place(dp: int, cp: int, device_type: str = "cpu", tp: int = 1, mode: str = "ring", ulysses: int = 1) -> Meshes:
+    """Rank 0's meshes in a (dp, cp, tp) run (lwm.parallel.mesh). Built before any fake tensor
+    exists: a DeviceMesh reads its ranks from real tensors."""
+    return build_meshes(ParallelDims(dp, cp, tp, mode, ulysses), device_type, 0)
 
 
 def make_batch(
-    config: ModelConfig, seq_len: int, where: Placement, documents: int, layout: str, device: torch.device | str
+    config: ModelConfig, seq_len: int, where: Meshes, documents: int, layout: str, device: torch.device | str
 ) -> dict:
     """This rank's slice of one packed sequence of `documents` equal documents (a third of each a
     vision span), cut on the host as the datamodule cuts it (lwm.data.batches.shard_batch), then
@@ -205,7 +192,7 @@ def make_batch(
         "vision_mask": (in_document < seq_len // documents // 3)[None],
         "segment_ids": segment_ids,
     }
-    sharding = Sharding(cp_rank=where.cp_rank, cp_size=where.cp, layout=layout)
+    sharding = Sharding(cp_rank=where.cp_rank, cp_size=where.cp, layout=layout, ulysses_size=where.dims.data_ulysses)
     local = with_documents(shard_batch(full, sharding, "document" if documents > 1 else "sequence"))
     return {k: v.to(device) for k, v in local.items()}
 
@@ -230,7 +217,7 @@ def train_step(model, batch: dict, optimizer, optim: OptimConfig, cp_group, docu
 def run_step(
     model_config: ModelConfig,
     stage: StageConfig,
-    where: Placement,
+    where: Meshes,
     parallel: ParallelConfig,
     settings: ComputeSettings,
     device: torch.device | str,
@@ -240,7 +227,9 @@ def run_step(
     """Build the sharded model (no starting weights: fake and meta tensors have no values), then
     one training step, its ops counted."""
     optim = optim or OptimConfig()
-    model = shard_model(model_config, where.cp_group, where.fsdp, parallel, settings, device, None)
+    model = build_parallel_model(
+        model_config, where, settings, device, None, parallel.layout, parallel.activation_checkpointing
+    )
     optimizer, _ = build_optimizer(model, stage, optim)
     seen: dict = {}
     hooks = _watch_first_block(model, seen)
@@ -316,7 +305,7 @@ class PrefillResult:
 
 def run_prefill(
     model_config: ModelConfig,
-    where: Placement,
+    where: Meshes,
     seq_len: int,
     prefill_chunk: int,
     settings: ComputeSettings,

@@ -21,26 +21,42 @@ import lightning as L
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.experimental import implicit_replication
 
 from lwm.model import ModelConfig, Transformer, token_coefficients
-from lwm.parallel import global_group_counts
+from lwm.parallel import (
+    apply_activation_checkpointing,
+    build_meshes,
+    build_parallel_model,
+    compute_settings,
+    global_group_counts,
+)
 from lwm.ranks import is_rank0
 from lwm.train import rng
 from lwm.train.config import OptimConfig, ParallelConfig, StageConfig
 from lwm.train.lr import lr_factor
-from lwm.train.sharding import CP_DIM, apply_activation_checkpointing, compute_settings, fsdp_mesh, shard_model
 
 
 def clip_grad_norm(parameters, max_norm: float | None) -> torch.Tensor:
     """Scale the gradients so that their total 2-norm is at most `max_norm` (None or <= 0: leave
     them); returns the norm before clipping, a plain tensor. Under FSDP2 the gradients are DTensor
-    shards: the norm comes out as a DTensor over the whole model, so every rank clips by the same
-    factor, and full_tensor() gives its value."""
+    shards, on two meshes under tensor parallelism (the split weights' 2-D, the rest's 1-D): each
+    mesh's norm is reduced over its ranks, so every rank has the whole model's norm and clips by the
+    same factor."""
     params = [p for p in parameters if p.grad is not None]
-    norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+    by_mesh: dict = {}
+    for p in params:
+        by_mesh.setdefault(p.grad.device_mesh if isinstance(p.grad, DTensor) else None, []).append(p)
+    norms = []
+    for group in by_mesh.values():
+        norm = torch.nn.utils.get_total_norm([p.grad for p in group])
+        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    norm = torch.linalg.vector_norm(torch.stack(norms)) if len(norms) > 1 else (norms or [torch.tensor(0.0)])[0]
     if max_norm is not None and max_norm > 0:
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
-    return norm.full_tensor() if isinstance(norm, DTensor) else norm
+        with implicit_replication():  # the plain norm scales the DTensor gradients
+            for group in by_mesh.values():
+                torch.nn.utils.clip_grads_with_norm_(group, max_norm, norm)
+    return norm
 
 
 def group_size(group) -> int:
@@ -136,14 +152,23 @@ class LWMModule(L.LightningModule):
                 apply_activation_checkpointing(self.model)
             return
 
+        # Lightning's mesh only says how many ranks there are; lwm.parallel builds the run's own.
+        dims = self.parallel.dims(mesh.size(), self.stage.cp)
+        meshes = build_meshes(dims, self.device.type, dist.get_rank())
         settings = compute_settings(self.device, self.model_config.head_dim)  # from the accelerator, once
         init = {}  # the other ranks receive rank 0's weights
         if is_rank0():  # the given weights, or those one process would start from
             init = self._read_init_state()
             init = init if init is not None else self._fresh_model().state_dict()
-        self.cp_group = mesh[CP_DIM].get_group()
-        self.model = shard_model(
-            self.model_config, self.cp_group, fsdp_mesh(mesh), self.parallel, settings, self.device, init
+        self.cp_group = meshes.cp_group
+        self.model = build_parallel_model(
+            self.model_config,
+            meshes,
+            settings,
+            self.device,
+            init,
+            self.parallel.layout,
+            self.parallel.activation_checkpointing,
         )
 
     def _read_init_state(self) -> Weights | None:

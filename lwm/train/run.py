@@ -28,7 +28,7 @@ from lwm.model import ModelConfig
 from lwm.ranks import is_rank0
 from lwm.train.callbacks import KEPT_METRICS, MetricHistory
 from lwm.train.checkpointing import recover
-from lwm.train.config import RunConfig, StageConfig
+from lwm.train.config import RunConfig, StageConfig, stage_dims
 from lwm.train.console import say
 from lwm.train.datamodule import LWMDataModule
 from lwm.train.evaluate import evaluate_needles
@@ -75,10 +75,10 @@ def run_stage(cfg: RunConfig, stage: StageConfig, model_config: ModelConfig, ini
     recover(last)  # a sharded checkpoint a kill caught between its renames
     resume_from = last if cfg.resume and last.exists() else None
     stage_model = stage_model_config(model_config, stage)
-    dp = stage.check_world(cfg.trainer.world_size)
+    dims = stage_dims(cfg, stage)
     say(
         f"stage {stage.name}: seq_len {stage.seq_len}, rope_theta {stage.rope_theta:g}, {stage.steps} steps, "
-        f"cp {stage.cp}, dp {dp}" + (f" (resuming from {resume_from})" if resume_from else "")
+        f"{dims.describe()}" + (f" (resuming from {resume_from})" if resume_from else "")
     )
     if is_rank0():
         out.mkdir(parents=True, exist_ok=True)
@@ -86,9 +86,9 @@ def run_stage(cfg: RunConfig, stage: StageConfig, model_config: ModelConfig, ini
     L.seed_everything(cfg.trainer.seed, workers=True, verbose=False)
     module = LWMModule(stage_model, stage, cfg.optim, cfg.parallel, init_state=init, seed=cfg.trainer.seed)
     datamodule = LWMDataModule(
-        cfg.data.for_stage(stage, stage.per_rank_batch(dp), cfg.parallel.document_mask),
+        cfg.data.for_stage(stage, stage.per_rank_batch(dims.dp), cfg.parallel.document_mask),
         seq_len=stage.seq_len,
-        cp_size=stage.cp,
+        dims=dims,
         layout=cfg.parallel.layout,
     )
     history = MetricHistory.resumed(out / "logs", keep=is_rank0()) if resume_from else MetricHistory([])

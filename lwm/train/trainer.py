@@ -10,36 +10,34 @@ import lightning as L
 import torch
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
+from lwm.parallel.dims import ParallelDims
+from lwm.parallel.mesh import lightning_sizes
 from lwm.train.callbacks import MetricHistory, PeakMemory, StageCheckpoint, StageProgress, Throughput
 from lwm.train.checkpointing import AtomicCheckpointIO, AtomicModelParallelStrategy
-from lwm.train.config import RunConfig, StageConfig, TrainerConfig
+from lwm.train.config import RunConfig, StageConfig, TrainerConfig, stage_dims
 from lwm.train.module import LWMModule
 from lwm.train.probe import AnswerProbe
 from lwm.train.requeue import StopOnSignal
 
 
-def strategy(stage: StageConfig, trainer_cfg: TrainerConfig):
+def strategy(dims: ParallelDims, trainer_cfg: TrainerConfig):
     # On GPUs FSDP2 runs even on one device: it is what computes in bf16 on fp32 master weights
-    # (lwm/train/sharding.py); one CPU process trains the plain model.
+    # (lwm.parallel.parallelize); one CPU process trains the plain model.
     gpu = trainer_cfg.accelerator in ("gpu", "cuda") or (
         trainer_cfg.accelerator == "auto" and torch.cuda.is_available()
     )
     if trainer_cfg.world_size == 1 and not gpu:
         return "auto"
-    return AtomicModelParallelStrategy(
-        data_parallel_size=trainer_cfg.world_size // stage.cp,
-        tensor_parallel_size=stage.cp,
-        timeout=timedelta(seconds=trainer_cfg.timeout_s),
-    )
+    return AtomicModelParallelStrategy(**lightning_sizes(dims), timeout=timedelta(seconds=trainer_cfg.timeout_s))
 
 
 def build_trainer(
     cfg: RunConfig, stage: StageConfig, out: Path, module: LWMModule, history: MetricHistory
 ) -> L.Trainer:
     """The stage's Trainer; `out` is the stage's folder."""
-    dp = stage.check_world(cfg.trainer.world_size)
-    global_batch = stage.per_rank_batch(dp) * dp
-    chosen = strategy(stage, cfg.trainer)
+    dims = stage_dims(cfg, stage)
+    global_batch = stage.per_rank_batch(dims.dp) * dims.dp
+    chosen = strategy(dims, cfg.trainer)
     return L.Trainer(
         accelerator=cfg.trainer.accelerator,
         devices=cfg.trainer.devices,

@@ -22,6 +22,7 @@ import torch
 
 from lwm.model import ModelConfig
 from lwm.model.config import PRESETS
+from lwm.parallel import build_parallel_model, compute_settings
 from lwm.parallel.launch import run_distributed
 from lwm.train.config import OptimConfig, ParallelConfig, StageConfig
 from lwm.train.fake_step import make_batch, place, train_step
@@ -30,7 +31,6 @@ from lwm.train.plan.devices import cpu_device
 from lwm.train.plan.memory import Mesh, plan_step, tracked_step
 from lwm.train.plan.time import step_time, step_work
 from lwm.train.run import stage_model_config
-from lwm.train.sharding import compute_settings, shard_model
 
 MALLOC = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
 PARALLEL = ParallelConfig(document_mask=False)  # as planned: document runs are read on the host
@@ -72,7 +72,9 @@ def real_step(rank: int, world: int, preset: str, seq_len: int, cp: int) -> dict
     batch = make_batch(config, seq_len, where, 1, PARALLEL.layout, "cpu")
     Path("/proc/self/clear_refs").write_text("5")  # VmHWM restarts from the RSS now
     before = _rss()
-    model = shard_model(config, where.cp_group, where.fsdp, PARALLEL, settings, "cpu", None)
+    model = build_parallel_model(
+        config, where, settings, "cpu", None, PARALLEL.layout, PARALLEL.activation_checkpointing
+    )
     with torch.no_grad():
         for p in model.parameters():  # values, so the arithmetic is ordinary (to_empty left garbage)
             p.to_local().normal_(0, 0.02)

@@ -3,7 +3,7 @@ FSDP2 tracker, second step) and the bytes the step moves. Under fake tensors wit
 group this is the plan; with real tensors in a gloo run it is what the plan is checked against.
 
 The step is lwm.train.fake_step's (the model built on meta, parallelize, FSDP2 through
-shard_model, LWMModule's objective, clipping, AdamW); only the batch is widened to the stage's
+build_parallel_model, LWMModule's objective, clipping, AdamW); only the batch is widened to the stage's
 sequences per rank.
 """
 
@@ -17,11 +17,11 @@ import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from lwm.model import ModelConfig
+from lwm.parallel import ComputeSettings, Meshes, build_parallel_model
 from lwm.train.config import OptimConfig, ParallelConfig, StageConfig
-from lwm.train.fake_step import Placement, fake, make_batch, place, run_prefill, start_fake_group, train_step
+from lwm.train.fake_step import fake, make_batch, place, run_prefill, start_fake_group, train_step
 from lwm.train.module import build_optimizer
 from lwm.train.plan.tracker import PeakTracker, PlanTracker, WorkCounter
-from lwm.train.sharding import ComputeSettings, shard_model
 
 STEPS = 2  # the second step is reported: the first has no optimizer state yet
 
@@ -66,7 +66,7 @@ def _widen(v, sequences: int):
     return v.expand(sequences, *v.shape[1:]).contiguous()
 
 
-def tracked_step(model, batch: dict, optim: OptimConfig, stage: StageConfig, where: Placement, document_mask: bool):
+def tracked_step(model, batch: dict, optim: OptimConfig, stage: StageConfig, where: Meshes, document_mask: bool):
     """STEPS training steps under the tracker; the last one's peak, parts, traffic and time."""
     optimizer, _ = build_optimizer(model, stage, optim)
     tracker = PlanTracker(model, optimizer)
@@ -108,7 +108,9 @@ def plan_step(
         host = make_batch(model_config, mesh.seq_len, where, 1, parallel.layout, "cpu")  # cut on the host
         with FakeTensorMode() as mode:
             batch = widen(fake(host, mode), mesh.batch)
-            model = shard_model(model_config, where.cp_group, where.fsdp, parallel, settings, "cpu", None)
+            model = build_parallel_model(
+                model_config, where, settings, "cpu", None, parallel.layout, parallel.activation_checkpointing
+            )
             return tracked_step(model, batch, optim, stage, where, parallel.document_mask)
     finally:
         dist.destroy_process_group()
