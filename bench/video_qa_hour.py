@@ -1,0 +1,320 @@
+"""Hour-long video QA end to end: one generated video of 10 and of 60 minutes, at 1 frame per second (600
+and 3,600 frames; 154K and 925K prompt tokens), answered by `python -m lwm.eval.video_qa`'s run() with a
+random-weight debug model and the bundled tiny VQGAN. Each length runs in a fresh subprocess that times
+the stages and takes the peak RSS of each:
+
+  decode   the video read: opened and indexed, decoded forward in chunks, frames resized (lwm.video.reader)
+  encode   the tiny VQGAN on each chunk of frames (decode is the video's whole load less this)
+  prefill  the prompt into the KV cache (the Generator's chunked prefill)
+  answer   the generated letter, token by token after the prefill
+
+Peak RSS per stage: VmHWM reset (/proc/self/clear_refs) at the stage's start and read at its end, less the
+RSS at its start (the rise the stage causes). Reading and encoding hold one chunk of frames at a time, so
+their peak should not grow with the video (target: 60 min within 1.10x of 10 min); the prefill's holds
+the KV cache, which grows with the prompt by design (its size is printed beside it). A third run answers
+the 10-minute video from the codes lwm-tokenize wrote for it (--codes): no decode or encode.
+
+    python -m bench.video_qa_hour                 # about 70 min on 2 CPU cores; writes docs/benchmarks.md
+    python -m bench.video_qa_hour --no-write --minutes 1 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from bench.report import command_line, host_line, publish
+from bench.vqgan import cached_videos
+from lwm.paths import REPO
+
+DEFAULT_CACHE = Path(tempfile.gettempdir()) / "lwm-bench-video-qa"
+SPM = REPO / "data" / "sample" / "tokenizer.model"
+VQGAN = REPO / "data" / "checkpoints" / "vqgan_tiny.safetensors"
+WIDTH, HEIGHT, SOURCE_FPS = 160, 120, 5
+
+
+# ------------------------------------------------------------------------------------ the child: one run, measured
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise KeyError(field)
+
+
+class Stages:
+    """Time and peak RSS rise per stage; a stage may be entered many times (time adds up, the peak is the max)."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self.peak_mib: dict[str, float] = {}
+
+    def reset_peak(self) -> int:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # VmHWM back to the current RSS
+        return _status_kib("VmRSS")
+
+    def add(self, name: str, seconds: float, base_kib: int | None = None) -> None:
+        self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+        if base_kib is not None:
+            rise = (_status_kib("VmHWM") - base_kib) / 1024
+            self.peak_mib[name] = max(self.peak_mib.get(name, 0.0), rise)
+
+
+def child(args) -> None:
+    """Run video QA on one item with the stages instrumented; print one JSON line of measurements."""
+    import lwm.eval.video_qa.videos as videos
+    from lwm.eval.video_qa.cli import VideoQAConfig, run
+    from lwm.infer.generator import Generator
+    from lwm.infer.runtime import ModelOptions
+    from lwm.vision.vqgan import VQGAN as VQGANModule
+
+    stages = Stages()
+    encode, load = VQGANModule.encode, videos.VideoSource.load
+
+    def timed_encode(self, *a, **kw):
+        t = time.perf_counter()
+        out = encode(self, *a, **kw)
+        stages.add("encode", time.perf_counter() - t)
+        return out
+
+    def measured_load(self, item):
+        base = stages.reset_peak()
+        t = time.perf_counter()
+        out = load(self, item)
+        stages.add("video", time.perf_counter() - t, base)  # decode + encode (+ the VQGAN's first load)
+        return out
+
+    fill, generate = Generator._fill, Generator.generate
+
+    def timed_fill(self, prompt):
+        t = time.perf_counter()
+        out = fill(self, prompt)
+        stages.add("prefill", time.perf_counter() - t, stages.prefill_base)
+        stages.prompt_tokens = int(prompt.numel())
+        return out
+
+    def timed_generate(self, prompt, config=None):
+        stages.prefill_base = stages.reset_peak()
+        t = time.perf_counter()
+        out = generate(self, prompt, config)
+        total = time.perf_counter() - t
+        stages.add("answer", total - stages.seconds.get("prefill", 0.0), stages.prefill_base)
+        return out
+
+    VQGANModule.encode, videos.VideoSource.load = timed_encode, measured_load
+    Generator._fill, Generator.generate = timed_fill, timed_generate
+
+    config = VideoQAConfig(
+        load=ModelOptions(model=args.model, prefill_chunk=args.prefill_chunk),
+        data=args.data,
+        codes=args.codes,
+        vqgan=str(VQGAN),
+        fps=1.0,
+        methods=["letter"],
+        letter_tokens=4,
+        out=args.out,
+        progress=False,
+    )
+    started_rss = _status_kib("VmRSS") / 1024
+    t = time.perf_counter()
+    status = run(config)
+    total = time.perf_counter() - t
+    if "video" in stages.seconds:  # opening and indexing the file, decoding forward, resizing: all but the encoder
+        stages.seconds["decode"] = stages.seconds["video"] - stages.seconds.get("encode", 0.0)
+    result = json.loads((Path(args.out) / "video_qa.json").read_text())
+    rec = result["records"][0]
+    print(
+        "RESULT "
+        + json.dumps(
+            {
+                "status": status,
+                "error": rec["error"],
+                "frames": rec.get("frames"),
+                "prompt_tokens": getattr(stages, "prompt_tokens", None),
+                "codes_from": rec.get("codes_from"),
+                "seconds": stages.seconds,
+                "peak_rise_mib": stages.peak_mib,
+                "total_seconds": total,
+                "rss_before_mib": started_rss,
+                "peak_rss_mib": _status_kib("VmHWM") / 1024,
+            }
+        ),
+        flush=True,
+    )
+
+
+# ------------------------------------------------------------------------------------ the parent
+
+
+def prepare(cache: Path, minutes: list[float]) -> tuple[Path, list[Path], float]:
+    """The debug model as a Hugging Face folder (random weights) and the videos, made once into the cache."""
+    from lwm.data.text_tokenizer import TextTokenizer
+    from lwm.data.vocab import Vocab
+    from lwm.interop.hf import to_hf
+    from lwm.model import ModelConfig, Transformer
+
+    hf = cache / "debug_hf"
+    if not (hf / "config.json").exists():
+        torch.manual_seed(0)
+        vocab = Vocab(TextTokenizer(SPM).vocab_size)
+        to_hf(Transformer(ModelConfig.from_preset("debug", vocab_size=vocab.size)), hf, tokenizer_model=SPM)
+    paths, gen_s = cached_videos(cache, [m * 60 for m in minutes], WIDTH, HEIGHT, SOURCE_FPS)
+    return hf, paths, gen_s
+
+
+def question(video: Path, seconds: float, path: Path) -> Path:
+    row = {"id": video.stem, "video": str(video), "question": "What color is the moving square?",
+           "options": ["Red.", "White.", "Green.", "Blue."], "answer": "White.", "duration": seconds}  # fmt: skip
+    path.write_text(json.dumps(row) + "\n")
+    return path
+
+
+def run_child(hf: Path, data: Path, out: Path, prefill_chunk: int, codes: Path | None = None) -> dict:
+    cmd = [sys.executable, "-m", "bench.video_qa_hour", "--child", "--model", str(hf), "--data", str(data),
+           "--out", str(out), "--prefill-chunk", str(prefill_chunk)] + (["--codes", str(codes)] if codes else [])  # fmt: skip
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}  # freed buffers go back to the OS: RSS follows live memory
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
+    line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
+    if proc.returncode != 0 or line is None:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    return json.loads(line[len("RESULT ") :])
+
+
+def tokenize(video: Path, out: Path) -> float:
+    """lwm-tokenize's run on the video at 1 fps with the tiny VQGAN -> seconds."""
+    from lwm.video.tokenize import TokenizeConfig
+    from lwm.video.tokenize import run as tokenize_run
+
+    t = time.perf_counter()
+    status = tokenize_run(
+        TokenizeConfig(inputs=[str(video)], out=out, fps=1.0, vqgan="tiny", checkpoint=VQGAN, device="cpu", ids="stem")
+    )
+    if status != 0:
+        raise RuntimeError(f"lwm-tokenize on {video} exited {status}")
+    return time.perf_counter() - t
+
+
+def kv_cache_mib(tokens: int) -> float:
+    from lwm.model import ModelConfig
+
+    c = ModelConfig.from_preset("debug")
+    return tokens * c.n_layers * 2 * c.n_kv_heads * c.head_dim * 4 / 2**20  # k and v, fp32
+
+
+def report(rows: list[dict], args, gen_s: float, loads: tuple, wall: float) -> str:
+    def f(x, spec=".1f"):
+        return "—" if x is None else format(x, spec)
+
+    lines = [
+        f"Command: `{command_line()}`  ",
+        f"Host: {host_line()}  ",
+        f"Total run time: {wall / 60:.1f} min (videos generated in this run: {gen_s:.0f} s); 1-minute load average "
+        f"{loads[0]:.1f} at the start and {loads[1]:.1f} at the end on {os.cpu_count()} CPUs"
+        + (
+            " (above the CPU count: the 2 cores were shared with other work, and the times are inflated)."
+            if max(loads) > (os.cpu_count() or 1)
+            else "."
+        ),
+        "",
+        f"One multiple-choice question per generated {WIDTH}x{HEIGHT} {SOURCE_FPS} fps H.264 video (the scene of "
+        "bench/vqgan.py; the 10-minute video is the first 10 minutes of the hour), answered by "
+        "`lwm.eval.video_qa`'s run(): frames at 1 fps read forward in chunks, encoded by the bundled tiny VQGAN "
+        "(64x64 -> 256 codes), LWM's chat prompt, prefilled by the random-weight `debug` model (2 layers, dim 64, "
+        f"fp32) in chunks of {args.prefill_chunk} tokens on one process, then the letter generated (4 tokens at most; "
+        "the letter method only). Each run in a fresh process with MALLOC_MMAP_THRESHOLD_=65536. Peak rise: the "
+        "stage's peak RSS (VmHWM, reset at its start) less its RSS at its start.",
+        "",
+        "| run | frames | prompt tokens | decode (s) | encode (s) | prefill (s) | answer (s) | end to end (s) "
+        "| decode+encode peak rise (MiB) | prefill+answer peak rise (MiB) | KV cache (MiB) | process peak RSS (MiB) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        s, p = r["seconds"], r["peak_rise_mib"]
+        lines.append(
+            f"| {r['name']} | {r['frames']} | {r['prompt_tokens']:,} | {f(s.get('decode'), '.2f')} | "
+            f"{f(s.get('encode'), '.2f')} | {f(s.get('prefill'))} | {f(s.get('answer'), '.2f')} | "
+            f"{r['total_seconds']:.1f} | {f(p.get('video'))} | {f(p.get('answer'))} | "
+            f"{kv_cache_mib(r['prompt_tokens']):.1f} | {r['peak_rss_mib']:.0f} |"
+        )
+    by = {r["name"]: r for r in rows}
+    names = [r["name"] for r in rows if r.get("codes_from") == "video"]
+    if len(names) >= 2:
+        a, b = by[names[0]], by[names[-1]]
+        ratio = b["peak_rise_mib"]["video"] / max(a["peak_rise_mib"]["video"], 1e-9)
+        per_frame = (b["seconds"]["decode"] + b["seconds"]["encode"]) / b["frames"]
+        per_frame_a = (a["seconds"]["decode"] + a["seconds"]["encode"]) / a["frames"]
+        lines += [
+            "",
+            f"Targets, {names[0]} -> {names[-1]}:",
+            f"- reading and encoding in bounded memory (peak rise flat within 10%): "
+            f"**{'met' if ratio <= 1.10 else 'not met'}**: {ratio:.3f}x.",
+            f"- decode + encode time per frame: {per_frame_a * 1000:.1f} ms -> {per_frame * 1000:.1f} ms "
+            f"({per_frame / per_frame_a:.3f}x).",
+            f"- prefill + answer peak rise {a['peak_rise_mib']['answer']:.0f} -> {b['peak_rise_mib']['answer']:.0f} MiB: "
+            "the KV cache, which holds every prompt token by design (its size in the table), and the prompt; "
+            f"prefill time {a['seconds']['prefill']:.0f} -> {b['seconds']['prefill']:.0f} s "
+            f"({b['seconds']['prefill'] / a['seconds']['prefill']:.1f}x for {b['prompt_tokens'] / a['prompt_tokens']:.1f}x "
+            "the tokens: attention is quadratic in the prompt).",
+        ]
+    cached = [r for r in rows if r.get("codes_from") == "cache"]
+    if cached:
+        r = cached[0]
+        lines.append(
+            f"- from lwm-tokenize's cache (`--codes`, tokenized in {r['tokenize_seconds']:.1f} s): no decode or "
+            f"encode in the run, the same {r['prompt_tokens']:,} prompt tokens, end to end {r['total_seconds']:.1f} s."
+        )
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--minutes", type=float, nargs="+", default=[10, 60])
+    p.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
+    p.add_argument("--prefill-chunk", type=int, default=8192)
+    p.add_argument("--no-cache-run", action="store_true", help="skip the run from lwm-tokenize's codes")
+    p.add_argument("--no-write", action="store_true")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--model", help=argparse.SUPPRESS)
+    p.add_argument("--data", help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    p.add_argument("--codes", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        return child(args)
+    started, load0 = time.perf_counter(), os.getloadavg()[0]
+    args.cache.mkdir(parents=True, exist_ok=True)
+    hf, videos, gen_s = prepare(args.cache, args.minutes)
+    rows = []
+    work = Path(tempfile.mkdtemp(prefix="video-qa-hour-"))
+
+    def done(row: dict) -> None:  # the section is written after each run, so a stopped benchmark keeps what it measured
+        rows.append(row)
+        print(f"{row['name']}: {json.dumps(row)}", flush=True)
+        md = report(rows, args, gen_s, (load0, os.getloadavg()[0]), time.perf_counter() - started)
+        publish("video-qa-hour", "## Hour-long video QA end to end (CPU)\n\n" + md, write=not args.no_write)
+
+    for k, (minutes, video) in enumerate(zip(args.minutes, videos)):
+        data = question(video, minutes * 60, work / f"{minutes:g}.jsonl")
+        print(f"{minutes:g} min: answering ...", flush=True)
+        done({"name": f"{minutes:g} min", **run_child(hf, data, work / f"out_{minutes:g}", args.prefill_chunk)})
+        if k == 0 and not args.no_cache_run:  # the shortest again, from lwm-tokenize's codes
+            codes = work / "codes"
+            tok_s = tokenize(video, codes)
+            data = question(video, minutes * 60, work / "cached.jsonl")
+            r = run_child(hf, data, work / "out_cached", args.prefill_chunk, codes)
+            done({"name": f"{minutes:g} min, from --codes", "tokenize_seconds": tok_s, **r})
+
+
+if __name__ == "__main__":
+    main()
