@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,8 +14,10 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
+from safetensors.torch import load_file
 
 from lwm.checkpoint_io import load_verified
+from lwm.interop.hf import from_hf
 from lwm.train.config import validate
 from lwm.train.entry import to_run_config
 
@@ -155,24 +158,57 @@ def test_unknown_config_name(tmp_path):
 
 
 # cp = 2 runs under torchrun (striped) and in Lightning's own two processes (zigzag) below; every
-# layout and N is exact at the attention level (tests/test_parallel_dist.py), so train.py needs one
-# run of each size.
-@pytest.mark.parametrize("cp,layout", [(4, "striped")])
-def test_context_parallel_losses_equal_one_process(tmp_path, reference, cp, layout):
-    train(
+# layout and N is exact at the attention level (tests/test_parallel_dist.py), and every mode and
+# tp x cp x dp mesh at the training-step level (tests/test_tensor_parallel.py), so train.py needs
+# one run of each size: cp 4 as hybrid (Ulysses 2 inside, a ring of 2 across).
+@pytest.mark.parametrize("cp,layout,mode", [(4, "zigzag", ["parallel.mode=hybrid", "parallel.ulysses=2"])])
+def test_context_parallel_losses_equal_one_process(tmp_path, reference, cp, layout, mode):
+    proc = train(
         tmp_path,
         "stage_only=a",
         f"trainer.devices={cp}",
         f"+schedule.stages.0.cp={cp}",
         f"parallel.layout={layout}",
         "trainer.keep_checkpoints=true",
+        *mode,
     )
+    assert "cp 4 (hybrid: ulysses 2 x ring 2), tp 1, dp 1" in proc.stdout, proc.stdout[-2000:]
     got = losses(tmp_path)
     assert sorted(got) == sorted(reference) and len(got) == 10
     meta = torch.load(tmp_path / "a" / "checkpoints" / "last.ckpt" / "meta.pt", weights_only=True)
     assert set(meta["rng_states"]) == {str(r) for r in range(cp)}  # every rank's random state
     for step, loss in reference.items():
         assert got[step] == pytest.approx(loss, rel=1e-5), (step, got[step], loss)
+
+
+def test_tensor_parallel_runs_exports_and_resumes(tmp_path, reference):
+    """tp 2 x cp 2 (4 processes) gives one process's losses; its Hugging Face export holds the run's
+    final weights; stopped at step 5 and resumed, it ends with the same weights bit for bit; and its
+    checkpoint resumes onto another mesh: tp 2 x dp 2 at the same global batch."""
+    args = ["stage_only=a", "trainer.devices=4", "parallel.tp=2"]
+    whole, split, other = tmp_path / "whole", tmp_path / "split", tmp_path / "other"
+    proc = train(whole, *args, "+schedule.stages.0.cp=2", "export=true")
+    assert "cp 2 (ring), tp 2, dp 1" in proc.stdout, proc.stdout[-2000:]
+    got = losses(whole)
+    assert sorted(got) == list(range(10))
+    for step, loss in reference.items():
+        assert got[step] == pytest.approx(loss, rel=1e-5), (step, got[step], loss)
+    final = load_file(whole / "a" / "final.safetensors")
+    exported = from_hf(whole / "hf").state_dict()
+    assert set(exported) == set(final) and all(torch.equal(exported[k], v) for k, v in final.items())
+
+    train(split, *args, "+schedule.stages.0.cp=2", "stop_at_step=5")
+    shutil.copytree(split, other)
+    train(split, *args, "+schedule.stages.0.cp=2", "resume=true")
+    resumed = load_file(split / "a" / "final.safetensors")
+    assert all(torch.equal(resumed[k], v) for k, v in final.items())
+
+    # 2 sequences per step as before: one per dp rank instead of two on the one
+    train(other, *args, "+schedule.stages.0.global_batch=2", "resume=true")
+    got = losses(other)
+    assert sorted(got) == list(range(10))
+    for step in range(5, 10):
+        assert got[step] == pytest.approx(reference[step], rel=1e-5), step
 
 
 def test_torchrun_two_processes(tmp_path, reference):

@@ -95,7 +95,10 @@ class ParallelConfig:
         ParallelDims(1, self.ulysses if self.mode == "hybrid" else 1, self.tp, self.mode, self.ulysses)
 
     def dims(self, world: int, cp: int) -> ParallelDims:
-        """The run's ParallelDims at a stage's cp, dp derived; raises naming the values."""
+        """The run's ParallelDims at a stage's cp, dp derived; raises naming the values. A stage of
+        cp 1 has no context parallelism to arrange (a schedule's short stages under hybrid)."""
+        if cp == 1:
+            return ParallelDims.from_world(world, 1, self.tp)
         return ParallelDims.from_world(world, cp, self.tp, self.mode, self.ulysses)
 
 
