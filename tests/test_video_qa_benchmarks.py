@@ -215,7 +215,12 @@ def test_videomme_parquet_scored_as_its_scorer_does(tmp_path):
                             "task_type": "Counting Problem"}  # fmt: skip
     assert items[3].video == str(data / "yt_medium1.MP4") and items[6].video == str(data / "yt_long_001.mkv")
     replies = {it.question: reply for it, (reply, _) in zip(items, REPLIES)}
-    result, gen = run(items, replies, source())
+    src = source()
+    encodes = []
+    encode = src.codes.vqgan().encode
+    src.codes.vqgan().encode = lambda *a, **kw: encodes.append(1) or encode(*a, **kw)
+    result, gen = run(items, replies, src)
+    assert len(encodes) == 3  # a video's 3 questions come together: it is read and encoded once
     s, recs = result["summary"], result["records"]
     assert s["errors"] == {"total": 3, "by_kind": {"video_missing": 3}}
     for rec, (_, letter) in zip(recs, REPLIES):

@@ -258,29 +258,26 @@ class Reader:
         kind = kind_of(obj)
         if kind is not None:
             self.formats.add(kind)
-        try:
-            if kind == "videomme":
-                return videomme_items(obj, item_id, self.video_dir, self.subtitle_dir)
-            if kind == "longvideobench":
-                video_dir = self.video_dir if self.video_dir is not None else source.parent / "videos"
-                return [lvb_item(obj, item_id, video_dir, self.subtitle_dir)]
-            if kind == "mlvu":
-                return [mlvu_item(obj, item_id, source, self.video_dir)]
-            if isinstance(obj, dict) and isinstance(obj.get("questions"), list):  # the plain form, grouped by video
-                shared = {k: v for k, v in obj.items() if k != "questions"}
-                entries = [(q if not isinstance(q, dict) else {**shared, **q}, f"{item_id}.{k + 1}")
-                           for k, q in enumerate(obj["questions"])]  # fmt: skip
-            else:
-                entries = [(obj, item_id)]
-            out = []
-            for entry, eid in entries:
-                try:
-                    out.append(parse_item(entry, eid, source.resolve().parent, self.video_dir))
-                except ItemError as e:
-                    out.append(bad_item(eid, e, entry))
-            return out
-        except ItemError as e:  # pragma: no cover - each adapter records its own errors
-            return [bad_item(item_id, e, obj)]
+        if kind == "videomme":
+            return videomme_items(obj, item_id, self.video_dir, self.subtitle_dir)
+        if kind == "longvideobench":
+            video_dir = self.video_dir if self.video_dir is not None else source.parent / "videos"
+            return [lvb_item(obj, item_id, video_dir, self.subtitle_dir)]
+        if kind == "mlvu":
+            return [mlvu_item(obj, item_id, source, self.video_dir)]
+        if isinstance(obj, dict) and isinstance(obj.get("questions"), list):  # the plain form, grouped by video
+            shared = {k: v for k, v in obj.items() if k != "questions"}
+            entries = [(q if not isinstance(q, dict) else {**shared, **q}, f"{item_id}.{k + 1}")
+                       for k, q in enumerate(obj["questions"])]  # fmt: skip
+        else:
+            entries = [(obj, item_id)]
+        out = []
+        for entry, eid in entries:
+            try:
+                out.append(parse_item(entry, eid, source.resolve().parent, self.video_dir))
+            except ItemError as e:
+                out.append(bad_item(eid, e, entry))
+        return out
 
     def _one(self, obj, item_id: str, source: Path) -> list[Item]:
         if is_mlvu_generation(obj):

@@ -8,6 +8,7 @@ exact match. With subtitles, the lines at the sampled frames' times go where the
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -91,8 +92,6 @@ def _subtitles(item: Item, times, n_frames: int, fps, info: dict) -> dict:
         between = interleave(lines, times)
         info["subtitle_lines"] = len(between)
         return {"between": between}
-    import os
-
     if not os.path.isfile(item.subtitles):  # Video-MME: a video without subtitles says so (as lmms-eval does)
         info["subtitle_lines"] = 0
         return {"prefix": ""}

@@ -17,7 +17,9 @@ from lwm.video.reader import VideoError
 
 class VideoSource:
     """(T, 256) codes of an item's video: from the lwm-tokenize cache when it holds the video, else read
-    and tokenized with the VQGAN (loaded at the first video that needs it)."""
+    and tokenized with the VQGAN (loaded at the first video that needs it). The last video read is kept
+    (its codes only: 7 MiB for an hour at 1 fps), since the releases list a video's questions one after
+    another: Video-MME's three questions of an hour-long video read and encode it once."""
 
     def __init__(
         self,
@@ -32,6 +34,7 @@ class VideoSource:
         schemes = ("hashed", "stem") if ids == "auto" else (ids,)
         self.codes = CodeSource(fps, max_frames, cache=codes_dir, vqgan=self._load_vqgan, ids=schemes)
         self.store = self.codes.store
+        self._last: tuple[str, object] | None = None  # (path, VideoCodes) of the last video read from its file
 
     def cache_id(self, item: Item) -> str | None:
         return self.codes.cache_id(item.video, item.video_key)
@@ -75,10 +78,15 @@ class VideoSource:
         if not os.path.exists(item.video):
             raise ItemError("video_missing", f"{item.video}: no such file")
         self.codes.vqgan()  # a missing or bad VQGAN is the item's "vqgan" error, not its video's
-        try:
-            got = self.codes.from_video(item.video)
-        except VideoError as e:
-            raise ItemError("video_unreadable", str(e)) from e
+        if self._last is not None and self._last[0] == item.video:
+            got = self._last[1]
+        else:
+            self._last = None
+            try:
+                got = self.codes.from_video(item.video)
+            except VideoError as e:
+                raise ItemError("video_unreadable", str(e)) from e
+            self._last = (item.video, got)
         seconds = got.duration if item.duration is None else None
         info = {"codes_from": "video", "frames": len(got.codes), "video_seconds": seconds}
         return got.codes, {**info, "timestamps": got.timestamps}
