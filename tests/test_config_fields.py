@@ -9,6 +9,11 @@ Shown elsewhere (tests/test_train.py unless named):
   data.codes             test_bad_input_is_refused_before_the_run (no manifest); tests/test_data.py
   data.sources.*.fields  tests/test_data.py (a text source without per-example fields)
   parallel.layout        test_context_parallel_losses_equal_one_process, test_bad_input_... (zigzag divisibility)
+  parallel.mode=hybrid, parallel.ulysses
+                         test_context_parallel_losses_equal_one_process (cp 4 = Ulysses 2 x ring 2);
+                         tests/test_tensor_parallel.py (refused where they do not divide)
+  parallel.tp            test_tensor_parallel_runs_exports_and_resumes; tests/test_tensor_parallel.py
+                         (tp 2, tp 2 x cp 2, tp 2 x dp 2 train as one process; heads per rank)
   schedule.init_hf       test_first_stage_from_hugging_face
   stage name, seq_len,
     rope_theta, steps    test_stage_hand_over, test_context_parallel_losses_equal_one_process

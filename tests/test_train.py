@@ -116,6 +116,13 @@ def test_default_run_config_is_valid():
         (["evaluate.lengths=[128]", "evaluate.haystack=/no/such.txt"], "evaluate.haystack /no/such.txt does not exist"),
         (["evaluate.trials=0"], r"evaluate.trials must be >= 1, got 0"),
         (["trainer.devices=0"], r"trainer.devices must be >= 1, got 0"),
+        (["trainer.devices=2", "parallel.tp=4"], r"stage 'a' .*: world size 2 is not divisible by cp 1 x tp 4"),
+        (["trainer.devices=3", "parallel.tp=3"], r"stage 'a' .*: tp 3 must divide the q heads \(4\) and the kv heads \(2\)"),
+        (["parallel.ulysses=2"], r"ulysses 2 is hybrid mode's all-to-all size; mode is 'ring'"),
+        (
+            ["trainer.devices=4", "+schedule.stages.0.cp=4", "parallel.mode=hybrid", "parallel.ulysses=3"],
+            r"ulysses 3 must divide cp",
+        ),
         (["stop_at_step=-1"], r"stop_at_step must be >= 1 \(null: run each stage to its end\), got -1"),
         (["stop_at_step=0"], r"stop_at_step must be >= 1 .*, got 0"),
         (["trainer.out_dir=README.md"], r"trainer.out_dir README.md is a file; name a folder"),
