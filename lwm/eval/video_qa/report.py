@@ -54,14 +54,18 @@ def markdown(result: dict) -> str:
         lines += ["", "By task:", "", markdown_table(["task", *cols[1:]], [row(t, st) for t, st in s["tasks"].items()])]
     lines += [
         "",
-        "Accuracy (LL): the option with the highest log-likelihood after the bare question (primary); "
-        "accuracy (letter): the first option letter generated after the question with its options listed. "
+        "Accuracy (LL): the option with the highest log-likelihood after the bare question (primary for the "
+        "plain form); accuracy (letter): the option letter generated after the question with its options listed "
+        "(a benchmark's own prompt and rule for its questions, the primary there; see its table below). "
         "Accuracies are over multiple-choice items, exact match over open ones; n counts scored items.",
     ]
     if s["all"]["accuracy_ll_per_token"] is not None:
         lines.append(f"LL with per-token mean log-likelihood: {_pct(s['all']['accuracy_ll_per_token'])} overall.")
     if s["all"]["letter_unparsed"]:
-        lines.append(f"Outputs with no option letter (counted wrong): {s['all']['letter_unparsed']}.")
+        lines.append(
+            f"Outputs with no option letter: {s['all']['letter_unparsed']} (wrong in the plain form; as its rule "
+            "says for a benchmark's question)."
+        )
     if s["errors"]["total"]:
         kinds = ", ".join(f"{k} {v}" for k, v in sorted(s["errors"]["by_kind"].items()))
         lines.append(f"Errors by kind: {kinds} (reasons per item in video_qa.json).")
