@@ -22,7 +22,7 @@ from documents import masked_sdpa, packed_pair, packings
 
 from lwm.data.vocab import Vocab
 from lwm.model import ModelConfig, Transformer, token_coefficients
-from lwm.parallel import hybrid_attention, ring_attention, simulate_ring, ulysses_attention
+from lwm.parallel import ParallelDims, hybrid_attention, ring_attention, simulate_ring, ulysses_attention
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -123,7 +123,7 @@ def test_one_gpu_training_step_computes_in_bf16_on_fp32_weights(tmp_path):
     trainer = L.Trainer(
         accelerator="gpu",
         devices=1,
-        strategy=_strategy(stage, TrainerConfig(accelerator="gpu")),
+        strategy=_strategy(ParallelDims(), TrainerConfig(accelerator="gpu")),
         precision="32-true",
         max_steps=stage.steps,
         logger=False,

@@ -117,7 +117,10 @@ def test_default_run_config_is_valid():
         (["evaluate.trials=0"], r"evaluate.trials must be >= 1, got 0"),
         (["trainer.devices=0"], r"trainer.devices must be >= 1, got 0"),
         (["trainer.devices=2", "parallel.tp=4"], r"stage 'a' .*: world size 2 is not divisible by cp 1 x tp 4"),
-        (["trainer.devices=3", "parallel.tp=3"], r"stage 'a' .*: tp 3 must divide the q heads \(4\) and the kv heads \(2\)"),
+        (
+            ["trainer.devices=3", "parallel.tp=3"],
+            r"stage 'a' .*: tp 3 must divide the q heads \(4\) and the kv heads \(2\)",
+        ),
         (["parallel.ulysses=2"], r"ulysses 2 is hybrid mode's all-to-all size; mode is 'ring'"),
         (
             ["trainer.devices=4", "+schedule.stages.0.cp=4", "parallel.mode=hybrid", "parallel.ulysses=3"],
@@ -410,16 +413,16 @@ def test_a_dead_rank_stops_the_others(tmp_path, how):
 
 
 def test_one_gpu_trains_through_fsdp2_and_one_cpu_process_plainly():
-    """bf16 compute on fp32 master weights is FSDP2's mixed precision (lwm/train/sharding.py), so a
+    """bf16 compute on fp32 master weights is FSDP2's mixed precision (lwm/parallel/parallelize.py), so a
     single GPU gets the strategy too; tests/test_gpu.py checks the dtypes on a device."""
     from lightning.pytorch.strategies import ModelParallelStrategy
 
-    from lwm.train.config import StageConfig, TrainerConfig
+    from lwm.parallel import ParallelDims
+    from lwm.train.config import TrainerConfig
     from lwm.train.trainer import strategy as _strategy
 
-    stage = StageConfig("a", seq_len=64, rope_theta=1e4, steps=1, lr=1e-3)
-    assert _strategy(stage, TrainerConfig(accelerator="cpu")) == "auto"
-    gpu = _strategy(stage, TrainerConfig(accelerator="gpu"))
+    assert _strategy(ParallelDims(), TrainerConfig(accelerator="cpu")) == "auto"
+    gpu = _strategy(ParallelDims(), TrainerConfig(accelerator="gpu"))
     assert isinstance(gpu, ModelParallelStrategy)
     assert (gpu._data_parallel_size, gpu._tensor_parallel_size) == (1, 1)
 
