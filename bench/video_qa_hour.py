@@ -14,8 +14,13 @@ their peak should not grow with the video (target: 60 min within 1.10x of 10 min
 the KV cache, which grows with the prompt by design (its size is printed beside it). A third run answers
 the 10-minute video from the codes lwm-tokenize wrote for it (--codes): no decode or encode.
 
-    python -m bench.video_qa_hour                 # about 70 min on 2 CPU cores; writes docs/benchmarks.md
+    python -m bench.video_qa_hour                 # about 70 min on 2 quiet CPU cores; writes docs/benchmarks.md
     python -m bench.video_qa_hour --no-write --minutes 1 2
+    python -m bench.video_qa_hour --minutes 60 --no-cache-run     # one length again; the other rows are kept
+    python -m bench.video_qa_hour --report-only   # the section from the rows so far (a stopped run: its progress)
+
+Rows are kept in the cache folder (rows.json), each with the command that measured it, so that the
+section holds every length measured, and a run stopped before its end shows how far it got.
 """
 
 from __future__ import annotations
@@ -88,18 +93,35 @@ def child(args) -> None:
         stages.add("encode", time.perf_counter() - t)
         return out
 
+    def progress(**kw) -> None:  # what is done so far, for a run stopped before its end (--report-only reads it)
+        if args.progress:
+            with open(args.progress, "a") as f:
+                f.write(json.dumps({**kw, "rss_mib": _status_kib("VmRSS") / 1024}) + "\n")
+
     def measured_load(self, item):
         base = stages.reset_peak()
         t = time.perf_counter()
         out = load(self, item)
         stages.add("video", time.perf_counter() - t, base)  # decode + encode (+ the VQGAN's first load)
+        progress(stage="video", frames=len(out[0]), seconds=dict(stages.seconds), peak_rise_mib=dict(stages.peak_mib))
         return out
 
-    fill, generate = Generator._fill, Generator.generate
+    fill, generate, extend = Generator._fill, Generator.generate, Generator._extend
+
+    def logged_extend(self, ids, all_logits=False):
+        out = extend(self, ids, all_logits)
+        if stages.filling is not None:
+            stages.filled += int(ids.numel())
+            progress(
+                stage="prefill", tokens=stages.filled, of=stages.filling, seconds=time.perf_counter() - stages.fill_t
+            )
+        return out
 
     def timed_fill(self, prompt):
         t = time.perf_counter()
+        stages.filling, stages.filled, stages.fill_t = int(prompt.numel()), 0, t
         out = fill(self, prompt)
+        stages.filling = None
         stages.add("prefill", time.perf_counter() - t, stages.prefill_base)
         stages.prompt_tokens = int(prompt.numel())
         return out
@@ -113,7 +135,8 @@ def child(args) -> None:
         return out
 
     VQGANModule.encode, videos.VideoSource.load = timed_encode, measured_load
-    Generator._fill, Generator.generate = timed_fill, timed_generate
+    Generator._fill, Generator.generate, Generator._extend = timed_fill, timed_generate, logged_extend
+    stages.filling = None
 
     config = VideoQAConfig(
         load=ModelOptions(model=args.model, prefill_chunk=args.prefill_chunk),
@@ -181,8 +204,23 @@ def question(video: Path, seconds: float, path: Path) -> Path:
 
 
 def run_child(hf: Path, data: Path, out: Path, prefill_chunk: int, codes: Path | None = None) -> dict:
-    cmd = [sys.executable, "-m", "bench.video_qa_hour", "--child", "--model", str(hf), "--data", str(data),
-           "--out", str(out), "--prefill-chunk", str(prefill_chunk)] + (["--codes", str(codes)] if codes else [])  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench.video_qa_hour",
+        "--child",
+        "--model",
+        str(hf),
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--prefill-chunk",
+        str(prefill_chunk),
+        "--progress",
+        str(Path(out).with_suffix(".progress.jsonl")),
+    ]
+    cmd += ["--codes", str(codes)] if codes else []  # fmt: skip
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}  # freed buffers go back to the OS: RSS follows live memory
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
     line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
@@ -212,18 +250,43 @@ def kv_cache_mib(tokens: int) -> float:
     return tokens * c.n_layers * 2 * c.n_kv_heads * c.head_dim * 4 / 2**20  # k and v, fp32
 
 
-def report(rows: list[dict], args, gen_s: float, loads: tuple, wall: float) -> str:
+def finished(row: dict) -> dict:
+    """A row as measured; for a run stopped before its end (`pending`), what its progress file says it did."""
+    if not row.get("pending"):
+        return row
+    progress = (
+        [json.loads(x) for x in Path(row["progress"]).read_text().splitlines()]
+        if Path(row["progress"]).exists()
+        else []
+    )
+    video = next((x for x in progress if x["stage"] == "video"), None)
+    fills = [x for x in progress if x["stage"] == "prefill"]
+    out = {**row, "frames": None, "prompt_tokens": None, "seconds": {}, "peak_rise_mib": {}, "total_seconds": None,
+           "peak_rss_mib": max((x["rss_mib"] for x in progress), default=None), "codes_from": "video"}  # fmt: skip
+    if video:
+        out.update(frames=video["frames"], peak_rise_mib=video["peak_rise_mib"], seconds=dict(video["seconds"]))
+        out["seconds"]["decode"] = out["seconds"]["video"] - out["seconds"].get("encode", 0.0)
+    if fills:
+        last = fills[-1]
+        out["prompt_tokens"], out["prefill_done"] = last["of"], (last["tokens"], last["seconds"])
+    return out
+
+
+def report(rows: list[dict], args, loads: tuple) -> str:
     def f(x, spec=".1f"):
         return "—" if x is None else format(x, spec)
 
+    rows = [finished(r) for r in rows]
+    commands = list(dict.fromkeys(r["command"] for r in rows))
+    shared = max(loads) > (os.cpu_count() or 1)
     lines = [
-        f"Command: `{command_line()}`  ",
+        "Commands: " + "; ".join(f"`{c}`" for c in commands) + "  ",
         f"Host: {host_line()}  ",
-        f"Total run time: {wall / 60:.1f} min (videos generated in this run: {gen_s:.0f} s); 1-minute load average "
-        f"{loads[0]:.1f} at the start and {loads[1]:.1f} at the end on {os.cpu_count()} CPUs"
+        f"1-minute load average {loads[0]:.1f} at the start of the last command and {loads[1]:.1f} now on "
+        f"{os.cpu_count()} CPUs"
         + (
             " (above the CPU count: the 2 cores were shared with other work, and the times are inflated)."
-            if max(loads) > (os.cpu_count() or 1)
+            if shared
             else "."
         ),
         "",
@@ -233,7 +296,8 @@ def report(rows: list[dict], args, gen_s: float, loads: tuple, wall: float) -> s
         "(64x64 -> 256 codes), LWM's chat prompt, prefilled by the random-weight `debug` model (2 layers, dim 64, "
         f"fp32) in chunks of {args.prefill_chunk} tokens on one process, then the letter generated (4 tokens at most; "
         "the letter method only). Each run in a fresh process with MALLOC_MMAP_THRESHOLD_=65536. Peak rise: the "
-        "stage's peak RSS (VmHWM, reset at its start) less its RSS at its start.",
+        "stage's peak RSS (VmHWM, reset at its start) less its RSS at its start. Decode: the video's whole load "
+        "(opening and indexing the file, decoding forward, resizing) less the encoder's time.",
         "",
         "| run | frames | prompt tokens | decode (s) | encode (s) | prefill (s) | answer (s) | end to end (s) "
         "| decode+encode peak rise (MiB) | prefill+answer peak rise (MiB) | KV cache (MiB) | process peak RSS (MiB) |",
@@ -241,32 +305,45 @@ def report(rows: list[dict], args, gen_s: float, loads: tuple, wall: float) -> s
     ]
     for r in rows:
         s, p = r["seconds"], r["peak_rise_mib"]
+        prefill = f(s.get("prefill"))
+        if r.get("prefill_done"):
+            done, secs = r["prefill_done"]
+            prefill = f"stopped: {done:,} tokens in {secs:.0f}"
+        tokens = r["prompt_tokens"]
         lines.append(
-            f"| {r['name']} | {r['frames']} | {r['prompt_tokens']:,} | {f(s.get('decode'), '.2f')} | "
-            f"{f(s.get('encode'), '.2f')} | {f(s.get('prefill'))} | {f(s.get('answer'), '.2f')} | "
-            f"{r['total_seconds']:.1f} | {f(p.get('video'))} | {f(p.get('answer'))} | "
-            f"{kv_cache_mib(r['prompt_tokens']):.1f} | {r['peak_rss_mib']:.0f} |"
+            f"| {r['name']} | {f(r['frames'], 'd')} | {f(tokens, ',')} | {f(s.get('decode'), '.2f')} | "
+            f"{f(s.get('encode'), '.2f')} | {prefill} | {f(s.get('answer'), '.2f')} | "
+            f"{f(r['total_seconds'])} | {f(p.get('video'))} | {f(p.get('answer'))} | "
+            f"{f(None if tokens is None else kv_cache_mib(tokens))} | {f(r['peak_rss_mib'], '.0f')} |"
         )
-    by = {r["name"]: r for r in rows}
-    names = [r["name"] for r in rows if r.get("codes_from") == "video"]
-    if len(names) >= 2:
-        a, b = by[names[0]], by[names[-1]]
+    video_rows = [r for r in rows if r.get("codes_from") == "video" and r["peak_rise_mib"].get("video")]
+    if len(video_rows) >= 2:
+        a, b = video_rows[0], video_rows[-1]
         ratio = b["peak_rise_mib"]["video"] / max(a["peak_rise_mib"]["video"], 1e-9)
         per_frame = (b["seconds"]["decode"] + b["seconds"]["encode"]) / b["frames"]
         per_frame_a = (a["seconds"]["decode"] + a["seconds"]["encode"]) / a["frames"]
         lines += [
             "",
-            f"Targets, {names[0]} -> {names[-1]}:",
+            f"Targets, {a['name']} -> {b['name']}:",
             f"- reading and encoding in bounded memory (peak rise flat within 10%): "
             f"**{'met' if ratio <= 1.10 else 'not met'}**: {ratio:.3f}x.",
             f"- decode + encode time per frame: {per_frame_a * 1000:.1f} ms -> {per_frame * 1000:.1f} ms "
             f"({per_frame / per_frame_a:.3f}x).",
-            f"- prefill + answer peak rise {a['peak_rise_mib']['answer']:.0f} -> {b['peak_rise_mib']['answer']:.0f} MiB: "
-            "the KV cache, which holds every prompt token by design (its size in the table), and the prompt; "
-            f"prefill time {a['seconds']['prefill']:.0f} -> {b['seconds']['prefill']:.0f} s "
-            f"({b['seconds']['prefill'] / a['seconds']['prefill']:.1f}x for {b['prompt_tokens'] / a['prompt_tokens']:.1f}x "
-            "the tokens: attention is quadratic in the prompt).",
         ]
+        if b["seconds"].get("prefill"):
+            lines.append(
+                f"- prefill + answer peak rise {a['peak_rise_mib']['answer']:.0f} -> "
+                f"{b['peak_rise_mib']['answer']:.0f} MiB: the KV cache, which holds every prompt token by design (its "
+                f"size in the table), and the prompt; prefill time {a['seconds']['prefill']:.0f} -> "
+                f"{b['seconds']['prefill']:.0f} s ({b['seconds']['prefill'] / a['seconds']['prefill']:.1f}x for "
+                f"{b['prompt_tokens'] / a['prompt_tokens']:.1f}x the tokens: attention is quadratic in the prompt)."
+            )
+        elif b.get("prefill_done"):
+            done, secs = b["prefill_done"]
+            lines.append(
+                f"- {b['name']}: stopped during the prefill, after {done:,} of {b['prompt_tokens']:,} tokens in "
+                f"{secs:.0f} s (the process's RSS then {b['peak_rss_mib']:.0f} MiB at most); not answered."
+            )
     cached = [r for r in rows if r.get("codes_from") == "cache"]
     if cached:
         r = cached[0]
@@ -280,40 +357,64 @@ def report(rows: list[dict], args, gen_s: float, loads: tuple, wall: float) -> s
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--minutes", type=float, nargs="+", default=[10, 60])
-    p.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
+    p.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="videos, the model, and the rows measured so far")
     p.add_argument("--prefill-chunk", type=int, default=8192)
     p.add_argument("--no-cache-run", action="store_true", help="skip the run from lwm-tokenize's codes")
+    p.add_argument("--report-only", action="store_true", help="write the section from the rows measured so far")
     p.add_argument("--no-write", action="store_true")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
     p.add_argument("--data", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     p.add_argument("--codes", help=argparse.SUPPRESS)
+    p.add_argument("--progress", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
         return child(args)
-    started, load0 = time.perf_counter(), os.getloadavg()[0]
+    load0 = os.getloadavg()[0]
     args.cache.mkdir(parents=True, exist_ok=True)
+    saved_file = args.cache / "rows.json"  # rows by run name; a later command replaces its own rows only
+    saved = json.loads(saved_file.read_text()) if saved_file.exists() else {}
+
+    def write() -> None:
+        rows = sorted(saved.values(), key=lambda r: (r.get("minutes", 0), "codes" in r["name"]))
+        md = report(rows, args, (load0, os.getloadavg()[0]))
+        publish("video-qa-hour", "## Hour-long video QA end to end (CPU)\n\n" + md, write=not args.no_write)
+
+    if args.report_only:
+        return write()
     hf, videos, gen_s = prepare(args.cache, args.minutes)
-    rows = []
+    print(f"videos ready ({gen_s:.0f} s generating)", flush=True)
     work = Path(tempfile.mkdtemp(prefix="video-qa-hour-"))
 
-    def done(row: dict) -> None:  # the section is written after each run, so a stopped benchmark keeps what it measured
-        rows.append(row)
-        print(f"{row['name']}: {json.dumps(row)}", flush=True)
-        md = report(rows, args, gen_s, (load0, os.getloadavg()[0]), time.perf_counter() - started)
-        publish("video-qa-hour", "## Hour-long video QA end to end (CPU)\n\n" + md, write=not args.no_write)
+    def measure(
+        name: str, minutes: float, out: Path, fn
+    ) -> None:  # saved before it starts: a stopped run shows its progress
+        saved[name] = {"name": name, "minutes": minutes, "command": command_line(), "pending": True,
+                       "progress": str(out.with_suffix(".progress.jsonl"))}  # fmt: skip
+        saved_file.write_text(json.dumps(saved, indent=1))
+        row = {"name": name, "minutes": minutes, "command": command_line(), **fn()}
+        saved[name] = row
+        saved_file.write_text(json.dumps(saved, indent=1))
+        print(f"{name}: {json.dumps(row)}", flush=True)
+        write()
 
     for k, (minutes, video) in enumerate(zip(args.minutes, videos)):
         data = question(video, minutes * 60, work / f"{minutes:g}.jsonl")
-        print(f"{minutes:g} min: answering ...", flush=True)
-        done({"name": f"{minutes:g} min", **run_child(hf, data, work / f"out_{minutes:g}", args.prefill_chunk)})
+        out = work / f"out_{minutes:g}"
+        measure(f"{minutes:g} min", minutes, out, lambda: run_child(hf, data, out, args.prefill_chunk))
         if k == 0 and not args.no_cache_run:  # the shortest again, from lwm-tokenize's codes
-            codes = work / "codes"
-            tok_s = tokenize(video, codes)
-            data = question(video, minutes * 60, work / "cached.jsonl")
-            r = run_child(hf, data, work / "out_cached", args.prefill_chunk, codes)
-            done({"name": f"{minutes:g} min, from --codes", "tokenize_seconds": tok_s, **r})
+
+            def cached(video=video, minutes=minutes):
+                codes = work / "codes"
+                tok_s = tokenize(video, codes)
+                data = question(video, minutes * 60, work / "cached.jsonl")
+                return {
+                    "tokenize_seconds": tok_s,
+                    **run_child(hf, data, work / "out_cached", args.prefill_chunk, codes),
+                }
+
+            measure(f"{minutes:g} min, from --codes", minutes, work / "out_cached", cached)
 
 
 if __name__ == "__main__":
