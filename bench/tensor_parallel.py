@@ -73,12 +73,12 @@ def main(argv: list[str] | None = None) -> None:
         "|---|" + "---|" * (2 + 2 * len(PARTS)),
     ]
     for tp, row in rows.items():
-        ratios = [row["parts"][part] / base["parts"][part] if base["parts"][part] else float("nan") for part in PARTS]
+        ratios = [row["parts"][part] / base["parts"][part] if base["parts"][part] else None for part in PARTS]
         lines.append(
             f"| {tp} | {mib(row['peak'])} | "
             + " | ".join(mib(row["parts"][part]) for part in PARTS)
             + f" | {row['peak'] / base['peak']:.2f} | "
-            + " | ".join(f"{r:.2f}" for r in ratios)
+            + " | ".join("-" if r is None else f"{r:.2f}" for r in ratios)
             + " |"
         )
     lines += [
@@ -87,7 +87,8 @@ def main(argv: list[str] | None = None) -> None:
         "MLP compute from them; the embedding, the norms and the output head stay whole on every tp rank "
         "(lwm/parallel/tensor.py), as do the residual stream's activations (each tp rank holds the whole "
         "hidden state between sublayers). So parameters, gradients and optimizer state fall to the blocks' "
-        "share over tp plus the whole vocabulary matrices, and activations fall by less than tp.",
+        "share over tp plus the whole vocabulary matrices, and activations fall by less than tp. A part that "
+        "is 0 at the peak (gradients and temporaries: the peak falls in the forward) has no ratio (-).",
     ]
     publish("tensor-parallel", "\n".join(lines), write=not args.no_write)
 

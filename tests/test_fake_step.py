@@ -207,3 +207,15 @@ def test_a_hugging_face_start_reads_only_the_config_until_asked(tmp_path, monkey
     assert calls == [] and (config.dim, config.vocab_size) == (48, Vocab(4096).size)
     read()
     assert calls == [(tmp_path,)]
+
+
+def test_tensor_parallel_step_under_fake_tensors():
+    """tp 2 x cp 2 x dp 2 at the small shape: the model is built and parallelized on the meta device
+    outside FakeTensorMode (FSDP2 over the tp mesh makes DeviceMeshes from real rank tensors) and
+    allocated fake; every shard is rank 0's tp-then-FSDP2 cut (check_shards raises otherwise)."""
+    report = run(FakeStepConfig(preset="debug", seq_len=256, cp=2, dp=2, tp=2, prefill_chunk=32, documents=4))
+    wq = report.step.model.layers[0].attn.wq.weight
+    assert tuple(wq.shape) == (64, 64) and tuple(wq.to_local().shape) == (8, 64)  # 64 rows / tp 2 / (dp x cp) 4
+    assert report.step.model.layers[0].attn.n_heads == DEBUG.n_heads // 2
+    assert any("wq (64, 64) -> (8, 64)" in line for line in report.lines)
+    assert dict(report.step.device_syncs()) == {}

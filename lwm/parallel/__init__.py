@@ -10,11 +10,13 @@ from lwm.parallel.layout import LAYOUTS, check_divisible, positions, shard, unsh
 from lwm.parallel.mesh import Meshes, build_meshes
 from lwm.parallel.parallelize import (
     ComputeSettings,
+    allocate,
     apply_activation_checkpointing,
     apply_context_parallel,
     build_parallel_model,
     compute_settings,
     global_group_counts,
+    meta_parallel_model,
     parallelize,
 )
 from lwm.parallel.ring import ring_attention, simulate_ring
@@ -24,6 +26,7 @@ from lwm.parallel.ulysses import ulysses_attention
 __all__ = [
     "LAYOUTS",
     "ComputeSettings",
+    "allocate",
     "Meshes",
     "ParallelDims",
     "apply_activation_checkpointing",
@@ -40,6 +43,7 @@ __all__ = [
     "global_group_counts",
     "hybrid_attention",
     "hybrid_groups",
+    "meta_parallel_model",
     "parallelize",
     "positions",
     "ring_attention",

@@ -113,6 +113,31 @@ def parallelize(
     return model
 
 
+def meta_parallel_model(
+    config: ModelConfig,
+    meshes: Meshes,
+    settings: ComputeSettings,
+    layout: str = "striped",
+    activation_checkpointing: bool = False,
+) -> Transformer:
+    """The model built on the meta device and parallelized, not yet allocated. Under fake tensors,
+    call it outside FakeTensorMode: FSDP2 over a tp mesh makes DeviceMeshes from real rank tensors."""
+    with torch.device("meta"):
+        model = Transformer(config)
+    return parallelize(model, meshes, settings, layout, activation_checkpointing)
+
+
+def allocate(model: Transformer, device: torch.device | str, init_state: dict | None) -> Transformer:
+    """Give a meta_parallel_model its storage on `device`. init_state: rank 0's full starting
+    weights ({} on the other ranks), broadcast from rank 0 and cut to each rank's shards; None
+    leaves the weights as allocated (no values: fake and meta tensors)."""
+    model.to_empty(device=device)
+    if init_state is not None:
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        set_model_state_dict(model, init_state, options=options)  # rank 0's, broadcast
+    return model
+
+
 def build_parallel_model(
     config: ModelConfig,
     meshes: Meshes,
@@ -122,17 +147,8 @@ def build_parallel_model(
     layout: str = "striped",
     activation_checkpointing: bool = False,
 ) -> Transformer:
-    """The model built on the meta device, parallelized, allocated on `device`. init_state: rank 0's
-    full starting weights ({} on the other ranks), broadcast from rank 0 and cut to each rank's
-    shards; None leaves the weights as allocated (no values: fake and meta tensors)."""
-    with torch.device("meta"):
-        model = Transformer(config)
-    parallelize(model, meshes, settings, layout, activation_checkpointing)
-    model.to_empty(device=device)
-    if init_state is not None:
-        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-        set_model_state_dict(model, init_state, options=options)  # rank 0's, broadcast
-    return model
+    """meta_parallel_model, then allocate: the parallelized model on `device` with init_state's weights."""
+    return allocate(meta_parallel_model(config, meshes, settings, layout, activation_checkpointing), device, init_state)
 
 
 def global_group_counts(loss_mask: torch.Tensor, vision_mask: torch.Tensor, group=None) -> GroupCounts:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, fields
 import torch
 import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -33,8 +34,17 @@ from lwm.data.vocab import Vocab
 from lwm.infer.generator import Generator
 from lwm.model import ModelConfig, Transformer
 from lwm.model.config import PRESETS
-from lwm.parallel import ComputeSettings, Meshes, ParallelDims, build_meshes, build_parallel_model
+from lwm.parallel import (
+    ComputeSettings,
+    Meshes,
+    ParallelDims,
+    allocate,
+    build_meshes,
+    build_parallel_model,
+    meta_parallel_model,
+)
 from lwm.parallel.layout import check_divisible, ring_parts
+from lwm.parallel.tensor import BLOCK_PLAN
 from lwm.train.config import OptimConfig, ParallelConfig, StageConfig
 from lwm.train.module import build_optimizer, clip_grad_norm, training_objective
 from lwm.train.run import stage_model_config
@@ -62,17 +72,20 @@ class FakeStepConfig:
     preset: str = field(default="7b", metadata={"help": f"model preset: {', '.join(PRESETS)}"})
     seq_len: int = field(default=1048576, metadata={"help": "tokens per sequence (the whole context)"})
     cp: int = field(default=8, metadata={"help": "context-parallel degree"})
-    dp: int = field(default=4, metadata={"help": "data-parallel degree (world = dp x cp)"})
+    dp: int = field(default=4, metadata={"help": "data-parallel degree (world = dp x cp x tp)"})
+    tp: int = field(default=1, metadata={"help": "tensor-parallel degree"})
     prefill_chunk: int = field(default=8192, metadata={"help": "prompt tokens per rank per prefill segment"})
     documents: int = field(default=256, metadata={"help": "equal documents packed in the sequence (1: no masks)"})
 
     def __post_init__(self) -> None:
         if self.preset not in PRESETS:
             raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {self.preset!r}")
-        for name in ("seq_len", "cp", "dp", "prefill_chunk", "documents"):
+        for name in ("seq_len", "cp", "dp", "tp", "prefill_chunk", "documents"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         check_divisible(self.seq_len, self.cp, "striped")
+        preset = PRESETS[self.preset]
+        ParallelDims(self.dp, self.cp, self.tp).check_model(preset.n_heads, preset.n_kv_heads)
         if self.seq_len % self.documents:
             raise ValueError(f"seq_len {self.seq_len} is not divisible by documents {self.documents}")
 
@@ -214,6 +227,16 @@ def train_step(model, batch: dict, optimizer, optim: OptimConfig, cp_group, docu
     return loss, norm
 
 
+def fake_allocate(model: Transformer, mode: FakeTensorMode, device: torch.device | str = "cpu") -> Transformer:
+    """A meta_parallel_model (built outside `mode`) allocated as fake tensors of `mode`: its meta
+    parameters are the only non-fake inputs let in, and only while they are allocated."""
+    before, mode.allow_non_fake_inputs = mode.allow_non_fake_inputs, True
+    try:
+        return allocate(model, device, None)
+    finally:
+        mode.allow_non_fake_inputs = before
+
+
 def run_step(
     model_config: ModelConfig,
     stage: StageConfig,
@@ -223,13 +246,15 @@ def run_step(
     device: torch.device | str,
     batch: dict,
     optim: OptimConfig | None = None,
+    model: Transformer | None = None,
 ) -> StepResult:
-    """Build the sharded model (no starting weights: fake and meta tensors have no values), then
-    one training step, its ops counted."""
+    """Build the sharded model (no starting weights: fake and meta tensors have no values), or take
+    the one given (fake_allocate's), then one training step, its ops counted."""
     optim = optim or OptimConfig()
-    model = build_parallel_model(
-        model_config, where, settings, device, None, parallel.layout, parallel.activation_checkpointing
-    )
+    if model is None:
+        model = build_parallel_model(
+            model_config, where, settings, device, None, parallel.layout, parallel.activation_checkpointing
+        )
     optimizer, _ = build_optimizer(model, stage, optim)
     seen: dict = {}
     hooks = _watch_first_block(model, seen)
@@ -264,10 +289,22 @@ def shard_rows(shape: tuple, world: int, rank: int = 0) -> tuple:
     return (rows, *shape[1:])
 
 
-def check_shards(step: StepResult, world: int) -> list[str]:
-    """Every parameter, gradient and AdamW moment is rank 0's FSDP2 shard in fp32; raises otherwise."""
+def expected_shard(name: str, shape: tuple, fsdp: int, tp: int) -> tuple:
+    """Rank 0's local shape of a parameter: its tp split (lwm.parallel.tensor.BLOCK_PLAN), then
+    FSDP2's rows over the dp x cp ranks."""
+    style = next((style for key, style in BLOCK_PLAN.items() if name.endswith(key + ".weight")), None)
+    if tp > 1 and style is ColwiseParallel:
+        shape = (shape[0] // tp, *shape[1:])
+    elif tp > 1 and style is RowwiseParallel:
+        shape = (shape[0], shape[1] // tp)
+    return shard_rows(shape, fsdp)
+
+
+def check_shards(step: StepResult, world: int, tp: int = 1) -> list[str]:
+    """Every parameter, gradient and AdamW moment is rank 0's shard in fp32; raises otherwise."""
+    fsdp = world // tp
     for name, p in step.model.named_parameters():
-        want = shard_rows(tuple(p.shape), world)
+        want = expected_shard(name, tuple(p.shape), fsdp, tp)
         state = step.optimizer.state[p]
         got = {
             "parameter": p.to_local(),
@@ -279,9 +316,12 @@ def check_shards(step: StepResult, world: int) -> list[str]:
             if tuple(t.shape) != want or t.dtype != torch.float32:
                 raise RuntimeError(f"{name}: {what} {tuple(t.shape)} {t.dtype}, expected rank 0's shard {want} fp32")
     embed = tuple(step.model.embed.weight.shape)
+    wq = tuple(step.model.layers[0].attn.wq.weight.shape)
     n = len(list(step.model.parameters()))
     return [
-        f"{n} parameters, their gradients and AdamW moments: rank 0's fp32 shards (embed {embed} -> {shard_rows(embed, world)})"
+        f"{n} parameters, their gradients and AdamW moments: rank 0's fp32 shards (embed {embed} -> "
+        f"{expected_shard('embed.weight', embed, fsdp, tp)}, wq {wq} -> "
+        f"{expected_shard('layers.0.attn.wq.weight', wq, fsdp, tp)})"
     ]
 
 
@@ -342,19 +382,21 @@ class FakeStepReport:
 
 def run(config: FakeStepConfig) -> FakeStepReport:
     """The fake group and mesh, then the step and the prefill under FakeTensorMode; prints the report."""
-    world = config.dp * config.cp
+    world = config.dp * config.cp * config.tp
     start_fake_group(world)
     try:
-        where = place(config.dp, config.cp)
+        where = place(config.dp, config.cp, tp=config.tp)
         preset = ModelConfig.from_preset(config.preset)
         stage = StageConfig("fake", config.seq_len, rope_theta=preset.rope_theta, steps=1, lr=1e-5, cp=config.cp)
         model_config = stage_model_config(preset, stage)
         parallel = ParallelConfig(document_mask=config.documents > 1)
         batch = make_batch(model_config, config.seq_len, where, config.documents, parallel.layout, "cpu")  # host
+        start = time.perf_counter()
+        model = meta_parallel_model(model_config, where, GPU_SETTINGS, parallel.layout)
         with FakeTensorMode() as mode:
             batch = fake(batch, mode)
-            start = time.perf_counter()
-            step = run_step(model_config, stage, where, parallel, GPU_SETTINGS, "cpu", batch)
+            model = fake_allocate(model, mode)
+            step = run_step(model_config, stage, where, parallel, GPU_SETTINGS, "cpu", batch, model=model)
             seconds = {"step": time.perf_counter() - start}
             prefill = run_prefill(model_config, where, config.seq_len, config.prefill_chunk, GPU_SETTINGS, "cpu")
             seconds["prefill"] = time.perf_counter() - start - seconds["step"]
@@ -367,17 +409,17 @@ def run(config: FakeStepConfig) -> FakeStepReport:
 
 
 def _report(config: FakeStepConfig, step: StepResult, prefill: PrefillResult, seconds: dict) -> list[str]:
-    world, local = config.dp * config.cp, config.seq_len // config.cp
+    world, local = config.dp * config.cp * config.tp, config.seq_len // config.cp
     attn_in, block_out, rope = step.seen["attn_in"], step.seen["block_out"], step.seen["rope"]
     masks = f"{config.documents} documents masked" if config.documents > 1 else "no document masks"
     return [
-        f"fake step: preset {config.preset}, {config.seq_len} tokens, cp {config.cp}, dp {config.dp} "
+        f"fake step: preset {config.preset}, {config.seq_len} tokens, cp {config.cp}, tp {config.tp}, dp {config.dp} "
         f"(rank 0 of {world}), bf16 compute on fp32 shards, attention cuda_flash, {masks}",
         f"step {seconds['step']:.1f} s wall (model built on meta, sharded, loss, backward, clip, AdamW)",
         f"  batch: {local} of {config.seq_len} tokens on this rank; loss {tuple(step.loss.shape)} {step.loss.dtype}",
         f"  first block: attention in {attn_in[0]} {attn_in[1]}, RoPE cos/sin {rope[0]} {rope[1]}/{rope[2]}, "
         f"out {block_out[0]} {block_out[1]}",
-        *("  " + line for line in check_shards(step, world)),
+        *("  " + line for line in check_shards(step, world, config.tp)),
         f"  attention kernels: {dict(step.counter.attention())}",
         f"  host syncs in the step: {sum(step.device_syncs().values())} {dict(step.device_syncs())} "
         f"(and {step.host_counter_reads()} reads of AdamW's step counters, on the host on a GPU too)",
