@@ -1,8 +1,8 @@
 """train.py under a real SLURM: scripts/slurm/local-cluster.sh starts a one-machine cluster once per
 test run (skipped, saying why, only where it cannot: not root, no package source), and the README's
 sbatch line runs 2 tasks of the debug model with cp 2. Stopped at a random step by SIGUSR1 (what
-SLURM sends before the time limit) or SIGTERM (a preemption, `scontrol requeue`), the job saves, is
-requeued (by itself on SIGUSR1) and resumes by itself; killed
+SLURM sends before the time limit) or SIGTERM (a preemption, `scontrol requeue`), the job saves the
+step it stopped at, is requeued (by itself on SIGUSR1) and resumes by itself from that save; killed
 without warning (SIGKILL to its processes) and requeued, it resumes from its last periodic
 checkpoint. Both end with weights equal bit for bit to an uninterrupted job's and every step once
 in metrics.csv."""
@@ -143,12 +143,13 @@ def test_requeued_at_a_random_step_resumes_by_itself(reference, tmp_path, signal
     assert state == "COMPLETED" and job_field(job, "Restarts") == "1", text[-3000:]
     said = f"job {job} requeued" if signal_name == "SIGUSR1" else "stopped on SIGTERM"
     assert said in text and "started again (restart 1)" in text, text[-3000:]
-    resumed_at = bar_steps(text.split("started again", 1)[1])[0]  # the resumed bar starts where it stopped
-    # SIGUSR1 saves where the run stands. Under SIGTERM, srun also starts tearing the step down: in
-    # about 1 run in 7 the signal's save does not land and the job resumes from its last periodic
-    # checkpoint (every 5 steps) instead, still bit-identical with every step once (checked below).
-    saved_by_signal = step if signal_name == "SIGUSR1" else step // 5 * 5
-    assert saved_by_signal <= resumed_at < STEPS, (step, resumed_at, text[-3000:])
+    first, again = text.split("started again", 1)
+    stop = re.search(rf"{signal_name}: the stage stops at step (\d+), saved in ", first)
+    assert stop, text[-3000:]
+    stopped_at = int(stop.group(1))
+    resumed_at = bar_steps(again)[0]  # the resumed bar starts at its checkpoint's step
+    # the signal's own save, not the periodic checkpoint before it (every 5 steps), is where the job goes on
+    assert step <= stopped_at == resumed_at < STEPS, (step, stopped_at, resumed_at, text[-3000:])
     assert [p.name for p in tmp_path.iterdir() if p.is_dir()] == [f"slurm-{job}"]  # one folder for both runs
     check_same_run(tmp_path / f"slurm-{job}", reference)
 
