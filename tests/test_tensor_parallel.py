@@ -146,4 +146,4 @@ def test_ranks_place_tp_innermost_then_cp_then_dp():
         (1, 1, 0),
         (1, 1, 1),
     ]
-    assert ParallelDims(cp=4, mode="hybrid", ulysses=2).describe() == "cp 4 (hybrid: ulysses 2 x ring 2), tp 1, dp 1"
+    assert ParallelDims(cp=4, mode="hybrid", ulysses=2).describe() == "cp 4 (hybrid: ulysses 2 x ring 2), dp 1"

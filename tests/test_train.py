@@ -182,7 +182,7 @@ def test_context_parallel_losses_equal_one_process(tmp_path, reference, cp, layo
         "trainer.keep_checkpoints=true",
         *mode,
     )
-    assert "cp 4 (hybrid: ulysses 2 x ring 2), tp 1, dp 1" in proc.stdout, proc.stdout[-2000:]
+    assert "cp 4 (hybrid: ulysses 2 x ring 2), dp 1" in proc.stdout, proc.stdout[-2000:]
     got = losses(tmp_path)
     assert sorted(got) == sorted(reference) and len(got) == 10
     meta = torch.load(tmp_path / "a" / "checkpoints" / "last.ckpt" / "meta.pt", weights_only=True)

@@ -62,9 +62,14 @@ class ParallelDims:
         return self.ulysses if self.mode == "hybrid" else 1
 
     def describe(self) -> str:
-        """e.g. "cp 4 (hybrid: ulysses 2 x ring 2), tp 2, dp 1"."""
+        """e.g. "cp 4 (hybrid: ulysses 2 x ring 2), tp 2, dp 1"; a size of 1 says no more than "cp 1"."""
         mode = f"hybrid: ulysses {self.ulysses} x ring {self.ring}" if self.mode == "hybrid" else self.mode
-        return f"cp {self.cp} ({mode}), tp {self.tp}, dp {self.dp}"
+        return (
+            f"cp {self.cp}"
+            + (f" ({mode})" if self.cp > 1 else "")
+            + (f", tp {self.tp}" if self.tp > 1 else "")
+            + f", dp {self.dp}"
+        )
 
     def coords(self, rank: int) -> tuple[int, int, int]:
         """(dp_rank, cp_rank, tp_rank) of a global rank."""
