@@ -308,7 +308,7 @@ def report(rows: list[dict], args, loads: tuple) -> str:
         prefill = f(s.get("prefill"))
         if r.get("prefill_done"):
             done, secs = r["prefill_done"]
-            prefill = f"stopped: {done:,} tokens in {secs:.0f}"
+            prefill = f"unfinished: {done:,} tokens in {secs:.0f}"
         tokens = r["prompt_tokens"]
         lines.append(
             f"| {r['name']} | {f(r['frames'], 'd')} | {f(tokens, ',')} | {f(s.get('decode'), '.2f')} | "
@@ -341,8 +341,9 @@ def report(rows: list[dict], args, loads: tuple) -> str:
         elif b.get("prefill_done"):
             done, secs = b["prefill_done"]
             lines.append(
-                f"- {b['name']}: stopped during the prefill, after {done:,} of {b['prompt_tokens']:,} tokens in "
-                f"{secs:.0f} s (the process's RSS then {b['peak_rss_mib']:.0f} MiB at most); not answered."
+                f"- {b['name']}: the prefill had not finished when this section was written (stopped, or still "
+                f"running): {done:,} of {b['prompt_tokens']:,} tokens in {secs:.0f} s, the process's RSS "
+                f"{b['peak_rss_mib']:.0f} MiB at most so far; not answered yet."
             )
     cached = [r for r in rows if r.get("codes_from") == "cache"]
     if cached:
