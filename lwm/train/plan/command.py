@@ -87,29 +87,39 @@ def run(config: PlanConfig) -> dict:
         infer_cp = config.cp or world
         check_mesh(Mesh(config.infer, infer_cp, 1), model.n_heads, "striped", "ring", f"--infer {config.infer}")
 
-    def peak_of(stage: StageConfig):
+    def peak_of(stage: StageConfig, keep: dict | None = None):
         def peak(mesh: Mesh) -> int:
             s = dataclasses.replace(stage, seq_len=mesh.seq_len, cp=mesh.cp)
-            return plan_step(stage_model_config(model, s), s, mesh, parallel, run_cfg.optim, GPU_SETTINGS).peak
+            mem = plan_step(stage_model_config(model, s), s, mesh, parallel, run_cfg.optim, GPU_SETTINGS)
+            if keep is not None:
+                keep[mesh] = mem
+            return mem.peak
 
         return peak
 
+    def timed(stage: StageConfig, mesh: Mesh, mem) -> dict:
+        mc = stage_model_config(model, stage)
+        work = step_work(mc, mesh, mem, parallel.layout, parallel.mode, parallel.activation_checkpointing)
+        return {"time": asdict(step_time(work, mesh, device, node)), "work": asdict(work)}
+
     rows, curves = [], {}
     for stage, mesh in planned:
-        mc = stage_model_config(model, stage)
-        mem = plan_step(mc, stage, mesh, parallel, run_cfg.optim, GPU_SETTINGS)
-        work = step_work(mc, mesh, mem, parallel.layout, parallel.mode, parallel.activation_checkpointing)
-        t = step_time(work, mesh, device, node)
+        mem = plan_step(stage_model_config(model, stage), stage, mesh, parallel, run_cfg.optim, GPU_SETTINGS)
         row = {"stage": stage.name, **asdict(mesh), "peak_bytes": mem.peak, "needs_bytes": device.needs(mem.peak)}
-        row.update(parts=mem.parts, sent=mem.sent, written=mem.written, time=asdict(t), work=asdict(work))
+        row.update(parts=mem.parts, sent=mem.sent, written=mem.written, **timed(stage, mesh, mem))
         if device.fits(mem.peak):
             row["verdict"] = f"fits, {device.headroom_gib(mem.peak):.1f} GiB free"
         else:
             mesh_for = stage_meshes(stage, mesh.world, model.n_heads, parallel.layout, parallel.mode)
-            search = smallest_fitting_cp(mesh, mesh_for, peak_of(stage), device)
+            probes: dict = {}
+            search = smallest_fitting_cp(mesh, mesh_for, peak_of(stage, probes), device)
             row["verdict"], row["why"] = no_fit(mesh, search)
-            row["fits_with"] = asdict(search.fits) if search.fits else None
             row["searched"] = {str(cp): peak for cp, peak in sorted(search.peaks.items())}
+            row["fits_with"] = None
+            if search.fits is not None:  # the mesh that fits, with its own time
+                probe, fitted = probes[search.fits], dataclasses.replace(stage, cp=search.fits.cp)
+                row["fits_with"] = {**asdict(search.fits), "peak_bytes": probe.peak}
+                row["fits_with"].update(needs_bytes=device.needs(probe.peak), **timed(fitted, search.fits, probe))
         rows.append(row)
         curves.setdefault(f"cp {mesh.cp} x dp {mesh.dp}", {})[mesh.seq_len] = mem.peak
     plan = {"device": asdict(device), "model": asdict(model), "parallel": asdict(parallel), "stages": rows}

@@ -47,6 +47,12 @@ def parts_lines(rows: list[dict]) -> list[str]:
         if "why" in r:
             searched = ", ".join(f"cp {cp}: {gib(peak)}" for cp, peak in r["searched"].items())
             lines.append(f"    {r['why']}" + (f" (planned peaks {searched} GiB)" if searched else ""))
+        if r.get("fits_with"):
+            f, t = r["fits_with"], r["fits_with"]["time"]
+            lines.append(
+                f"    at cp {f['cp']} x dp {f['dp']}: peak {gib(f['peak_bytes'])} GiB ({gib(f['needs_bytes'])} with margins), "
+                f"step {t['seconds']:.3g} s, {t['tokens_per_s_per_gpu']:.4g} tok/s/GPU, MFU {t['mfu']:.0%}, bound {t['bound']}"
+            )
     return lines
 
 
