@@ -4,9 +4,11 @@ step run for real, its refusals before any fake work, the --longest boundary, an
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from lwm.model import ModelConfig
 from lwm.parallel import compute_settings
@@ -14,6 +16,7 @@ from lwm.parallel.launch import run_distributed
 from lwm.train.config import OptimConfig
 from lwm.train.plan import command
 from lwm.train.plan.accuracy import PARALLEL, _setup, real_step
+from lwm.train.plan.config import compose_run
 from lwm.train.plan.devices import DEVICES, GIB, parse_device
 from lwm.train.plan.memory import Mesh, StepMemory, plan_step
 from lwm.train.plan.search import longest_sequence
@@ -21,11 +24,14 @@ from lwm.train.plan.search import longest_sequence
 SMALL = ["model=debug", "schedule=debug", "parallel=7b"]  # activation checkpointing on, as at 7b
 
 
+DEVICE = "custom:0.04,10,100,10"  # the --longest boundary at 5-6K tokens: 5 planned steps in all
+
+
 @pytest.fixture(scope="module")
 def planned(tmp_path_factory):
     """One real run of the command: debug model, 512 tokens, one GPU (one --longest mesh), --infer."""
     out = tmp_path_factory.mktemp("plan")
-    args = [*SMALL, "--seq-len", "512", "--cp", "1", "--dp", "1", "--gpu", "custom:0.06,10,100,10"]
+    args = [*SMALL, "--seq-len", "512", "--cp", "1", "--dp", "1", "--gpu", DEVICE]
     code = command.main(args + ["--longest", "--infer", "1024", "--out", str(out)])
     assert code == 0
     return out, json.loads((out / "plan.json").read_text())
@@ -52,7 +58,7 @@ def test_the_parts_add_up_to_the_peak(planned):
 def test_longest_is_a_boundary(planned):
     """The longest length fits, the next one searched does not, by the plan's own measurements."""
     _, plan = planned
-    device = parse_device("custom:0.06,10,100,10")
+    device = parse_device(DEVICE)
     for found in plan["longest"]:
         points = {int(k): v for k, v in found["points"].items()}
         assert found["next_up"] == found["longest"] + 1024 * found["cp"]
@@ -69,6 +75,18 @@ def test_the_search_walks_to_the_boundary_from_a_wrong_guess():
     assert device.fits(peak(Mesh(found.longest, 1, 1))) and not device.fits(peak(Mesh(found.longest + 1024, 1, 1)))
 
 
+def _real_step(cp: int) -> dict:
+    """accuracy.real_step over gloo: cp processes; for cp 1 this one, in a group of its own (no spawn)."""
+    if cp > 1:
+        return run_distributed(real_step, cp, "debug", 512, cp)[0]
+    with torch.random.fork_rng():
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        try:
+            return real_step(0, 1, "debug", 512, 1)
+        finally:
+            dist.destroy_process_group()
+
+
 @pytest.mark.parametrize("cp", [1, 2])
 def test_the_planned_peak_equals_the_real_runs(cp):
     """Fake tensors on the CPU settings against the same step for real over gloo: the tracker's
@@ -76,8 +94,7 @@ def test_the_planned_peak_equals_the_real_runs(cp):
     config, stage = _setup("debug", 512, cp)
     settings = compute_settings(torch.device("cpu"), config.head_dim)
     plan = plan_step(config, stage, Mesh(512, cp, 1), PARALLEL, OptimConfig(), settings)
-    real = run_distributed(real_step, cp, "debug", 512, cp)[0]
-    assert plan.peak == real["peak"]
+    assert plan.peak == _real_step(cp)["peak"]
 
 
 @pytest.mark.parametrize(
@@ -90,7 +107,10 @@ def test_the_planned_peak_equals_the_real_runs(cp):
         (["--gpu", "h100"], "h100"),
         (["--gpu", "custom:80,1000"], "custom:80,1000"),
         (["--infer", "1001", "--cp", "2", "--dp", "1"], "--infer 1001"),
-        (["parallel.mode=ulysses", "--seq-len", "512", "--cp", "8", "--dp", "1"], "n_heads 4 divisible by cp 8"),
+        (
+            ["parallel.mode=ulysses", "--seq-len", "512", "--cp", "8", "--dp", "1"],
+            "not divisible by the Ulysses size 8",
+        ),
     ],
 )
 def test_impossible_meshes_are_refused_before_fake_work(monkeypatch, capsys, args, named):
@@ -144,3 +164,43 @@ def test_every_option_takes_effect(monkeypatch, tmp_path):
     monkeypatch.setattr(command.report, "infer_lines", lambda infer: [])
     plan = command.run(command.PlanConfig(SMALL + ["trainer.devices=2"], infer=2048, out=str(tmp_path)))
     assert (plan["infer"]["seq_len"], plan["infer"]["cp"]) == (2048, 2)
+
+
+def test_a_stage_that_does_not_fit_is_searched_and_timed_at_the_cp_that_does(monkeypatch, tmp_path):
+    calls = []
+    _stub(monkeypatch, calls)
+    plan = command.run(
+        command.PlanConfig(SMALL, seq_len=2**20, cp=1, dp=8, gpu="custom:0.2,10,100,10", out=str(tmp_path))
+    )
+    row = plan["stages"][0]
+    # 1 KiB per token: cp 8 (128 MiB) fits, then the bisection: cp 2 (512 MiB) does not, cp 4 (256 MiB) does not
+    assert [c[2].cp for c in calls] == [1, 8, 2, 4] and row["verdict"] == "needs cp 8 x dp 1"
+    assert set(row["searched"]) == {"2", "4", "8"} and row["fits_with"]["peak_bytes"] == 2**27
+    assert row["fits_with"]["time"]["tokens_per_s_per_gpu"] > 0 and "smallest cp that fits is 8" in row["why"]
+
+    calls.clear()  # a global batch puts the same tokens on a rank at every cp: nothing to search
+    plan = command.run(command.PlanConfig(SMALL + ["trainer.devices=4", "+schedule.stages.1.global_batch=4"],
+                                          stage="b", gpu="custom:0.0001,10,100,10", out=str(tmp_path)))  # fmt: skip
+    assert len(calls) == 1 and "puts 128 tokens on each rank" in plan["stages"][0]["why"]
+
+
+def test_batch_and_a_world_from_the_schedule(monkeypatch, tmp_path, capsys):
+    calls = []
+    _stub(monkeypatch, calls)
+    plan = command.run(command.PlanConfig(SMALL + ["trainer.devices=4"], batch=3, out=str(tmp_path)))
+    assert [r["batch"] for r in plan["stages"]] == [3, 3]
+    # No world named: the lcm of the stages' cps (lwm_text's 1, 4, 8, 16 and 32), 8 GPUs a node
+    plan = command.run(command.PlanConfig(["model=debug", "schedule=lwm_text", "parallel=7b"], out=str(tmp_path)))
+    assert [(r["cp"], r["dp"]) for r in plan["stages"]] == [(1, 32), (4, 8), (8, 4), (16, 2), (32, 1)]
+    assert "planned on 32 GPUs" in capsys.readouterr().out
+
+
+def test_the_plan_keeps_the_model_groups_vocabulary_unless_the_data_is_named(monkeypatch, tmp_path, spm_model):
+    """train.py sizes the embedding to data/sample/tokenizer.model when the working folder has it;
+    the plan does not depend on the folder it is run from."""
+    (tmp_path / "data" / "sample").mkdir(parents=True)
+    shutil.copy(spm_model, tmp_path / "data" / "sample" / "tokenizer.model")
+    monkeypatch.chdir(tmp_path)
+    tiny = [*SMALL, "model=tiny"]  # 12352 rows (4096 text ids); the folder's tokenizer has 256: 8512 rows
+    assert compose_run(tiny).model.vocab_size == ModelConfig.from_preset("tiny").vocab_size == 12352
+    assert compose_run([*tiny, f"data.tokenizer={spm_model}"]).model.vocab_size == 8512

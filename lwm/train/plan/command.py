@@ -13,7 +13,7 @@ import sys
 from dataclasses import asdict, fields
 from pathlib import Path
 
-from lwm.train.config import StageConfig
+from lwm.train.config import ParallelConfig, StageConfig
 from lwm.train.fake_step import GPU_SETTINGS
 from lwm.train.plan import report
 from lwm.train.plan.config import PlanConfig, compose_run
@@ -70,7 +70,7 @@ def planned_stages(config: PlanConfig, run, world: int) -> list[tuple[StageConfi
         stage = dataclasses.replace(stage, cp=cp)
         dp = stage.check_world(world)  # train.py's validate: the world splits into cp x dp
         mesh = Mesh(stage.seq_len, cp, dp, stage.per_rank_batch(dp))
-        check_mesh(mesh, run.model.n_heads, run.parallel.layout, run.parallel.mode, f"stage {stage.name!r}")
+        check_mesh(mesh, run.model, run.parallel, f"stage {stage.name!r}")
         planned.append((stage, mesh))
     return planned
 
@@ -78,6 +78,12 @@ def planned_stages(config: PlanConfig, run, world: int) -> list[tuple[StageConfi
 def run(config: PlanConfig) -> dict:
     device = parse_device(config.gpu)
     run_cfg = compose_run(config.overrides)
+    if run_cfg.parallel.tp != 1:
+        raise ValueError(
+            f"parallel.tp {run_cfg.parallel.tp}: lwm-plan does not model tensor parallelism yet (its step runs "
+            "under fake tensors, lwm.train.fake_step --tp, but the plan's search and time model are per cp x dp); "
+            "plan with parallel.tp=1"
+        )
     model = hf_start(run_cfg.schedule.init_hf)[0] if run_cfg.schedule.init_hf else run_cfg.model
     world, node = planned_world(config, run_cfg)
     planned = planned_stages(config, run_cfg, world)
@@ -85,7 +91,7 @@ def run(config: PlanConfig) -> dict:
     parallel = dataclasses.replace(run_cfg.parallel, document_mask=False)
     if config.infer:
         infer_cp = config.cp or world
-        check_mesh(Mesh(config.infer, infer_cp, 1), model.n_heads, "striped", "ring", f"--infer {config.infer}")
+        check_mesh(Mesh(config.infer, infer_cp, 1), model, ParallelConfig(), f"--infer {config.infer}")
 
     def peak_of(stage: StageConfig, keep: dict | None = None):
         def peak(mesh: Mesh) -> int:
@@ -110,7 +116,7 @@ def run(config: PlanConfig) -> dict:
         if device.fits(mem.peak):
             row["verdict"] = f"fits, {device.headroom_gib(mem.peak):.1f} GiB free"
         else:
-            mesh_for = stage_meshes(stage, mesh.world, model.n_heads, parallel.layout, parallel.mode)
+            mesh_for = stage_meshes(stage, mesh.world, model, parallel)
             probes: dict = {}
             search = smallest_fitting_cp(mesh, mesh_for, peak_of(stage, probes), device)
             row["verdict"], row["why"] = no_fit(mesh, search)

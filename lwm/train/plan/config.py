@@ -37,7 +37,7 @@ class PlanConfig:
     )
     cp: int = field(default=0, metadata={"help": "context-parallel size (0: each stage's own)"})
     dp: int = field(default=0, metadata={"help": "data-parallel size (0: world size / cp); the world becomes cp x dp"})
-    tp: int = field(default=1, metadata={"help": "tensor-parallel size (this project has none: only 1)"})
+    tp: int = field(default=1, metadata={"help": "tensor-parallel size (lwm-plan models only 1 yet)"})
     longest: bool = field(
         default=False, metadata={"help": "find the longest sequence that fits each (cp, dp) of the world"}
     )
@@ -52,8 +52,8 @@ class PlanConfig:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
         if self.tp != 1:
             raise ValueError(
-                f"--tp {self.tp}: this project has no tensor parallelism (lwm/parallel: ring and Ulysses context "
-                "parallelism, FSDP2); plan with --tp 1"
+                f"--tp {self.tp}: lwm-plan does not model tensor parallelism yet (cp x dp meshes of ring, "
+                "Ulysses or hybrid attention with FSDP2); plan with --tp 1"
             )
 
 

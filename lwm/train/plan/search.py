@@ -6,23 +6,25 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from lwm.parallel.layout import check_divisible
-from lwm.train.config import StageConfig
+from lwm.model import ModelConfig
+from lwm.parallel import ParallelDims
+from lwm.train.config import ParallelConfig, StageConfig
 from lwm.train.plan.devices import GIB, Device
 from lwm.train.plan.memory import Mesh
 
 
-def check_mesh(mesh: Mesh, n_heads: int, layout: str, mode: str, what: str) -> None:
-    """What train.py's validate and the ring require of a mesh, with the values in the message."""
+def check_mesh(mesh: Mesh, model: ModelConfig, parallel: ParallelConfig, what: str) -> None:
+    """What train.py's validate and the attention require of a mesh (lwm.parallel.ParallelDims: the
+    heads for Ulysses, the length for the layout), with the values in the message."""
     for name in ("seq_len", "cp", "dp", "batch"):
         if getattr(mesh, name) < 1:
             raise ValueError(f"{what}: {name} must be >= 1, got {getattr(mesh, name)}")
     try:
-        check_divisible(mesh.seq_len, mesh.cp, layout)
+        dims = ParallelDims(mesh.dp, mesh.cp, 1, parallel.mode, parallel.ulysses if parallel.mode == "hybrid" else 1)
+        dims.check_model(model.n_heads, model.n_kv_heads)
+        dims.check_seq(mesh.seq_len, parallel.layout)
     except ValueError as e:
         raise ValueError(f"{what}: {e}") from None
-    if mode == "ulysses" and n_heads % mesh.cp:
-        raise ValueError(f"{what}: parallel.mode ulysses needs n_heads {n_heads} divisible by cp {mesh.cp}")
 
 
 def divisors(n: int) -> list[int]:
@@ -74,7 +76,9 @@ def smallest_fitting_cp(
     return found
 
 
-def stage_meshes(stage: StageConfig, world: int, n_heads: int, layout: str, mode: str) -> Callable[[int], Mesh | None]:
+def stage_meshes(
+    stage: StageConfig, world: int, model: ModelConfig, parallel: ParallelConfig
+) -> Callable[[int], Mesh | None]:
     """cp -> the stage's mesh on `world` GPUs at that cp (its sequences per rank following dp), or
     None where the stage cannot run so (world, global batch or layout)."""
 
@@ -83,7 +87,7 @@ def stage_meshes(stage: StageConfig, world: int, n_heads: int, layout: str, mode
             return None
         try:
             mesh = Mesh(stage.seq_len, cp, world // cp, stage.per_rank_batch(world // cp))
-            check_mesh(mesh, n_heads, layout, mode, stage.name)
+            check_mesh(mesh, model, parallel, stage.name)
         except ValueError:
             return None
         return mesh

@@ -29,7 +29,7 @@ def plan_stage(job: PreflightJob) -> StagePlan:
     stage = job.stage
     dp = stage.check_world(job.world)
     mesh = Mesh(stage.seq_len, stage.cp, dp, stage.per_rank_batch(dp))
-    check_mesh(mesh, job.model.n_heads, job.parallel.layout, job.parallel.mode, f"stage {stage.name!r}")
+    check_mesh(mesh, job.model, job.parallel, f"stage {stage.name!r}")
     parallel = dataclasses.replace(job.parallel, document_mask=False)  # runs are read on the host
     device = Device(
         "preflight", job.device_bytes / GIB, 1.0, 1.0, 1.0, 1.0, job.reserved_gib, job.fragmentation
@@ -45,7 +45,7 @@ def plan_stage(job: PreflightJob) -> StagePlan:
         job.device_bytes, job.reserved_gib, job.fragmentation, mem.parts,
     )  # fmt: skip
     if not device.fits(mem.peak):
-        mesh_for = stage_meshes(stage, job.world, job.model.n_heads, parallel.layout, parallel.mode)
+        mesh_for = stage_meshes(stage, job.world, job.model, parallel)
         search = smallest_fitting_cp(mesh, mesh_for, peak_of, device)
         plan.why = no_fit(mesh, search)[1]
         if search.fits is not None:
