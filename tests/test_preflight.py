@@ -11,7 +11,7 @@ import pytest
 
 from lwm.train.plan.config import compose_run
 from lwm.train.plan.devices import GIB
-from lwm.train.plan.preflight import PreflightJob, WillNotFit, check, preflight, wanted
+from lwm.train.plan.preflight import PreflightJob, WillNotFit, check, device_kind, device_memory, preflight, wanted
 from lwm.train.plan.stage_plan import plan_stage
 
 WORLD = 2
@@ -91,3 +91,12 @@ def test_tensor_parallel_runs_are_not_planned(run, capsys):
 def test_on_for_gpus_off_on_cpu_unless_set():
     assert wanted(None, "gpu") and wanted(None, "cuda") and not wanted(None, "cpu")
     assert wanted(True, "cpu") and not wanted(False, "gpu")
+    assert (device_kind("gpu"), device_kind("cpu")) == ("cuda", "cpu")
+
+
+def test_a_cpu_run_is_planned_with_the_cpus_settings_on_its_share_of_memory(run, roomy):
+    """trainer.preflight=true on a CPU run: fp32 compute (the GPU's plan computes in bf16), and each
+    of a machine's ranks has its share of the physical memory."""
+    plan = plan_stage(dataclasses.replace(_job(run, 64 * GIB), device="cpu"))
+    assert plan.fits and plan.peak_bytes != roomy.peak_bytes
+    assert 0 < device_memory("cpu", 2) <= device_memory("cpu", 1) // 2

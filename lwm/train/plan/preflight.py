@@ -21,6 +21,7 @@ so run.py can call it. The planning itself is lwm/train/plan/stage_plan.py.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -49,6 +50,7 @@ class PreflightJob:
     device_bytes: int
     reserved_gib: float = 1.5  # the CUDA context and NCCL's buffers (lwm.train.plan.devices.Device)
     fragmentation: float = 0.05  # the caching allocator's rounding and fragmentation
+    device: str = "cuda"  # cuda: bf16 compute on fp32 shards, the CUDA flash kernel; cpu: fp32, the CPU kernel
 
 
 @dataclass
@@ -80,7 +82,7 @@ class StagePlan:
             margins += f" and {self.reserved_gib:.2f} GiB for the CUDA context and NCCL"
         return (
             f"stage {self.stage!r} (seq_len {self.seq_len}, cp {self.cp}, dp {self.dp}, {self.batch} sequence(s) per "
-            f"data-parallel rank): planned peak {size(self.peak_bytes)} per GPU, {size(self.needs_bytes)} with "
+            f"data-parallel rank): planned peak {size(self.peak_bytes)} per rank, {size(self.needs_bytes)} with "
             f"{margins}, on a device of {size(self.device_bytes)}"
         )
 
@@ -108,23 +110,28 @@ def check(plan: StagePlan) -> StagePlan:
     return plan
 
 
-def wanted(setting: bool | None, accelerator: str) -> bool:
-    """trainer.preflight: true or false as given; None (the default) is on for GPUs, off on CPU."""
-    if setting is not None:
-        return setting
+def device_kind(accelerator: str) -> str:
+    """'cuda' or 'cpu': where a run of trainer.accelerator computes."""
     if accelerator == "auto":
         import torch
 
-        return torch.cuda.is_available()
-    return accelerator in ("gpu", "cuda")
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return "cuda" if accelerator in ("gpu", "cuda") else "cpu"
 
 
-def device_memory(index: int | None = None) -> int:
-    """Total bytes of this rank's GPU (LOCAL_RANK's under torchrun), read without allocating."""
+def wanted(setting: bool | None, accelerator: str) -> bool:
+    """trainer.preflight: true or false as given; None (the default) is on for GPUs, off on CPU."""
+    return setting if setting is not None else device_kind(accelerator) == "cuda"
+
+
+def device_memory(kind: str = "cuda", ranks_per_node: int = 1) -> int:
+    """Bytes one rank may use: its GPU's total (LOCAL_RANK's under torchrun, read without
+    allocating), or for cpu this machine's physical memory shared by its ranks."""
+    if kind == "cpu":
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // ranks_per_node
     import torch
 
-    if index is None:
-        index = int(os.environ.get("LOCAL_RANK", torch.cuda.current_device()))
+    index = int(os.environ.get("LOCAL_RANK", torch.cuda.current_device()))
     return torch.cuda.get_device_properties(index).total_memory
 
 
@@ -133,18 +140,23 @@ def preflight(
     stage: StageConfig,
     device_bytes: int,
     model: ModelConfig | None = None,
-    reserved_gib: float = 1.5,
+    device: str = "cuda",
+    reserved_gib: float | None = None,
 ) -> StagePlan | None:
-    """Plan `stage` of `run` (on run.trainer.world_size GPUs of device_bytes each; `model`: the
-    schedule's starting shapes, run.model when None) in a child process; the plan if it fits,
-    WillNotFit if not. None, with a note, for what the planner does not model (tensor parallelism)."""
+    """Plan `stage` of `run` (on run.trainer.world_size ranks of device_bytes each; `model`: the
+    schedule's starting shapes, run.model when None; device: cuda or cpu, whose settings the step
+    takes) in a child process; the plan if it fits, WillNotFit if not. reserved_gib: memory no
+    tracker sees (None: 1.5 GiB on cuda for the context and NCCL, 0 on cpu). None, with a note,
+    for what the planner does not model (tensor parallelism)."""
     tp = getattr(run.parallel, "tp", 1)
     if tp != 1:
         print(f"note: preflight skipped for stage {stage.name!r}: lwm-plan does not model tensor parallelism (tp {tp})")
         return None
+    if reserved_gib is None:
+        reserved_gib = 1.5 if device == "cuda" else 0.0
     world = run.trainer.world_size
     job = PreflightJob(model or run.model, stage, run.parallel, run.optim, world, device_bytes, reserved_gib)
-    return check(plan_in_child(job))
+    return check(plan_in_child(dataclasses.replace(job, device=device)))
 
 
 def plan_in_child(job: PreflightJob) -> StagePlan:

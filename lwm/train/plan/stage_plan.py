@@ -13,7 +13,10 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+import torch
+
 from lwm.configs import from_dict
+from lwm.parallel import compute_settings
 from lwm.train.fake_step import GPU_SETTINGS
 from lwm.train.plan.devices import GIB, Device
 from lwm.train.plan.memory import Mesh, plan_step
@@ -23,10 +26,14 @@ from lwm.train.run import stage_model_config
 
 
 def plan_stage(job: PreflightJob) -> StagePlan:
-    """Rank 0's step of the job's stage under fake tensors with the GPU's settings (bf16 compute on
-    fp32 shards, the CUDA flash kernel), document masks off as in lwm-plan; ValueError for a mesh
-    the stage cannot run on (the values named)."""
+    """Rank 0's step of the job's stage under fake tensors with the job's device's settings (cuda:
+    bf16 compute on fp32 shards, the CUDA flash kernel; cpu: fp32, the CPU kernel), document masks
+    off as in lwm-plan; ValueError for a mesh the stage cannot run on (the values named)."""
     stage = job.stage
+    if job.device == "cuda":
+        settings = GPU_SETTINGS
+    else:
+        settings = compute_settings(torch.device("cpu"), job.model.head_dim)
     dp = stage.check_world(job.world)
     mesh = Mesh(stage.seq_len, stage.cp, dp, stage.per_rank_batch(dp))
     check_mesh(mesh, job.model, job.parallel, f"stage {stage.name!r}")
@@ -37,9 +44,9 @@ def plan_stage(job: PreflightJob) -> StagePlan:
 
     def peak_of(m: Mesh) -> int:
         s = dataclasses.replace(stage, cp=m.cp)
-        return plan_step(stage_model_config(job.model, s), s, m, parallel, job.optim, GPU_SETTINGS).peak
+        return plan_step(stage_model_config(job.model, s), s, m, parallel, job.optim, settings).peak
 
-    mem = plan_step(stage_model_config(job.model, stage), stage, mesh, parallel, job.optim, GPU_SETTINGS)
+    mem = plan_step(stage_model_config(job.model, stage), stage, mesh, parallel, job.optim, settings)
     plan = StagePlan(
         stage.name, stage.seq_len, mesh.cp, mesh.dp, mesh.batch, mem.peak, device.needs(mem.peak),
         job.device_bytes, job.reserved_gib, job.fragmentation, mem.parts,
