@@ -9,6 +9,7 @@ in metrics.csv."""
 
 from __future__ import annotations
 
+import csv
 import os
 import random
 import re
@@ -84,11 +85,24 @@ def bar_steps(text: str) -> list[int]:
     return [int(n) for n in re.findall(rf"^a:.*?\| *(\d+)/{STEPS} ", text, re.M)]
 
 
-def wait_for_step(job: str, log: Path, step: int, timeout: float = 120) -> None:
+def checkpointed_steps(run: Path) -> int:
+    """The steps of stage a in its metrics.csv, written at each checkpoint (every 5 steps). The log's bar
+    is no clock: srun passes a task's output on by lines or 1 KB pieces, and a bar line has no newline,
+    so the log shows the bar at about step 13, then at the stage's end."""
+    try:
+        rows = list(csv.DictReader(open(run / "a" / "logs" / "metrics.csv")))
+        return 1 + max(int(r["step"]) for r in rows if r.get("train/loss"))
+    except (OSError, ValueError, KeyError, TypeError):  # not written yet, or being written
+        return 0
+
+
+def wait_for_checkpoint(job: str, log: Path, run: Path, step: int, timeout: float = 120) -> None:
+    """Until stage a writes its checkpoint of `step`, then a random moment (a few steps at most)."""
     deadline = time.monotonic() + timeout
-    while max(bar_steps(read(log)), default=0) < step:
+    while checkpointed_steps(run) < step:
         assert time.monotonic() < deadline and job_field(job, "JobState") not in DONE, read(log)[-3000:]
-        time.sleep(0.2)
+        time.sleep(0.05)
+    time.sleep(random.uniform(0, 0.3))
 
 
 def final_weights(run: Path) -> dict[str, dict[str, torch.Tensor]]:
@@ -130,10 +144,10 @@ def test_srun_two_tasks_equal_one_node(reference, tmp_path):
 def test_requeued_at_a_random_step_resumes_by_itself(reference, tmp_path, signal_name):
     """SIGUSR1: what SLURM sends before the time limit (the job requeues itself); SIGTERM: what a
     preemption or `scontrol requeue` sends (SLURM requeues the job)."""
-    step = random.randint(2, STEPS - 6)
+    step = 5  # stopped after the first periodic checkpoint, at a random step before the stage's end
     job, log = submit(tmp_path)
     try:
-        wait_for_step(job, log, step)
+        wait_for_checkpoint(job, log, tmp_path / f"slurm-{job}", step)
         stop = readme_command("scancel --signal=USR1" if signal_name == "SIGUSR1" else "scontrol requeue")
         subprocess.run([a.replace("<job>", job) for a in stop], check=True)
         state = wait_done(job, log)
@@ -155,10 +169,10 @@ def test_requeued_at_a_random_step_resumes_by_itself(reference, tmp_path, signal
 
 
 def test_killed_job_resumes_from_its_last_checkpoint_when_requeued(reference, tmp_path):
-    step = random.randint(7, STEPS - 4)  # a periodic checkpoint (every 5 steps) is behind it
     job, log = submit(tmp_path)
     try:
-        wait_for_step(job, log, step)
+        # the checkpoint of step 10 begun, so that of step 5 whole: killed at a random step after it
+        wait_for_checkpoint(job, log, tmp_path / f"slurm-{job}", 10)
         pids = subprocess.run(["scontrol", "listpids", job], capture_output=True, text=True, check=True).stdout
         for row in pids.splitlines()[1:]:  # PID JOBID STEPID ...: the tasks of step 0, not the batch script
             if row.split()[2] == "0":
