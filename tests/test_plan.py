@@ -159,11 +159,15 @@ def test_every_option_takes_effect(monkeypatch, tmp_path):
     assert plan["longest"][0]["longest"] == int(0.5 * GIB / 1.05 / 2**20) * 1024  # 1 MiB per 1024 tokens
 
     monkeypatch.setattr(
-        command, "plan_inference", lambda model, n, cp, device, node: {"seq_len": n, "cp": cp, "parts": {}}
+        command,
+        "plan_inference",
+        lambda model, n, cp, device, node, chunk: {"seq_len": n, "cp": cp, "chunk": chunk, "parts": {}},
     )
     monkeypatch.setattr(command.report, "infer_lines", lambda infer: [])
     plan = command.run(command.PlanConfig(SMALL + ["trainer.devices=2"], infer=2048, out=str(tmp_path)))
-    assert (plan["infer"]["seq_len"], plan["infer"]["cp"]) == (2048, 2)
+    assert (plan["infer"]["seq_len"], plan["infer"]["cp"], plan["infer"]["chunk"]) == (2048, 2, 8192)
+    plan = command.run(command.PlanConfig(SMALL, infer=2048, prefill_chunk=512, out=str(tmp_path)))
+    assert plan["infer"]["chunk"] == 512
 
 
 def test_a_stage_that_does_not_fit_is_searched_and_timed_at_the_cp_that_does(monkeypatch, tmp_path):

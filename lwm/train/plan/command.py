@@ -138,7 +138,7 @@ def run(config: PlanConfig) -> dict:
         plan["longest"] = [asdict(f) for f in found]
         curves = {f"cp {f.cp} x dp {f.dp}": f.points for f in found}
     if config.infer:
-        plan["infer"] = plan_inference(model, config.infer, infer_cp, device, node)
+        plan["infer"] = plan_inference(model, config.infer, infer_cp, device, node, config.prefill_chunk)
     _write(plan, curves, device, Path(config.out))
     return plan
 

@@ -44,12 +44,18 @@ class PlanConfig:
     infer: int = field(
         default=0, metadata={"help": "also plan an inference prefill of this many tokens over the world (0: no)"}
     )
+    prefill_chunk: int = field(
+        default=8192,
+        metadata={"help": "--infer: prompt tokens per rank prefilled at a time (lwm-generate's --prefill-chunk)"},
+    )
     out: str = field(default="plan", metadata={"help": "folder for plan.json and memory.png"})
 
     def __post_init__(self) -> None:
         for name in ("seq_len", "batch", "cp", "dp", "infer"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
+        if self.prefill_chunk < 1:
+            raise ValueError(f"--prefill-chunk must be >= 1, got {self.prefill_chunk}")
         if self.tp != 1:
             raise ValueError(
                 f"--tp {self.tp}: lwm-plan does not model tensor parallelism yet (cp x dp meshes of ring, "

@@ -22,9 +22,11 @@ PREFILL_CHUNK = 8192  # Generator's default: prompt tokens per rank per segment
 LATENCY_S = {"NVLink": 10e-6, "IB": 20e-6}
 
 
-def plan_inference(model: ModelConfig, seq_len: int, cp: int, device: Device, node_size: int) -> dict:
+def plan_inference(
+    model: ModelConfig, seq_len: int, cp: int, device: Device, node_size: int, prefill_chunk: int = PREFILL_CHUNK
+) -> dict:
     config = model.replace(max_seq_len=max(model.max_seq_len, seq_len))
-    mem = plan_prefill(config, seq_len, cp, PREFILL_CHUNK, GPU_SETTINGS)
+    mem = plan_prefill(config, seq_len, cp, prefill_chunk, GPU_SETTINGS)
     tokens = seq_len / cp
     entries = seq_len * (seq_len + 1) / 2 / cp
     flops = 2 * matmul_params(config) * tokens + 4 * config.head_dim * config.n_heads * config.n_layers * entries
@@ -42,6 +44,7 @@ def plan_inference(model: ModelConfig, seq_len: int, cp: int, device: Device, no
     return {
         "seq_len": seq_len,
         "cp": cp,
+        "prefill_chunk": prefill_chunk,
         "peak_bytes": mem.peak,
         "needs_bytes": device.needs(mem.peak),
         "parts": mem.parts,

@@ -64,7 +64,8 @@ def longest_table(found: list[dict]) -> str:
 def infer_lines(infer: dict) -> list[str]:
     p = infer["parts"]
     return [
-        f"inference prefill of {infer['seq_len']} tokens over cp {infer['cp']}: peak {gib(infer['peak_bytes'])} GiB per rank "
+        f"inference prefill of {infer['seq_len']} tokens over cp {infer['cp']} ({infer['prefill_chunk']} a rank at a time): "
+        f"peak {gib(infer['peak_bytes'])} GiB per rank "
         f"(weights {gib(p['weights'])}, KV cache {gib(p['kv_cache'])}, temporaries {gib(p['temporaries'])}), "
         f"{infer['verdict']}",
         f"  prefill {infer['prefill_s']:.3g} s, decode {infer['decode_tokens_per_s']:.4g} tokens/s (bound: {infer['decode_bound']})",
