@@ -12,6 +12,8 @@ Shown elsewhere (tests/test_train.py unless named):
   parallel.mode=hybrid, parallel.ulysses
                          test_context_parallel_losses_equal_one_process (cp 4 = Ulysses 2 x ring 2);
                          tests/test_tensor_parallel.py (refused where they do not divide)
+  trainer.preflight      test_output_one_line_per_stage_and_one_checkpoint (planned, fits),
+                         test_preflight_stops_a_stage_that_will_not_fit; tests/test_preflight.py
   parallel.tp            test_tensor_parallel_runs_exports_and_resumes; tests/test_tensor_parallel.py
                          (tp 2, tp 2 x cp 2, tp 2 x dp 2 train as one process; heads per rank)
   schedule.init_hf       test_first_stage_from_hugging_face

@@ -256,7 +256,16 @@ def test_output_one_line_per_stage_and_one_checkpoint(tmp_path):
     assert not (tmp_path / "needle").exists()  # evaluate.lengths=null: no evaluation after the run
     for stage in "ab":
         assert (tmp_path / stage / "final.safetensors").exists() and not (tmp_path / stage / "checkpoints").exists()
-    train(tmp_path / "keep", "stage_only=a", "trainer.checkpoint_every=3", "trainer.keep_checkpoints=true")
+    proc = train(
+        tmp_path / "keep",
+        "stage_only=a",
+        "trainer.checkpoint_every=3",
+        "trainer.keep_checkpoints=true",
+        "trainer.preflight=true",
+    )
+    assert "preflight: stage 'a' (seq_len 64, cp 1, dp 1" in proc.stdout and ": fits" in proc.stdout, proc.stdout[
+        -2000:
+    ]
     kept = tmp_path / "keep" / "a" / "checkpoints"
     assert sorted(p.name for p in kept.iterdir()) == ["last.ckpt", "last.ckpt.sha256"]  # and no temporary file
     assert load_verified(kept / "last.ckpt")["global_step"] == 10
@@ -479,6 +488,15 @@ def _main_exit(monkeypatch, capsys, out, *overrides) -> tuple[int, str]:
     with pytest.raises(SystemExit) as exit_:
         spec.loader.exec_module(importlib.util.module_from_spec(spec))
     return exit_.value.code, capsys.readouterr().err
+
+
+def test_preflight_stops_a_stage_that_will_not_fit(tmp_path, monkeypatch, capsys):
+    """trainer.preflight=true plans the stage on the device's memory (here made 1 MiB) and stops
+    before anything is allocated, naming the stage, its peak and the device."""
+    monkeypatch.setattr("lwm.train.run.device_memory", lambda kind, ranks: 2**20)
+    code, err = _main_exit(monkeypatch, capsys, tmp_path, "stage_only=a", "trainer.preflight=true")
+    assert code == 2 and "preflight: stage 'a' (seq_len 64" in err and "it will not fit" in err, err[-2000:]
+    assert "on a device of 1.00 MiB" in err and not (tmp_path / "a" / "final.safetensors").exists()
 
 
 def test_a_second_run_on_one_folder_is_refused(tmp_path, monkeypatch, capsys):

@@ -148,6 +148,7 @@ class TrainerConfig(TrainerBase):
     keep_checkpoints: bool = False  # keep last.ckpt (optimizer included, saved at the end) once a stage is finished
     timeout_s: int = 600  # a rank that dies makes the others fail within this many seconds
     peak_tflops: float = 0.0  # for MFU in the throughput log; 0 = not logged
+    preflight: bool | None = None  # plan each stage before it allocates, stop if it will not fit; None: on GPUs only
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -34,6 +34,7 @@ from lwm.train.datamodule import LWMDataModule
 from lwm.train.evaluate import evaluate_needles
 from lwm.train.export import codes_vqgan, export_weights
 from lwm.train.module import LWMModule
+from lwm.train.plan.preflight import device_kind, device_memory, preflight, wanted
 from lwm.train.trainer import build_trainer
 from lwm.weights import read_weights, save_weights
 
@@ -80,6 +81,11 @@ def run_stage(cfg: RunConfig, stage: StageConfig, model_config: ModelConfig, ini
         f"stage {stage.name}: seq_len {stage.seq_len}, rope_theta {stage.rope_theta:g}, {stage.steps} steps, "
         f"{dims.describe()}" + (f" (resuming from {resume_from})" if resume_from else "")
     )
+    if wanted(cfg.trainer.preflight, cfg.trainer.accelerator):  # before anything is allocated
+        kind = device_kind(cfg.trainer.accelerator)
+        plan = preflight(cfg, stage, device_memory(kind, cfg.trainer.devices), model=model_config, device=kind)
+        if plan is not None:
+            say(f"preflight: {plan.summary()}: fits")
     if is_rank0():
         out.mkdir(parents=True, exist_ok=True)
         (out / "model_config.json").write_text(json.dumps(asdict(stage_model), indent=2))
