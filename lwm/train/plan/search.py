@@ -122,9 +122,12 @@ class Longest:
 
 
 def longest_sequence(cp: int, dp: int, peak_of: Callable[[Mesh], int], device: Device, granule: int) -> Longest:
-    """The longest multiple of `granule` whose step fits on a (dp, cp) mesh. Memory grows about
-    linearly with the length (flash attention, chunked loss): two probes predict the boundary,
-    then probes walk to it until a length fits and the next one up does not."""
+    """The longest multiple of `granule` whose step fits on a (dp, cp) mesh. The peak is flat while
+    the optimizer step sets it (short lengths), then grows about linearly with the length (flash
+    attention, chunked loss). Bracket: extrapolate along the line through the two longest lengths
+    that fit, at most 8 times the last, until one does not; narrow: false position between the
+    longest that fits and the shortest that does not, bisecting when the same end moves twice.
+    Ends when a length fits and the next one up does not."""
     points: dict[int, int] = {}
 
     def peak(n: int) -> int:
@@ -134,25 +137,33 @@ def longest_sequence(cp: int, dp: int, peak_of: Callable[[Mesh], int], device: D
         return points[s]
 
     def fits(n: int) -> bool:
-        return n >= 1 and device.fits(peak(n))
+        return device.fits(peak(n))
 
     if not fits(1):
         return Longest(cp, dp, None, granule, points)
-    a, b = 1, 4
     limit = (device.memory_gib * GIB - device.reserved_gib * GIB) / (1 + device.fragmentation)
-    slope = (peak(b) - peak(a)) / (b - a)
-    guess = max(1, int(a + (limit - peak(a)) / slope)) if slope > 0 else b
-    lo, hi = (guess, None) if fits(guess) else (None, guess)  # fits(lo), not fits(hi)
-    step = max(1, guess // 16)
-    while lo is None:  # walk down from a guess that did not fit
-        n = max(1, hi - step)
-        lo, hi = (n, hi) if fits(n) else (None, n)
-        step *= 2
-    while hi is None:  # walk up from one that did
-        n = lo + step
-        lo, hi = (lo, n) if not fits(n) else (n, None)
-        step *= 2
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+
+    def toward_limit(a: int, b: int) -> float:
+        """Where the line through (a, peak a) and (b, peak b) reaches the limit (inf when flat)."""
+        slope = (peak(b) - peak(a)) / (b - a)
+        return a + (limit - peak(a)) / slope if slope > 0 else float("inf")
+
+    below, lo, hi, n = 1, 1, None, 4
+    while hi is None:  # bracket
+        if fits(n):
+            below, lo = lo, n
+            n = int(min(toward_limit(below, lo), 8 * lo))
+            n = max(n, lo + max(1, lo // 4))
+        else:
+            hi = n
+    moved = 0  # +k: lo moved k times running, -k: hi did
+    while hi - lo > 1:  # narrow
+        n = (lo + hi) // 2 if abs(moved) >= 2 else int(toward_limit(lo, hi))
+        n = min(max(n, lo + 1), hi - 1)
+        if fits(n):
+            lo, moved = n, max(moved, 0) + 1
+        else:
+            hi, moved = n, min(moved, 0) - 1
+        if abs(moved) > 2:
+            moved = 0
     return Longest(cp, dp, lo * granule, hi * granule, points)
