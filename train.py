@@ -19,6 +19,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import hydra
+import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
@@ -33,6 +34,15 @@ from lwm.train.plan.preflight import WillNotFit
 from lwm.train.run import run_schedule
 
 EXIT_NO_SPACE = 3  # as lwm-tokenize: 2 is bad input, 3 a full disk
+
+
+def end_process_groups() -> None:
+    """Every rank waits for the others, then ends the process groups the run started: a gloo rank
+    whose groups are still alive as the interpreter exits can abort ("terminate called without an
+    active exception"), and under srun --kill-on-bad-exit that fails the whole job."""
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
@@ -65,6 +75,7 @@ def main(cfg: DictConfig) -> None:
     except NoSpaceLeft as e:
         print(f"error: {e}; free space and rerun with resume=true (finished stages are kept)", file=sys.stderr)
         sys.exit(EXIT_NO_SPACE)
+    end_process_groups()
     if "stopped" in where and requeue.received():
         requeue.after_stop(out)
     say(f"\nfinished in {time.perf_counter() - start:.0f}s")
