@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from tables import squeeze
+from test_video_qa import Tok  # the character tokenizer the stubs read prompts back with
 from video_samples import write_video
 
 from lwm.data.vocab import Vocab
@@ -30,18 +31,6 @@ from lwm.eval.video_qa.videos import VideoSource
 
 ROOT = Path(__file__).resolve().parents[1]
 VQGAN = ROOT / "data" / "checkpoints" / "vqgan_tiny.safetensors"
-
-
-class Tok:
-    """Characters as ids 3..130 (ids past that, the video's, decode to nothing)."""
-
-    bos_id, eos_id, vocab_size = 1, 2, 131
-
-    def encode(self, text):
-        return [3 + min(ord(c), 127) for c in text]
-
-    def decode(self, ids):
-        return "".join(chr(i - 3) for i in ids if 3 <= i < self.vocab_size)
 
 
 class Scripted:
