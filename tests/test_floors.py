@@ -7,18 +7,25 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 # From the ground up (README, "The layout"); floor 0 is the shared modules lwm/<name>.py.
 FLOORS = ["model", "parallel", "data", "vision", "interop", "video", "infer", "synth", "eval", "train"]
 TOP = {"lwm.demo"}  # lwm-demo: a command over the model, above everything in the package
 
 
-def module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def floor(module: str) -> int:
+def is_module(name: str, root: Path = ROOT) -> bool:
+    where = root / Path(*name.split("."))
+    return where.with_suffix(".py").exists() or (where / "__init__.py").exists()
+
+
+def floor(module: str, root: Path = ROOT) -> int:
     if module in TOP or any(module.startswith(t + ".") for t in TOP):
         return len(FLOORS) + 1
     parts = module.split(".")
@@ -26,42 +33,63 @@ def floor(module: str) -> int:
         return 0  # lwm itself
     if parts[1] in FLOORS:
         return FLOORS.index(parts[1]) + 1
-    return 0  # a shared module: lwm/io.py, weights.py, ...
+    if len(parts) == 2 and (root / "lwm" / f"{parts[1]}.py").exists():
+        return 0  # a shared module: lwm/io.py, weights.py, ...
+    # A new package must be given its floor, not slip in at the bottom where anything may import it.
+    raise AssertionError(
+        f"{module}: lwm.{parts[1]} has no floor; add it to FLOORS here and to the README's layout, "
+        f"or make it a shared module lwm/{parts[1]}.py"
+    )
 
 
-def imports(path: Path) -> set[str]:
+def absolute(node: ast.ImportFrom, module: str, is_package: bool) -> str:
+    """The module a `from ... import` reads: a relative one counts up from the importer's own package."""
+    if node.level == 0:
+        return node.module or ""
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    if node.level > len(package):
+        raise AssertionError(f"{module}: a relative import goes above the top package ({'.' * node.level})")
+    base = package[: len(package) - node.level + 1]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def imports(path: Path, root: Path = ROOT) -> set[str]:
     """The lwm modules `path` imports (a `from lwm.x import y` names lwm.x.y when that is a module)."""
+    module, is_package = module_name(path, root), path.name == "__init__.py"
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name.split(".")[0] == "lwm"}
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "lwm":
+        elif isinstance(node, ast.ImportFrom) and (source := absolute(node, module, is_package)).split(".")[0] == "lwm":
             for alias in node.names:
-                sub = f"{node.module}.{alias.name}"
-                is_module = (ROOT / Path(*sub.split("."))).with_suffix(".py").exists() or (
-                    ROOT / Path(*sub.split(".")) / "__init__.py"
-                ).exists()
-                found.add(sub if is_module else node.module)
+                sub = f"{source}.{alias.name}"
+                found.add(sub if is_module(sub, root) else source)
     return found
 
 
-def graph() -> dict[str, set[str]]:
-    return {module_name(p): imports(p) for p in sorted((ROOT / "lwm").rglob("*.py"))}
+def graph(root: Path = ROOT) -> dict[str, set[str]]:
+    return {module_name(p, root): imports(p, root) for p in sorted((root / "lwm").rglob("*.py"))}
 
 
-def test_no_import_goes_up_a_floor():
-    ups = [
-        f"{src} (floor {floor(src)}) imports {dst} (floor {floor(dst)})"
-        for src, dsts in graph().items()
+def upward(edges: dict[str, set[str]], root: Path = ROOT) -> list[str]:
+    """Each import that goes up a floor, or sideways into another package of the same floor."""
+
+    def wrong(src: str, dst: str) -> bool:
+        if floor(dst, root) > floor(src, root):
+            return True
+        same = floor(dst, root) == floor(src, root) > 0
+        return same and dst.split(".")[1] != src.split(".")[1] and src not in TOP
+
+    return [
+        f"{src} (floor {floor(src, root)}) imports {dst} (floor {floor(dst, root)})"
+        for src, dsts in edges.items()
         for dst in sorted(dsts)
-        if floor(dst) > floor(src)
-        or (floor(dst) == floor(src) > 0 and dst.split(".")[1] != src.split(".")[1] and src not in TOP)
+        if wrong(src, dst)
     ]
-    assert not ups, "\n".join(ups)
 
 
-def test_no_import_cycles():
-    edges = graph()
+def cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle among the modules of `edges`, as a path that ends where it starts; None if none."""
     state: dict[str, int] = {}  # 1: on the path, 2: done
 
     def visit(node: str, path: list[str]) -> list[str] | None:
@@ -71,14 +99,25 @@ def test_no_import_cycles():
                 continue
             if state.get(nxt) == 1:
                 return path[path.index(nxt) :] + [nxt] if nxt in path else [node, nxt]
-            if state.get(nxt) is None and (cycle := visit(nxt, path + [nxt])):
-                return cycle
+            if state.get(nxt) is None and (found := visit(nxt, path + [nxt])):
+                return found
         state[node] = 2
         return None
 
     for start in sorted(edges):
-        if state.get(start) is None and (cycle := visit(start, [start])):
-            raise AssertionError("import cycle: " + " -> ".join(cycle))
+        if state.get(start) is None and (found := visit(start, [start])):
+            return found
+    return None
+
+
+def test_no_import_goes_up_a_floor():
+    ups = upward(graph())
+    assert not ups, "\n".join(ups)
+
+
+def test_no_import_cycles():
+    found = cycle(graph())
+    assert found is None, "import cycle: " + " -> ".join(found)
 
 
 def test_the_tools_above_are_never_imported():
@@ -92,3 +131,50 @@ def test_the_tools_above_are_never_imported():
         )
     ]
     assert not wrong and not tools, wrong + tools
+
+
+def plant(root: Path, files: dict[str, str]) -> Path:
+    """A small lwm tree under root: {"lwm/data/chat.py": source}, with the packages' __init__ files."""
+    for name, source in files.items():
+        path = root / name
+        folder = path.parent
+        while folder != root:  # every folder from lwm/ down to the file's is a package
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "__init__.py").touch()
+            folder = folder.parent
+        path.write_text(source)
+    return root
+
+
+def test_a_relative_import_up_a_floor_is_caught(tmp_path):
+    root = plant(tmp_path, {"lwm/data/chat.py": "from ..train import run\n", "lwm/train/run.py": ""})
+    assert upward(graph(root), root) == ["lwm.data.chat (floor 3) imports lwm.train.run (floor 10)"]
+
+
+def test_a_relative_import_cycle_is_caught(tmp_path):
+    root = plant(
+        tmp_path,
+        {"lwm/train/run.py": "from . import loop\n", "lwm/train/loop.py": "from .run import fit\n"},
+    )
+    assert cycle(graph(root)) == ["lwm.train.loop", "lwm.train.run", "lwm.train.loop"]
+
+
+def test_relative_imports_resolve_against_the_importers_package(tmp_path):
+    root = plant(
+        tmp_path,
+        {
+            "lwm/synth/__init__.py": "from .scene import Scene\n",
+            "lwm/synth/scene.py": "",
+            "lwm/synth/language.py": "from .scene import Scene\nfrom . import scene\nfrom .. import io\n",
+            "lwm/io.py": "",
+        },
+    )
+    edges = graph(root)
+    assert edges["lwm.synth"] == {"lwm.synth.scene"}
+    assert edges["lwm.synth.language"] == {"lwm.synth.scene", "lwm.io"}
+
+
+def test_a_package_without_a_floor_is_refused():
+    with pytest.raises(AssertionError, match="lwm.attic has no floor"):
+        floor("lwm.attic.old")
+    assert floor("lwm.io") == 0 and floor("lwm.data.chat") == FLOORS.index("data") + 1
