@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from deps import needs_decord
 
+from lwm.arg_types import from_args
 from lwm.io import read_jsonl
 from lwm.synth import language, make_sample
 from lwm.synth import scene as scene_lib
@@ -36,7 +37,8 @@ def sample(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def again(tmp_path_factory) -> Path:
-    return make_sample.main(["--out", str(tmp_path_factory.mktemp("again") / "s"), "--n-videos", str(N)])
+    """Made from Python with the typed config: the same files as the command line's."""
+    return make_sample.run(make_sample.SampleConfig(out=tmp_path_factory.mktemp("again") / "s", n_videos=N))
 
 
 @pytest.fixture(scope="module")
@@ -286,6 +288,23 @@ def test_complete_folder_is_kept(again, capsys):
     assert "is complete" in capsys.readouterr().out
     assert (done.stat().st_mtime_ns, (again / "tokenizer.model").stat().st_mtime_ns) == before
     assert not make_sample.is_complete(again, seed=0, n_videos=N + 1)  # other arguments: remade
+
+
+def test_ensure_sample_runs_the_config_not_a_command_line(again, monkeypatch, capsys):
+    monkeypatch.setattr(make_sample, "main", lambda argv=None: pytest.fail("ensure_sample built an argv"))
+    assert make_sample.ensure_sample(again, n_videos=N) == again
+    assert "is complete" in capsys.readouterr().out
+
+
+def test_the_parser_is_built_from_the_config():
+    parse = make_sample.build_parser().parse_args
+    args = ["--out", "x", "--seed", "3", "--n-videos", "2", "--force"]
+    assert from_args(make_sample.SampleConfig, parse(args)) == make_sample.SampleConfig(
+        out=Path("x"), seed=3, n_videos=2, force=True
+    )
+    assert from_args(make_sample.SampleConfig, parse([])) == make_sample.SampleConfig()
+    with pytest.raises(ValueError, match="--n-videos must be at least 1"):
+        make_sample.run(make_sample.SampleConfig(n_videos=0))
 
 
 def test_render_follows_events():

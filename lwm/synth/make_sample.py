@@ -8,7 +8,7 @@ From Python:
 
     from lwm.synth import make_sample
     out = make_sample.ensure_sample()               # -> Path of data/sample, made if missing
-    out = make_sample.main(["--out", "/tmp/s", "--n-videos", "4"])
+    out = make_sample.run(make_sample.SampleConfig(out=Path("/tmp/s"), n_videos=4))
 
 The pieces live beside it in lwm/synth/: scene.py (random scenes, numpy rendering), video.py (mp4 with
 PyAV), language.py (captions, questions, documents).
@@ -60,11 +60,13 @@ import argparse
 import io
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import sentencepiece as spm
 
+from lwm.arg_types import add_options, from_args, option
 from lwm.paths import SAMPLE
 from lwm.synth.language import caption, document, event_text, multiple_choice, questions
 from lwm.synth.scene import FPS, random_scene, render, scene_to_json
@@ -75,6 +77,16 @@ N_DOCS = 8
 DOC_CHARS = (20_000, 40_000)
 VOCAB_SIZE = 4096
 FORMAT = 2  # bump when the output changes, so old folders are remade
+
+
+@dataclass(kw_only=True)
+class SampleConfig:
+    """python -m lwm.synth.make_sample: where, from which seed, how many videos."""
+
+    out: Path = option(f"output folder (default {DEFAULT_OUT})", DEFAULT_OUT, type=Path)
+    seed: int = option("", 0)  # no help text: the names say it
+    n_videos: int = option("", 48)
+    force: bool = option("regenerate even if the folder is complete", False, action="store_true")
 
 
 def _rng(seed: int, *stream: int) -> np.random.Generator:
@@ -199,35 +211,43 @@ def _mb(paths) -> float:
     return sum(p.stat().st_size for p in paths if p.is_file()) / 1e6
 
 
+def run(config: SampleConfig) -> Path:
+    """Makes the sample in config.out unless it is complete already -> the folder; a bad option raises
+    ValueError naming it."""
+    c = config
+    if c.n_videos < 1:
+        raise ValueError(f"--n-videos must be at least 1, got {c.n_videos}")
+    if not c.force and is_complete(c.out, c.seed, c.n_videos):
+        print(f"{c.out} is complete (seed {c.seed}, {c.n_videos} videos); --force to remake it")
+        return c.out
+    start = time.perf_counter()
+    counts = generate(c.out, c.seed, c.n_videos)
+    files = list(c.out.rglob("*"))
+    print(
+        f"wrote {c.out}: "
+        + ", ".join(f"{v} {k}" for k, v in counts.items())
+        + f"; {_mb(files):.2f} MB in all, videos {_mb((c.out / 'videos').iterdir()):.2f} MB, "
+        f"tokenizer.model {_mb([c.out / 'tokenizer.model']) * 1000:.0f} KB; {time.perf_counter() - start:.1f} s"
+    )
+    return c.out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    return add_options(argparse.ArgumentParser(description=__doc__.split("\n\n")[0]), SampleConfig)
+
+
 def main(argv: list[str] | None = None) -> Path:
     """Command line entry point; returns the output folder."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--n-videos", type=int, default=48)
-    parser.add_argument("--force", action="store_true", help="regenerate even if the folder is complete")
-    args = parser.parse_args(argv)
-    if args.n_videos < 1:
-        parser.error(f"--n-videos must be at least 1, got {args.n_videos}")
-    out = args.out
-    if not args.force and is_complete(out, args.seed, args.n_videos):
-        print(f"{out} is complete (seed {args.seed}, {args.n_videos} videos); --force to remake it")
-        return out
-    start = time.perf_counter()
-    counts = generate(out, args.seed, args.n_videos)
-    files = list(out.rglob("*"))
-    print(
-        f"wrote {out}: "
-        + ", ".join(f"{v} {k}" for k, v in counts.items())
-        + f"; {_mb(files):.2f} MB in all, videos {_mb((out / 'videos').iterdir()):.2f} MB, "
-        f"tokenizer.model {_mb([out / 'tokenizer.model']) * 1000:.0f} KB; {time.perf_counter() - start:.1f} s"
-    )
-    return out
+    parser = build_parser()
+    try:
+        return run(from_args(SampleConfig, parser.parse_args(argv)))
+    except ValueError as e:
+        parser.error(str(e))
 
 
 def ensure_sample(out: str | Path = DEFAULT_OUT, seed: int = 0, n_videos: int = 48, force: bool = False) -> Path:
     """The sample folder, generated first if it is missing or incomplete."""
-    return main(["--out", str(out), "--seed", str(seed), "--n-videos", str(n_videos)] + (["--force"] if force else []))
+    return run(SampleConfig(out=Path(out), seed=seed, n_videos=n_videos, force=force))
 
 
 if __name__ == "__main__":
