@@ -3,6 +3,7 @@ step run for real, its refusals before any fake work, the --longest boundary, an
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
@@ -14,12 +15,14 @@ from lwm.model import ModelConfig
 from lwm.parallel import compute_settings
 from lwm.parallel.launch import run_distributed
 from lwm.train.config import OptimConfig
+from lwm.train.fake_step import GPU_SETTINGS
 from lwm.train.plan import command
 from lwm.train.plan.accuracy import PARALLEL, _setup, real_step
 from lwm.train.plan.config import compose_run
 from lwm.train.plan.devices import DEVICES, GIB, parse_device
 from lwm.train.plan.memory import Mesh, StepMemory, plan_step
 from lwm.train.plan.search import longest_sequence
+from lwm.train.plan.time import block_params, step_time, step_work
 
 SMALL = ["model=debug", "schedule=debug", "parallel=7b"]  # activation checkpointing on, as at 7b
 
@@ -75,10 +78,10 @@ def test_the_search_walks_to_the_boundary_from_a_wrong_guess():
     assert device.fits(peak(Mesh(found.longest, 1, 1))) and not device.fits(peak(Mesh(found.longest + 1024, 1, 1)))
 
 
-def _real_step(cp: int) -> dict:
-    """accuracy.real_step over gloo: cp processes; for cp 1 this one, in a group of its own (no spawn)."""
-    if cp > 1:
-        return run_distributed(real_step, cp, "debug", 512, cp)[0]
+def _real_step(cp: int, tp: int = 1) -> dict:
+    """accuracy.real_step over gloo: cp x tp processes; for one, this one, in a group of its own (no spawn)."""
+    if cp * tp > 1:
+        return run_distributed(real_step, cp * tp, "debug", 512, cp, tp)[0]
     with torch.random.fork_rng():
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
         try:
@@ -87,14 +90,14 @@ def _real_step(cp: int) -> dict:
             dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("cp", [1, 2])
-def test_the_planned_peak_equals_the_real_runs(cp):
+@pytest.mark.parametrize("cp, tp", [(1, 1), (2, 1), (1, 2)])
+def test_the_planned_peak_equals_the_real_runs(cp, tp):
     """Fake tensors on the CPU settings against the same step for real over gloo: the tracker's
-    peak byte for byte."""
+    peak byte for byte, with tensor parallelism too."""
     config, stage = _setup("debug", 512, cp)
     settings = compute_settings(torch.device("cpu"), config.head_dim)
-    plan = plan_step(config, stage, Mesh(512, cp, 1), PARALLEL, OptimConfig(), settings)
-    assert plan.peak == _real_step(cp)["peak"]
+    plan = plan_step(config, stage, Mesh(512, cp, 1, 1, tp), PARALLEL, OptimConfig(), settings)
+    assert plan.peak == _real_step(cp, tp)["peak"]
 
 
 @pytest.mark.parametrize(
@@ -102,7 +105,9 @@ def test_the_planned_peak_equals_the_real_runs(cp):
     [
         (["--seq-len", "1000", "--cp", "3", "--dp", "1"], "1000"),
         (["--cp", "3"], "world size 1 is not divisible by cp 3"),
-        (["--tp", "2"], "--tp 2"),
+        (["--tp", "3", "--seq-len", "512", "--cp", "1", "--dp", "1"], "tp 3"),
+        (["parallel.tp=4", "--seq-len", "512", "--cp", "1", "--dp", "1"], "tp 4"),
+        (["--tp", "-1"], "--tp must be >= 0"),
         (["--stage", "nope"], "'nope'"),
         (["--gpu", "h100"], "h100"),
         (["--gpu", "custom:80,1000"], "custom:80,1000"),
@@ -208,3 +213,44 @@ def test_the_plan_keeps_the_model_groups_vocabulary_unless_the_data_is_named(mon
     tiny = [*SMALL, "model=tiny"]  # 12352 rows (4096 text ids); the folder's tokenizer has 256: 8512 rows
     assert compose_run(tiny).model.vocab_size == ModelConfig.from_preset("tiny").vocab_size == 12352
     assert compose_run([*tiny, f"data.tokenizer={spm_model}"]).model.vocab_size == 8512
+
+
+def test_tensor_parallel_plans_its_mesh_searches_cp_at_that_tp_and_times_its_all_reduces(monkeypatch, tmp_path):
+    calls = []
+    _stub(monkeypatch, calls)
+    plan = command.run(command.PlanConfig(SMALL, seq_len=4096, cp=2, dp=2, tp=2, out=str(tmp_path)))
+    row = plan["stages"][0]
+    assert (calls[-1][2].tp, calls[-1][2].world, row["tp"]) == (2, 8, 2)
+    plan = command.run(command.PlanConfig(SMALL + ["parallel.tp=2", "trainer.devices=4"], out=str(tmp_path)))
+    assert [(r["cp"], r["dp"], r["tp"]) for r in plan["stages"]] == [(1, 2, 2), (1, 2, 2)]  # the run's own tp
+    calls.clear()  # 1 KiB per token: cp 4 (256 MiB) fits on 8 GPUs at tp 2, cp 2 does not
+    plan = command.run(
+        command.PlanConfig(SMALL, seq_len=2**20, cp=1, dp=4, tp=2, gpu="custom:0.3,10,100,10", out=str(tmp_path))
+    )
+    assert [(c[2].cp, c[2].dp, c[2].tp) for c in calls] == [(1, 4, 2), (4, 1, 2), (2, 2, 2)]
+    assert plan["stages"][0]["verdict"] == "needs cp 4 x dp 1"
+
+
+def test_tensor_parallel_all_reduces_are_counted_and_timed():
+    """Rank 0's fake step at tp 2 sends, over its tp group, each block's two row-parallel outputs
+    (wo, w2) in forward and the five column-parallel inputs' gradients (wq, wk, wv, w1, w3) in
+    backward: 7 all-reduces of (tokens, dim) bf16 activations per block. The time model charges
+    them at a ring all-reduce's 2 (tp - 1) / tp, gives each tp rank half the blocks' matmuls and
+    the whole output head, and counts a tp group's tokens once per GPU of it."""
+    config, stage = _setup("debug", 1024, 2)
+    parallel = dataclasses.replace(PARALLEL, activation_checkpointing=False)
+    steps = {
+        tp: plan_step(config, stage, Mesh(1024, 2, 1, 1, tp), parallel, OptimConfig(), GPU_SETTINGS) for tp in (1, 2)
+    }
+    tokens = 1024 // 2
+    assert steps[2].sent["all_reduce"] - steps[1].sent["all_reduce"] == 7 * config.n_layers * tokens * config.dim * 2
+    work = {tp: step_work(config, Mesh(1024, 2, 1, 1, tp), steps[tp], "striped", "ring", False) for tp in (1, 2)}
+    assert work[2].tp_bytes == steps[2].sent["all_reduce"] and work[1].tp_bytes == 0  # 2 (2 - 1) / 2 = 1
+    head = config.vocab_size * config.dim
+    assert work[2].matmul_flops == 6 * (block_params(config) // 2 + head) * tokens
+    assert work[2].attention_flops * 2 == work[1].attention_flops
+    device = parse_device("h100-80g")
+    times = {tp: step_time(work[tp], Mesh(1024, 2, 1, 1, tp), device, 8) for tp in (1, 2)}
+    assert "tp (NVLink)" in times[2].parts and "tp (NVLink)" not in times[1].parts
+    assert times[2].parts["tp (NVLink)"] == work[2].tp_bytes / (device.nvlink_gbps * 1e9)
+    assert times[2].tokens_per_s_per_gpu == tokens / 2 / times[2].seconds

@@ -5,7 +5,6 @@ the smallest cp that fits (or why none does); one that fits passes and returns i
 from __future__ import annotations
 
 import dataclasses
-from types import SimpleNamespace
 
 import pytest
 
@@ -82,10 +81,19 @@ def test_an_impossible_mesh_is_an_error_naming_it(run):
         plan_stage(_job(run, 64 * GIB, cp=3))
 
 
-def test_tensor_parallel_runs_are_not_planned(run, capsys):
-    tp = dataclasses.replace(run, parallel=SimpleNamespace(tp=2))
-    assert preflight(tp, run.schedule.stages[0], 64 * GIB) is None
-    assert "does not model tensor parallelism" in capsys.readouterr().out
+def test_a_tensor_parallel_run_is_planned_at_its_tp(run, roomy):
+    """tp 2 on the 2 GPUs: one data-parallel rank, each tp rank with half of every block (and the
+    whole embedding and head); refused on a device one byte short, where no cp can help (cp 1 x
+    tp 2 is all of it)."""
+    tp_run = dataclasses.replace(run, parallel=dataclasses.replace(run.parallel, tp=2))
+    plan = plan_stage(PreflightJob(run.model, run.schedule.stages[0], tp_run.parallel, run.optim, WORLD, 64 * GIB, 0.0))
+    assert plan.fits and (plan.cp, plan.dp, plan.tp, plan.batch) == (1, 1, 2, 2) and plan.peak_bytes != roomy.peak_bytes
+    assert "tp 2" in plan.summary()
+    short = plan_stage(
+        PreflightJob(run.model, run.schedule.stages[0], tp_run.parallel, run.optim, WORLD, int(plan.needs_bytes) - 1)
+    )
+    with pytest.raises(WillNotFit, match="cp 1 at tp 2 is already all of them"):
+        check(short)
 
 
 def test_on_for_gpus_off_on_cpu_unless_set():

@@ -84,8 +84,7 @@ def run_stage(cfg: RunConfig, stage: StageConfig, model_config: ModelConfig, ini
     if wanted(cfg.trainer.preflight, cfg.trainer.accelerator):  # before anything is allocated
         kind = device_kind(cfg.trainer.accelerator)
         plan = preflight(cfg, stage, device_memory(kind, cfg.trainer.devices), model=model_config, device=kind)
-        if plan is not None:
-            say(f"preflight: {plan.summary()}: fits")
+        say(f"preflight: {plan.summary()}: fits")
     if is_rank0():
         out.mkdir(parents=True, exist_ok=True)
         (out / "model_config.json").write_text(json.dumps(asdict(stage_model), indent=2))

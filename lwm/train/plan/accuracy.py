@@ -63,12 +63,12 @@ def _hwm() -> int:
     return int(line.split()[1]) * 1024
 
 
-def real_step(rank: int, world: int, preset: str, seq_len: int, cp: int) -> dict:
+def real_step(rank: int, world: int, preset: str, seq_len: int, cp: int, tp: int = 1) -> dict:
     """In a gloo worker: the step for real, tracked (two steps), then two untracked, the last timed."""
     config, stage = _setup(preset, seq_len, cp)
     optim, settings = OptimConfig(), compute_settings(torch.device("cpu"), config.head_dim)
-    where = place(world // cp, cp)
-    torch.manual_seed(rank)
+    where = place(world // (cp * tp), cp, tp=tp)
+    torch.manual_seed(rank // tp)  # a tp group's ranks read the same batch
     batch = make_batch(config, seq_len, where, 1, PARALLEL.layout, "cpu")
     Path("/proc/self/clear_refs").write_text("5")  # VmHWM restarts from the RSS now
     before = _rss()

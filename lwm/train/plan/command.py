@@ -20,7 +20,14 @@ from lwm.train.plan.config import PlanConfig, compose_run
 from lwm.train.plan.devices import parse_device
 from lwm.train.plan.infer import plan_inference
 from lwm.train.plan.memory import Mesh, plan_step
-from lwm.train.plan.search import check_mesh, longest_sequence, no_fit, smallest_fitting_cp, stage_meshes
+from lwm.train.plan.search import (
+    check_mesh,
+    longest_sequence,
+    no_fit,
+    smallest_fitting_cp,
+    stage_dp,
+    stage_meshes,
+)
 from lwm.train.plan.time import step_time, step_work
 from lwm.train.run import hf_start, stage_model_config
 
@@ -28,15 +35,17 @@ NODE = 8  # GPUs per node when --cp/--dp give the world directly (an HGX node)
 
 
 def planned_world(config: PlanConfig, run) -> tuple[int, int]:
-    """(world, GPUs per node). --cp with --dp give the world directly (8 per node); a run that names
-    no world (no trainer override, one device) is planned on the smallest that runs every stage of
-    its schedule (the least common multiple of their cps, 8 per node); otherwise the run's own."""
+    """(world, GPUs per node). --cp with --dp give the world directly (cp x dp x tp, 8 per node); a
+    run that names no world (no trainer override, one device) is planned on the smallest that runs
+    every stage of its schedule (the least common multiple of their cps, times tp, 8 per node);
+    otherwise the run's own."""
+    tp = run.parallel.tp
     if config.dp:
-        return (config.cp or 1) * config.dp, NODE
+        return (config.cp or 1) * config.dp * tp, NODE
     named = any(o.lstrip("+~").startswith("trainer") for o in config.overrides)
     world = run.trainer.world_size
     if not named and world == 1 and not config.cp:
-        world = math.lcm(*(s.cp for s in run.schedule.stages))
+        world = math.lcm(*(s.cp for s in run.schedule.stages)) * tp
         if world > 1:
             print(
                 f"note: planned on {world} GPUs, the smallest world that runs every stage of schedule "
@@ -68,8 +77,8 @@ def planned_stages(config: PlanConfig, run, world: int) -> list[tuple[StageConfi
     for stage in stages:
         cp = config.cp or stage.cp
         stage = dataclasses.replace(stage, cp=cp)
-        dp = stage.check_world(world)  # train.py's validate: the world splits into cp x dp
-        mesh = Mesh(stage.seq_len, cp, dp, stage.per_rank_batch(dp))
+        dp = stage_dp(stage, world, run.parallel)
+        mesh = Mesh(stage.seq_len, cp, dp, stage.per_rank_batch(dp), run.parallel.tp)
         check_mesh(mesh, run.model, run.parallel, f"stage {stage.name!r}")
         planned.append((stage, mesh))
     return planned
@@ -78,12 +87,8 @@ def planned_stages(config: PlanConfig, run, world: int) -> list[tuple[StageConfi
 def run(config: PlanConfig) -> dict:
     device = parse_device(config.gpu)
     run_cfg = compose_run(config.overrides)
-    if run_cfg.parallel.tp != 1:
-        raise ValueError(
-            f"parallel.tp {run_cfg.parallel.tp}: lwm-plan does not model tensor parallelism yet (its step runs "
-            "under fake tensors, lwm.train.fake_step --tp, but the plan's search and time model are per cp x dp); "
-            "plan with parallel.tp=1"
-        )
+    if config.tp:
+        run_cfg.parallel = dataclasses.replace(run_cfg.parallel, tp=config.tp)
     model = hf_start(run_cfg.schedule.init_hf)[0] if run_cfg.schedule.init_hf else run_cfg.model
     world, node = planned_world(config, run_cfg)
     planned = planned_stages(config, run_cfg, world)
@@ -105,7 +110,8 @@ def run(config: PlanConfig) -> dict:
 
     def timed(stage: StageConfig, mesh: Mesh, mem) -> dict:
         mc = stage_model_config(model, stage)
-        work = step_work(mc, mesh, mem, parallel.layout, parallel.mode, parallel.activation_checkpointing)
+        a2a = parallel.ulysses if parallel.mode == "hybrid" else 0
+        work = step_work(mc, mesh, mem, parallel.layout, parallel.mode, parallel.activation_checkpointing, a2a)
         return {"time": asdict(step_time(work, mesh, device, node)), "work": asdict(work)}
 
     rows, curves = [], {}
@@ -127,16 +133,17 @@ def run(config: PlanConfig) -> dict:
                 row["fits_with"] = {**asdict(search.fits), "peak_bytes": probe.peak}
                 row["fits_with"].update(needs_bytes=device.needs(probe.peak), **timed(fitted, search.fits, probe))
         rows.append(row)
-        curves.setdefault(f"cp {mesh.cp} x dp {mesh.dp}", {})[mesh.seq_len] = mem.peak
+        curves.setdefault(report.mesh_label(mesh.cp, mesh.dp, mesh.tp), {})[mesh.seq_len] = mem.peak
     plan = {"device": asdict(device), "model": asdict(model), "parallel": asdict(parallel), "stages": rows}
     if config.longest:
         first = planned[0][0]
-        world = planned[0][1].world
+        tp = planned[0][1].tp
+        ranks = planned[0][1].world // tp  # what cp x dp can take
         found = []
-        for cp in [c for c in (2**i for i in range(world.bit_length())) if world % c == 0]:
-            found.append(longest_sequence(cp, world // cp, peak_of(first), device, granule=1024 * cp))
+        for cp in [c for c in (2**i for i in range(ranks.bit_length())) if ranks % c == 0]:
+            found.append(longest_sequence(cp, ranks // cp, peak_of(first), device, granule=1024 * cp, tp=tp))
         plan["longest"] = [asdict(f) for f in found]
-        curves = {f"cp {f.cp} x dp {f.dp}": f.points for f in found}
+        curves = {report.mesh_label(f.cp, f.dp, f.tp): f.points for f in found}
     if config.infer:
         plan["infer"] = plan_inference(model, config.infer, infer_cp, device, node, config.prefill_chunk)
     _write(plan, curves, device, Path(config.out))

@@ -37,7 +37,7 @@ class PlanConfig:
     )
     cp: int = field(default=0, metadata={"help": "context-parallel size (0: each stage's own)"})
     dp: int = field(default=0, metadata={"help": "data-parallel size (0: world size / cp); the world becomes cp x dp"})
-    tp: int = field(default=1, metadata={"help": "tensor-parallel size (lwm-plan models only 1 yet)"})
+    tp: int = field(default=0, metadata={"help": "tensor-parallel size (0: the run's parallel.tp)"})
     longest: bool = field(
         default=False, metadata={"help": "find the longest sequence that fits each (cp, dp) of the world"}
     )
@@ -51,16 +51,11 @@ class PlanConfig:
     out: str = field(default="plan", metadata={"help": "folder for plan.json and memory.png"})
 
     def __post_init__(self) -> None:
-        for name in ("seq_len", "batch", "cp", "dp", "infer"):
+        for name in ("seq_len", "batch", "cp", "dp", "tp", "infer"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
         if self.prefill_chunk < 1:
             raise ValueError(f"--prefill-chunk must be >= 1, got {self.prefill_chunk}")
-        if self.tp != 1:
-            raise ValueError(
-                f"--tp {self.tp}: lwm-plan does not model tensor parallelism yet (cp x dp meshes of ring, "
-                "Ulysses or hybrid attention with FSDP2); plan with --tp 1"
-            )
 
 
 def compose_run(overrides: list[str]) -> RunConfig:

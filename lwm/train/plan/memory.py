@@ -3,7 +3,7 @@ FSDP2 tracker, a step measured once AdamW's state exists) and the bytes the step
 group this is the plan; with real tensors in a gloo run it is what the plan is checked against.
 
 The step is lwm.train.fake_step's (the model built on meta, parallelize, FSDP2 through
-build_parallel_model, LWMModule's objective, clipping, AdamW); only the batch is widened to the stage's
+meta_parallel_model, LWMModule's objective, clipping, AdamW); only the batch is widened to the stage's
 sequences per rank.
 """
 
@@ -17,9 +17,9 @@ import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from lwm.model import ModelConfig
-from lwm.parallel import ComputeSettings, Meshes, build_parallel_model
+from lwm.parallel import ComputeSettings, Meshes, meta_parallel_model
 from lwm.train.config import OptimConfig, ParallelConfig, StageConfig
-from lwm.train.fake_step import fake, make_batch, place, run_prefill, start_fake_group, train_step
+from lwm.train.fake_step import fake, fake_allocate, make_batch, place, run_prefill, start_fake_group, train_step
 from lwm.train.module import build_optimizer
 from lwm.train.plan.tracker import PeakTracker, PlanTracker, WorkCounter
 
@@ -27,19 +27,21 @@ from lwm.train.plan.tracker import PeakTracker, PlanTracker, WorkCounter
 @dataclass(frozen=True)
 class Mesh:
     """One configuration of a stage: sequences of seq_len over cp ranks, dp groups of them,
-    `batch` sequences per data-parallel rank."""
+    `batch` sequences per data-parallel rank, each rank's layers split over tp ranks."""
 
     seq_len: int
     cp: int
     dp: int
     batch: int = 1
+    tp: int = 1
 
     @property
     def world(self) -> int:
-        return self.cp * self.dp
+        return self.cp * self.dp * self.tp
 
     def __str__(self) -> str:
-        return f"{self.seq_len} tokens x {self.batch}, cp {self.cp}, dp {self.dp}"
+        tp = f", tp {self.tp}" if self.tp > 1 else ""
+        return f"{self.seq_len} tokens x {self.batch}, cp {self.cp}, dp {self.dp}{tp}"
 
 
 @dataclass
@@ -97,17 +99,18 @@ def plan_step(
     optim: OptimConfig,
     settings: ComputeSettings,
 ) -> StepMemory:
-    """Rank 0's step of `mesh` under FakeTensorMode, in a fake process group of mesh.world ranks."""
+    """Rank 0's step of `mesh` under FakeTensorMode, in a fake process group of mesh.world ranks
+    (rank 0 is tp rank 0 of cp rank 0: every tp rank holds the same shapes)."""
     start_fake_group(mesh.world)
     try:
         ulysses = parallel.ulysses if parallel.mode == "hybrid" else 1
-        where = place(mesh.dp, mesh.cp, mode=parallel.mode, ulysses=ulysses)
+        where = place(mesh.dp, mesh.cp, tp=mesh.tp, mode=parallel.mode, ulysses=ulysses)
         host = make_batch(model_config, mesh.seq_len, where, 1, parallel.layout, "cpu")  # cut on the host
+        # Built outside the fake mode (FSDP2 over a tp mesh reads real rank tensors), then allocated fake.
+        model = meta_parallel_model(model_config, where, settings, parallel.layout, parallel.activation_checkpointing)
         with FakeTensorMode() as mode:
             batch = widen(fake(host, mode), mesh.batch)
-            model = build_parallel_model(
-                model_config, where, settings, "cpu", None, parallel.layout, parallel.activation_checkpointing
-            )
+            model = fake_allocate(model, mode)
             return tracked_step(model, batch, optim, stage, where, parallel.document_mask)
     finally:
         dist.destroy_process_group()

@@ -69,6 +69,7 @@ class StagePlan:
     reserved_gib: float
     fragmentation: float
     parts: dict[str, int] = field(default_factory=dict)
+    tp: int = 1
     fits_with: dict | None = None  # when it does not fit: the smallest larger cp that does ({"cp", "dp", "batch"})
     why: str = ""  # when it does not fit: the search's answer in full
 
@@ -81,7 +82,9 @@ class StagePlan:
         if self.reserved_gib:
             margins += f" and {self.reserved_gib:.2f} GiB for the CUDA context and NCCL"
         return (
-            f"stage {self.stage!r} (seq_len {self.seq_len}, cp {self.cp}, dp {self.dp}, {self.batch} sequence(s) per "
+            f"stage {self.stage!r} (seq_len {self.seq_len}, cp {self.cp}, dp {self.dp}"
+            + (f", tp {self.tp}" if self.tp > 1 else "")
+            + f", {self.batch} sequence(s) per "
             f"data-parallel rank): planned peak {size(self.peak_bytes)} per rank, {size(self.needs_bytes)} with "
             f"{margins}, on a device of {size(self.device_bytes)}"
         )
@@ -142,16 +145,11 @@ def preflight(
     model: ModelConfig | None = None,
     device: str = "cuda",
     reserved_gib: float | None = None,
-) -> StagePlan | None:
+) -> StagePlan:
     """Plan `stage` of `run` (on run.trainer.world_size ranks of device_bytes each; `model`: the
     schedule's starting shapes, run.model when None; device: cuda or cpu, whose settings the step
     takes) in a child process; the plan if it fits, WillNotFit if not. reserved_gib: memory no
-    tracker sees (None: 1.5 GiB on cuda for the context and NCCL, 0 on cpu). None, with a note,
-    for what the planner does not model (tensor parallelism)."""
-    tp = getattr(run.parallel, "tp", 1)
-    if tp != 1:
-        print(f"note: preflight skipped for stage {stage.name!r}: lwm-plan does not model tensor parallelism (tp {tp})")
-        return None
+    tracker sees (None: 1.5 GiB on cuda for the context and NCCL, 0 on cpu)."""
     if reserved_gib is None:
         reserved_gib = 1.5 if device == "cuda" else 0.0
     world = run.trainer.world_size

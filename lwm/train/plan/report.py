@@ -16,6 +16,10 @@ def gib(n: float) -> str:
     return f"{n / GIB:.2f}" if n >= GIB / 10 else f"{n / GIB:.5f}"
 
 
+def mesh_label(cp: int, dp: int, tp: int = 1) -> str:
+    return f"cp {cp} x dp {dp}" + (f" x tp {tp}" if tp > 1 else "")
+
+
 def stage_table(rows: list[dict]) -> str:
     head = ["stage", "tokens", "seqs/rank", "cp x dp", "peak GiB", "with margins"]
     head += ["verdict", "step s", "tok/s/GPU", "MFU", "bound"]
@@ -24,7 +28,7 @@ def stage_table(rows: list[dict]) -> str:
             r["stage"],
             r["seq_len"],
             r["batch"],
-            f"{r['cp']} x {r['dp']}",
+            f"{r['cp']} x {r['dp']}" + (f" x tp {r['tp']}" if r.get("tp", 1) > 1 else ""),
             gib(r["peak_bytes"]),
             gib(r["needs_bytes"]),
             r["verdict"],
@@ -50,15 +54,16 @@ def parts_lines(rows: list[dict]) -> list[str]:
         if r.get("fits_with"):
             f, t = r["fits_with"], r["fits_with"]["time"]
             lines.append(
-                f"    at cp {f['cp']} x dp {f['dp']}: peak {gib(f['peak_bytes'])} GiB ({gib(f['needs_bytes'])} with margins), "
+                f"    at {mesh_label(f['cp'], f['dp'], f.get('tp', 1))}: peak {gib(f['peak_bytes'])} GiB "
+                f"({gib(f['needs_bytes'])} with margins), "
                 f"step {t['seconds']:.3g} s, {t['tokens_per_s_per_gpu']:.4g} tok/s/GPU, MFU {t['mfu']:.0%}, bound {t['bound']}"
             )
     return lines
 
 
 def longest_table(found: list[dict]) -> str:
-    body = [[f"{f['cp']} x {f['dp']}", f["longest"] or "none", f["next_up"]] for f in found]
-    return tabulate(body, ["cp x dp", "longest that fits", "next up (does not fit)"])
+    body = [[mesh_label(f["cp"], f["dp"], f.get("tp", 1)), f["longest"] or "none", f["next_up"]] for f in found]
+    return tabulate(body, ["mesh", "longest that fits", "next up (does not fit)"])
 
 
 def infer_lines(infer: dict) -> list[str]:

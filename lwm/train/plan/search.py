@@ -16,15 +16,25 @@ from lwm.train.plan.memory import Mesh
 def check_mesh(mesh: Mesh, model: ModelConfig, parallel: ParallelConfig, what: str) -> None:
     """What train.py's validate and the attention require of a mesh (lwm.parallel.ParallelDims: the
     heads for Ulysses, the length for the layout), with the values in the message."""
-    for name in ("seq_len", "cp", "dp", "batch"):
+    for name in ("seq_len", "cp", "dp", "batch", "tp"):
         if getattr(mesh, name) < 1:
             raise ValueError(f"{what}: {name} must be >= 1, got {getattr(mesh, name)}")
     try:
-        dims = ParallelDims(mesh.dp, mesh.cp, 1, parallel.mode, parallel.ulysses if parallel.mode == "hybrid" else 1)
+        ulysses = parallel.ulysses if parallel.mode == "hybrid" else 1
+        dims = ParallelDims(mesh.dp, mesh.cp, mesh.tp, parallel.mode, ulysses)
         dims.check_model(model.n_heads, model.n_kv_heads)
         dims.check_seq(mesh.seq_len, parallel.layout)
     except ValueError as e:
         raise ValueError(f"{what}: {e}") from None
+
+
+def stage_dp(stage: StageConfig, world: int, parallel: ParallelConfig) -> int:
+    """dp of `stage` on `world` GPUs (world = cp x dp x tp, as train.py's validate); raises naming the
+    stage and the values."""
+    try:
+        return parallel.dims(world, stage.cp).dp
+    except ValueError as e:
+        raise ValueError(f"stage {stage.name!r}: {e}") from None
 
 
 def divisors(n: int) -> list[int]:
@@ -49,14 +59,14 @@ class CpSearch:
 def smallest_fitting_cp(
     mesh: Mesh, mesh_for: Callable[[int], Mesh | None], peak_of: Callable[[Mesh], int], device: Device
 ) -> CpSearch:
-    """The smallest cp above mesh.cp, of the same world, whose step fits. mesh_for(cp) is the
-    stage's mesh at that cp (dp = world / cp, its sequences per rank following dp), or None where
+    """The smallest cp above mesh.cp, of the same world and tp, whose step fits. mesh_for(cp) is the
+    stage's mesh at that cp (dp = world / (cp x tp), its sequences per rank following dp), or None where
     the stage cannot run. Only meshes with fewer tokens per rank than `mesh` can fit where it does
     not (parameters and optimizer state are sharded over the whole world at every cp); among them
     the peak falls as cp grows, so a binary search finds the boundary: the largest cp first (if it
     does not fit, none does), then halves. Fewer probes, and the cheapest ones (short slices)."""
     helps = []
-    for cp in divisors(mesh.world):
+    for cp in divisors(mesh.world // mesh.tp):
         candidate = mesh_for(cp) if cp > mesh.cp else None
         if candidate is not None and tokens_per_rank(candidate) < tokens_per_rank(mesh):
             helps.append(candidate)
@@ -79,14 +89,15 @@ def smallest_fitting_cp(
 def stage_meshes(
     stage: StageConfig, world: int, model: ModelConfig, parallel: ParallelConfig
 ) -> Callable[[int], Mesh | None]:
-    """cp -> the stage's mesh on `world` GPUs at that cp (its sequences per rank following dp), or
-    None where the stage cannot run so (world, global batch or layout)."""
+    """cp -> the stage's mesh on `world` GPUs at that cp and the run's tp (its sequences per rank
+    following dp), or None where the stage cannot run so (world, global batch or layout)."""
 
     def mesh_for(cp: int) -> Mesh | None:
-        if world % cp:
+        if world % (cp * parallel.tp):
             return None
+        dp = world // (cp * parallel.tp)
         try:
-            mesh = Mesh(stage.seq_len, cp, world // cp, stage.per_rank_batch(world // cp))
+            mesh = Mesh(stage.seq_len, cp, dp, stage.per_rank_batch(dp), parallel.tp)
             check_mesh(mesh, model, parallel, stage.name)
         except ValueError:
             return None
@@ -100,13 +111,14 @@ def no_fit(mesh: Mesh, search: CpSearch) -> tuple[str, str]:
     if search.fits is not None:
         m = search.fits
         return f"needs cp {m.cp} x dp {m.dp}", f"the smallest cp that fits is {m.cp} (dp {m.dp}, {m.batch} per rank)"
-    short = f"no cp of {mesh.world} GPUs fits"
+    at_tp = f" at tp {mesh.tp}" if mesh.tp > 1 else ""
+    short = f"no cp of {mesh.world} GPUs fits{at_tp}"
     if search.helps:
-        return short, f"no cp of {mesh.world} GPUs fits (the largest, cp {search.helps[-1]}, does not)"
-    if mesh.cp == mesh.world:
-        return short, f"no cp of {mesh.world} GPUs fits (cp {mesh.cp} is already all of them)"
+        return short, f"{short} (the largest, cp {search.helps[-1]}, does not)"
+    if mesh.cp * mesh.tp == mesh.world:
+        return short, f"{short} (cp {mesh.cp}{at_tp} is already all of them)"
     return short, (
-        f"no cp of {mesh.world} GPUs fits: every cp that can run the stage puts {tokens_per_rank(mesh)} tokens "
+        f"{short}: every cp that can run the stage puts {tokens_per_rank(mesh)} tokens "
         f"on each rank (its global batch follows dp); fewer need more GPUs, or gradient accumulation, "
         "which this project does not have"
     )
@@ -119,10 +131,13 @@ class Longest:
     longest: int | None  # tokens; None: not even one granule fits
     next_up: int  # the next length searched above it, which does not fit
     points: dict[int, int] = field(default_factory=dict)  # seq_len -> planned peak bytes (every probe)
+    tp: int = 1
 
 
-def longest_sequence(cp: int, dp: int, peak_of: Callable[[Mesh], int], device: Device, granule: int) -> Longest:
-    """The longest multiple of `granule` whose step fits on a (dp, cp) mesh. The peak is flat while
+def longest_sequence(
+    cp: int, dp: int, peak_of: Callable[[Mesh], int], device: Device, granule: int, tp: int = 1
+) -> Longest:
+    """The longest multiple of `granule` whose step fits on a (dp, cp, tp) mesh. The peak is flat while
     the optimizer step sets it (short lengths), then grows about linearly with the length (flash
     attention, chunked loss). Bracket: extrapolate along the line through the two longest lengths
     that fit, at most 8 times the last, until one does not; narrow: false position between the
@@ -133,14 +148,14 @@ def longest_sequence(cp: int, dp: int, peak_of: Callable[[Mesh], int], device: D
     def peak(n: int) -> int:
         s = n * granule
         if s not in points:
-            points[s] = peak_of(Mesh(s, cp, dp))
+            points[s] = peak_of(Mesh(s, cp, dp, 1, tp))
         return points[s]
 
     def fits(n: int) -> bool:
         return device.fits(peak(n))
 
     if not fits(1):
-        return Longest(cp, dp, None, granule, points)
+        return Longest(cp, dp, None, granule, points, tp)
     limit = (device.memory_gib * GIB - device.reserved_gib * GIB) / (1 + device.fragmentation)
 
     def toward_limit(a: int, b: int) -> float:
@@ -166,4 +181,4 @@ def longest_sequence(cp: int, dp: int, peak_of: Callable[[Mesh], int], device: D
             hi, moved = n, min(moved, 0) - 1
         if abs(moved) > 2:
             moved = 0
-    return Longest(cp, dp, lo * granule, hi * granule, points)
+    return Longest(cp, dp, lo * granule, hi * granule, points, tp)

@@ -21,7 +21,7 @@ from lwm.train.fake_step import GPU_SETTINGS
 from lwm.train.plan.devices import GIB, Device
 from lwm.train.plan.memory import Mesh, plan_step
 from lwm.train.plan.preflight import PreflightJob, StagePlan, size
-from lwm.train.plan.search import check_mesh, no_fit, smallest_fitting_cp, stage_meshes
+from lwm.train.plan.search import check_mesh, no_fit, smallest_fitting_cp, stage_dp, stage_meshes
 from lwm.train.run import stage_model_config
 
 
@@ -34,8 +34,8 @@ def plan_stage(job: PreflightJob) -> StagePlan:
         settings = GPU_SETTINGS
     else:
         settings = compute_settings(torch.device("cpu"), job.model.head_dim)
-    dp = stage.check_world(job.world)
-    mesh = Mesh(stage.seq_len, stage.cp, dp, stage.per_rank_batch(dp))
+    dp = stage_dp(stage, job.world, job.parallel)
+    mesh = Mesh(stage.seq_len, stage.cp, dp, stage.per_rank_batch(dp), job.parallel.tp)
     check_mesh(mesh, job.model, job.parallel, f"stage {stage.name!r}")
     parallel = dataclasses.replace(job.parallel, document_mask=False)  # runs are read on the host
     device = Device(
@@ -49,7 +49,7 @@ def plan_stage(job: PreflightJob) -> StagePlan:
     mem = plan_step(stage_model_config(job.model, stage), stage, mesh, parallel, job.optim, settings)
     plan = StagePlan(
         stage.name, stage.seq_len, mesh.cp, mesh.dp, mesh.batch, mem.peak, device.needs(mem.peak),
-        job.device_bytes, job.reserved_gib, job.fragmentation, mem.parts,
+        job.device_bytes, job.reserved_gib, job.fragmentation, mem.parts, tp=mesh.tp,
     )  # fmt: skip
     if not device.fits(mem.peak):
         mesh_for = stage_meshes(stage, job.world, job.model, parallel)

@@ -9,12 +9,19 @@ Work, per rank and step (rank 0; with striped or zigzag every rank does the same
               backward (FlashAttention's recomputed scores, dV, dP, dQ, dK), 2 more with recompute.
   memory      twice the bytes the step's other ops write (each written once, read once): norms,
               RoPE, activations' casts, the loss's softmax, AdamW (counted on the fake step).
-  links       what the step sent: the ring's key/value blocks and dK/dV, FSDP's all-gathers and
-              reduce-scatters (counted on the fake step).
+  links       what the step sent: the ring's key/value blocks and dK/dV, Ulysses' all-to-alls,
+              tensor parallelism's all-reduces, FSDP's all-gathers and reduce-scatters (counted on
+              the fake step).
+
+Tensor parallelism splits the blocks' projections and the heads over tp ranks; the embedding and
+output head are whole on each (lwm.parallel.tensor), so each tp rank computes the head's matmuls
+for all its tokens.
 
 Overlap, as the code does it: the ring sends the next block while the current one is computed, so
 attention takes the longer of the two; FSDP2 prefetches the next layer's gather and reduces the
 last one's gradients during compute, so the step takes the longer of compute and FSDP traffic.
+Ulysses' all-to-alls and tensor parallelism's all-reduces sit between the ops that need them (no
+overlap): they add to compute.
 """
 
 from __future__ import annotations
@@ -27,11 +34,16 @@ from lwm.train.plan.devices import Device
 from lwm.train.plan.memory import Mesh, StepMemory
 
 
-def matmul_params(config: ModelConfig) -> int:
-    """Parameters that take part in matmuls: the blocks' projections and the output head (the
-    embedding is a lookup, norms are elementwise)."""
+def block_params(config: ModelConfig) -> int:
+    """The blocks' projections: what tensor parallelism splits."""
     attn = config.dim * config.head_dim * (2 * config.n_heads + 2 * config.n_kv_heads)
-    return config.n_layers * (attn + 3 * config.dim * config.ffn_dim) + config.vocab_size * config.dim
+    return config.n_layers * (attn + 3 * config.dim * config.ffn_dim)
+
+
+def matmul_params(config: ModelConfig, tp: int = 1) -> int:
+    """Parameters that take part in one tp rank's matmuls: its share of the blocks' projections and
+    the whole output head (the embedding is a lookup, norms are elementwise)."""
+    return block_params(config) // tp + config.vocab_size * config.dim
 
 
 def attention_entries(seq_len: int, cp: int, layout: str, mode: str, rank: int = 0) -> int:
@@ -50,25 +62,39 @@ class Work:
     hbm_bytes: float
     ring_bytes: float  # point-to-point, per rank
     fsdp_bytes: float  # all-gathers and reduce-scatters arriving at this rank
+    tp_bytes: float = 0.0  # tensor parallelism's all-reduces, sent per rank (a ring all-reduce's 2 (tp - 1) / tp)
+    a2a_bytes: float = 0.0  # Ulysses' all-to-alls, sent per rank
 
 
-def step_work(config: ModelConfig, mesh: Mesh, memory: StepMemory, layout: str, mode: str, checkpointing: bool) -> Work:
+def step_work(
+    config: ModelConfig,
+    mesh: Mesh,
+    memory: StepMemory,
+    layout: str,
+    mode: str,
+    checkpointing: bool,
+    all_to_all: int = 0,
+) -> Work:
+    """all_to_all: the size of Ulysses' groups (hybrid's ulysses; 0: the whole cp group)."""
     tokens = mesh.batch * mesh.seq_len // mesh.cp
-    mm_model = 6 * matmul_params(config) * tokens
-    heads = config.n_heads // mesh.cp if mode == "ulysses" else config.n_heads
+    executed = 6 * matmul_params(config, mesh.tp) * tokens
+    useful = 6 * (block_params(config) + config.vocab_size * config.dim) / mesh.tp * tokens  # the head once
+    heads = config.n_heads // mesh.tp // (mesh.cp if mode == "ulysses" else 1)
     per_product = 2 * config.head_dim * heads * config.n_layers * mesh.batch
     entries = max(attention_entries(mesh.seq_len, mesh.cp, layout, mode, r) for r in range(mesh.cp))
     attn_model = 7 * per_product * entries
-    recompute = 2 * matmul_params(config) * tokens, 2 * per_product * entries
-    share = (mesh.world - 1) / mesh.world  # a collective's own shard does not travel
+    recompute = 2 * matmul_params(config, mesh.tp) * tokens, 2 * per_product * entries
+    fsdp = mesh.world // mesh.tp  # FSDP2 shards over dp x cp; a collective's own shard does not travel
     sent = memory.sent
     return Work(
-        matmul_flops=mm_model + (recompute[0] if checkpointing else 0),
+        matmul_flops=executed + (recompute[0] if checkpointing else 0),
         attention_flops=attn_model + (recompute[1] if checkpointing else 0),
-        model_flops=mm_model + attn_model,
+        model_flops=useful + attn_model,
         hbm_bytes=2 * memory.written,
         ring_bytes=sent.get("p2p", 0),
-        fsdp_bytes=share * (sent.get("all_gather", 0) + sent.get("reduce_scatter", 0)),
+        fsdp_bytes=(fsdp - 1) / fsdp * (sent.get("all_gather", 0) + sent.get("reduce_scatter", 0)),
+        tp_bytes=2 * (mesh.tp - 1) / mesh.tp * sent.get("all_reduce", 0),
+        a2a_bytes=(1 - 1 / (all_to_all or mesh.cp)) * sent.get("all_to_all", 0),
     )
 
 
@@ -77,33 +103,46 @@ class StepTime:
     seconds: float
     tokens_per_s_per_gpu: float
     mfu: float
-    bound: str  # what sets the pace: compute | HBM | ring over NVLink/IB | FSDP over NVLink/IB
+    bound: str  # what sets the pace: compute | HBM | ring, fsdp, all-to-all or tp over NVLink/IB
     parts: dict[str, float]  # seconds of each resource alone
 
 
 def step_time(work: Work, mesh: Mesh, device: Device, node_size: int) -> StepTime:
-    """The roofline with the code's overlaps (module docstring). A ring group or an FSDP group
-    that spans nodes moves at the InfiniBand rate (cp groups are consecutive ranks)."""
-    ring_link = "NVLink" if mesh.cp <= node_size else "IB"
-    fsdp_link = "NVLink" if mesh.world <= node_size else "IB"
+    """The roofline with the code's overlaps (module docstring). A group that spans nodes moves at
+    the InfiniBand rate: ranks are numbered tp innermost, then cp, then dp (lwm.parallel.dims), so
+    a tp group is tp consecutive ranks, a cp group cp x tp of them, FSDP's group all of them."""
     rate = {"NVLink": device.nvlink_gbps * 1e9, "IB": device.ib_gbps * 1e9}
+
+    def link(span: int) -> str:
+        return "NVLink" if span <= node_size else "IB"
+
+    ring_key = f"ring ({link(mesh.cp * mesh.tp)})"
+    fsdp_key = f"fsdp ({link(mesh.world)})"
     parts = {
         "matmul": work.matmul_flops / (device.tflops * 1e12 * device.matmul_efficiency),
         "attention": work.attention_flops / (device.tflops * 1e12 * device.attention_efficiency),
         "hbm": work.hbm_bytes / (device.hbm_tbps * 1e12),
-        f"ring ({ring_link})": work.ring_bytes / rate[ring_link],
-        f"fsdp ({fsdp_link})": work.fsdp_bytes / rate[fsdp_link],
+        ring_key: work.ring_bytes / rate[link(mesh.cp * mesh.tp)],
+        fsdp_key: work.fsdp_bytes / rate[link(mesh.world)],
     }
-    ring_key, fsdp_key = f"ring ({ring_link})", f"fsdp ({fsdp_link})"
+    serial = {}  # links nothing overlaps, present only where the mesh has them
+    if work.a2a_bytes:
+        serial[f"all-to-all ({link(mesh.cp * mesh.tp)})"] = work.a2a_bytes / rate[link(mesh.cp * mesh.tp)]
+    if work.tp_bytes:
+        serial[f"tp ({link(mesh.tp)})"] = work.tp_bytes / rate[link(mesh.tp)]
+    parts.update(serial)
     attention = max(parts["attention"], parts[ring_key])
-    compute = parts["matmul"] + attention + parts["hbm"]
+    compute = parts["matmul"] + attention + parts["hbm"] + sum(serial.values())
     seconds = max(compute, parts[fsdp_key])
+    slowest_link = max(serial, key=serial.get, default=None)
     if seconds == parts[fsdp_key] and parts[fsdp_key] > compute:
         bound = fsdp_key
     elif parts[ring_key] > parts["attention"] and parts[ring_key] > parts["matmul"]:
         bound = ring_key
+    elif slowest_link and serial[slowest_link] > max(parts["matmul"], parts["attention"]):
+        bound = slowest_link
     else:
         bound = max(("compute", parts["matmul"] + parts["attention"]), ("HBM", parts["hbm"]), key=lambda kv: kv[1])[0]
-    tokens = mesh.batch * mesh.seq_len / mesh.cp
+    tokens = mesh.batch * mesh.seq_len / (mesh.cp * mesh.tp)  # a tp group's ranks share their tokens
     mfu = work.model_flops / (seconds * device.tflops * 1e12)
     return StepTime(seconds, tokens / seconds, mfu, bound, parts)

@@ -114,13 +114,13 @@ class WorkCounter(TorchDispatchMode):
 
     def __init__(self):
         super().__init__()
-        self.sent: Counter = Counter()  # "all_gather" | "reduce_scatter" | "all_reduce" | "p2p" -> bytes
+        self.sent: Counter = Counter()  # "all_gather" | "reduce_scatter" | "all_reduce" | "all_to_all" | "p2p" -> bytes
         self.written = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         name = func.overloadpacket.__name__
-        if func.namespace == "c10d":
+        if func.namespace in ("c10d", "_c10d_functional"):  # functional: DTensor's (tensor parallelism)
             self._count_comm(name, args)
         elif not name.startswith(COMPUTE_OPS):
             self.written += sum(_written(func, i, t) for i, t in enumerate(_tensors(out)))
@@ -135,6 +135,10 @@ class WorkCounter(TorchDispatchMode):
             self.sent["reduce_scatter"] += args[1].nbytes
         elif name.startswith("allreduce"):
             self.sent["all_reduce"] += sum(t.nbytes for t in args[0])
+        elif name == "all_reduce":  # functional: tensor parallelism's partial sums
+            self.sent["all_reduce"] += args[0].nbytes
+        elif name == "alltoall_base_":  # Ulysses: the input, of which (g - 1) / g leaves the rank
+            self.sent["all_to_all"] += args[1].nbytes
 
 
 def _tensors(out) -> list:
