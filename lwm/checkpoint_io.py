@@ -94,39 +94,83 @@ def load_verified(path: Path, map_location="cpu") -> dict:
 
 # ----------------------------------------------------------------------------------------- sharded checkpoints
 
-_DCP_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem")
-_PATHS = {"PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"}
+_META = "torch.distributed.checkpoint.metadata"
+# What a `.metadata` pickle names (listed from sharded checkpoints saved by DCP and by the strategy):
+# the format's dataclasses, the memory-format enum, torch.Size and pathlib paths. Anything else in
+# those modules (os, which both import, and what a dotted name reaches through it) is refused.
+_CLASSES = {
+    *((_META, n) for n in ("Metadata", "MetadataIndex", "StorageMeta", "TensorProperties")),
+    *((_META, n) for n in ("TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata")),
+    (_META, "_MEM_FORMAT_ENCODING"),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch", "Size"),
+    *((m, n) for m in ("pathlib", "pathlib._local") for n in ("PosixPath", "PurePosixPath")),
+    *((m, n) for m in ("pathlib", "pathlib._local") for n in ("WindowsPath", "PureWindowsPath")),
+}
+# The one function: it maps a layout's name to torch's layout object (TensorProperties.layout).
+_FUNCTIONS = {("torch.serialization", "_get_layout")}
 
 
 class _MetadataUnpickler(pickle.Unpickler):
     """Only the classes a torch.distributed.checkpoint `.metadata` file is made of."""
 
     def find_class(self, module: str, name: str):
-        if module in _DCP_MODULES and not name.startswith("__"):
-            return super().find_class(module, name)
-        if module == "torch" and (name == "Size" or isinstance(getattr(torch, name, None), torch.dtype)):
+        refused = pickle.UnpicklingError(f"{module}.{name} is not part of a checkpoint's metadata")
+        if "." in name:  # protocol 4 follows a dotted name from the module: os.system through any import
+            raise refused
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
-        if (module, name) == ("torch.serialization", "_get_layout") or (module == "pathlib" and name in _PATHS):
+        if (module, name) in _FUNCTIONS:
             return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"{module}.{name} is not part of a checkpoint's metadata")
+        if (module, name) not in _CLASSES:
+            raise refused
+        found = super().find_class(module, name)
+        if not isinstance(found, type):
+            raise refused
+        return found
 
 
-def check_sharded(folder: Path) -> None:
-    """Refuse a sharded checkpoint folder whose metadata or non-tensor entries hold code."""
-    meta_file = Path(folder) / ".metadata"
-    if not meta_file.is_file():
-        raise CheckpointError(f"{folder} has no .metadata: not a complete sharded checkpoint")
+def _read_metadata(meta_file: Path):
+    """A `.metadata` file's Metadata, unpickled with nothing but the format's own classes."""
+    from torch.distributed.checkpoint.metadata import Metadata
+
     try:
         with open(meta_file, "rb") as f:
             metadata = _MetadataUnpickler(f).load()
-    except (pickle.UnpicklingError, EOFError, AttributeError, ValueError) as e:
+    except Exception as e:  # junk bytes raise anything from EOFError to KeyError: refused all the same
         raise CheckpointError(f"refusing {meta_file}: {e}") from None
+    if not isinstance(metadata, Metadata):
+        raise CheckpointError(
+            f"refusing {meta_file}: it holds a {type(metadata).__name__}, not a checkpoint's Metadata"
+        )
+    return metadata
+
+
+def _inside(folder: Path, fqn: str, relative_path) -> Path:
+    """The file an entry is stored in, which must be inside the checkpoint's folder."""
+    if not isinstance(relative_path, str) or Path(relative_path).is_absolute() or ".." in Path(relative_path).parts:
+        raise CheckpointError(f"refusing {folder}: entry {fqn!r} names {relative_path!r}, outside the checkpoint")
+    return Path(folder) / relative_path
+
+
+def check_sharded(folder: Path) -> None:
+    """Refuse a sharded checkpoint folder whose metadata or non-tensor entries hold code, or whose
+    entries name files outside it."""
+    meta_file = Path(folder) / ".metadata"
+    if not meta_file.is_file():
+        raise CheckpointError(f"{folder} has no .metadata: not a complete sharded checkpoint")
+    metadata = _read_metadata(meta_file)
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
-    for index, info in (metadata.storage_data or {}).items():
+    storage = metadata.storage_data or {}
+    try:
+        files = {index: _inside(folder, index.fqn, info.relative_path) for index, info in storage.items()}
+    except (AttributeError, TypeError) as e:  # entries that are not the format's: nothing to read them by
+        raise CheckpointError(f"refusing {meta_file}: its entries are malformed ({e})") from None
+    for index, info in storage.items():
         if not isinstance(metadata.state_dict_metadata.get(index.fqn), BytesStorageMetadata):
             continue
-        with open(Path(folder) / info.relative_path, "rb") as f:
+        with open(files[index], "rb") as f:
             f.seek(info.offset)
             blob = io.BytesIO(f.read(info.length))
         try:

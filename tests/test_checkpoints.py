@@ -126,3 +126,60 @@ def test_a_metrics_row_cut_by_a_kill_is_dropped_and_a_corrupted_one_named(tmp_pa
     path.write_text("step,train/loss,train/lr\n0,1.5,0.1\n1,1.4\n2,1.3,0.1\n")
     with pytest.raises(ValueError, match="metrics.csv, line 3: not a metrics row"):
         MetricHistory.read(path)
+
+
+def _command_pickle(module: str, name: str, command: str, stack_global: bool) -> bytes:
+    """A protocol-4 pickle that calls `module`'s attribute `name` (dotted: followed from the module)
+    with `command`: os.system through a DCP module, which imports os."""
+
+    def text(s: str) -> bytes:
+        return b"\x8c" + bytes([len(s.encode())]) + s.encode()  # SHORT_BINUNICODE
+
+    find = text(module) + text(name) + b"\x93" if stack_global else f"c{module}\n{name}\n".encode()
+    return b"\x80\x04" + find + text(command) + b"\x85R."  # TUPLE1, REDUCE, STOP
+
+
+@pytest.mark.parametrize("stack_global", [True, False], ids=["STACK_GLOBAL", "GLOBAL"])
+@pytest.mark.parametrize("module", ["torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem"])
+def test_sharded_metadata_reaching_os_system_through_a_checkpoint_module_runs_nothing(tmp_path, module, stack_global):
+    import torch.distributed.checkpoint as dcp
+
+    folder = tmp_path / "last.ckpt"
+    dcp.save({"model": {"w": torch.zeros(2)}}, checkpoint_id=folder)
+    marker = tmp_path / "ran"
+    (folder / ".metadata").write_bytes(_command_pickle(module, "os.system", f"touch {marker}", stack_global))
+    with pytest.raises(CheckpointError, match=rf"refusing {folder / '.metadata'}: .*os\.system"):
+        check_sharded(folder)
+    assert not marker.exists()
+
+
+def test_sharded_metadata_refuses_whatever_is_not_a_metadata_class(tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    folder = tmp_path / "last.ckpt"
+    dcp.save({"model": {"w": torch.zeros(2)}, "step": 3}, checkpoint_id=folder)
+    meta = folder / ".metadata"
+    for module, name in [
+        ("torch.distributed.checkpoint.metadata", "os"),  # a module, not a class
+        ("torch.distributed.checkpoint.filesystem", "shutil"),
+        ("torch.distributed.checkpoint.filesystem", "FileSystemWriter"),  # a class, but no metadata
+        ("torch.distributed.checkpoint.metadata", "field"),  # dataclasses.field, imported there
+    ]:
+        meta.write_bytes(_command_pickle(module, name, "x", stack_global=True))
+        with pytest.raises(CheckpointError, match=rf"refusing {meta}: {module}\.{name} is not part"):
+            check_sharded(folder)
+
+
+@pytest.mark.parametrize("where", ["/etc/passwd", "../outside.distcp", "sub/../../outside.distcp"])
+def test_sharded_entries_never_name_a_file_outside_the_checkpoint(tmp_path, where):
+    import torch.distributed.checkpoint as dcp
+
+    folder = tmp_path / "last.ckpt"
+    dcp.save({"model": {"w": torch.zeros(2)}, "step": 3}, checkpoint_id=folder)
+    meta = folder / ".metadata"
+    metadata = pickle.loads(meta.read_bytes())  # our own file, written just above
+    for info in metadata.storage_data.values():
+        info.relative_path = where
+    meta.write_bytes(pickle.dumps(metadata))
+    with pytest.raises(CheckpointError, match=rf"refusing {folder}: entry .* names {where!r}, outside the checkpoint"):
+        check_sharded(folder)
