@@ -18,6 +18,7 @@ from lightning.pytorch.loggers import CSVLogger
 
 from lwm.io import write_atomic
 from lwm.model import ModelConfig
+from lwm.ranks import is_rank0
 
 
 def flops_per_token(config: ModelConfig, seq_len: int) -> float:
@@ -163,7 +164,7 @@ class MetricHistory(L.Callback):
 
     def on_train_start(self, trainer, pl_module) -> None:
         csv_logger = next((lg for lg in trainer.loggers if isinstance(lg, CSVLogger)), None)
-        if not self.rows or csv_logger is None or trainer.global_rank != 0:
+        if not self.rows or csv_logger is None or not is_rank0():
             return
         for row in self.rows:
             step = int(row["step"])

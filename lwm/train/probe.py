@@ -22,6 +22,7 @@ from lwm.data import Sharding, shard_batch
 from lwm.data.codes import CodeStore
 from lwm.data.example import Encoded, ExampleError, encode_example
 from lwm.io import records
+from lwm.ranks import is_rank0
 from lwm.train.config import ProbeConfig
 from lwm.train.console import say
 
@@ -118,7 +119,7 @@ class AnswerProbe(L.Callback):
         self.results[when] = {"accuracy": acc, "answers": n, "step": trainer.global_step}
         for logger in trainer.loggers:
             logger.log_metrics({f"probe/accuracy_{when}": acc}, step=trainer.global_step)
-        if trainer.global_rank == 0:
+        if is_rank0():
             self.out.mkdir(parents=True, exist_ok=True)
             (self.out / "probe.json").write_text(json.dumps(self.results, indent=2))
         say(f"stage {self.stage}: probe at its {when}: {acc:.1%} of {n} held-out answers right")

@@ -31,6 +31,8 @@ def _torchrun_agreed(name: str) -> str:
     )
     # every rank composes the same configs in the same order, so the count keys them alike
     key = f"lwm_run_id/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{len(_made)}"
+    # torchrun's RANK, not lwm.ranks.is_rank0: exactly one worker must post the name, and is_rank0 also
+    # asks NODE_RANK and SLURM_PROCID, which a job may set apart from torchrun's own numbering
     if int(os.environ["RANK"]) == 0:
         store.set(key, name)
     return store.get(key).decode()

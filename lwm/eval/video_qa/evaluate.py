@@ -11,7 +11,7 @@ from lwm.eval.video_qa.formats import Reader
 from lwm.eval.video_qa.items import Item
 from lwm.eval.video_qa.scoring import METHODS, evaluate_item
 from lwm.eval.video_qa.summary import Buckets, summarize
-from lwm.parallel.comm import group_size_and_rank
+from lwm.ranks import is_rank0
 
 
 def run_video_qa(
@@ -33,13 +33,14 @@ def run_video_qa(
     """Evaluate the items -> {"config", "summary", "records", "complete"}. generator: a
     lwm.infer.Generator (or anything with .score/.generate and .group); source: a VideoSource (or
     anything with .load(item) -> (codes, info)), used on the group's first rank only; on_record(record)
-    is called on that rank as each item finishes. Items may also be JSON objects (parsed here, paths
-    relative to the working directory). Ctrl-C stops early with what was done."""
+    is called on rank 0 (lwm.ranks.is_rank0: the rank that writes and prints) as each item finishes.
+    Items may also be JSON objects (parsed here, paths relative to the working directory). Ctrl-C
+    stops early with what was done."""
     bad = [m for m in methods if m not in METHODS]
     if bad or not methods:
         raise ValueError(f"methods must be a non-empty subset of {METHODS}, got {list(methods)}")
 
-    _, rank = group_size_and_rank(getattr(generator, "group", None))
+    first = is_rank0()
     reader = Reader()
     items = [
         x
@@ -47,14 +48,14 @@ def run_video_qa(
         for x in ([it] if isinstance(it, Item) else reader.adapt(it, f"item {k + 1}", Path.cwd() / "items"))
     ]
     records, complete = [], True
-    bar = tqdm(items, desc="video QA", unit="q", disable=not progress or rank != 0, dynamic_ncols=True, mininterval=1.0)
+    bar = tqdm(items, desc="video QA", unit="q", disable=not progress or not first, dynamic_ncols=True, mininterval=1.0)
     try:
         for item in bar:
             rec = evaluate_item(
                 item, generator, tokenizer, vocab, source, methods, buckets, max_new_tokens, letter_tokens, prompt_style
             )
             records.append(rec)
-            if rank == 0:
+            if first:
                 if on_record is not None:
                     on_record(rec)
                 done = [r["correct"] for r in records if r["correct"] is not None]
