@@ -237,8 +237,8 @@ def test_cli_default_paths_work_from_any_folder_and_bad_paths_name_the_option(tm
     # Without --vqgan the model folder's VQGAN is used, else the bundled one (found from the package).
     args = cli.parse_args(["--model", str(tmp_path), "--prompt", "x", "--video", str(video)])
     assert args.vqgan is None and video_qa.build_parser().parse_args(["--model", "m", "--data", "d"]).vqgan is None
-    assert Path(cli.DEFAULT_VQGAN).is_absolute() and Path(cli.DEFAULT_VQGAN).is_file()
-    assert Path(cli.DEFAULT_VQGAN) == root / "data" / "checkpoints" / "vqgan_tiny.safetensors"
+    assert Path(cli.TINY_VQGAN).is_absolute() and Path(cli.TINY_VQGAN).is_file()
+    assert Path(cli.TINY_VQGAN) == root / "data" / "checkpoints" / "vqgan_tiny.safetensors"
 
     for argv, option in [
         (["--video", str(video), "--vqgan", "path/x"], "--vqgan path/x"),

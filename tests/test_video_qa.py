@@ -609,3 +609,9 @@ def test_torchrun_two_ranks_match_one(e2e, tmp_path):
     for ra, rb in zip(a["records"], b["records"]):
         assert rb["prompt_tokens"] == ra["prompt_tokens"] and rb["letter"]["output"] == ra["letter"]["output"]
         torch.testing.assert_close(rb["ll"]["scores"], ra["ll"]["scores"], rtol=1e-4, atol=1e-4)
+
+
+def test_usage_names_the_command_as_it_is_run():
+    from lwm.eval.video_qa.cli import build_parser
+
+    assert build_parser().format_usage().startswith("usage: python -m lwm.eval.video_qa ")

@@ -228,6 +228,6 @@ def test_run_takes_every_field_of_its_config(stage_model, tmp_path):
     res = json.loads((tmp_path / "vniah.json").read_text())
     c = res["config"]
     assert (c["frames"], c["depths"], c["trials"], c["methods"], c["pool"]) == ([2], [50.0], 1, ["ll"], 2)
-    assert (c["seed"], c["max_new_tokens"], c["vqgan"], c["layout"]) == (1, 2, str(vniah.DEFAULT_VQGAN), "zigzag")
+    assert (c["seed"], c["max_new_tokens"], c["vqgan"], c["layout"]) == (1, 2, str(vniah.TINY_VQGAN), "zigzag")
     assert "generated" not in res["trials"][0] and "ll" in res["trials"][0]
     assert res["trials"][0]["video_id"] == "vniah_2f_50_0" and not (tmp_path / "vniah_heatmap.png").exists()

@@ -37,9 +37,9 @@ from lwm.arg_types import add_options, from_args, option
 from lwm.eval.plots import grid_table
 from lwm.eval.trials import Autosave, announce, check_out_dir, finish
 from lwm.eval.vniah_grid import ANSWERS, METHODS, accuracy_grid, check_grid, grid_labels, run_vniah, write_results
-from lwm.infer.prompt import DEFAULT_VQGAN
 from lwm.infer.runtime import ModelOptions, load_generator, start
 from lwm.interop.vqgan_sources import load_vqgan
+from lwm.paths import TINY_VQGAN
 from lwm.ranks import is_rank0
 
 
@@ -48,7 +48,7 @@ class VniahConfig:
     """python -m lwm.eval.vniah: the model, the VQGAN, the grid and where its results go."""
 
     model: ModelOptions
-    vqgan: str = option("the VQGAN that encodes the frames (safetensors)", str(DEFAULT_VQGAN))
+    vqgan: str = option("the VQGAN that encodes the frames (safetensors)", str(TINY_VQGAN))
     frames: list[int] = option(
         "video lengths in frames (1 fps)", default_factory=lambda: [2, 4, 6], type=int, nargs="+"
     )

@@ -19,9 +19,9 @@ import time
 from lwm.arg_types import positive_int
 from lwm.data.chat import PROMPT_STYLES, chat_prompt
 from lwm.infer import GenerationConfig
-from lwm.infer.prompt import DEFAULT_VQGAN
 from lwm.infer.runtime import add_model_args, load_generator, require_paths, start
 from lwm.interop.vqgan_sources import load_vqgan
+from lwm.paths import TINY_VQGAN
 from lwm.ranks import is_rank0
 from lwm.video.codes import CodeSource
 from lwm.video.reader import VideoError
@@ -64,7 +64,7 @@ def prompt_ids(args, loaded) -> list[int]:
             raise ValueError("--codes and --video-id go together")
         codes = CodeSource(args.fps, args.max_frames, cache=args.codes).from_cache(args.video_id).codes
     elif args.video:
-        vqgan = args.vqgan or loaded.vqgan or DEFAULT_VQGAN
+        vqgan = args.vqgan or loaded.vqgan or TINY_VQGAN
         source = CodeSource(args.fps, args.max_frames, vqgan=lambda: load_vqgan(vqgan, preset="tiny").to(args.device))
         codes = source.from_video(args.video).codes
     if args.raw:

@@ -31,7 +31,7 @@ Layout of the output folder:
                                            "value": "blue" (new color) | "left" (direction) | null}]}
     captions.jsonl            {"vision": "clip_0000", "caption": "...",
                                "fields": ["[vision],caption", "[caption],vision"]}
-    qa.jsonl                  in the chat form evaluation prompts with (lwm.infer.prompt: the question
+    qa.jsonl                  in the chat form evaluation prompts with (lwm.data.chat: the question
                               before the video), one line per question:
                               {"vision": "clip_0000", "question": "What color is the square?",
                                "answer": "Green.", "kind": "color",

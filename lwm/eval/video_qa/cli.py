@@ -19,8 +19,8 @@ from lwm.eval.video_qa.report import RecordLog, markdown, write_outputs
 from lwm.eval.video_qa.scoring import METHODS
 from lwm.eval.video_qa.summary import Buckets
 from lwm.eval.video_qa.videos import VideoSource, probe_seconds
-from lwm.infer.prompt import DEFAULT_VQGAN
 from lwm.infer.runtime import ModelOptions, load_generator, start
+from lwm.paths import TINY_VQGAN
 from lwm.ranks import is_rank0
 
 
@@ -89,7 +89,7 @@ class UsageError(Exception):
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="video_qa.py",
+        prog="python -m lwm.eval.video_qa",
         description="Long-video question answering accuracy.",
         epilog="Exit status: 0 if every item was scored, 1 if some were recorded as errors, "
         "2 for a usage error, 130 if interrupted.",
@@ -223,7 +223,7 @@ def run(config: VideoQAConfig, checked: Checked | None = None) -> int:
         loaded, generator = load_generator(config.load, runtime)
     except (FileNotFoundError, ValueError) as e:
         raise UsageError(str(e)) from e
-    args = dataclasses.replace(config, vqgan=str(config.vqgan or loaded.vqgan or DEFAULT_VQGAN))
+    args = dataclasses.replace(config, vqgan=str(config.vqgan or loaded.vqgan or TINY_VQGAN))
     first, device = is_rank0(), runtime.device
     source = (
         VideoSource(args.codes, args.vqgan, fps=args.fps, max_frames=args.max_frames, ids=args.ids, device=device)

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 
 from lwm.eval.video_qa.items import Item, ItemError
-from lwm.infer.prompt import DEFAULT_VQGAN
 from lwm.interop.vqgan_sources import load_vqgan
+from lwm.paths import TINY_VQGAN
 from lwm.video.codes import CodeSource
 from lwm.video.reader import VideoError
 
@@ -24,7 +24,7 @@ class VideoSource:
     def __init__(
         self,
         codes_dir=None,
-        vqgan=DEFAULT_VQGAN,
+        vqgan=TINY_VQGAN,
         fps: float | None = 1.0,
         max_frames: int | None = None,
         ids: str = "auto",
