@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import io
 import pickle
+import struct
 from pathlib import Path
 
 import torch
@@ -25,6 +26,9 @@ import torch
 from lwm.io import atomic_file, write_atomic
 
 CHUNK = 1 << 20
+# What torch's unpickler raises on bytes that are no torch file, cut short or corrupted: junk opcodes
+# pop an empty stack (IndexError), read an unset memo (KeyError), or unpack too few bytes (struct.error).
+UNREADABLE = (EOFError, RuntimeError, IndexError, KeyError, struct.error, TypeError, ValueError, UnicodeDecodeError)
 
 
 class CheckpointError(ValueError):
@@ -88,8 +92,10 @@ def load_verified(path: Path, map_location="cpu") -> dict:
             f"refusing to load {path}: it holds objects other than tensors and plain data, which would run "
             f"code when unpickled ({str(e).splitlines()[0]})"
         ) from None
-    except (EOFError, RuntimeError, OSError) as e:
-        raise CheckpointError(f"{path} is cut short or corrupted and cannot be read ({e})") from None
+    except (*UNREADABLE, OSError) as e:
+        raise CheckpointError(
+            f"{path} is cut short or corrupted and cannot be read ({type(e).__name__}: {e})"
+        ) from None
 
 
 # ----------------------------------------------------------------------------------------- sharded checkpoints

@@ -19,6 +19,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from lwm.checkpoint_io import UNREADABLE
 from lwm.io import NoSpaceLeft
 
 
@@ -62,8 +63,8 @@ def read_weights(source: str | Path | dict) -> dict[str, torch.Tensor]:
             f"{path} is not a weights file: it is no torch file or it holds objects other than tensors, which "
             f"would run code when unpickled ({str(e).splitlines()[-1] if str(e).strip() else e})"
         ) from None
-    except (EOFError, RuntimeError) as e:
-        raise ValueError(f"{path} is cut short or corrupted and cannot be read ({e})") from None
+    except UNREADABLE as e:
+        raise ValueError(f"{path} is cut short or corrupted and cannot be read ({type(e).__name__}: {e})") from None
     if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
         state = state["state_dict"]
     if not isinstance(state, dict):

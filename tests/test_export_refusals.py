@@ -64,3 +64,33 @@ def test_weights_that_are_not_weights_are_named(tmp_path):
     pt.write_bytes(pt.read_bytes()[:200])
     with pytest.raises(ValueError, match="w.pt is cut short or corrupted"):
         read_weights(pt)
+
+
+# Leading bytes that each make torch's unpickler fail in its own way (IndexError, KeyError, struct.error)
+JUNK = [b"(junk", b"tea", b"e\x9a\x8f", b"hello", b"j\x01h", b"G", b"M", b"\x80\x02R\xaf", b"\x86", b"}x"]
+
+
+@pytest.mark.parametrize("junk", JUNK, ids=repr)
+def test_junk_bytes_are_named_as_not_weights(tmp_path, junk):
+    from lwm.checkpoint_io import CheckpointError, load_verified
+
+    path = tmp_path / "w.pt"
+    path.write_bytes(junk + b"\n")
+    with pytest.raises(ValueError, match=r"w.pt is not a weights file|w.pt is cut short or corrupted"):
+        read_weights(path)
+    with pytest.raises(CheckpointError, match=r"w.pt is cut short or corrupted|refusing to load .*w.pt"):
+        load_verified(path)
+
+
+def test_a_vqgan_that_is_not_one_is_refused_before_anything_is_written(stage, tmp_path, capsys):
+    out = tmp_path / "hf"
+    text = tmp_path / "notes.txt"
+    text.write_text("these are notes, not a VQGAN\n")
+    assert "notes.txt" in refusal([stage, "--out", out, "--vqgan", text], capsys)
+    junk = tmp_path / "v.safetensors"
+    junk.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not a header")
+    assert "v.safetensors is not a readable safetensors file" in refusal([stage, "--out", out, "--vqgan", junk], capsys)
+    wrong = tmp_path / "wrong.safetensors"
+    save_weights({"w": torch.zeros(2)}, wrong)
+    assert "wrong.safetensors does not fit" in refusal([stage, "--out", out, "--vqgan", wrong], capsys)
+    assert not out.exists()

@@ -48,7 +48,9 @@ def codes_vqgan(codes_dir) -> Path | None:
 
 
 def export_weights(weights, model_config: ModelConfig, out_dir, tokenizer_model=None, vqgan=None) -> Path:
-    """weights: a path to a safetensors file or a state dict; vqgan: a VQGAN checkpoint or folder to bundle."""
+    """weights: a path to a safetensors file or a state dict; vqgan: a VQGAN checkpoint or folder to bundle.
+    Both are read before anything is written: a bad one leaves no half-made folder."""
+    bundled = load_vqgan(vqgan, preset="tiny") if vqgan is not None else None
     with torch.device("meta"):
         model = Transformer(model_config)
     try:
@@ -59,8 +61,8 @@ def export_weights(weights, model_config: ModelConfig, out_dir, tokenizer_model=
             f"{name} do not fit the stage's model_config.json: {str(e).splitlines()[-1].strip()}"
         ) from None
     out = to_hf(model, out_dir, tokenizer_model=tokenizer_model)
-    if vqgan is not None:
-        write_bundle_info(out, "native", load_vqgan(vqgan, preset="tiny"), vqgan_source=str(vqgan))
+    if bundled is not None:
+        write_bundle_info(out, "native", bundled, vqgan_source=str(vqgan))
     return out
 
 
