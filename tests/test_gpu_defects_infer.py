@@ -1,6 +1,6 @@
 """Issue 24's defects of launching, inference and evaluation on GPUs, checked without one: each rank
-on its own GPU (12), no per-token reads of device values or host-to-device copies in decoding
-beyond the token itself (12), a failure on one rank agreed by the whole group (8), and the
+on its own GPU (12), no per-token reads of device values or copies between host and device in
+decoding (12), a failure on one rank agreed by the whole group (8), and the
 post-training needle evaluation started as one process, not as a rank of the run (9)."""
 
 from __future__ import annotations
@@ -79,7 +79,8 @@ class DeviceReads(TorchDispatchMode):
 
 
 class HostToDevice(HostTensors):
-    """Copies to the device: a host tensor moved there, or host data made into a device tensor."""
+    """Copies between host and device: a host tensor moved to the device, host data made into a device
+    tensor, a device tensor read by tolist or copied to the host by project code's .cpu()."""
 
     def __init__(self, counts: Counter):
         super().__init__()
@@ -91,28 +92,43 @@ class HostToDevice(HostTensors):
             self.counts["to device"] += 1
         elif func is torch.Tensor.tolist and first not in HOST:
             self.counts["read"] += 1
+        elif func is torch.Tensor.cpu and first not in HOST and comm_contract._from_project():
+            self.counts["to host"] += 1
         return super().__torch_function__(func, types, args, kwargs)
 
 
-def _traffic(gen: Generator, prompt: list[int], n: int) -> Counter:
+def _traffic(gen: Generator, prompt: list[int], config: GenerationConfig) -> Counter:
     counts = Counter()
     with HostToDevice(counts), DeviceReads(counts):
-        gen.generate(prompt, GenerationConfig(max_new_tokens=n))
+        gen.generate(prompt, config)
     return counts
 
 
-def test_decoding_reads_one_value_per_token_and_copies_nothing(monkeypatch):
-    """Per decoded token (the difference of 10 and 4 tokens, over 6): one read, the token's id (it
-    decides stopping and is returned); no nonzero, no host-to-device copy. As if the tensors
-    comm_contract does not tag as host tensors were on a GPU."""
+KINDS = ("read", "nonzero", "to device", "to host")
+
+
+@pytest.mark.parametrize("sampling", [{}, {"temperature": 0.8, "top_k": 50}], ids=["greedy", "sampled"])
+def test_decoding_makes_no_host_sync_per_token(monkeypatch, sampling):
+    """Without stop tokens: the same reads (the new ids, once, at the end) for 4 and 16 new tokens, no
+    nonzero, no copy either way per token. With a stop token that does not come: one read of a stop
+    flag per stop_check_every tokens. As if the tensors comm_contract does not tag as host tensors
+    were on a GPU."""
     monkeypatch.setattr(comm_contract, "PROJECT", ["lwm."])
     vocab = Vocab(256)
     torch.manual_seed(0)
     gen = Generator(Transformer(ModelConfig.from_preset("debug", vocab_size=vocab.size)).eval(), vocab)
     prompt = list(range(3, 40))
-    few, many = _traffic(gen, prompt, 4), _traffic(gen, prompt, 10)
-    per_token = {kind: (many[kind] - few[kind]) / 6 for kind in ("read", "nonzero", "to device")}
-    assert per_token == {"read": 1, "nonzero": 0, "to device": 0}, (few, many)
+    few, many = (_traffic(gen, prompt, GenerationConfig(max_new_tokens=n, **sampling)) for n in (4, 16))
+    assert {k: many[k] - few[k] for k in KINDS} == dict.fromkeys(KINDS, 0), (few, many)
+    once = {**dict.fromkeys(KINDS, 0), "read": 1, "to device": 1}  # the new ids read, the prompt copied
+    assert {k: few[k] for k in KINDS} == once, few
+
+    never = next(t for t in range(vocab.text_size) if t not in gen.generate(prompt, GenerationConfig(20, **sampling)))
+    for n, every in [(4, 8), (20, 8), (20, 3)]:
+        config = GenerationConfig(max_new_tokens=n, stop_tokens=[never], stop_check_every=every, **sampling)
+        counts = _traffic(gen, prompt, config)
+        flags = (n - 1) // every  # not at the last token: the ids are read then anyway
+        assert {k: counts[k] for k in KINDS} == {**once, "read": 1 + flags}, (n, every, counts)
 
 
 # ------------------------------------------------------------------------------------ 8: failures agreed

@@ -11,7 +11,9 @@ queries attend to all ranks' cache slices. The ring part runs in segments of `pr
 per rank (each segment's ring attention merged with a ring pass over the earlier segments' cache
 slices); with one process the prompt is prefilled in chunks of `prefill_chunk` tokens. Either way
 activations stay bounded however long the prompt is. Every rank ends
-with the same logits; sampled tokens are taken from the group's first rank.
+with the same logits; sampled tokens are taken from the group's first rank. Decoding reads nothing
+to the host per token: the tokens stay on the device until generation ends, and whether a stop
+token came is read once every `GenerationConfig.stop_check_every` tokens.
 """
 
 from __future__ import annotations
@@ -123,24 +125,46 @@ class Generator:
     def generate(self, prompt, config: GenerationConfig | None = None) -> list[int]:
         """New token ids after the prompt (a stop token ends generation and is not returned)."""
         config = config or GenerationConfig()
-        rng = torch.Generator().manual_seed(config.seed)
-        out: list[int] = []
         try:
             prompt = self._start(prompt, reserve=config.max_new_tokens)
             allowed = allowed_ids(self.vocab, config.restrict, config.stop_tokens, self.device)
+            stops = torch.tensor(config.stop_tokens, dtype=torch.long, device=self.device)  # (n_stop,)
+            rng = torch.Generator(device=self.device).manual_seed(config.seed)
             self._meet()
-            logits = self._fill(prompt)
-            for i in range(config.max_new_tokens):
-                token = broadcast_from_first(next_token(logits, config, allowed, rng), self.group)  # (1,)
-                value = int(token)  # the one read to the host per token: it decides stopping, and is returned
-                if value in config.stop_tokens:
-                    break
-                out.append(value)
-                if i + 1 < config.max_new_tokens:
-                    logits = self._extend(token)[-1]
+            values = self._decode(self._fill(prompt), config, allowed, stops, rng).tolist()  # the one read
         finally:
             self.release()
-        return out
+        return until_stop(values, config.stop_tokens)
+
+    def _decode(
+        self,
+        logits: torch.Tensor,
+        config: GenerationConfig,
+        allowed: torch.Tensor,
+        stops: torch.Tensor,
+        rng: torch.Generator,
+    ) -> torch.Tensor:
+        """Tokens (n,) on the device after logits (V,), each fed back without being read. Whether a stop
+        token came is read once every config.stop_check_every tokens, on every rank alike (the tokens are
+        the first rank's), so up to that many - 1 tokens past a stop are made; until_stop drops them."""
+        n_max = config.max_new_tokens
+        ids = torch.empty(n_max, dtype=torch.long, device=self.device)
+        n = 0
+        while True:
+            token = broadcast_from_first(next_token(logits, config, allowed, rng), self.group)  # (1,)
+            ids[n : n + 1] = token
+            n += 1
+            if n == n_max or self._stopped(ids[:n], stops, config.stop_check_every):
+                return ids[:n]
+            logits = self._extend(token)[-1]
+
+    @staticmethod
+    def _stopped(ids: torch.Tensor, stops: torch.Tensor, every: int) -> bool:
+        """Whether ids (n,) hold a stop token, read to the host only when n is a multiple of `every`
+        (the tokens since the last read are the ones looked at)."""
+        if stops.numel() == 0 or ids.numel() % every:
+            return False
+        return bool(torch.isin(ids[-every:], stops).any())  # a host sync, once per `every` tokens
 
     @torch.no_grad()
     def score(self, prompt, continuations: list) -> list[float]:
@@ -165,3 +189,11 @@ class Generator:
         finally:
             self.release()
         return scores
+
+
+def until_stop(values: list[int], stop_tokens: list[int]) -> list[int]:
+    """values up to the first stop token (not included)."""
+    for i, value in enumerate(values):
+        if value in stop_tokens:
+            return values[:i]
+    return values
