@@ -4,7 +4,8 @@ without running anything from the file.
 Writing: the bytes go to a temporary file in the target's folder, are flushed to disk, and replace
 the target with one rename, so a kill at any moment leaves the previous checkpoint or the new one,
 never a torn file (Lightning's own writer stages the file in $TMPDIR and moves it, which across
-filesystems is truncate-then-copy). A `<name>.sha256` beside it is written the same way, after it.
+filesystems is truncate-then-copy). The checksum is taken as the bytes are written and installed with
+the file (`install`): a kill at any instant leaves a file that matches its checksum.
 
 Reading: the checksum is verified when present (a run folder from elsewhere may lack it), and the
 file is read with `torch.load(weights_only=True)`: tensors and plain data only, no pickled objects.
@@ -17,13 +18,14 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import pickle
 import struct
 from pathlib import Path
 
 import torch
 
-from lwm.io import atomic_file, write_atomic
+from lwm.io import write_atomic, writes_to
 
 CHUNK = 1 << 20
 # What torch's unpickler raises on bytes that are no torch file, cut short or corrupted: junk opcodes
@@ -47,12 +49,67 @@ def checksum_path(path: Path) -> Path:
     return path.with_name(path.name + ".sha256")
 
 
+def pending_checksum_path(path: Path) -> Path:
+    """The checksum of a file about to be renamed into place; it becomes `<name>.sha256` right after."""
+    return path.with_name(path.name + ".sha256.new")
+
+
+def install(tmp: Path, path: Path, digest: str) -> None:
+    """Rename a finished `tmp` (whose sha256 is `digest`) over `path`, its checksum with it: the new
+    sum is written aside first, then the file is renamed in, then the sum. At every instant the file
+    at `path` matches `<name>.sha256` or, between the two renames, `<name>.sha256.new`."""
+    pending = pending_checksum_path(path)
+    write_sums({path.name: digest}, pending)
+    os.replace(tmp, path)
+    os.replace(pending, checksum_path(path))
+
+
+class _HashingWriter:
+    """The file torch.save writes through: hashes the bytes on their way (torch's zip writer writes in
+    order, never seeking back) and keeps the OSError a write raised, which the zip writer turns into
+    a RuntimeError that says nothing of it ("unexpected pos")."""
+
+    def __init__(self, f):
+        self.f, self.hash, self.error = f, hashlib.sha256(), None
+
+    def write(self, data) -> int:
+        try:
+            n = self.f.write(data)
+        except OSError as e:
+            self.error = e
+            raise
+        self.hash.update(data)
+        return n
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def _write_hashed(obj, tmp: Path, path: Path) -> str:
+    """torch.save `obj` to `tmp`, on disk when this returns; its sha256. A full disk: NoSpaceLeft(path)."""
+    with writes_to(path), open(tmp, "wb") as f:
+        out = _HashingWriter(f)
+        try:
+            torch.save(obj, out)
+        except RuntimeError:
+            if out.error is not None:
+                raise out.error from None  # the disk's own error: writes_to names the file if it is full
+            raise
+        f.flush()
+        os.fsync(f.fileno())
+    return out.hash.hexdigest()
+
+
 def save_verified(obj, path: Path) -> None:
-    """torch.save `obj` at `path` atomically, then its checksum beside it (a full disk: NoSpaceLeft)."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with atomic_file(path) as f:
-        torch.save(obj, f)
-    write_sums({Path(path).name: sha256(Path(path))}, checksum_path(Path(path)))
+    """torch.save `obj` at `path` atomically with its checksum beside it (install); the bytes go to
+    `<name>.tmp` beside it first. A full disk raises NoSpaceLeft naming `path`, the old file kept."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        install(tmp, path, _write_hashed(obj, tmp, path))
+    finally:
+        tmp.unlink(missing_ok=True)  # renamed: gone already; else a failed write's leftover
 
 
 def write_sums(sums: dict[str, str], path: Path) -> None:
@@ -70,14 +127,20 @@ def read_sums(path: Path) -> dict[str, str]:
     return sums
 
 
-def verify(path: Path) -> None:
-    """Refuse a file whose checksum file disagrees with its bytes (no checksum file: nothing to verify)."""
+RESUME_ADVICE = "resume from another checkpoint or delete it to start the stage again"
+
+
+def verify(path: Path, advice: str = RESUME_ADVICE) -> None:
+    """Refuse a file whose bytes match neither its checksum nor a pending one (install); no checksum
+    file at all (a folder from elsewhere): nothing to verify."""
     path = Path(path)
-    sums = checksum_path(path)
-    if sums.is_file() and read_sums(sums).get(path.name) != sha256(path):
+    sums = [p for p in (checksum_path(path), pending_checksum_path(path)) if p.is_file()]
+    if not sums:
+        return
+    digest = sha256(path)
+    if not any(read_sums(p).get(path.name) == digest for p in sums):
         raise CheckpointError(
-            f"{path} does not match its checksum in {sums}: the file is corrupted or was cut short; "
-            "resume from another checkpoint or delete it to start the stage again"
+            f"{path} does not match its checksum in {sums[0]}: the file is corrupted or was cut short; {advice}"
         )
 
 

@@ -1,8 +1,10 @@
 """Weights files: the one reader and writer of state dicts on disk (a training stage's
 final.safetensors, a VQGAN checkpoint, a Lightning checkpoint's weights).
 
-    save_weights(state, "run/a/final.safetensors")    # contiguous CPU copies, parent folders made
-    state = read_weights(path_or_state)               # a dict is returned as it is
+    save_weights(state, "run/a/final.safetensors")    # contiguous CPU copies, parent folders made,
+                                                      # final.safetensors.sha256 beside it
+    state = read_weights(path_or_state)               # a dict is returned as it is; a file is checked
+                                                      # against its .sha256 where it has one
 
 A config sidecar, where there is one, is the caller's (model_config.json beside a stage's weights,
 <name>.json beside a VQGAN's).
@@ -11,7 +13,6 @@ A config sidecar, where there is one, is the caller's (model_config.json beside 
 from __future__ import annotations
 
 import errno
-import os
 import pickle
 from pathlib import Path
 
@@ -19,8 +20,10 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from lwm.checkpoint_io import UNREADABLE
+from lwm.checkpoint_io import UNREADABLE, install, sha256, verify
 from lwm.io import NoSpaceLeft
+
+WEIGHTS_ADVICE = "restore it, or rerun what wrote it (a training stage: stage_only=<stage>)"
 
 
 def save_weights(state: dict[str, torch.Tensor], path: str | Path, metadata: dict[str, str] | None = None) -> Path:
@@ -31,10 +34,11 @@ def save_weights(state: dict[str, torch.Tensor], path: str | Path, metadata: dic
     tmp = path.with_name(path.name + ".tmp")  # beside it: the rename is atomic, a kill leaves the old file
     try:
         save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(tmp), metadata=metadata)
-        os.replace(tmp, path)
+        install(tmp, path, sha256(tmp))  # with its checksum, which readers verify
     except SafetensorError as e:
-        if "os error 28" in str(e) or "os error 122" in str(e):  # ENOSPC, EDQUOT from the Rust writer
-            raise NoSpaceLeft(path, OSError(errno.ENOSPC, str(e))) from None
+        for code in (errno.ENOSPC, errno.EDQUOT):  # the Rust writer's error names only the OS error
+            if f"os error {code})" in str(e):
+                raise NoSpaceLeft(path, OSError(code, str(e))) from None
         raise
     finally:
         tmp.unlink(missing_ok=True)
@@ -49,6 +53,7 @@ def read_weights(source: str | Path | dict) -> dict[str, torch.Tensor]:
     path = Path(source)
     if not path.is_file():
         raise FileNotFoundError(f"weights file {path} does not exist")
+    verify(path, advice=WEIGHTS_ADVICE)
     if path.suffix == ".safetensors":
         try:
             return load_file(str(path))

@@ -183,3 +183,73 @@ def test_sharded_entries_never_name_a_file_outside_the_checkpoint(tmp_path, wher
     meta.write_bytes(pickle.dumps(metadata))
     with pytest.raises(CheckpointError, match=rf"refusing {folder}: entry .* names {where!r}, outside the checkpoint"):
         check_sharded(folder)
+
+
+class Killed(BaseException):
+    """What a SIGKILL does to the writer, short of ending the test's process."""
+
+
+def _killed_after(monkeypatch, renames: int) -> None:
+    """os.replace works `renames` times, then the writer is killed."""
+    import os
+
+    real, done = os.replace, []
+
+    def replace(src, dst):
+        if len(done) == renames:
+            raise Killed(f"killed before renaming {src} to {dst}")
+        done.append(dst)
+        return real(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+
+
+def test_a_kill_at_any_rename_of_a_save_leaves_a_checkpoint_that_loads(tmp_path, monkeypatch):
+    """Whichever rename the kill comes before, last.ckpt loads (the old or the new one, never
+    refused), and a byte flipped in it afterwards is still refused."""
+    for renames in range(4):
+        path = tmp_path / str(renames) / "last.ckpt"
+        save_verified({"step": 1, "w": torch.zeros(8)}, path)
+        _killed_after(monkeypatch, renames)
+        try:
+            save_verified({"step": 2, "w": torch.ones(8)}, path)
+        except Killed:
+            pass
+        monkeypatch.undo()
+        assert load_verified(path)["step"] in (1, 2), renames
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        path.write_bytes(bytes(data))
+        with pytest.raises(CheckpointError, match="last.ckpt does not match its checksum"):
+            load_verified(path)
+    # the first save of a stage, killed between the renames, loads too
+    path = tmp_path / "first" / "last.ckpt"
+    _killed_after(monkeypatch, 2)
+    with pytest.raises(Killed):
+        save_verified({"step": 1}, path)
+    monkeypatch.undo()
+    assert load_verified(path)["step"] == 1
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A 1 MiB filesystem of its own, to fill."""
+    import subprocess
+
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_a_full_disk_during_a_checkpoint_write_is_named_and_keeps_the_previous_one(small_tmpfs):
+    from lwm.io import NoSpaceLeft
+
+    path = small_tmpfs / "last.ckpt"
+    save_verified({"step": 1, "w": torch.zeros(1000)}, path)
+    with pytest.raises(NoSpaceLeft, match=f"no space left on {path}$"):
+        save_verified({"step": 2, "w": torch.zeros(1 << 18)}, path)  # 1 MiB of weights
+    assert load_verified(path)["step"] == 1
+    assert sorted(p.name for p in small_tmpfs.iterdir()) == ["last.ckpt", "last.ckpt.sha256"]

@@ -94,3 +94,16 @@ def test_a_vqgan_that_is_not_one_is_refused_before_anything_is_written(stage, tm
     save_weights({"w": torch.zeros(2)}, wrong)
     assert "wrong.safetensors does not fit" in refusal([stage, "--out", out, "--vqgan", wrong], capsys)
     assert not out.exists()
+
+
+def test_weights_are_written_with_a_checksum_and_verified_on_read(tmp_path):
+    from lwm.checkpoint_io import CheckpointError
+
+    path = save_weights({"w": torch.arange(64.0)}, tmp_path / "a" / "final.safetensors")
+    assert sorted(p.name for p in path.parent.iterdir()) == ["final.safetensors", "final.safetensors.sha256"]
+    assert torch.equal(read_weights(path)["w"], torch.arange(64.0))
+    data = bytearray(path.read_bytes())
+    data[-10] ^= 0x01  # inside the tensor's bytes: safetensors itself would read it
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=r"final.safetensors does not match its checksum in .*\.sha256"):
+        read_weights(path)
