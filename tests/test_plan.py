@@ -254,3 +254,21 @@ def test_tensor_parallel_all_reduces_are_counted_and_timed():
     assert "tp (NVLink)" in times[2].parts and "tp (NVLink)" not in times[1].parts
     assert times[2].parts["tp (NVLink)"] == work[2].tp_bytes / (device.nvlink_gbps * 1e9)
     assert times[2].tokens_per_s_per_gpu == tokens / 2 / times[2].seconds
+
+
+def test_ulysses_all_to_alls_are_counted_and_timed():
+    """Ulysses sends each block's q, k, v and output through an all-to-all in forward and their
+    gradients in backward: 2 x (2 q-sized + 2 kv-sized) tensors of this rank's tokens, bf16; the
+    time model charges (cp - 1) / cp of them to the cp group's link, in series with compute."""
+    config, stage = _setup("debug", 1024, 2)
+    parallel = dataclasses.replace(PARALLEL, activation_checkpointing=False, mode="ulysses")
+    mesh = Mesh(1024, 2, 1)
+    step = plan_step(config, stage, mesh, parallel, OptimConfig(), GPU_SETTINGS)
+    heads = 2 * config.n_heads + 2 * config.n_kv_heads
+    assert step.sent["all_to_all"] == 2 * heads * 512 * config.head_dim * 2 * config.n_layers
+    work = step_work(config, mesh, step, "striped", "ulysses", False)
+    assert work.a2a_bytes == step.sent["all_to_all"] / 2
+    device = parse_device("h100-80g")
+    time = step_time(work, mesh, device, 8)
+    assert time.parts["all-to-all (NVLink)"] == work.a2a_bytes / (device.nvlink_gbps * 1e9)
+    assert time.seconds >= sum(time.parts[k] for k in ("matmul", "attention", "hbm", "all-to-all (NVLink)"))
