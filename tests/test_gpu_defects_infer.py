@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 from collections import Counter
+from pathlib import Path
 
 import comm_contract
 import pytest
@@ -17,17 +18,23 @@ from test_video_qa import StubSource, Tok
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from lwm import child
+from lwm.data.text_tokenizer import TextTokenizer
 from lwm.data.vocab import Vocab
 from lwm.eval.needle import NeedleGrid
+from lwm.eval.needle_grid import run_needle
 from lwm.eval.video_qa import run_video_qa
+from lwm.eval.vniah_grid import run_vniah
 from lwm.infer import GenerationConfig, Generator
 from lwm.infer import runtime as runtime_module
+from lwm.interop.vqgan_sources import load_vqgan
 from lwm.model import ModelConfig, Transformer
 from lwm.parallel import launch
 from lwm.parallel.launch import LAUNCH_VARIABLES, rank_device, run_distributed
+from lwm.synth import make_vniah
 from lwm.train.evaluate import evaluate_needles
 
 TORCHRUN = {"WORLD_SIZE": "4", "LOCAL_RANK": "2"}
+TOKENIZER = Path(__file__).resolve().parent.parent / "data" / "sample" / "tokenizer.model"
 
 
 # ------------------------------------------------------------------------------------ 12: one GPU per rank
@@ -183,6 +190,54 @@ def test_a_failure_on_one_rank_is_recorded_by_every_rank_and_the_run_goes_on():
     for i, message in own.items():
         assert rank1[i][1].startswith(message), rank1[i]
         assert rank0[i][1].startswith("PeerFailure: another rank of the group failed (rank 1: " + message), rank0[i]
+
+
+class _OutOfMemoryAt(Generator):
+    """Runs out of memory for its cache at its `fail_at`-th prompt, before the group talks."""
+
+    def __init__(self, *args, fail_at: int):
+        super().__init__(*args)
+        self.fail_at, self.starts = fail_at, 0
+
+    def _start(self, prompt, reserve):
+        self.starts += 1
+        if self.starts == self.fail_at:
+            raise torch.OutOfMemoryError(f"rank 1 has no room for cache {self.fail_at}")
+        return super()._start(prompt, reserve)
+
+
+def _grids_worker(rank: int, world: int, haystack: str) -> dict:
+    """Both grids, 2 depths x 2 trials; rank 1 fails alone in the needle grid's first trial and in the
+    V-NIAH grid's first trial's second prompt (its log-likelihoods, after the generated answer)."""
+    tok = TextTokenizer(TOKENIZER)
+    vocab = Vocab(tok.vocab_size)
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig.from_preset("debug", vocab_size=vocab.size)).eval()
+    group = dist.group.WORLD
+
+    def gen(fail_at: int) -> Generator:
+        return _OutOfMemoryAt(model, vocab, group, fail_at=fail_at) if rank == 1 else Generator(model, vocab, group)
+
+    needle = run_needle(gen(1), tok, vocab, [200], [0, 50], trials=2, haystack=haystack, max_new_tokens=3)
+    vqgan = load_vqgan(make_vniah.DEFAULT_CHECKPOINT).eval()
+    vniah = run_vniah(gen(2), tok, vocab, vqgan, [1], [0, 50], trials=2, pool=1, max_new_tokens=2)
+    return {
+        "needle": [((r["depth"], r["trial"]), r["error"], r["answer"]) for r in needle["trials"]],
+        "vniah": [((r["depth"], r["trial"]), r["error"], r.get("ll", {}).get("predicted")) for r in vniah["trials"]],
+    }
+
+
+def test_a_grid_trial_failing_on_one_rank_fails_on_every_rank_and_the_grid_goes_on(tmp_path):
+    haystack = tmp_path / "hay.txt"
+    haystack.write_text(" ".join(f"Line {i} was quiet and small." for i in range(300)))
+    rank0, rank1 = run_distributed(_grids_worker, 2, str(haystack), timeout=60.0)
+    for grid, at in [("needle", 1), ("vniah", 2)]:
+        ours, theirs = rank0[grid], rank1[grid]
+        assert [c for c, _, _ in ours] == [c for c, _, _ in theirs] == [(0.0, 0), (0.0, 1), (50.0, 0), (50.0, 1)]
+        own = f"OutOfMemoryError: rank 1 has no room for cache {at}"
+        assert theirs[0][1] == own and ours[0][1] == f"PeerFailure: another rank of the group failed (rank 1: {own})"
+        for i in (1, 2, 3):  # the same prompts scored alike on both ranks
+            assert ours[i][1] is None and theirs[i][1] is None and ours[i][2] == theirs[i][2] is not None, grid
 
 
 # ------------------------------------------------------------------------------------ 9: needle evaluation alone

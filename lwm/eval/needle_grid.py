@@ -17,9 +17,10 @@ import numpy as np
 import torch
 
 from lwm.eval.plots import heatmap, human_count
-from lwm.eval.trials import run_trials
+from lwm.eval.trials import group_of, run_trials
 from lwm.infer import GenerationConfig
 from lwm.io import write_atomic
+from lwm.parallel.comm import run_agreed
 from lwm.synth.needle_prompts import (
     CITIES,
     DEFAULT_HAYSTACK,
@@ -126,7 +127,8 @@ def run_needle(
     generator: anything with generate(prompt_ids, GenerationConfig) -> new ids (lwm.infer.Generator);
     every rank of a context-parallel group calls this with the same arguments. haystack: a path, a
     Haystack, or None for the bundled sample. on_trial(record, records so far) is called after each
-    trial. A trial that raises is recorded with its error (score None) and the run goes on.
+    trial. A trial that raises on any rank is recorded as failed (score None) on every rank and the
+    run goes on.
     instruction: what follows the question ("" leaves LWM's instruction out, as a curriculum's first
     step trains)."""
 
@@ -190,7 +192,9 @@ def run_trial(
     instruction: str,
 ) -> dict:
     """One trial -> its record: the needles (the same on every rank and every run), the prompt of
-    `length` ids, the answer generated with `config` and its score; an error is recorded, not raised."""
+    `length` ids, the answer generated with `config` and its score. An error is recorded, not raised,
+    and agreed by the generator's group: a rank failing alone fails the trial on every rank, so all
+    go on to the next trial together (lwm.parallel.comm.run_agreed)."""
     rng = trial_rng(seed, length, depth, trial)
     items = make_needles(rng, depth, needles, ask, digits)
     order = list(range(needles))
@@ -200,21 +204,27 @@ def run_trial(
     if needles == 1:
         record.update(city=items[0].city, number=items[0].number)
     start = time.perf_counter()
-    try:
-        prompt = build_prompt(tokenizer, haystack, length, items, question, instruction=instruction)
-        record["prompt_tokens"] = len(prompt.ids)
-        out = generator.generate(prompt.ids, config)
-        answer = tokenizer.decode([t for t in out if t < vocab.text_size])
+    ask = partial(_answer, generator, tokenizer, vocab, haystack, config, length, items, question, instruction, record)
+    answer, error = run_agreed(ask, *group_of(generator))
+    if error is None:
         for item in items:
             item.found = found_in(item.number, answer) if item.asked else None
         hits = [item.found for item in items if item.asked]
         record.update(answer=answer, score=sum(hits) / len(hits), correct=all(hits), error=None)
-    except Exception as e:  # recorded; the grid goes on (an out-of-memory at one length, say)
-        record.update(answer=None, score=None, correct=None, error=f"{type(e).__name__}: {e}")
+    else:  # recorded alike on every rank; the grid goes on (an out-of-memory at one length, say)
+        record.update(answer=None, score=None, correct=None, error=f"{type(error).__name__}: {error}")
         _free_memory()
     record["seconds"] = round(time.perf_counter() - start, 3)
     record["needles"] = [item.record() for item in items]
     return record
+
+
+def _answer(generator, tokenizer, vocab, haystack, config, length, items, question, instruction, record) -> str:
+    """The trial's prompt (its length into record) and the generated answer's text."""
+    prompt = build_prompt(tokenizer, haystack, length, items, question, instruction=instruction)
+    record["prompt_tokens"] = len(prompt.ids)
+    out = generator.generate(prompt.ids, config)
+    return tokenizer.decode([t for t in out if t < vocab.text_size])
 
 
 def _free_memory() -> None:

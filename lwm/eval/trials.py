@@ -28,6 +28,12 @@ def check_out_dir(out: Path) -> None:
         raise ValueError(f"--out {out} cannot be the results folder: {existing} is not writable")
 
 
+def group_of(generator) -> tuple:
+    """(process group, compute device) of a generator, for agreeing on a trial's failure; a stand-in
+    without them runs as one process."""
+    return getattr(generator, "group", None), getattr(generator, "device", None)
+
+
 def run_trials(
     grid: Sequence[tuple],
     trial: Callable[..., dict],

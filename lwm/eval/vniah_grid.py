@@ -16,9 +16,10 @@ import numpy as np
 
 from lwm.data.chat import chat_prompt
 from lwm.eval.plots import heatmap
-from lwm.eval.trials import run_trials
+from lwm.eval.trials import group_of, run_trials
 from lwm.infer import GenerationConfig
 from lwm.io import write_atomic
+from lwm.parallel.comm import run_agreed
 from lwm.synth.make_vniah import NEEDLE_COLORS, QUESTION, code_pool
 
 METHODS = ("generated", "ll")
@@ -162,7 +163,9 @@ def run_vniah(
 def run_trial(
     generator, tokenizer, vocab, codes, labels, seed: int, methods, max_new_tokens: int, n: int, d: float, t: int
 ) -> dict:
-    """Trial t of the cell (n frames, needle depth d) -> its record; an error is recorded, not raised."""
+    """Trial t of the cell (n frames, needle depth d) -> its record. An error is recorded, not raised,
+    and agreed by the generator's group: a rank failing alone fails the trial on every rank, so all go
+    on to the next trial together (lwm.parallel.comm.run_agreed)."""
     video, color, at = trial_video(codes, labels, n, d, EVAL_SEED + seed, t)
     rec = {
         "video_id": f"vniah_{n}f_{d:g}_{t}",
@@ -178,10 +181,12 @@ def run_trial(
         "error": None,
     }
     start = time.perf_counter()
-    try:
-        rec.update(score_trial(generator, tokenizer, vocab, video, color, methods, max_new_tokens))
-    except Exception as e:  # recorded; the grid goes on (an out-of-memory at one length, say)
-        rec["error"] = f"{type(e).__name__}: {e}"
+    score = partial(score_trial, generator, tokenizer, vocab, video, color, methods, max_new_tokens)
+    scores, error = run_agreed(score, *group_of(generator))
+    if error is None:
+        rec.update(scores)
+    else:  # recorded alike on every rank; the grid goes on (an out-of-memory at one length, say)
+        rec["error"] = f"{type(error).__name__}: {error}"
     rec["seconds"] = round(time.perf_counter() - start, 3)
     return rec
 

@@ -6,6 +6,8 @@ A RingComm sends to the next rank of a group and receives from the previous one,
 
 from __future__ import annotations
 
+from typing import Callable, TypeVar
+
 import torch
 import torch.distributed as dist
 
@@ -92,6 +94,32 @@ def agree_on_failure(error: BaseException | None, group, device) -> None:
                 raise PeerFailure(f"another rank of the group failed ({failed})")
     if error is not None:
         raise error
+
+
+T = TypeVar("T")
+
+
+def run_agreed(work: Callable[[], T], group, device) -> tuple[T | None, Exception | None]:
+    """work() on every rank of a group, its failure agreed by the group -> (its result, None) when no
+    rank failed, else (None, the error this rank records: its own, or a PeerFailure naming the ranks
+    that failed). So one rank failing alone (before the group first talks inside work, or after its
+    last collective) fails the item on every rank, and the next item starts together. One
+    agree_on_failure round per call; it meets the ranks still inside work at their own round
+    (Generator._meet), where they raise PeerFailure instead of waiting for the failed rank in a
+    collective. A rank failing inside a collective is not covered: the others wait there until the
+    process group's timeout."""
+    result, error = None, None
+    try:
+        result = work()
+    except PeerFailure as e:  # the round was held inside work: another rank failed before it
+        return None, e
+    except Exception as e:  # out of memory, a bad prompt ...: the group hears of it below
+        error = e
+    try:
+        agree_on_failure(error, group, device)
+    except Exception as e:
+        return None, e
+    return result, None
 
 
 def broadcast_object_from_first(obj, group=None):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -20,7 +21,7 @@ from lwm.eval.video_qa.subtitles import SubtitleError, at_frames, interleave, re
 from lwm.eval.video_qa.summary import Buckets
 from lwm.eval.video_qa.text import LETTERS, normalize, option_text
 from lwm.infer.sampling import GenerationConfig
-from lwm.parallel.comm import PeerFailure, agree_on_failure, broadcast_object_from_first, group_size_and_rank
+from lwm.parallel.comm import broadcast_object_from_first, group_size_and_rank, run_agreed
 
 METHODS = ("ll", "letter")
 
@@ -202,10 +203,10 @@ def evaluate_item(
 
     A failure is agreed by the group: one rank failing alone (out of memory for the cache, an error
     while building the prompt or after the group's last collective) makes every rank record the item
-    as failed and go on, through one agree_on_failure round per item that meets the generator's
-    meeting point (Generator._meet) or the others' round. A rank failing inside a collective (out of
-    memory in the middle of a forward pass) is not covered: the others wait in that collective until
-    the process group's timeout stops the run."""
+    as failed and go on, through one round per item (lwm.parallel.comm.run_agreed) that meets the
+    generator's meeting point (Generator._meet) or the others' round. A rank failing inside a
+    collective (out of memory in the middle of a forward pass) is not covered: the others wait in
+    that collective until the process group's timeout stops the run."""
     group = getattr(generator, "group", None)
     _, rank = group_size_and_rank(group)
     prepared = broadcast_object_from_first(_prepare(item, source) if rank == 0 else None, group)
@@ -213,20 +214,10 @@ def evaluate_item(
     if rec["error"] is not None:
         return rec
     model = _Model(generator, tokenizer, vocab, prompt_style)
-    error = None
-    try:
-        _score(
-            rec, model, prepared["codes"], item, methods, max_new_tokens, letter_tokens, prepared.get("subtitles", {})
-        )
-    except PeerFailure as e:  # another rank failed, and said so where the generator waited for it
-        return _failed(rec, e)
-    except Exception as e:  # a failed prompt (too long, out of memory ...) is recorded; the run goes on
-        error = e
-    try:  # every rank hears of a failure on any rank, and records it
-        agree_on_failure(error, group, getattr(generator, "device", None))
-    except Exception as e:
-        _failed(rec, e)
-    return rec
+    subs = prepared.get("subtitles", {})
+    score = partial(_score, rec, model, prepared["codes"], item, methods, max_new_tokens, letter_tokens, subs)
+    _, error = run_agreed(score, group, getattr(generator, "device", None))
+    return rec if error is None else _failed(rec, error)
 
 
 def _failed(rec: dict, error: Exception) -> dict:
