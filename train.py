@@ -32,6 +32,7 @@ from lwm.train.console import is_rank0, quiet_lightning, say
 from lwm.train.entry import ensure_sample_data, to_run_config
 from lwm.train.plan.preflight import WillNotFit
 from lwm.train.run import run_schedule
+from lwm.weights import WeightsError
 
 EXIT_NO_SPACE = 3  # as lwm-tokenize: 2 is bad input, 3 a full disk
 
@@ -69,7 +70,7 @@ def main(cfg: DictConfig) -> None:
                     f"{run.schedule.name} ({len(run.schedule.stages)} stages), {run.trainer.world_size} process(es)"
                 )
             where = run_schedule(run)
-    except (FolderLocked, CheckpointError, WillNotFit) as e:
+    except (FolderLocked, CheckpointError, WeightsError, WillNotFit) as e:  # a stage's start weights too
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except NoSpaceLeft as e:

@@ -23,6 +23,11 @@ from safetensors.torch import load_file, save_file
 from lwm.checkpoint_io import UNREADABLE, install, sha256, verify
 from lwm.io import NoSpaceLeft
 
+
+class WeightsError(ValueError):
+    """A weights file that cannot be read: not weights, cut short or corrupted; the message names it."""
+
+
 WEIGHTS_ADVICE = "restore it, or rerun what wrote it (a training stage: stage_only=<stage>)"
 
 
@@ -58,20 +63,20 @@ def read_weights(source: str | Path | dict) -> dict[str, torch.Tensor]:
         try:
             return load_file(str(path))
         except SafetensorError as e:
-            raise ValueError(
+            raise WeightsError(
                 f"{path} is not a readable safetensors file ({e}): cut short, corrupted or another format"
             ) from None
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        raise ValueError(
+        raise WeightsError(
             f"{path} is not a weights file: it is no torch file or it holds objects other than tensors, which "
             f"would run code when unpickled ({str(e).splitlines()[-1] if str(e).strip() else e})"
         ) from None
     except UNREADABLE as e:
-        raise ValueError(f"{path} is cut short or corrupted and cannot be read ({type(e).__name__}: {e})") from None
+        raise WeightsError(f"{path} is cut short or corrupted and cannot be read ({type(e).__name__}: {e})") from None
     if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
         state = state["state_dict"]
     if not isinstance(state, dict):
-        raise ValueError(f"{path} holds a {type(state).__name__}, expected a state dict")
+        raise WeightsError(f"{path} holds a {type(state).__name__}, expected a state dict")
     return state

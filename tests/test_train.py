@@ -541,3 +541,25 @@ def test_sharded_checkpoints_are_verified_on_resume(tmp_path, reference):
     assert sorted(got) == list(range(10))
     for step in range(10):
         assert got[step] == pytest.approx(reference[step], rel=1e-5), step
+
+
+@pytest.mark.parametrize("damage", ["cut", "flipped"])
+def test_a_damaged_previous_stage_is_refused_naming_it(tmp_path, monkeypatch, capsys, damage):
+    """stage_only=b starts from a/final.safetensors: cut short (no checksum beside it, as copied from
+    elsewhere) or with a flipped byte (its checksum disagrees), it is refused with exit 2 as stage b
+    builds its model, before a step."""
+    from lwm.model import ModelConfig, Transformer
+    from lwm.weights import save_weights
+
+    final = save_weights(
+        Transformer(ModelConfig.from_preset("debug")).state_dict(), tmp_path / "a" / "final.safetensors"
+    )
+    data = final.read_bytes()
+    if damage == "cut":
+        final.write_bytes(data[: len(data) // 2])
+        final.with_name("final.safetensors.sha256").unlink()
+    else:
+        final.write_bytes(data[:-10] + bytes([data[-10] ^ 1]) + data[-9:])
+    code, err = _main_exit(monkeypatch, capsys, tmp_path, "stage_only=b")
+    assert code == 2 and f"error: {final}" in err and "Traceback" not in err, err[-2000:]
+    assert not (tmp_path / "b" / "final.safetensors").exists() and not (tmp_path / "b" / "checkpoints").exists()
