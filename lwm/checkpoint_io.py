@@ -144,6 +144,31 @@ def verify(path: Path, advice: str = RESUME_ADVICE) -> None:
         )
 
 
+SUMS = "SHA256SUMS"  # in a sharded checkpoint's folder: every file's sha256 (the strategy writes it)
+
+
+def _listed(folder: Path, sums_file: Path, name: str) -> Path:
+    """A file a checksum list names, which must be one directly inside its folder."""
+    if Path(name).name != name or name in ("", ".", ".."):
+        raise CheckpointError(f"{sums_file}: {name!r} names a file outside {folder}")
+    return folder / name
+
+
+def verify_folder(folder: Path) -> None:
+    """Refuse a sharded checkpoint whose files disagree with its SHA256SUMS (none: nothing to verify)."""
+    folder = Path(folder)
+    sums_file = folder / SUMS
+    if not sums_file.is_file():
+        return
+    sums = read_sums(sums_file)
+    files = {name: _listed(folder, sums_file, name) for name in sums}
+    bad = [name for name, digest in sums.items() if not files[name].is_file() or sha256(files[name]) != digest]
+    if bad:
+        raise CheckpointError(
+            f"{folder}: {bad} do not match {sums_file}: the checkpoint is corrupted or was cut short; {RESUME_ADVICE}"
+        )
+
+
 def load_verified(path: Path, map_location="cpu") -> dict:
     """A checkpoint file's contents: checksum verified, tensors and plain data only."""
     path = Path(path)

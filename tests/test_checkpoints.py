@@ -253,3 +253,41 @@ def test_a_full_disk_during_a_checkpoint_write_is_named_and_keeps_the_previous_o
         save_verified({"step": 2, "w": torch.zeros(1 << 18)}, path)  # 1 MiB of weights
     assert load_verified(path)["step"] == 1
     assert sorted(p.name for p in small_tmpfs.iterdir()) == ["last.ckpt", "last.ckpt.sha256"]
+
+
+def sharded_stage(tmp_path) -> pathlib.Path:
+    """A stage folder whose last.ckpt is a sharded checkpoint with its SHA256SUMS, as the strategy writes."""
+    import torch.distributed.checkpoint as dcp
+
+    from lwm.checkpoint_io import sha256, write_sums
+
+    stage = tmp_path / "stage"
+    last = stage / "checkpoints" / "last.ckpt"
+    (stage / "model_config.json").parent.mkdir(parents=True)
+    (stage / "model_config.json").write_text(json.dumps(asdict(ModelConfig.from_preset("debug"))))
+    dcp.save({"state_dict": {"model.w": torch.arange(64.0)}, "global_step": 3}, checkpoint_id=last)
+    write_sums({f.name: sha256(f) for f in last.iterdir()}, last / "SHA256SUMS")
+    return stage
+
+
+def test_a_sharded_checkpoint_read_as_weights_is_verified(tmp_path):
+    from lwm.interop.run_outputs import checkpoint_weights
+
+    last = sharded_stage(tmp_path) / "checkpoints" / "last.ckpt"
+    assert torch.equal(checkpoint_weights(last)["w"], torch.arange(64.0))
+    (shard,) = last.glob("*.distcp")
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    shard.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=rf"{last}: \['{shard.name}'\] do not match {last / 'SHA256SUMS'}"):
+        checkpoint_weights(last)
+
+
+@pytest.mark.parametrize("name", ["../../secret", "/etc/passwd"])
+def test_checksum_lists_never_name_a_file_outside_their_folder(tmp_path, name):
+    from lwm.checkpoint_io import verify_folder
+
+    last = sharded_stage(tmp_path) / "checkpoints" / "last.ckpt"
+    (last / "SHA256SUMS").write_text(f"{'0' * 64}  {name}\n")
+    with pytest.raises(CheckpointError, match=rf"SHA256SUMS: {name!r} names a file outside {last}"):
+        verify_folder(last)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from lwm.checkpoint_io import CheckpointError, check_sharded, load_verified
+from lwm.checkpoint_io import CheckpointError, check_sharded, load_verified, verify_folder
 from lwm.configs import from_dict
 from lwm.model import ModelConfig
 from lwm.weights import read_weights
@@ -22,6 +22,7 @@ def checkpoint_weights(path: Path) -> dict[str, torch.Tensor]:
     if path.is_dir():  # distributed checkpoint: checked, then gathered into one file
         from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
+        verify_folder(path)  # its SHA256SUMS, as a resume verifies them
         check_sharded(path)
         with tempfile.TemporaryDirectory() as tmp:
             dcp_to_torch_save(path, Path(tmp) / "full.pt")
