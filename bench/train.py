@@ -5,9 +5,10 @@ of a large preset on one GPU (tokens/s, TFLOP/s, MFU, peak memory).
    longest stage (8K tokens, stopped after a few steps); tokens/s and peak memory come from its
    metrics.csv (the Throughput and PeakMemory callbacks).
 2. layers: the training step of train.py's GPU path without Lightning around it: FSDP2 over one
-   rank (fp32 master weights, bf16 compute), activation checkpointing, the chunked loss, AdamW.
-   FLOPs are model FLOPs (6 x matmul parameters per token + causal attention once; the
-   recomputation of checkpointing is not counted), MFU against the device's dense bf16 peak.
+   rank (fp32 master weights, bf16 compute), activation checkpointing, the chunked loss, clipping,
+   AdamW (lwm-plan's step), beside lwm-plan's plan of it (peak memory, and step time on a GPU
+   lwm-plan lists). FLOPs are model FLOPs (6 x matmul parameters per token + causal attention once;
+   the recomputation of checkpointing is not counted), MFU against the device's dense bf16 peak.
 
     python -m bench.train            # writes docs/benchmarks.md
     python -m bench.train --steps 4 --no-write
@@ -30,7 +31,13 @@ import torch
 
 from bench.report import command_line, host_line, peak_mib, peak_tflops, publish, sync
 from lwm.model import ModelConfig, Transformer
-from lwm.parallel import ParallelDims, build_meshes, build_parallel_model, compute_settings
+from lwm.parallel import build_parallel_model, compute_settings
+from lwm.train.config import OptimConfig, ParallelConfig, StageConfig
+from lwm.train.fake_step import make_batch, place, train_step
+from lwm.train.module import build_optimizer
+from lwm.train.plan.devices import DEVICES
+from lwm.train.plan.memory import Mesh, plan_step
+from lwm.train.plan.time import step_time, step_work
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -73,27 +80,25 @@ def model_flops_per_token(config, seq_len: int) -> float:
 
 
 def layer_step(preset: str, layers: int, seq_len: int, steps: int, device_type: str) -> dict:
-    """In a one-rank process group: times `steps` optimizer steps after one warm-up step."""
+    """In a one-rank process group: the planner's training step (lwm.train.fake_step.train_step:
+    LWMModule's objective, clipping, AdamW) on real tensors; times `steps` steps after one warm-up
+    step, the device's peak allocation over them."""
     device = torch.device(device_type, 0) if device_type == "cuda" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    config = ModelConfig.from_preset(preset, n_layers=layers, max_seq_len=seq_len)
+    config, stage = layer_setup(preset, layers, seq_len, steps)
     torch.manual_seed(0)
     with device:
         init_state = Transformer(config).state_dict()
-    meshes = build_meshes(ParallelDims(), device.type, 0)
+    where = place(1, 1, device.type)
     settings = compute_settings(device, config.head_dim)
-    model = build_parallel_model(config, meshes, settings, device, init_state, activation_checkpointing=True)
+    model = build_parallel_model(config, where, settings, device, init_state, activation_checkpointing=True)
     del init_state
-    optim = torch.optim.AdamW(model.parameters(), lr=1e-5)
-    g = torch.Generator(device).manual_seed(0)
-    tokens = torch.randint(0, config.vocab_size, (1, seq_len + 1), device=device, generator=g)
-    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    optimizer, _ = build_optimizer(model, stage, OPTIM)
+    batch = make_batch(config, seq_len, where, 1, LAYERS_PARALLEL.layout, device)
 
     def step():
-        model(inputs, targets=targets).loss.backward()
-        optim.step()
-        optim.zero_grad(set_to_none=True)
+        train_step(model, batch, optimizer, OPTIM, where.cp_group, False)
 
     step()  # warm-up: kernels chosen, optimizer state made
     sync(device)
@@ -112,10 +117,48 @@ def layer_step(preset: str, layers: int, seq_len: int, steps: int, device_type: 
     }
 
 
+OPTIM = OptimConfig()
+LAYERS_PARALLEL = ParallelConfig(activation_checkpointing=True, document_mask=False)  # one document
+
+
+def layer_setup(preset: str, layers: int, seq_len: int, steps: int) -> tuple[ModelConfig, StageConfig]:
+    config = ModelConfig.from_preset(preset, n_layers=layers, max_seq_len=seq_len)
+    return config, StageConfig("layers", seq_len, rope_theta=config.rope_theta, steps=steps + 1, lr=1e-5)
+
+
+def planned_step(preset: str, layers: int, seq_len: int, device: torch.device) -> dict:
+    """lwm-plan's plan of the same step (fake tensors, the device's settings): the tracked peak, and
+    the step time on the device's roofline where lwm.train.plan.devices knows the GPU."""
+    config, stage = layer_setup(preset, layers, seq_len, 1)
+    settings = compute_settings(device, config.head_dim)
+    mesh = Mesh(seq_len, 1, 1)
+    mem = plan_step(config, stage, mesh, LAYERS_PARALLEL, OPTIM, settings)
+    gpu = known_gpu(device)
+    if gpu is None:
+        return {"peak_mib": mem.peak / 2**20, "step_s": None}
+    layout, mode = LAYERS_PARALLEL.layout, LAYERS_PARALLEL.mode
+    work = step_work(config, mesh, mem, layout, mode, LAYERS_PARALLEL.activation_checkpointing)
+    return {"peak_mib": mem.peak / 2**20, "step_s": step_time(work, mesh, DEVICES[gpu], 8).seconds}
+
+
+def known_gpu(device: torch.device) -> str | None:
+    """The lwm-plan device of this GPU's name (H100, H200, A100, B200), or None."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((key for key in DEVICES if key.split("-")[0].upper() in name), None)
+
+
+def ratio(measured: float, planned: float | None) -> str:
+    return f"{measured / planned:.2f}" if planned else "n/a"
+
+
 def layers_part(args) -> str:
     import torch.distributed as dist
 
     peak = peak_tflops(args.device)
+    device = torch.device(args.device)
+    plans = {n: planned_step(args.preset, args.layers, n, device) for n in args.lengths}  # before the real group
     rows = []
     # FSDP2 needs a process group: one rank, NCCL on a GPU and gloo on CPU
     dist.init_process_group("nccl" if args.device == "cuda" else "gloo", rank=0, world_size=1, store=dist.HashStore())
@@ -123,15 +166,20 @@ def layers_part(args) -> str:
         r = layer_step(args.preset, args.layers, seq_len, args.steps, args.device)
         if args.device == "cuda":
             torch.cuda.empty_cache()
+        plan = plans[seq_len]
         tps = seq_len / r["step_s"]
         tflops = tps * r["flops_per_token"] / 1e12
         mfu = f"{100 * tflops / peak:.1f}%" if peak else "n/a"
+        planned_s = f"{plan['step_s']:.3f}" if plan["step_s"] else "n/a"
         rows.append(
-            f"| {seq_len} | {r['step_s']:.3f} | {tps:.0f} | {tflops:.1f} | {mfu} | {r['peak_mib'] / 1024:.2f} |"
+            f"| {seq_len} | {r['step_s']:.3f} | {tps:.0f} | {tflops:.1f} | {mfu} | {r['peak_mib'] / 1024:.2f} | "
+            f"{plan['peak_mib'] / 1024:.2f} | {ratio(r['peak_mib'], plan['peak_mib'])} | {planned_s} | "
+            f"{ratio(r['step_s'], plan['step_s'])} |"
         )
         print(
             f"layers {args.preset} x{args.layers} S={seq_len}: {r['step_s']:.3f} s/step, {tps:.0f} tokens/s, "
-            f"{tflops:.1f} TFLOP/s, MFU {mfu}, peak {r['peak_mib'] / 1024:.2f} GiB",
+            f"{tflops:.1f} TFLOP/s, MFU {mfu}, peak {r['peak_mib'] / 1024:.2f} GiB (planned "
+            f"{plan['peak_mib'] / 1024:.2f} GiB, {planned_s} s)",
             flush=True,
         )
     where = f"{args.device}" + (f", peak {peak} TFLOP/s dense bf16" if peak else "")
@@ -142,12 +190,15 @@ def layers_part(args) -> str:
             f"Host: {host_line()}  ",
             f"`{args.preset}` shapes with {args.layers} layers ({r['params'] / 1e6:,.0f}M parameters with the embedding and "
             f"output), batch 1, {where}; FSDP2 over one rank (fp32 master weights, bf16 compute on a GPU), activation "
-            f"checkpointing, chunked loss, AdamW; mean of {args.steps} steps after a warm-up. Model FLOPs per token = "
-            "6 x matmul parameters + causal attention (each score once); peak memory = the device's peak allocation "
-            "(CPU: the process's peak RSS).",
+            f"checkpointing, chunked loss, clipping, AdamW (lwm-plan's step); mean of {args.steps} steps after a "
+            "warm-up. Model FLOPs per token = 6 x matmul parameters + causal attention (each score once); peak memory "
+            "= the device's peak allocation (CPU: the process's peak RSS, interpreter and libraries included, so the "
+            "ratio to the plan means something on a GPU only). Planned: lwm-plan's tracked peak of the same step "
+            "(no margins) and its roofline time for this GPU (docs/plan.md; n/a for a device it does not list).",
             "",
-            "| tokens per sequence | s/step | tokens/s | TFLOP/s | MFU | peak memory (GiB) |",
-            "| ---: | ---: | ---: | ---: | ---: | ---: |",
+            "| tokens per sequence | s/step | tokens/s | TFLOP/s | MFU | peak memory (GiB) | planned peak (GiB) "
+            "| measured / planned | planned s/step | measured / planned |",
+            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
             *rows,
         ]
     )

@@ -134,7 +134,7 @@ PARTS = [
             "1",
         ],
     ),
-    # a few layers of the 7b preset: FSDP2 bf16, activation checkpointing, 8K and 32K tokens
+    # a few layers of the 7b preset: FSDP2 bf16, activation checkpointing, 8K and 32K tokens, beside lwm-plan's plan
     Part(
         "train",
         100,

@@ -14,6 +14,7 @@ import torch.distributed as dist
 from lwm.model import ModelConfig
 from lwm.parallel import compute_settings
 from lwm.parallel.launch import run_distributed
+from lwm.paths import REPO
 from lwm.train.config import OptimConfig
 from lwm.train.fake_step import GPU_SETTINGS
 from lwm.train.plan import command
@@ -272,3 +273,17 @@ def test_ulysses_all_to_alls_are_counted_and_timed():
     time = step_time(work, mesh, device, 8)
     assert time.parts["all-to-all (NVLink)"] == work.a2a_bytes / (device.nvlink_gbps * 1e9)
     assert time.seconds >= sum(time.parts[k] for k in ("matmul", "attention", "hbm", "all-to-all (NVLink)"))
+
+
+@pytest.mark.parametrize("schedule", sorted(p.stem for p in (REPO / "conf" / "schedule").glob("*.yaml")))
+def test_every_shipped_schedule_is_planned(monkeypatch, tmp_path, schedule):
+    """Each schedule in conf/schedule, every stage, on the world its stages' cps need (the steps
+    stubbed: what is checked is the composition, the meshes and the table)."""
+    calls = []
+    _stub(monkeypatch, calls)
+    plan = command.run(command.PlanConfig(["model=debug", f"schedule={schedule}"], out=str(tmp_path)))
+    stages = compose_run([f"schedule={schedule}"]).schedule.stages
+    assert [r["stage"] for r in plan["stages"]] == [s.name for s in stages]
+    assert [r["cp"] for r in plan["stages"]] == [s.cp for s in stages] and all(
+        r["time"]["seconds"] > 0 for r in plan["stages"]
+    )
