@@ -2,7 +2,8 @@
 process, 2 threads) and cp=2 (two processes, 1 thread each, ring prefill + sharded KV cache),
 and peak memory per rank against prompt length. `--parts longest`: the longest prompt the tiny
 model can prefill on one device (chunked prefill, bf16), from 128K tokens up to 2M, and decode
-tokens/s after it.
+tokens/s after it; its section is written again after each length, so a run stopped at a long one
+keeps the shorter ones.
 
     python -m bench.infer                      # writes docs/benchmarks.md
     python -m bench.infer --lengths 2048 --no-write
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import Iterator
 
 import torch
 
@@ -76,48 +78,58 @@ def measure_cpu(cp: int, length: int) -> dict:
     }
 
 
-def longest_prefill(device: str, lengths: list[int], chunk: int) -> list[dict]:
-    """Prefill each length in turn (bf16, chunks of `chunk` tokens), then decode N_DECODE tokens;
-    stops at the first length that runs out of memory (its row says so)."""
-
+def longest_prefill(device: str, lengths: list[int], chunk: int) -> Iterator[dict]:
+    """Prefill each length in turn (bf16, chunks of `chunk` tokens), then decode N_DECODE tokens; each
+    row as soon as it is measured. Stops after the first length that runs out of memory (its row says so)."""
     model, vocab = _model(device, torch.bfloat16)
-    cuda = device == "cuda"
-    rows = []
     for length in lengths:
-        if cuda:
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats()
-        prompt = torch.randint(0, vocab.text_size, (length,), device=device)
-        gen = Generator(model, vocab, prefill_chunk=chunk)
-        try:
-            sync(device)
-            start = time.perf_counter()
-            gen.prefill(prompt, reserve=N_DECODE)
-            sync(device)
-            prefill_s = time.perf_counter() - start
-            start = time.perf_counter()
-            for t in range(N_DECODE):
-                gen.extend([t + 5])
-            sync(device)
-            decode_s = time.perf_counter() - start
-            peak = peak_mib(device) / 1024
-            rows.append({"length": length, "prefill_s": prefill_s, "decode_tps": N_DECODE / decode_s, "peak_gib": peak})
-        except torch.OutOfMemoryError:
-            rows.append({"length": length, "prefill_s": None})
-            break
-        finally:
-            gen.release()
-            del prompt
-        r = rows[-1]
+        row = _longest_row(model, vocab, device, length, chunk)
+        if row["prefill_s"] is None:
+            yield row
+            return
         print(
-            f"{device} prefill {length}: {r['prefill_s']:.1f} s ({length / r['prefill_s']:.0f} tok/s), decode "
-            f"{r['decode_tps']:.1f} tok/s, peak {r['peak_gib']:.1f} GiB",
+            f"{device} prefill {length}: {row['prefill_s']:.1f} s ({length / row['prefill_s']:.0f} tok/s), decode "
+            f"{row['decode_tps']:.1f} tok/s, peak {row['peak_gib']:.1f} GiB",
             flush=True,
         )
-    return rows
+        yield row
 
 
-def longest_section(device: str, lengths: list[int], chunk: int) -> list[str]:
+def _longest_row(model, vocab, device: str, length: int, chunk: int) -> dict:
+    """One length's prefill and decode: {"length", "prefill_s", "decode_tps", "peak_gib"}; prefill_s None
+    when it ran out of memory."""
+    if device == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    prompt = torch.randint(0, vocab.text_size, (length,), device=device)
+    gen = Generator(model, vocab, prefill_chunk=chunk)
+    try:
+        sync(device)
+        start = time.perf_counter()
+        gen.prefill(prompt, reserve=N_DECODE)
+        sync(device)
+        prefill_s = time.perf_counter() - start
+        start = time.perf_counter()
+        for t in range(N_DECODE):
+            gen.extend([t + 5])
+        sync(device)
+        decode_s = time.perf_counter() - start
+        return {
+            "length": length,
+            "prefill_s": prefill_s,
+            "decode_tps": N_DECODE / decode_s,
+            "peak_gib": peak_mib(device) / 1024,
+        }
+    except torch.OutOfMemoryError:
+        return {"length": length, "prefill_s": None}
+    finally:
+        gen.release()
+        del prompt
+
+
+def longest_section(device: str, lengths: list[int], chunk: int, rows: list[dict]) -> list[str]:
+    """The table of the rows measured so far; a line names the lengths still to come, so a section
+    left by a run that was stopped says where it stopped."""
     lines = [
         f"{device}, one device, `tiny` model (random weights) in bf16, batch 1, a random text prompt prefilled in "
         f"chunks of {chunk} tokens, then {N_DECODE} single-token decode steps. Peak = the device's peak "
@@ -126,7 +138,7 @@ def longest_section(device: str, lengths: list[int], chunk: int) -> list[str]:
         "| prompt tokens | prefill (s) | prefill tok/s | decode tok/s | peak GiB |",
         "| ---: | ---: | ---: | ---: | ---: |",
     ]
-    for r in longest_prefill(device, lengths, chunk):
+    for r in rows:
         if r["prefill_s"] is None:
             lines.append(f"| {r['length']} | out of memory | | | |")
         else:
@@ -134,7 +146,24 @@ def longest_section(device: str, lengths: list[int], chunk: int) -> list[str]:
                 f"| {r['length']} | {r['prefill_s']:.1f} | {r['length'] / r['prefill_s']:.0f} | "
                 f"{r['decode_tps']:.1f} | {r['peak_gib']:.1f} |"
             )
+    stopped = rows and rows[-1]["prefill_s"] is None
+    if len(rows) < len(lengths) and not stopped:
+        lines += [
+            "",
+            f"Not measured (the run was still going, or stopped, when this was written): {lengths[len(rows) :]}.",
+        ]
     return lines
+
+
+def publish_longest(device: str, lengths: list[int], chunk: int, write: bool) -> None:
+    """The infer-longest section, published again after each length: a run cut off at a long length
+    (a part's time cap) keeps the rows measured before it."""
+    head = [f"Command: `{command_line()}`  ", f"Host: {host_line()}  "]
+    rows: list[dict] = []
+    for row in longest_prefill(device, lengths, chunk):
+        rows.append(row)
+        markdown = "\n".join([*head, *longest_section(device, lengths, chunk, rows)])
+        publish(f"infer-longest-{device}", markdown, write=write)
 
 
 def main():
@@ -161,14 +190,7 @@ def main():
     if "longest" in args.parts and args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--parts longest --device cuda: no CUDA device here (--device cpu runs it on CPU)")
     if "longest" in args.parts:
-        markdown = "\n".join(
-            [
-                f"Command: `{command_line()}`  ",
-                f"Host: {host_line()}  ",
-                *longest_section(args.device, args.longest_lengths, args.chunk),
-            ]
-        )
-        publish(f"infer-longest-{args.device}", markdown, write=not args.no_write)
+        publish_longest(args.device, args.longest_lengths, args.chunk, write=not args.no_write)
     if "cp" not in args.parts:
         return
     rows = []

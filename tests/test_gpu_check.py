@@ -13,6 +13,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+import bench.infer as bench_infer
+import bench.report as bench_report
+from lwm.doc_sections import write_section
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -160,3 +166,27 @@ def test_record_copies_only_the_gpu_sections(tmp_path, capsys):
     empty = tmp_path / "empty.md"
     empty.write_text("nothing\n")
     assert gc.record(empty, doc) == 2 and "no GPU sections" in capsys.readouterr().err
+
+
+def test_the_longest_prefill_keeps_the_lengths_measured_before_its_cap(tmp_path, monkeypatch):
+    """bench.infer --parts longest publishes its section after each length: cut off at the third (its
+    part's cap), the run's benchmarks.md holds the first two rows and names what was not measured,
+    and --record copies them."""
+    run, doc = tmp_path / "run.md", tmp_path / "benchmarks.md"
+    doc.write_text("# Benchmarks\n")
+    measured = {131072: 2.0, 262144: 5.0}
+
+    def row(model, vocab, device, length, chunk):  # no model runs: the rows as a device would give them
+        if length not in measured:
+            raise TimeoutError("the part's cap")
+        return {"length": length, "prefill_s": measured[length], "decode_tps": 100.0, "peak_gib": 1.5}
+
+    monkeypatch.setattr(bench_infer, "_model", lambda device, dtype: (None, None))
+    monkeypatch.setattr(bench_infer, "_longest_row", row)
+    monkeypatch.setattr(bench_report, "write_section", lambda name, markdown: write_section(name, markdown, run))
+    with pytest.raises(TimeoutError):
+        bench_infer.publish_longest("cuda", [131072, 262144, 524288], 16384, write=True)
+    assert _module().record(run, doc) == 0
+    section = doc.read_text().split("<!-- bench:infer-longest-cuda -->")[1]
+    assert "| 131072 | 2.0 | 65536 |" in section and "| 262144 | 5.0 |" in section
+    assert "Not measured (the run was still going, or stopped, when this was written): [524288]." in section
