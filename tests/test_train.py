@@ -453,15 +453,21 @@ runpy.run_path("train.py", run_name="__main__")
 """
 
 
-@pytest.fixture
-def tmpfs(tmp_path):
-    """A folder on a filesystem of its own (a tmpfs), as a scratch or network volume is."""
+def mounted_tmpfs(tmp_path, size: str):
+    """A folder on a filesystem of its own (a tmpfs of `size`), as a scratch or network volume is."""
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256m", "tmpfs", str(mnt)], capture_output=True).returncode:
+    if subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)], capture_output=True
+    ).returncode:
         pytest.skip("cannot mount a tmpfs here (needs root)")
     yield mnt
     subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    yield from mounted_tmpfs(tmp_path, "256m")
 
 
 def test_a_kill_inside_a_checkpoint_write_loses_nothing(tmpfs, reference):
@@ -563,3 +569,17 @@ def test_a_damaged_previous_stage_is_refused_naming_it(tmp_path, monkeypatch, ca
     code, err = _main_exit(monkeypatch, capsys, tmp_path, "stage_only=b")
     assert code == 2 and f"error: {final}" in err and "Traceback" not in err, err[-2000:]
     assert not (tmp_path / "b" / "final.safetensors").exists() and not (tmp_path / "b" / "checkpoints").exists()
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    yield from mounted_tmpfs(tmp_path, "24m")  # one checkpoint of the debug model (13.5 MiB), not two
+
+
+def test_a_disk_that_fills_during_a_checkpoint_exits_3_naming_it(small_tmpfs, monkeypatch, capsys):
+    """The second checkpoint does not fit beside the first: train.py says which file, exits 3, and the
+    first checkpoint is whole."""
+    last = small_tmpfs / "a" / "checkpoints" / "last.ckpt"
+    code, err = _main_exit(monkeypatch, capsys, small_tmpfs, "stage_only=a", "trainer.checkpoint_every=2")
+    assert code == 3 and f"error: no space left on {last};" in err, err[-2000:]
+    assert load_verified(last)["global_step"] == 2
