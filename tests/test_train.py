@@ -439,13 +439,32 @@ def test_one_gpu_trains_through_fsdp2_and_one_cpu_process_plainly():
 KILL_IN_SECOND_CHECKPOINT = """
 import builtins, os, runpy, signal, sys
 real_open, opened = builtins.open, []
+
+class KilledHalfway:
+    # The second checkpoint's file: the process is killed once half a checkpoint's bytes are on disk
+    def __init__(self, f, half):
+        self.f, self.half, self.written = f, half, 0
+    def write(self, data):
+        n = self.f.write(data)
+        self.written += n
+        if self.written >= self.half:
+            self.f.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return n
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+    def __enter__(self):
+        return self
+    def __exit__(self, *exc):
+        return self.f.__exit__(*exc)
+
 def open_(file, mode="r", *args, **kwargs):
     name = os.path.basename(str(file))
     if "w" in mode and "last.ckpt" in name and "sha256" not in name:
         opened.append(name)
-        if len(opened) == 2:  # the second checkpoint: its file is opened (truncated, for a writer in place)
-            real_open(file, mode, *args, **kwargs)
-            os.kill(os.getpid(), signal.SIGKILL)
+        if len(opened) == 2:  # the second checkpoint, as big as the first one beside it
+            first = os.path.join(os.path.dirname(str(file)), "last.ckpt")
+            return KilledHalfway(real_open(file, mode, *args, **kwargs), os.path.getsize(first) // 2)
     return real_open(file, mode, *args, **kwargs)
 builtins.open = open_
 sys.argv = sys.argv[1:]  # ["train.py", overrides...]
@@ -471,13 +490,15 @@ def tmpfs(tmp_path):
 
 
 def test_a_kill_inside_a_checkpoint_write_loses_nothing(tmpfs, reference):
-    """Killed while writing its second checkpoint on another filesystem than $TMPDIR, the run keeps the
-    first one whole, and resuming from it gives the one-process losses."""
+    """Killed halfway through writing its second checkpoint on another filesystem than $TMPDIR, the run
+    keeps the first one whole, and resuming from it gives the one-process losses."""
     out = tmpfs / "run"
     args = ["stage_only=a", "trainer.checkpoint_every=2"]
     killed = train(out, *args, launcher=[sys.executable, "-c", KILL_IN_SECOND_CHECKPOINT], check=False)
     assert killed.returncode == -9, killed.stderr[-2000:]
-    assert load_verified(out / "a" / "checkpoints" / "last.ckpt")["global_step"] == 2  # the first, intact
+    checkpoints = out / "a" / "checkpoints"
+    assert 0 < (checkpoints / "last.ckpt.tmp").stat().st_size < (checkpoints / "last.ckpt").stat().st_size
+    assert load_verified(checkpoints / "last.ckpt")["global_step"] == 2  # the first, intact
     train(out, *args, "resume=true")
     got = losses(out)
     assert set(range(2, 10)) <= set(got) and (out / "a" / "final.safetensors").exists()
