@@ -91,15 +91,16 @@ def test_the_fake_step_and_prefill_make_no_host_syncs(fake):
 
 
 def _real_syncs(rank, world):
-    """Host syncs of the same step with real values (fp32, cpu_flash): without and with documents."""
+    """Host syncs of the same step with real values (fp32, cpu_flash): without and with documents,
+    and with documents under activation checkpointing (with its attention calls, to see the recompute)."""
     where = place(1, world)
     settings = compute_settings(torch.device("cpu"), DEBUG.head_dim)
     out = {}
-    for documents in (1, 4):
+    for documents, recompute in ((1, False), (4, False), (4, True)):
         batch = make_batch(DEBUG, 64, where, documents, "striped", "cpu")
-        parallel = ParallelConfig(document_mask=documents > 1)
+        parallel = ParallelConfig(document_mask=documents > 1, activation_checkpointing=recompute)
         step = run_step(DEBUG, STAGE, where, parallel, settings, "cpu", batch)
-        out[documents] = dict(step.device_syncs())
+        out[documents, recompute] = dict(step.device_syncs()), dict(step.counter.attention())
     out["prefill"] = dict(run_prefill(DEBUG, where, 64, 16, settings, "cpu").counter.syncs())
     return out
 
@@ -107,11 +108,16 @@ def _real_syncs(rank, world):
 def test_host_syncs_at_a_small_real_shape():
     """Rank 0 of cp 2 on gloo, 64 tokens. The step never waits for the device, with documents too:
     they are read on the host with the batch (lwm.model.documents.Documents) and every layer's
-    ring plans from them. (Read from the segment ids in each layer, they cost 18 syncs here and
-    864 per step at 7b / cp 8.)"""
+    ring plans from them, the backward's recompute of each block under activation checkpointing
+    included. (Read from the segment ids in each layer, they cost 18 syncs here and 864 per step
+    at 7b / cp 8.)"""
     got = run_distributed(_real_syncs, 2)[0]
-    assert got[1] == {}
-    assert got[4] == {}
+    assert got[1, False][0] == {}
+    assert got[4, False][0] == {}
+    (syncs, recomputed), (_, once) = got[4, True], got[4, False]
+    assert syncs == {}
+    forward = "_scaled_dot_product_flash_attention_for_cpu"
+    assert recomputed[forward] == 2 * once[forward] > 0, (recomputed, once)  # each block's forward ran again
     assert got["prefill"] == {}  # prefill of 64 tokens, prompt check skipped
 
 
