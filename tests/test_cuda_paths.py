@@ -9,6 +9,7 @@ never orders of magnitude (a misread logsumexp gives errors of 10-300, the basel
 from __future__ import annotations
 
 import itertools
+from functools import partial
 
 import pytest
 import torch
@@ -230,33 +231,40 @@ def test_training_step_on_cuda_flash_matches_cpu_flash():
 # ----------------------------------------------------------------------------------------- real gloo groups
 
 
+DOCS, DENSE = ("ids", "documents"), ("dense",)
+
+
+def _on_flash(attention, layout: str, **groups):
+    return partial(attention, causal=True, layout=layout, backend="cuda_flash", **groups)
+
+
 def _dist_worker(rank, world):
     from cuda_standins import installed as standins_installed
 
     q, k, v, dout = _inputs(seed=3, D=64)
     seg = packings(2, 48, seed=4)
     ring_g, uly_g = hybrid_groups(world // 2, 2) if world == 4 else (None, None)
+    # name: (layout, attention, its forms). Without documents ("dense") the striped ring's steps from a
+    # later rank hand the flash backward a row slice of the logsumexp.
     cases = {
-        "ring": lambda *t, s: ring_attention(*t, causal=True, layout="zigzag", segment_ids=s, backend="cuda_flash"),
-        "ulysses": lambda *t, s: ulysses_attention(
-            *t, causal=True, layout="striped", segment_ids=s, backend="cuda_flash"
-        ),
+        "ring": ("zigzag", _on_flash(ring_attention, "zigzag"), DOCS),
+        "ring striped": ("striped", _on_flash(ring_attention, "striped"), DENSE),
+        "ulysses": ("striped", _on_flash(ulysses_attention, "striped"), DOCS),
     }
     if world == 4:
-        cases["hybrid"] = lambda *t, s: hybrid_attention(
-            *t, ring_g, uly_g, True, "striped", segment_ids=s, backend="cuda_flash"
-        )
+        hybrid = _on_flash(hybrid_attention, "striped", ring_group=ring_g, ulysses_group=uly_g)
+        cases["hybrid"] = ("striped", hybrid, DOCS)
     errors = {}
     with standins_installed():
-        for name, fn in cases.items():
-            layout = "zigzag" if name == "ring" else "striped"
+        for name, (layout, fn, forms) in cases.items():
             sh = lambda t, d=2: shard(t, d, rank, world, layout, 2 if name == "hybrid" else 1)  # noqa: E731
-            ref, full = _reference(q, k, v, True, seg)
-            ref_grads = torch.autograd.grad(ref, full, dout)
-            # the rank's ids (gathered and read in each call), and the batch's Documents (read once)
-            for form, s in (("ids", sh(seg, 1)), ("documents", Documents(seg, seg.shape[1] // world))):
+            # none, the rank's ids (gathered and read in each call), or the batch's Documents (read once)
+            given = {"dense": None, "ids": sh(seg, 1), "documents": Documents(seg, seg.shape[1] // world)}
+            for form in forms:
+                ref, full = _reference(q, k, v, True, None if form == "dense" else seg)
+                ref_grads = torch.autograd.grad(ref, full, dout)
                 local = [sh(t).bfloat16().requires_grad_() for t in (q, k, v)]
-                out = fn(*local, s=s)
+                out = fn(*local, segment_ids=given[form])
                 grads = torch.autograd.grad(out, local, sh(dout).bfloat16())
                 errors[f"{name} {form}"] = max(
                     (a.float() - sh(b)).abs().max().item() for a, b in zip((out, *grads), (ref, *ref_grads))
