@@ -93,9 +93,10 @@ class Generator:
     def _meet(self) -> None:
         """generate and score meet here before the group first talks. A rank that failed alone before
         (a bad prompt, the cache out of memory) raised instead, and tells the others in its caller's
-        agree_on_failure round (lwm.eval.video_qa.scoring), which meets this one, so they raise PeerFailure
-        instead of waiting for it in the ring; without such a caller its process ends and torchrun
-        stops the others. A rank failing later, inside a collective, is not covered."""
+        agree_on_failure round (lwm.parallel.comm.run_agreed, around each item or trial of the
+        evaluations), which meets this one, so they raise PeerFailure instead of waiting for it in the
+        ring; without such a caller its process ends and torchrun stops the others. A rank failing
+        later, inside a collective, is not covered."""
         agree_on_failure(None, self.group, self.device)
 
     def _fill(self, prompt: torch.Tensor) -> torch.Tensor:
