@@ -20,7 +20,7 @@ from typing import Callable
 import lightning as L
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Partial, Replicate
 from torch.distributed.tensor.experimental import implicit_replication
 
 from lwm.model import ModelConfig, Transformer, token_coefficients
@@ -47,16 +47,26 @@ def clip_grad_norm(parameters, max_norm: float | None) -> torch.Tensor:
     by_mesh: dict = {}
     for p in params:
         by_mesh.setdefault(p.grad.device_mesh if isinstance(p.grad, DTensor) else None, []).append(p)
-    norms = []
-    for group in by_mesh.values():
-        norm = torch.nn.utils.get_total_norm([p.grad for p in group])
-        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    norms = [mesh_norm([p.grad for p in group], mesh) for mesh, group in by_mesh.items()]
     norm = torch.linalg.vector_norm(torch.stack(norms)) if len(norms) > 1 else (norms or [torch.tensor(0.0)])[0]
     if max_norm is not None and max_norm > 0:
         with implicit_replication():  # the plain norm scales the DTensor gradients
             for group in by_mesh.values():
                 torch.nn.utils.clip_grads_with_norm_(group, max_norm, norm)
     return norm
+
+
+def mesh_norm(grads: list, mesh) -> torch.Tensor:
+    """The 2-norm of gradients on one mesh (None: plain tensors), whole on every rank of it: the
+    local shards' squares summed, then all-reduced one mesh dimension at a time (torch's own norm
+    of 2-D DTensors makes the same all-reduces at once and warns that it cannot fuse them)."""
+    if mesh is None:
+        return torch.nn.utils.get_total_norm(grads)
+    local = torch.stack([torch.linalg.vector_norm(g.to_local(), dtype=torch.float32) for g in grads])
+    squares = DTensor.from_local(local.square().sum(), mesh, [Partial()] * mesh.ndim, run_check=False)
+    for dim in range(mesh.ndim):
+        squares = squares.redistribute(placements=[Replicate() if i <= dim else Partial() for i in range(mesh.ndim)])
+    return squares.to_local().sqrt()
 
 
 def group_size(group) -> int:
