@@ -103,23 +103,47 @@ def step_counts(S: int, documents: int) -> tuple[int, int]:
     return sum(report.step.counter.ops.values()), sum(report.step.device_syncs().values())
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lengths", type=int, nargs="+", default=[131072, 1048576])
-    parser.add_argument("--doc-range", type=int, nargs=2, default=[256, 4096], metavar=("LOW", "HIGH"))
+def length_counts(S: int, low: int, high: int) -> tuple[list, tuple]:
+    """At S tokens, documents of low-high tokens: the fake ring's rows (S, kv heads, documents, counts)
+    for 32 and 8 kv heads, without and with documents, and rank 0's loops' row (S, documents, counts)."""
+    ids = _documents(S, low, high)
+    described = f"{ids.max()} of {low}-{high}"
+    rows = []
+    for hkv in (32, 8):
+        for name, seg in (("none", None), (described, Documents(ids, S // N))):
+            rows.append((S, hkv, name, ring_counts(S, hkv, seg)))
+            print(*rows[-1], flush=True)
+    small = (S, described, rank0_counts(S, ids))
+    print(*small, flush=True)
+    return rows, small
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    parser.add_argument(
+        "--lengths", type=int, nargs="+", default=[131072, 1048576], help="total tokens S (multiples of 8)"
+    )
+    parser.add_argument(
+        "--doc-range",
+        type=int,
+        nargs=2,
+        default=[256, 4096],
+        metavar=("LOW", "HIGH"),
+        help="document lengths, uniform in [LOW, HIGH]",
+    )
     parser.add_argument("--no-step", action="store_true", help="skip the training-step totals")
-    parser.add_argument("--no-write", action="store_true")
-    args = parser.parse_args()
+    parser.add_argument("--no-write", action="store_true", help="print only, leave docs/benchmarks.md alone")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     low, high = args.doc_range
     rows, small = [], []
     for S in args.lengths:
-        ids = _documents(S, low, high)
-        for hkv in (32, 8):
-            for name, seg in (("none", None), (f"{ids.max()} of {low}-{high}", Documents(ids, S // N))):
-                rows.append((S, hkv, name, ring_counts(S, hkv, seg)))
-                print(*rows[-1], flush=True)
-        small.append((S, f"{ids.max()} of {low}-{high}", rank0_counts(S, ids)))
-        print(*small[-1], flush=True)
+        ring_rows, rank0_row = length_counts(S, low, high)
+        rows += ring_rows
+        small.append(rank0_row)
     head = "| attention calls / step fwd | bwd | aten calls / step | host syncs | K/V copy bytes |"
     cells = lambda c: (  # noqa: E731
         f"| {c['forward calls']:.2f} | {c['backward calls']:.2f} | {c['aten calls']:.1f} | {c['syncs']} "
