@@ -5,6 +5,7 @@ bad input) on a random-weight model exported to a Hugging Face folder."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -25,6 +26,7 @@ from lwm.eval import needle as nd
 from lwm.eval import needle_grid as ng
 from lwm.eval.plots import color_at, grid_table, heatmap, human_count
 from lwm.infer.runtime import ModelOptions
+from lwm.synth import make_sample
 from lwm.synth import needle_prompts as prompts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,6 +39,15 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
 @pytest.fixture(scope="module")
 def tok() -> TextTokenizer:
     return TextTokenizer(TOKENIZER)
+
+
+@pytest.fixture(scope="module")
+def sample_text() -> Path:
+    """data/sample/text.jsonl, the commands' default haystack, made on first use as train.py makes it
+    (this file alone on a clean clone has no sample yet)."""
+    with contextlib.chdir(ROOT):
+        make_sample.ensure_sample()
+    return TEXT
 
 
 def write_haystack(path: Path, n_sentences: int = 400, seed: int = 0) -> Path:
@@ -446,7 +457,7 @@ def test_digits_and_haystack_start(tok, hay):
     assert tok.decode(later.ids).count(items[0].text) == 1
 
 
-def test_chat_training_examples_are_the_evaluation_prompts(tmp_path, tok):
+def test_chat_training_examples_are_the_evaluation_prompts(tmp_path, tok, sample_text):
     """lwm/synth/make_retrieval.py --form chat: each prompt is lwm/eval/needle.py's (LWM's chat form, its
     template and question, the stated length with BOS), its answer the asked number; seeded, and
     the held-out file disjoint from the training one."""
@@ -482,7 +493,7 @@ def test_chat_training_examples_are_the_evaluation_prompts(tmp_path, tok):
         assert digits == [r["answer"][0]]  # the needle's number is the only one left
 
 
-def test_run_takes_every_field_of_its_config(hf_model, tok, tmp_path, capsys):
+def test_run_takes_every_field_of_its_config(hf_model, tok, tmp_path, capsys, sample_text):
     """run(NeedleConfig) in this process, as another command calls it: each field of the grid and
     of the model's options lands in needle.json and in the trials."""
     grid = nd.NeedleGrid(
