@@ -199,7 +199,7 @@ def evaluate_item(
     prompt_style: str = "native",
 ) -> dict:
     """One item -> its record. Every rank of the generator's group calls this; the group's first rank
-    reads the video and the others get the codes from it. prompt_style: lwm.infer.prompt's.
+    reads the video and the others get the codes from it. prompt_style: lwm.data.chat.chat_prompt's style.
 
     A failure is agreed by the group: one rank failing alone (out of memory for the cache, an error
     while building the prompt or after the group's last collective) makes every rank record the item
