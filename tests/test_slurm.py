@@ -158,7 +158,7 @@ def test_requeued_at_a_random_step_resumes_by_itself(reference, tmp_path, signal
     said = f"job {job} requeued" if signal_name == "SIGUSR1" else "stopped on SIGTERM"
     assert said in text and "started again (restart 1)" in text, text[-3000:]
     first, again = text.split("started again", 1)
-    stop = re.search(rf"{signal_name}: the stage stops at step (\d+), saved in ", first)
+    stop = re.search(rf"{signal_name}: the stage stops at step (\d+); its checkpoint is last.ckpt", first)
     assert stop, text[-3000:]
     stopped_at = int(stop.group(1))
     resumed_at = bar_steps(again)[0]  # the resumed bar starts at its checkpoint's step

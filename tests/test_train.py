@@ -230,9 +230,10 @@ def test_torchrun_two_processes(tmp_path, reference):
 
 
 def test_resume_gives_the_same_losses(tmp_path, reference):
-    train(tmp_path, "stage_only=a", "stop_at_step=5")
+    train(tmp_path, "stage_only=a", "stop_at_step=5", "trainer.checkpoint_every=3")
     last = tmp_path / "a" / "checkpoints" / "last.ckpt"
     assert last.exists() and not (tmp_path / "a" / "final.safetensors").exists()
+    assert load_verified(last)["global_step"] == 5  # the stop's own, not the periodic one of step 3
     assert set(torch.load(last, weights_only=True)["rng_states"]) == {"0"}
     proc = train(tmp_path, "stage_only=a", "resume=true")
     got = losses(tmp_path)

@@ -184,9 +184,9 @@ def _is_number(text: str) -> bool:
 
 
 class StageCheckpoint(ModelCheckpoint):
-    """checkpoints/last.ckpt only: every `every` steps (0: never on a schedule) and when a stage
-    stops before its last step; at the end of a finished stage only when it is to be kept (its
-    final.safetensors holds the weights anyway)."""
+    """checkpoints/last.ckpt only: every `every` steps (0: never on a schedule) and at the step a
+    stage stops before its last (stop_at_step, a stopping signal); at the end of a finished stage
+    only when it is to be kept (its final.safetensors holds the weights anyway)."""
 
     def __init__(self, dirpath, every: int, steps: int, keep: bool):
         super().__init__(
@@ -198,9 +198,19 @@ class StageCheckpoint(ModelCheckpoint):
             enable_version_counter=False,
         )
         self.steps, self.keep = steps, keep
+        self.saved_step: int | None = None  # the step of the last checkpoint written in this process
+
+    @property
+    def last_path(self) -> Path:
+        return Path(self.dirpath) / f"{self.CHECKPOINT_NAME_LAST}{self.FILE_EXTENSION}"
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
+        self.saved_step = trainer.global_step
 
     def on_train_end(self, trainer, pl_module) -> None:
-        if trainer.global_step < self.steps:
-            super().on_train_end(trainer, pl_module)
-        elif self.keep:  # the finished stage with its optimizer state
-            trainer.save_checkpoint(Path(self.dirpath) / "last.ckpt")
+        """Written here, not by ModelCheckpoint.on_train_end, which writes last.ckpt only when the
+        callback wrote none before in the process: after a periodic checkpoint a stopped stage
+        would resume from that one. Not twice for one step (a stop right after a periodic save)."""
+        stopped_early = trainer.global_step < self.steps
+        if (stopped_early or self.keep) and self.saved_step != trainer.global_step:
+            trainer.save_checkpoint(self.last_path)

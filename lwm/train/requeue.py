@@ -4,15 +4,13 @@ SLURM warns a job before its time limit with the signal that `--signal=USR1@<sec
 and stops a job that it preempts, requeues (`scontrol requeue`) or cancels with SIGTERM, then
 SIGKILL KillWait seconds later. A run whose ranks receive SIGUSR1 or SIGTERM during a stage's steps
 finishes the step it is in; at that step's end the ranks agree (one rank's signal is enough), the
-stage stops and StopOnSignal writes checkpoints/last.ckpt of that step (outside a stage's steps,
+stage stops and StageCheckpoint writes checkpoints/last.ckpt of that step (outside a stage's steps,
 with nothing to save, SIGTERM ends the run at once; during the save a signal is only noted). The
-step and the save have KillWait seconds (slurm.conf) after a SIGTERM. The save is StopOnSignal's
-own: Lightning's ModelCheckpoint.on_train_end writes last.ckpt only when the callback has written
-no checkpoint before in the process, so after a periodic checkpoint a stopped job came back from
-that one. On SIGUSR1 rank 0 then requeues the job (a preempted or requeued job SLURM requeues
-itself), and the job, started again under its own id and so in its own folder, continues the run by
-itself: a job whose SLURM_RESTART_COUNT is above 0 runs as with resume=true. A fresh job never
-resumes unless told to (resume=true).
+step and the save have KillWait seconds (slurm.conf) after a SIGTERM. On SIGUSR1 rank 0 then
+requeues the job (a preempted or requeued job SLURM requeues itself), and the job, started again
+under its own id and so in its own folder, continues the run by itself: a job whose
+SLURM_RESTART_COUNT is above 0 runs as with resume=true. A fresh job never resumes unless told to
+(resume=true).
 
 Lightning's own SLURM requeue is not used: it saves from inside the signal handler, wherever the
 step is (a sharded save's collectives against the step's own), into hpc_ckpt_N.ckpt files that a
@@ -85,13 +83,13 @@ def resumes(resume: bool, out_dir: str | Path) -> bool:
 
 
 class StopOnSignal(L.Callback):
-    """Stops the stage at the first step boundary after a stopping signal, on every rank at once,
-    saves checkpoints/last.ckpt there, and keeps the logs as far as each checkpoint: a job killed
-    without warning resumes from its last checkpoint with every metric row up to it."""
+    """Stops the stage at the first step boundary after a stopping signal, on every rank at once
+    (StageCheckpoint then saves checkpoints/last.ckpt of that step), and keeps the logs as far as
+    each checkpoint: a job killed without warning resumes from its last checkpoint with every
+    metric row up to it."""
 
     def __init__(self) -> None:
         self.stopping = False  # the ranks agreed to stop at this step
-        self.saved_step: int | None = None  # the step of the last checkpoint written in this process
 
     def on_train_start(self, trainer, pl_module) -> None:
         install()  # over the handlers Lightning registers when fit starts
@@ -108,23 +106,11 @@ class StopOnSignal(L.Callback):
             self.stopping = trainer.should_stop = True
 
     def on_train_end(self, trainer, pl_module) -> None:
-        """The checkpoint of the step the ranks stopped at, when the signal stopped the stage before its
-        end (its end, or stop_at_step's, is StageCheckpoint's); this runs before the checkpoint callbacks'
-        own on_train_end (Lightning calls those last). Every rank decides alike (the same saves)."""
-        ckpt = trainer.checkpoint_callback
-        if not self.stopping or trainer.global_step >= trainer.max_steps or ckpt is None or ckpt.dirpath is None:
-            return
-        path = Path(ckpt.dirpath) / f"{ckpt.CHECKPOINT_NAME_LAST}{ckpt.FILE_EXTENSION}"
-        if self.saved_step != trainer.global_step:  # not the step of a periodic checkpoint
-            trainer.save_checkpoint(path)
-        # ModelCheckpoint.on_train_end writes last.ckpt when it wrote none in this process: it is written
-        # (the same state twice would double the save in the KillWait seconds SLURM gives)
-        ckpt._last_checkpoint_saved = str(path)
-        name = received().name if received() else "a stopping signal"
-        say(f"{name}: the stage stops at step {trainer.global_step}, saved in {path}")
+        if self.stopping and trainer.global_step < trainer.max_steps:
+            name = received().name if received() else "a stopping signal"
+            say(f"{name}: the stage stops at step {trainer.global_step}; its checkpoint is last.ckpt")
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
-        self.saved_step = trainer.global_step
         for logger in trainer.loggers:  # Lightning writes metrics.csv only every 100 steps and at the end
             logger.save()
 
