@@ -291,3 +291,46 @@ def test_checksum_lists_never_name_a_file_outside_their_folder(tmp_path, name):
     (last / "SHA256SUMS").write_text(f"{'0' * 64}  {name}\n")
     with pytest.raises(CheckpointError, match=rf"SHA256SUMS: {name!r} names a file outside {last}"):
         verify_folder(last)
+
+
+def test_a_full_disk_during_a_sharded_checkpoint_write_is_named_and_keeps_the_previous_one(small_tmpfs, monkeypatch):
+    """torch.distributed.checkpoint's save on a full filesystem: its CheckpointException (every rank's
+    failures) becomes NoSpaceLeft naming the checkpoint, the staging folder is removed, the previous
+    checkpoint stays."""
+    import torch.distributed.checkpoint as dcp
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    from lwm.io import NoSpaceLeft
+    from lwm.train.checkpointing import AtomicModelParallelStrategy
+
+    class OneRank(AtomicModelParallelStrategy):  # the save's own logic, without a process group
+        global_rank, world_size = 0, 1
+
+        def __init__(self):
+            pass
+
+        def broadcast(self, obj, src=0):
+            return obj
+
+        def barrier(self, *args, **kwargs):
+            pass
+
+    def dcp_save(self, checkpoint, filepath, storage_options=None):
+        dcp.save(checkpoint, checkpoint_id=filepath, no_dist=True)
+
+    monkeypatch.setattr(ModelParallelStrategy, "save_checkpoint", dcp_save)
+    monkeypatch.setattr(torch.distributed, "all_gather_object", lambda out, obj: out.__setitem__(0, obj))  # one rank
+    path = small_tmpfs / "last.ckpt"
+    OneRank().save_checkpoint({"w": torch.zeros(1000)}, path)
+    with pytest.raises(NoSpaceLeft, match=f"no space left on {path}$"):
+        OneRank().save_checkpoint({"w": torch.zeros(1 << 18)}, path)  # 1 MiB of weights
+    assert sorted(p.name for p in small_tmpfs.iterdir()) == ["last.ckpt"]
+    assert torch.equal(_dcp_load(path)["w"], torch.zeros(1000))
+
+
+def _dcp_load(path: pathlib.Path) -> dict:
+    import torch.distributed.checkpoint as dcp
+
+    state = {"w": torch.empty(1000)}
+    dcp.load(state, checkpoint_id=path, no_dist=True)
+    return state

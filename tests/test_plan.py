@@ -235,7 +235,8 @@ def test_tensor_parallel_plans_its_mesh_searches_cp_at_that_tp_and_times_its_all
 def test_tensor_parallel_all_reduces_are_counted_and_timed():
     """Rank 0's fake step at tp 2 sends, over its tp group, each block's two row-parallel outputs
     (wo, w2) in forward and the five column-parallel inputs' gradients (wq, wk, wv, w1, w3) in
-    backward: 7 all-reduces of (tokens, dim) bf16 activations per block. The time model charges
+    backward: 7 all-reduces of (tokens, dim) bf16 activations per block (beside the clipping norms'
+    scalars). The time model charges
     them at a ring all-reduce's 2 (tp - 1) / tp, gives each tp rank half the blocks' matmuls and
     the whole output head, and counts a tp group's tokens once per GPU of it."""
     config, stage = _setup("debug", 1024, 2)
@@ -244,7 +245,8 @@ def test_tensor_parallel_all_reduces_are_counted_and_timed():
         tp: plan_step(config, stage, Mesh(1024, 2, 1, 1, tp), parallel, OptimConfig(), GPU_SETTINGS) for tp in (1, 2)
     }
     tokens = 1024 // 2
-    assert steps[2].sent["all_reduce"] - steps[1].sent["all_reduce"] == 7 * config.n_layers * tokens * config.dim * 2
+    activations = steps[2].sent["all_reduce"] - 7 * config.n_layers * tokens * config.dim * 2
+    assert 0 < activations - steps[1].sent["all_reduce"] < 64  # and the clipping norms' few bytes, on each mesh
     work = {tp: step_work(config, Mesh(1024, 2, 1, 1, tp), steps[tp], "striped", "ring", False) for tp in (1, 2)}
     assert work[2].tp_bytes == steps[2].sent["all_reduce"] and work[1].tp_bytes == 0  # 2 (2 - 1) / 2 = 1
     head = config.vocab_size * config.dim

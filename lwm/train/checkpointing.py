@@ -4,6 +4,7 @@ checksummed per rank and verified before anything in them is unpickled."""
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 from pathlib import Path
@@ -12,6 +13,7 @@ import torch
 import torch.distributed as dist
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.strategies import ModelParallelStrategy
+from torch.distributed.checkpoint.api import CheckpointException
 
 from lwm.checkpoint_io import (
     CheckpointError,
@@ -23,6 +25,7 @@ from lwm.checkpoint_io import (
     sha256,
     write_sums,
 )
+from lwm.io import NoSpaceLeft
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -65,6 +68,21 @@ def _written_by(name: str, rank: int) -> bool:
     return rank == 0
 
 
+def space_failure(e: CheckpointException, folder: Path) -> OSError | None:
+    """An out-of-space error (ENOSPC, EDQUOT) among a sharded save's failures, if any. torch.save's zip
+    writer turns a write's OSError into RuntimeError("unexpected pos"), so such a failure on a
+    filesystem left all but full (under 1% of it or 1 GiB free) counts as one too."""
+    failures = [failure for failure, _ in e.failures.values()]
+    for failure in failures:
+        if isinstance(failure, OSError) and failure.errno in (errno.ENOSPC, errno.EDQUOT):
+            return failure
+    fs = os.statvfs(folder)
+    full = fs.f_bavail * fs.f_frsize < min(fs.f_blocks * fs.f_frsize // 100, 2**30)
+    if full and any("unexpected pos" in str(failure) for failure in failures):
+        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    return None
+
+
 class AtomicModelParallelStrategy(ModelParallelStrategy):
     """Lightning's ModelParallelStrategy, with sharded checkpoints written to a staging folder beside
     the target and swapped in by renames once every rank has written its part (a kill leaves the old
@@ -77,7 +95,15 @@ class AtomicModelParallelStrategy(ModelParallelStrategy):
         if self.global_rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)  # a killed save's leftover
         self.barrier()
-        super().save_checkpoint(checkpoint, tmp, storage_options)
+        try:
+            super().save_checkpoint(checkpoint, tmp, storage_options)
+        except CheckpointException as e:  # every rank raises it, with every rank's failure
+            full = space_failure(e, path.parent)
+            if full is None:
+                raise
+            if self.global_rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)  # the part written: space the run may need next
+            raise NoSpaceLeft(path, full) from e
         self.barrier()
         mine = {f.name: sha256(f) for f in sorted(tmp.iterdir()) if _written_by(f.name, self.global_rank)}
         sums: list[dict | None] = [None] * self.world_size
