@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 
 import pytest
 import torch
@@ -213,3 +214,17 @@ def test_packed_batch_equals_its_examples_one_by_one(training_errors):
         assert set(packed) == set(PACKED_CASES)
         for case, (loss_err, grad_err) in packed.items():
             assert loss_err < 1e-6 and grad_err < 1e-6, f"cp={world} {case}: loss {loss_err:.2e}, grads {grad_err:.2e}"
+
+
+def _environment_worker(rank, world):
+    return os.environ.get("LWM_LAUNCH_MARK")
+
+
+def test_workers_see_the_callers_environment_forked_or_fresh(monkeypatch):
+    """Workers are forked from a server started at the first call, yet read the caller's environment
+    as it is at each call (as spawned ones do); fresh=True spawns them."""
+    monkeypatch.delenv("LWM_LAUNCH_MARK", raising=False)
+    assert run_distributed(_environment_worker, 2) == [None, None]  # the server is up
+    monkeypatch.setenv("LWM_LAUNCH_MARK", "now")
+    assert run_distributed(_environment_worker, 2) == ["now", "now"]
+    assert run_distributed(_environment_worker, 1, fresh=True) == ["now"]

@@ -24,8 +24,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank, world_size, port, out_dir, fn, args, threads):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _worker(rank, world_size, port, out_dir, fn, args, threads, environ):
+    os.environ.clear()  # the caller's environment now, not the fork server's from its start
+    os.environ.update(environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(threads)
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
@@ -38,17 +39,33 @@ def _worker(rank, world_size, port, out_dir, fn, args, threads):
     dist.destroy_process_group()
 
 
-def run_distributed(fn, world_size: int, *args, timeout: float = 300.0, threads: int = 1) -> list:
+# Imported once by the fork server, so a worker starts in milliseconds instead of importing torch.
+FORKSERVER_PRELOAD = ["torch", "torch.distributed", "lwm.parallel", "lwm.model"]
+
+
+def _start_method(fresh: bool) -> str:
+    """forkserver where the platform has it and a fresh process is not asked for: workers are forked
+    from a clean single-threaded server that imported torch once (spawn re-imports it in every
+    worker: seconds each on a small machine); spawn otherwise."""
+    if fresh or "forkserver" not in mp.get_all_start_methods():
+        return "spawn"
+    mp.set_forkserver_preload(FORKSERVER_PRELOAD)  # read when the server starts (the first call)
+    return "forkserver"
+
+
+def run_distributed(fn, world_size: int, *args, timeout: float = 300.0, threads: int = 1, fresh: bool = False) -> list:
     """fn(rank, world_size, *args) on each rank (a picklable, importable function); returns the
     per-rank results in rank order. An exception on any rank is raised here with its traceback;
-    processes still running after `timeout` seconds are killed."""
+    processes still running after `timeout` seconds are killed. Workers see the caller's environment;
+    fresh=True starts each from nothing (spawn), for what a process reads only as it starts (the
+    allocator's MALLOC_* settings)."""
     with tempfile.TemporaryDirectory() as out_dir:
         ctx = mp.start_processes(
             _worker,
-            args=(world_size, _free_port(), out_dir, fn, args, threads),
+            args=(world_size, _free_port(), out_dir, fn, args, threads, dict(os.environ)),
             nprocs=world_size,
             join=False,
-            start_method="spawn",
+            start_method=_start_method(fresh),
         )
         deadline = time.monotonic() + timeout
         while not ctx.join(timeout=1.0):

@@ -121,7 +121,7 @@ def measure(config: AccuracyConfig) -> list[dict]:
                 model_config, mesh, plan, PARALLEL.layout, PARALLEL.mode, PARALLEL.activation_checkpointing
             )
             predicted = step_time(work, mesh, device, node_size=cp)
-            real = run_distributed(real_step, cp, config.preset, seq_len, cp, timeout=600)[0]
+            real = run_distributed(real_step, cp, config.preset, seq_len, cp, timeout=600, fresh=True)[0]
             planned = plan.peak + config.workspace_mib * 2**20
             rows.append(
                 {
