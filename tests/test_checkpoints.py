@@ -293,18 +293,25 @@ def test_checksum_lists_never_name_a_file_outside_their_folder(tmp_path, name):
         verify_folder(last)
 
 
-def test_a_full_disk_during_a_sharded_checkpoint_write_is_named_and_keeps_the_previous_one(small_tmpfs, monkeypatch):
-    """torch.distributed.checkpoint's save on a full filesystem: its CheckpointException (every rank's
-    failures) becomes NoSpaceLeft naming the checkpoint, the staging folder is removed, the previous
-    checkpoint stays."""
-    import torch.distributed.checkpoint as dcp
-    from lightning.pytorch.strategies import ModelParallelStrategy
+def test_a_resume_refuses_a_sharded_checkpoint_whose_shard_changed(tmp_path, monkeypatch):
+    """The strategy's load (a stage's resume): a flipped byte in a shard is refused naming it, on
+    every rank alike, before torch.distributed.checkpoint reads anything."""
+    last = sharded_stage(tmp_path) / "checkpoints" / "last.ckpt"
+    (shard,) = last.glob("*.distcp")
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    shard.write_bytes(bytes(data))
+    monkeypatch.setattr(torch.distributed, "all_reduce", lambda tensor, *args, **kwargs: None)  # one rank
+    with pytest.raises(CheckpointError, match=rf"{last}: \['{shard.name}'\] do not match"):
+        one_rank_strategy().load_checkpoint(last)
 
-    from lwm.io import NoSpaceLeft
+
+def one_rank_strategy():
+    """AtomicModelParallelStrategy's own save and load logic, without a process group."""
     from lwm.train.checkpointing import AtomicModelParallelStrategy
 
-    class OneRank(AtomicModelParallelStrategy):  # the save's own logic, without a process group
-        global_rank, world_size = 0, 1
+    class OneRank(AtomicModelParallelStrategy):
+        global_rank, world_size, root_device = 0, 1, torch.device("cpu")
 
         def __init__(self):
             pass
@@ -315,15 +322,27 @@ def test_a_full_disk_during_a_sharded_checkpoint_write_is_named_and_keeps_the_pr
         def barrier(self, *args, **kwargs):
             pass
 
+    return OneRank()
+
+
+def test_a_full_disk_during_a_sharded_checkpoint_write_is_named_and_keeps_the_previous_one(small_tmpfs, monkeypatch):
+    """torch.distributed.checkpoint's save on a full filesystem: its CheckpointException (every rank's
+    failures) becomes NoSpaceLeft naming the checkpoint, the staging folder is removed, the previous
+    checkpoint stays."""
+    import torch.distributed.checkpoint as dcp
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    from lwm.io import NoSpaceLeft
+
     def dcp_save(self, checkpoint, filepath, storage_options=None):
         dcp.save(checkpoint, checkpoint_id=filepath, no_dist=True)
 
     monkeypatch.setattr(ModelParallelStrategy, "save_checkpoint", dcp_save)
     monkeypatch.setattr(torch.distributed, "all_gather_object", lambda out, obj: out.__setitem__(0, obj))  # one rank
     path = small_tmpfs / "last.ckpt"
-    OneRank().save_checkpoint({"w": torch.zeros(1000)}, path)
+    one_rank_strategy().save_checkpoint({"w": torch.zeros(1000)}, path)
     with pytest.raises(NoSpaceLeft, match=f"no space left on {path}$"):
-        OneRank().save_checkpoint({"w": torch.zeros(1 << 18)}, path)  # 1 MiB of weights
+        one_rank_strategy().save_checkpoint({"w": torch.zeros(1 << 18)}, path)  # 1 MiB of weights
     assert sorted(p.name for p in small_tmpfs.iterdir()) == ["last.ckpt"]
     assert torch.equal(_dcp_load(path)["w"], torch.zeros(1000))
 
