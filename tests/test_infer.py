@@ -181,13 +181,15 @@ def test_bad_prompts():
         Generator(make_model(), Vocab(32000))
 
 
-def test_command_one_process_and_torchrun(tmp_path):
-    """lwm-generate on an exported model prints the same text with 1 process and with 2 (torchrun)."""
+def test_command_one_process_and_torchrun(tmp_path, capsys):
+    """lwm-generate on an exported model prints the same text with 1 process (in this one) and with
+    2 (torchrun); a missing model is refused with exit 2."""
     import os
     import subprocess
     import sys
 
     from lwm.data.text_tokenizer import TextTokenizer
+    from lwm.infer import cli
     from lwm.interop.hf import to_hf
 
     root = __import__("pathlib").Path(__file__).resolve().parent.parent
@@ -200,24 +202,23 @@ def test_command_one_process_and_torchrun(tmp_path):
     )
     args = ["--model", str(tmp_path / "hf"), "--prompt", text, "--raw", "--max-new-tokens", "10", "--device", "cpu"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    outs = []
-    for launcher in (
-        [sys.executable, "-m", "lwm.infer.cli"],
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "lwm.infer.cli"],
-    ):
-        proc = subprocess.run(launcher + args, cwd=root, env=env, capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        outs.append(proc.stdout.strip())
-    assert outs[0] and outs[0] == outs[1] == TextTokenizer(tok).decode(expected).strip()
-    bad = subprocess.run(
-        [sys.executable, "-m", "lwm.infer.cli", "--model", str(tmp_path / "nope"), "--prompt", "x"],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert bad.returncode == 2 and "does not exist" in bad.stderr
+    assert cli.main(args) == 0
+    one = capsys.readouterr().out.strip()
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "lwm.infer.cli",
+    ]
+    proc = subprocess.run(torchrun + args, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert one and one == proc.stdout.strip() == TextTokenizer(tok).decode(expected).strip()
+    with pytest.raises(SystemExit) as refused:
+        cli.main(["--model", str(tmp_path / "nope"), "--prompt", "x"])
+    assert refused.value.code == 2 and "does not exist" in capsys.readouterr().err
 
 
 def test_cli_default_paths_work_from_any_folder_and_bad_paths_name_the_option(tmp_path, monkeypatch, capsys):

@@ -162,9 +162,9 @@ def test_bad_input_is_refused_before_the_run(tmp_path, overrides, message, monke
     assert "Traceback" not in err and not (tmp_path / "run").exists()
 
 
-def test_unknown_config_name(tmp_path):
-    proc = train(tmp_path, "model=huge", check=False)
-    assert proc.returncode != 0 and "Could not find 'model/huge'" in proc.stderr and "tiny" in proc.stderr
+def test_unknown_config_name(tmp_path, monkeypatch, capsys):
+    code, err = _main_exit(monkeypatch, capsys, tmp_path, "model=huge")
+    assert code != 0 and "Could not find 'model/huge'" in err and "tiny" in err, err[-2000:]
 
 
 # cp = 2 runs under torchrun (striped) and in Lightning's own two processes (zigzag) below; every
@@ -259,8 +259,10 @@ def test_resume_gives_the_same_losses(tmp_path, reference):
 
 def test_output_one_line_per_stage_and_one_checkpoint(tmp_path):
     """What a run prints and leaves: a line per stage, a clean bar, no Lightning chatter; a finished
-    stage keeps its final weights, and last.ckpt only with trainer.keep_checkpoints=true."""
+    stage keeps its final weights, and last.ckpt only with trainer.keep_checkpoints=true; stage b
+    starts from stage a's final weights."""
     proc = train(tmp_path, "trainer.checkpoint_every=3")
+    check_stage_hand_over(tmp_path)
     text = proc.stdout + proc.stderr
     assert text.count("stage a: seq_len 64, rope_theta 10000, 10 steps, cp 1, dp 1") == 1, text[-2000:]
     assert text.count("stage b: seq_len 128, rope_theta 100000, 4 steps, cp 1, dp 1") == 1
@@ -306,9 +308,8 @@ def test_two_processes_share_the_default_run_folder_and_the_losses(tmp_path, ref
         assert got[step] == pytest.approx(loss, rel=1e-5), (step, got[step], loss)
 
 
-def test_stage_hand_over(tmp_path):
+def check_stage_hand_over(tmp_path):
     """Stage b starts from stage a's final weights: its first loss is their loss under b's theta."""
-    train(tmp_path)
     from safetensors.torch import load_file
 
     from lwm.data import DataConfig, Source

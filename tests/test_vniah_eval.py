@@ -153,10 +153,11 @@ def run_cli(launcher, args):
     )
 
 
-def test_command_one_process_and_torchrun_agree(stage_model, tmp_path):
-    one = run_cli([sys.executable], ["--model", str(stage_model), "--out", str(tmp_path / "one"), *ARGS])
-    assert one.returncode == 0, one.stderr[-3000:]
-    assert "| depth \\ frames |" in squeeze(one.stdout) and "chance 0.167" in one.stdout
+def test_command_one_process_and_torchrun_agree(stage_model, tmp_path, capsys):
+    """The command in this process and under torchrun (2 ranks): the same trials and scores."""
+    assert vniah.main(["--model", str(stage_model), "--out", str(tmp_path / "one"), *ARGS]) == 0
+    out = capsys.readouterr().out
+    assert "| depth \\ frames |" in squeeze(out) and "chance 0.167" in out
     res = json.loads((tmp_path / "one" / "vniah.json").read_text())
     assert res["config"]["complete"] and res["config"]["frames"] == [1, 3] and len(res["trials"]) == 4
     assert all(r["error"] is None for r in res["trials"])
@@ -176,11 +177,14 @@ def test_command_one_process_and_torchrun_agree(stage_model, tmp_path):
         assert np.allclose(a["ll"]["scores"], b["ll"]["scores"], atol=1e-3)
 
 
-def test_command_bad_input(stage_model, tmp_path):
-    bad = run_cli([sys.executable], ["--model", str(stage_model), "--out", str(tmp_path), *ARGS, "--frames", "0"])
-    assert bad.returncode == 2 and "--frames must be positive frame counts, got [0]" in bad.stderr
-    missing = run_cli([sys.executable], ["--model", str(tmp_path / "nope"), *ARGS])
-    assert missing.returncode == 2 and f"--model {tmp_path / 'nope'} does not exist" in missing.stderr
+def test_command_bad_input(stage_model, tmp_path, capsys):
+    for argv, message in [
+        (["--model", str(stage_model), "--out", str(tmp_path), *ARGS, "--frames", "0"], "--frames must be positive frame counts, got [0]"),
+        (["--model", str(tmp_path / "nope"), *ARGS], f"--model {tmp_path / 'nope'} does not exist"),
+    ]:  # fmt: skip
+        with pytest.raises(SystemExit) as refused:
+            vniah.main(argv)
+        assert refused.value.code == 2 and message in capsys.readouterr().err, message
 
 
 def test_card_qa_answers_are_what_the_videos_show(tmp_path, vqgan):
