@@ -6,6 +6,7 @@ bad input) on a random-weight model exported to a Hugging Face folder."""
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import random
@@ -368,10 +369,12 @@ def run_cli(launcher, args, timeout=120):
 
 @pytest.fixture(scope="module")
 def one_process(hf_model, tmp_path_factory) -> Path:
+    """The command in this process (main(argv), as the script runs it)."""
     out = tmp_path_factory.mktemp("needle_out") / "one"
-    proc = run_cli([sys.executable], ["--model", str(hf_model), "--out", str(out), *CLI_ARGS])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "accuracy" in proc.stdout and "| depth \\ length |" in squeeze(proc.stdout)
+    printed = io.StringIO()
+    with contextlib.chdir(ROOT), contextlib.redirect_stdout(printed):
+        assert nd.main(["--model", str(hf_model), "--out", str(out), *CLI_ARGS]) == 0
+    assert "accuracy" in printed.getvalue() and "| depth \\ length |" in squeeze(printed.getvalue())
     return out
 
 
