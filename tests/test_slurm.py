@@ -140,32 +140,36 @@ def test_srun_two_tasks_equal_one_node(reference, tmp_path):
             assert got[step] == pytest.approx(loss, rel=1e-6, abs=0), (stage, step)
 
 
-@pytest.mark.parametrize("signal_name", ["SIGUSR1", "SIGTERM"])
-def test_requeued_at_a_random_step_resumes_by_itself(reference, tmp_path, signal_name):
-    """SIGUSR1: what SLURM sends before the time limit (the job requeues itself); SIGTERM: what a
-    preemption or `scontrol requeue` sends (SLURM requeues the job)."""
-    step = 5  # stopped after the first periodic checkpoint, at a random step before the stage's end
+# (signal, the checkpoint step after which it comes, the command that sends it)
+STOPS = [("SIGUSR1", 5, "scancel --signal=USR1"), ("SIGTERM", 10, "scontrol requeue")]
+
+
+def test_requeued_at_random_steps_resumes_by_itself(reference, tmp_path):
+    """One job stopped twice: SIGUSR1, what SLURM sends before the time limit (the job requeues
+    itself), then SIGTERM, what a preemption or `scontrol requeue` sends (SLURM requeues the job),
+    each at a random step after a periodic checkpoint; each time it goes on from the step it stopped at."""
     job, log = submit(tmp_path)
+    run = tmp_path / f"slurm-{job}"
     try:
-        wait_for_checkpoint(job, log, tmp_path / f"slurm-{job}", step)
-        stop = readme_command("scancel --signal=USR1" if signal_name == "SIGUSR1" else "scontrol requeue")
-        subprocess.run([a.replace("<job>", job) for a in stop], check=True)
+        for _, step, command in STOPS:
+            wait_for_checkpoint(job, log, run, step)
+            subprocess.run([a.replace("<job>", job) for a in readme_command(command)], check=True)
         state = wait_done(job, log)
     finally:
         subprocess.run(["scancel", job])
     text = read(log)
-    assert state == "COMPLETED" and job_field(job, "Restarts") == "1", text[-3000:]
-    said = f"job {job} requeued" if signal_name == "SIGUSR1" else "stopped on SIGTERM"
-    assert said in text and "started again (restart 1)" in text, text[-3000:]
-    first, again = text.split("started again", 1)
-    stop = re.search(rf"{signal_name}: the stage stops at step (\d+); its checkpoint is last.ckpt", first)
-    assert stop, text[-3000:]
-    stopped_at = int(stop.group(1))
-    resumed_at = bar_steps(again)[0]  # the resumed bar starts at its checkpoint's step
-    # the signal's own save, not the periodic checkpoint before it (every 5 steps), is where the job goes on
-    assert step <= stopped_at == resumed_at < STEPS, (step, stopped_at, resumed_at, text[-3000:])
-    assert [p.name for p in tmp_path.iterdir() if p.is_dir()] == [f"slurm-{job}"]  # one folder for both runs
-    check_same_run(tmp_path / f"slurm-{job}", reference)
+    assert state == "COMPLETED" and job_field(job, "Restarts") == str(len(STOPS)), text[-3000:]
+    assert f"job {job} requeued" in text and "stopped on SIGTERM" in text, text[-3000:]
+    runs = re.split(r"started again \(restart \d+\)", text)
+    assert len(runs) == len(STOPS) + 1, text[-3000:]
+    for (signal_name, step, _), before, after in zip(STOPS, runs, runs[1:]):
+        stop = re.search(rf"{signal_name}: the stage stops at step (\d+); its checkpoint is last.ckpt", before)
+        assert stop, (signal_name, text[-3000:])
+        stopped_at, resumed_at = int(stop.group(1)), bar_steps(after)[0]  # the resumed bar starts at its checkpoint
+        # the signal's own save, not the periodic checkpoint before it (every 5 steps), is where the job goes on
+        assert step <= stopped_at == resumed_at < STEPS, (signal_name, step, stopped_at, resumed_at, text[-3000:])
+    assert [p.name for p in tmp_path.iterdir() if p.is_dir()] == [run.name]  # one folder for every run
+    check_same_run(run, reference)
 
 
 def test_killed_job_resumes_from_its_last_checkpoint_when_requeued(reference, tmp_path):
