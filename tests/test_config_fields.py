@@ -4,7 +4,7 @@ other file has; fields already shown elsewhere are listed here with the test tha
 Shown elsewhere (tests/test_train.py unless named):
   stage_only             test_bad_input_is_refused_before_the_run (unknown stage), every run with stage_only=a
   resume, stop_at_step   test_resume_gives_the_same_losses
-  export=false           test_stage_hand_over (no hf/ folder)
+  export=false           test_output_one_line_per_stage_and_one_checkpoint (stage hand-over: no hf/ folder)
   data.tokenizer         test_default_run_config_is_valid (the embedding has the tokenizer's rows)
   data.codes             test_bad_input_is_refused_before_the_run (no manifest); tests/test_data.py
   data.sources.*.fields  tests/test_data.py (a text source without per-example fields)
@@ -18,7 +18,7 @@ Shown elsewhere (tests/test_train.py unless named):
                          (tp 2, tp 2 x cp 2, tp 2 x dp 2 train as one process; heads per rank)
   schedule.init_hf       test_first_stage_from_hugging_face
   stage name, seq_len,
-    rope_theta, steps    test_stage_hand_over, test_context_parallel_losses_equal_one_process
+    rope_theta, steps    test_output_one_line_per_stage_and_one_checkpoint (stage hand-over), test_context_parallel_losses_equal_one_process
   stage.cp, trainer.devices  test_context_parallel_losses_equal_one_process, test_torchrun_two_processes
   trainer.timeout_s      test_a_dead_rank_stops_the_others
   trainer.out_dir        every run
