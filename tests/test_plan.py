@@ -289,3 +289,15 @@ def test_every_shipped_schedule_is_planned(monkeypatch, tmp_path, schedule):
     assert [r["cp"] for r in plan["stages"]] == [s.cp for s in stages] and all(
         r["time"]["seconds"] > 0 for r in plan["stages"]
     )
+
+
+def test_a_cp_1_stage_of_a_hybrid_run_is_planned_as_train_py_runs_it(monkeypatch, tmp_path):
+    """train.py runs a stage of cp 1 without context parallelism under any mode (ParallelConfig.dims);
+    the plan builds its meshes the same way instead of refusing hybrid's all-to-all size there."""
+    calls = []
+    _stub(monkeypatch, calls)
+    hybrid = SMALL + ["parallel.mode=hybrid", "parallel.ulysses=2"]
+    plan = command.run(command.PlanConfig(hybrid, seq_len=512, cp=1, dp=2, out=str(tmp_path)))
+    assert [(r["cp"], r["dp"]) for r in plan["stages"]] == [(1, 2)]
+    plan = command.run(command.PlanConfig(hybrid, seq_len=512, cp=4, dp=1, out=str(tmp_path)))
+    assert [(r["cp"], r["dp"]) for r in plan["stages"]] == [(4, 1)]

@@ -9,6 +9,7 @@ sequences per rank.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
@@ -17,7 +18,7 @@ import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from lwm.model import ModelConfig
-from lwm.parallel import ComputeSettings, Meshes, meta_parallel_model
+from lwm.parallel import ComputeSettings, Meshes, ParallelDims, meta_parallel_model
 from lwm.train.config import OptimConfig, ParallelConfig, StageConfig
 from lwm.train.fake_step import fake, fake_allocate, make_batch, place, run_prefill, start_fake_group, train_step
 from lwm.train.module import build_optimizer
@@ -42,6 +43,12 @@ class Mesh:
     def __str__(self) -> str:
         tp = f", tp {self.tp}" if self.tp > 1 else ""
         return f"{self.seq_len} tokens x {self.batch}, cp {self.cp}, dp {self.dp}{tp}"
+
+
+def mesh_dims(mesh: Mesh, parallel: ParallelConfig) -> ParallelDims:
+    """The run's ParallelDims on this mesh, as train.py builds them (ParallelConfig.dims: a cp-1 mesh has
+    no context parallelism to arrange under any mode)."""
+    return dataclasses.replace(parallel, tp=mesh.tp).dims(mesh.world, mesh.cp)
 
 
 @dataclass
@@ -103,8 +110,8 @@ def plan_step(
     (rank 0 is tp rank 0 of cp rank 0: every tp rank holds the same shapes)."""
     start_fake_group(mesh.world)
     try:
-        ulysses = parallel.ulysses if parallel.mode == "hybrid" else 1
-        where = place(mesh.dp, mesh.cp, tp=mesh.tp, mode=parallel.mode, ulysses=ulysses)
+        dims = mesh_dims(mesh, parallel)  # as train.py: a cp-1 mesh runs without cp under any mode
+        where = place(dims.dp, dims.cp, tp=dims.tp, mode=dims.mode, ulysses=dims.ulysses)
         host = make_batch(model_config, mesh.seq_len, where, 1, parallel.layout, "cpu")  # cut on the host
         # Built outside the fake mode (FSDP2 over a tp mesh reads real rank tensors), then allocated fake.
         model = meta_parallel_model(model_config, where, settings, parallel.layout, parallel.activation_checkpointing)

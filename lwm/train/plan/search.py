@@ -7,10 +7,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from lwm.model import ModelConfig
-from lwm.parallel import ParallelDims
 from lwm.train.config import ParallelConfig, StageConfig
 from lwm.train.plan.devices import GIB, Device
-from lwm.train.plan.memory import Mesh
+from lwm.train.plan.memory import Mesh, mesh_dims
 
 
 def check_mesh(mesh: Mesh, model: ModelConfig, parallel: ParallelConfig, what: str) -> None:
@@ -20,8 +19,7 @@ def check_mesh(mesh: Mesh, model: ModelConfig, parallel: ParallelConfig, what: s
         if getattr(mesh, name) < 1:
             raise ValueError(f"{what}: {name} must be >= 1, got {getattr(mesh, name)}")
     try:
-        ulysses = parallel.ulysses if parallel.mode == "hybrid" else 1
-        dims = ParallelDims(mesh.dp, mesh.cp, mesh.tp, parallel.mode, ulysses)
+        dims = mesh_dims(mesh, parallel)
         dims.check_model(model.n_heads, model.n_kv_heads)
         dims.check_seq(mesh.seq_len, parallel.layout)
     except ValueError as e:
