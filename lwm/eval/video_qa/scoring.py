@@ -15,6 +15,7 @@ from functools import partial
 import numpy as np
 
 from lwm.data.chat import chat_prompt
+from lwm.eval.trials import group_of
 from lwm.eval.video_qa.benchmarks import rules_for
 from lwm.eval.video_qa.items import Item, ItemError
 from lwm.eval.video_qa.subtitles import SubtitleError, at_frames, interleave, read_lvb, read_srt
@@ -207,7 +208,7 @@ def evaluate_item(
     generator's meeting point (Generator._meet) or the others' round. A rank failing inside a
     collective (out of memory in the middle of a forward pass) is not covered: the others wait in
     that collective until the process group's timeout stops the run."""
-    group = getattr(generator, "group", None)
+    group, _ = group_of(generator)
     _, rank = group_size_and_rank(group)
     prepared = broadcast_object_from_first(_prepare(item, source) if rank == 0 else None, group)
     rec = _record(item, prepared, buckets)
@@ -216,7 +217,7 @@ def evaluate_item(
     model = _Model(generator, tokenizer, vocab, prompt_style)
     subs = prepared.get("subtitles", {})
     score = partial(_score, rec, model, prepared["codes"], item, methods, max_new_tokens, letter_tokens, subs)
-    _, error = run_agreed(score, group, getattr(generator, "device", None))
+    _, error = run_agreed(score, *group_of(generator))
     return rec if error is None else _failed(rec, error)
 
 
