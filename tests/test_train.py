@@ -533,13 +533,22 @@ def _main_exit(monkeypatch, capsys, out, *overrides) -> tuple[int, str]:
     return exit_.value.code, capsys.readouterr().err
 
 
-def test_preflight_stops_a_stage_that_will_not_fit(tmp_path, monkeypatch, capsys):
+def test_preflight_stops_a_stage_that_will_not_fit(tmp_path, monkeypatch, capsys, caplog):
     """trainer.preflight=true plans the stage on the device's memory (here made 1 MiB) and stops
-    before anything is allocated, naming the stage, its peak and the device."""
+    before anything is allocated, naming the stage, its peak and the device. The folder's lock, left
+    by a run that died, is taken over and the warning saying so reaches the log: Hydra's logging
+    config must not silence the project's loggers."""
+    import json
+    import socket
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    holder = {"pid": int(dead.stdout), "host": socket.gethostname(), "command": "train.py", "since": "then"}
+    (tmp_path / "train.lock").write_text(json.dumps(holder))
     monkeypatch.setattr("lwm.train.run.device_memory", lambda kind, ranks: 2**20)
     code, err = _main_exit(monkeypatch, capsys, tmp_path, "stage_only=a", "trainer.preflight=true")
     assert code == 2 and "preflight: stage 'a' (seq_len 64" in err and "it will not fit" in err, err[-2000:]
     assert "on a device of 1.00 MiB" in err and not (tmp_path / "a" / "final.safetensors").exists()
+    assert f"taking over {tmp_path / 'train.lock'} from pid {holder['pid']}" in caplog.text
 
 
 def test_a_second_run_on_one_folder_is_refused(tmp_path, monkeypatch, capsys):
