@@ -552,6 +552,34 @@ def test_sample_and_vqgan_checkpoint(tmp_path, monkeypatch):
     assert (calls[0].out, calls[0].vqgan, calls[0].ids) == (tmp_path, "tiny", "stem")
 
 
+def test_runs_started_together_tokenize_the_sample_once(tmp_path, monkeypatch):
+    """Two runs on a fresh clone at once: the second waits while the first tokenizes the sample's
+    videos, then finds the codes made (lwm-tokenize would refuse a folder another run is writing)."""
+    import threading
+    import time
+
+    import lwm.train.entry as entry
+
+    calls = []
+
+    def tokenize_slowly(config):
+        calls.append(config)
+        time.sleep(1)
+        (config.out / "manifest.jsonl").write_text("{}\n")
+        (config.out / "failures.jsonl").write_text("")
+        return 0
+
+    monkeypatch.setattr(entry.tokenize, "run", tokenize_slowly)
+    data = run_config(tmp_path).data
+    data.codes = str(tmp_path)
+    runs = [threading.Thread(target=ensure_sample_data, args=(data,)) for _ in "ab"]
+    for t in runs:
+        t.start()
+    for t in runs:
+        t.join(60)
+    assert len(calls) == 1
+
+
 # --------------------------------------------------------------------------- model and names
 
 

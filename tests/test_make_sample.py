@@ -296,6 +296,22 @@ def test_ensure_sample_runs_the_config_not_a_command_line(again, monkeypatch, ca
     assert "is complete" in capsys.readouterr().out
 
 
+def test_two_makers_at_once_make_the_sample_once(tmp_path, capsys):
+    """Two runs starting together on a fresh clone (train.py and a needle command, say): the second
+    waits for the first and finds the sample complete, instead of remaking it under the first."""
+    import threading
+
+    out = tmp_path / "s"
+    makers = [threading.Thread(target=make_sample.ensure_sample, args=(out,), kwargs={"n_videos": N}) for _ in "ab"]
+    for t in makers:
+        t.start()
+    for t in makers:
+        t.join(120)
+    said = capsys.readouterr().out
+    assert said.count(f"wrote {out}") == 1 and said.count("is complete") == 1, said
+    assert make_sample.is_complete(out, seed=0, n_videos=N)
+
+
 def test_the_parser_is_built_from_the_config():
     parse = make_sample.build_parser().parse_args
     args = ["--out", "x", "--seed", "3", "--n-videos", "2", "--force"]

@@ -65,6 +65,7 @@ from pathlib import Path
 
 import numpy as np
 import sentencepiece as spm
+from filelock import FileLock
 
 from lwm.arg_types import add_options, from_args, option
 from lwm.paths import SAMPLE
@@ -217,11 +218,13 @@ def run(config: SampleConfig) -> Path:
     c = config
     if c.n_videos < 1:
         raise ValueError(f"--n-videos must be at least 1, got {c.n_videos}")
-    if not c.force and is_complete(c.out, c.seed, c.n_videos):
-        print(f"{c.out} is complete (seed {c.seed}, {c.n_videos} videos); --force to remake it")
-        return c.out
-    start = time.perf_counter()
-    counts = generate(c.out, c.seed, c.n_videos)
+    c.out.mkdir(parents=True, exist_ok=True)
+    with FileLock(c.out / ".make.lock"):  # a second run at once waits, then finds the sample complete
+        if not c.force and is_complete(c.out, c.seed, c.n_videos):
+            print(f"{c.out} is complete (seed {c.seed}, {c.n_videos} videos); --force to remake it")
+            return c.out
+        start = time.perf_counter()
+        counts = generate(c.out, c.seed, c.n_videos)
     files = list(c.out.rglob("*"))
     print(
         f"wrote {c.out}: "

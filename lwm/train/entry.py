@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from filelock import FileLock
 from omegaconf import DictConfig, OmegaConf
 
 from lwm.configs import from_dict
@@ -64,8 +65,13 @@ def ensure_sample_needles(root: Path = SAMPLE / "needles") -> None:
 
 def ensure_sample_data(data: DataSpec) -> None:
     """Make data/sample (videos, texts, needle sets) and tokenize its videos once (each skips what is
-    already there)."""
+    already there). Runs started together wait for the one making them."""
     ensure_sample()
+    with FileLock(SAMPLE / ".prepare.lock"):
+        _needles_and_codes(data)
+
+
+def _needles_and_codes(data: DataSpec) -> None:
     ensure_sample_needles()
     codes = Path(data.codes)
     if list(codes.glob("manifest*.jsonl")) and not (codes / "failures.jsonl").read_text().strip():
