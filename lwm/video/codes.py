@@ -52,12 +52,18 @@ def encode_video(
     device = next(vqgan.parameters()).device
     codes = np.empty((len(plan), vqgan.config.tokens_per_frame), dtype)
     done = 0
+    last = (-1, None)  # the previous chunk's last frame index and its codes
     try:
         for frames, _ in video.chunks(plan, chunk_size=batch_size):
-            # (t, r, r, 3) uint8 -> (t, 256) long
-            codes[done : done + len(frames)] = (
-                vqgan.encode(torch.from_numpy(frames).to(device), batch_size=batch_size).cpu().numpy()
-            )
+            # a rate above the video's holds frames: each is encoded once (also across chunks) and its copies
+            # take its codes, the same as at the video's own rate, not a near tie broken apart by the batch
+            indices = plan.indices[done : done + len(frames)]
+            _, first, copies = np.unique(indices, return_index=True, return_inverse=True)
+            held = indices[0] == last[0]
+            x = torch.from_numpy(frames[first[1:] if held else first]).to(device)  # (t, r, r, 3) uint8, new frames
+            new = vqgan.encode(x, batch_size=batch_size).cpu().numpy() if len(x) else codes[:0]  # (t, 256)
+            codes[done : done + len(frames)] = (np.concatenate([last[1][None], new]) if held else new)[copies]
+            last = (indices[-1], codes[done + len(frames) - 1])
             done += len(frames)
             if progress is not None:
                 progress.update(len(frames))
