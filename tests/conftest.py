@@ -1,8 +1,10 @@
 import functools
+import os
 
 import comm_contract
 import pytest
 import torch
+from train_runs import losses, train
 
 import lwm.parallel.launch as launch
 
@@ -19,6 +21,38 @@ def _checked_run_distributed(fn, world_size: int, *args, **kwargs) -> list:
 
 # Replaced before the test modules are imported, so their `from lwm.parallel.launch import run_distributed` gets it
 launch.run_distributed = _checked_run_distributed
+
+if os.environ.get("PYTEST_XDIST_WORKER"):  # under -n 2: one core per worker, and the processes it starts
+    # OpenMP threads spin while they wait for one another; two workers' threads on two cores spin more than they work
+    torch.set_num_threads(1)
+    os.environ["OMP_NUM_THREADS"] = "1"
+
+
+# The files whose runs start several train.py processes each: one unit of work under -n 2 (the README's
+# command), so one worker runs them one after another while the other runs the rest (their times
+# balance); two multi-process runs at once would put twice as many processes on the cores.
+LAUNCHES = ("test_train_parallel.py", "test_slurm.py", "test_multinode.py")
+
+
+def pytest_collection_modifyitems(items):
+    """The files of LAUNCHES first, in that order (the longest first), the rest as collected."""
+    rank = {name: i for i, name in enumerate(LAUNCHES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LAUNCHES)))  # stable
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: not called without it
+def pytest_xdist_make_scheduler(config, log):
+    """Each file is one unit of work (its module fixtures made once), LAUNCHES one unit together;
+    units go to the workers in collection order."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Files(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "launches" if path.rsplit("/", 1)[-1] in LAUNCHES else path
+
+    config.option.loadscopereorder = False
+    return Files(config, log)
 
 
 @pytest.fixture(autouse=True)
@@ -51,3 +85,11 @@ def spm_model(tmp_path_factory):
         minloglevel=2,
     )
     return folder / "sp.model"
+
+
+@pytest.fixture(scope="session")
+def reference(tmp_path_factory):
+    """stage a of one process: the losses every parallel run must give."""
+    out = tmp_path_factory.mktemp("cp1")
+    train(out, "stage_only=a")
+    return losses(out)

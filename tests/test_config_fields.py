@@ -1,14 +1,14 @@
 """Every config field takes effect, and a test shows it. This file holds the tests no
 other file has; fields already shown elsewhere are listed here with the test that shows them.
 
-Shown elsewhere (tests/test_train.py unless named):
+Shown elsewhere (tests/test_train.py and tests/test_train_parallel.py unless named):
   stage_only             test_bad_input_is_refused_before_the_run (unknown stage), every run with stage_only=a
   resume, stop_at_step   test_resume_gives_the_same_losses
   export=false           test_output_one_line_per_stage_and_one_checkpoint (stage hand-over: no hf/ folder)
   data.tokenizer         test_default_run_config_is_valid (the embedding has the tokenizer's rows)
   data.codes             test_bad_input_is_refused_before_the_run (no manifest); tests/test_data.py
   data.sources.*.fields  tests/test_data.py (a text source without per-example fields)
-  parallel.layout        test_context_parallel_losses_equal_one_process, test_bad_input_... (zigzag divisibility)
+  parallel.layout        test_context_parallel_losses_equal_one_process (zigzag), test_bad_input_... (zigzag divisibility)
   parallel.mode=hybrid, parallel.ulysses
                          test_context_parallel_losses_equal_one_process (cp 4 = Ulysses 2 x ring 2);
                          tests/test_tensor_parallel.py (refused where they do not divide)
@@ -48,9 +48,6 @@ import csv
 import dataclasses
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -185,24 +182,6 @@ def test_default_clip_learns(learning_run, initial):
     assert loss[8] < initial[8][0] - 0.05, (loss, initial)
     norms = metrics(learning_run, key="train/grad_norm")
     assert norms[2] > 0 and norms[2] != pytest.approx(initial[2][1], rel=1e-3)  # the weights moved
-
-
-def test_two_processes_cp2_clip_through_train_py(sample, tmp_path, initial):
-    """FSDP2 (DTensor gradients) with context parallelism 2: the norm is the whole model's."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    cmd = [
-        sys.executable,
-        "train.py",
-        f"trainer.out_dir={tmp_path}",
-        *DEBUG,
-        "stage_only=a",
-        "trainer.devices=2",
-        "+schedule.stages.0.cp=2",
-        "optim.grad_clip=1e-9",
-    ]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-5000:]
-    assert_frozen_with_true_norms(tmp_path, initial)
 
 
 def test_clip_grad_norm_semantics():

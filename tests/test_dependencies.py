@@ -112,6 +112,6 @@ def quick_start_commands() -> list[str]:
 def test_ci_runs_the_readmes_commands():
     """.ci/run runs the README's test command verbatim, in a venv of its own; both commands install first."""
     got = quick_start_commands()
-    assert got == ["pip install -e . && python train.py", 'pip install -e ".[dev]" && python -m pytest -q']
+    assert got == ["pip install -e . && python train.py", 'pip install -e ".[dev]" && python -m pytest -q -n 2']
     ci = (ROOT / ".ci" / "run").read_text()
     assert got[1] in ci.splitlines() and "-m venv" in ci and "system-site-packages" not in ci

@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 from readme_commands import readme_command
-from test_train import DEBUG, ROOT, losses, train
+from train_runs import DEBUG, ROOT, losses, train
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 

@@ -23,7 +23,7 @@ import pytest
 import torch
 from readme_commands import readme_command
 from safetensors.torch import load_file
-from test_train import DEBUG, ROOT, losses, train
+from train_runs import DEBUG, ROOT, losses, train
 
 CLUSTER = ROOT / "scripts" / "slurm" / "local-cluster.sh"
 STEPS = 20  # stage a: long enough to be stopped at a random step; stage b keeps its 4

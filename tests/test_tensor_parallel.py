@@ -90,7 +90,7 @@ def reference(dp: int) -> tuple[list[list[float]], dict]:
     return losses, model.state_dict()
 
 
-# train.py runs tp 2 x cp 2 striped and hybrid cp 4 zigzag (tests/test_train.py); here the rest.
+# train.py runs tp 2 x cp 2 striped and hybrid cp 4 zigzag (tests/test_train_parallel.py); here the rest.
 CASES = {  # name: (dims, layout)
     "tp2": (ParallelDims(tp=2), "striped"),
     "tp2 x cp2 zigzag": (ParallelDims(cp=2, tp=2), "zigzag"),

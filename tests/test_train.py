@@ -1,54 +1,25 @@
-"""train.py end to end: configs, exactness under context parallelism, resume, stage hand-over,
-torchrun, and bad input. Runs are subprocesses (Lightning re-launches its command per rank)."""
+"""train.py end to end in one process: configs, resume, stage hand-over, output, refusals and bad
+input. Runs are subprocesses or train.py's main in this process; the multi-process runs are in
+tests/test_train_parallel.py."""
 
 from __future__ import annotations
 
-import csv
 import os
-import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
+from train_runs import DEBUG, ROOT, losses, train
 
 from lwm.checkpoint_io import load_verified
-from lwm.interop.hf import from_hf
 from lwm.train.config import validate
 from lwm.train.entry import to_run_config
 
-ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
-DEBUG = ["model=debug", "schedule=debug", "trainer.log_every=1", "export=false", "evaluate.lengths=null"]
-
-
-def train(
-    out: Path, *overrides: str, launcher: list[str] | None = None, check: bool = True
-) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    cmd = (launcher or [sys.executable]) + ["train.py", f"trainer.out_dir={out}", *DEBUG, *overrides]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    if check and proc.returncode != 0:
-        raise AssertionError(
-            f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
-        )
-    return proc
-
-
-def losses(out: Path, stage: str = "a") -> dict[int, float]:
-    rows = csv.DictReader(open(out / stage / "logs" / "metrics.csv"))
-    return {int(r["step"]): float(r["train/loss"]) for r in rows if r.get("train/loss")}
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    out = tmp_path_factory.mktemp("cp1")
-    train(out, "stage_only=a")
-    return losses(out)
 
 
 def test_every_config_composes():
@@ -167,74 +138,6 @@ def test_unknown_config_name(tmp_path, monkeypatch, capsys):
     assert code != 0 and "Could not find 'model/huge'" in err and "tiny" in err, err[-2000:]
 
 
-# cp = 2 runs under torchrun (striped) and in Lightning's own two processes (zigzag) below; every
-# layout and N is exact at the attention level (tests/test_parallel_dist.py), and every mode and
-# tp x cp x dp mesh at the training-step level (tests/test_tensor_parallel.py), so train.py needs
-# one run of each size: cp 4 as hybrid (Ulysses 2 inside, a ring of 2 across).
-@pytest.mark.parametrize("cp,layout,mode", [(4, "zigzag", ["parallel.mode=hybrid", "parallel.ulysses=2"])])
-def test_context_parallel_losses_equal_one_process(tmp_path, reference, cp, layout, mode):
-    proc = train(
-        tmp_path,
-        "stage_only=a",
-        f"trainer.devices={cp}",
-        f"+schedule.stages.0.cp={cp}",
-        f"parallel.layout={layout}",
-        "trainer.keep_checkpoints=true",
-        *mode,
-    )
-    assert "cp 4 (hybrid: ulysses 2 x ring 2), dp 1" in proc.stdout, proc.stdout[-2000:]
-    got = losses(tmp_path)
-    assert sorted(got) == sorted(reference) and len(got) == 10
-    meta = torch.load(tmp_path / "a" / "checkpoints" / "last.ckpt" / "meta.pt", weights_only=True)
-    assert set(meta["rng_states"]) == {str(r) for r in range(cp)}  # every rank's random state
-    for step, loss in reference.items():
-        assert got[step] == pytest.approx(loss, rel=1e-5), (step, got[step], loss)
-
-
-def test_tensor_parallel_runs_exports_and_resumes(tmp_path, reference):
-    """tp 2 x cp 2 (4 processes) gives one process's losses; its Hugging Face export holds the run's
-    final weights; stopped at step 5, its sharded checkpoint has every rank's shard in SHA256SUMS
-    (tests/test_checkpoints.py refuses a flipped byte in one) and resumes to the same weights bit for
-    bit; and it resumes onto another mesh, resharded: tp 1 x dp 2 at the same global batch."""
-    args = ["stage_only=a", "trainer.devices=4", "parallel.tp=2"]
-    whole, split, other = tmp_path / "whole", tmp_path / "split", tmp_path / "other"
-    proc = train(whole, *args, "+schedule.stages.0.cp=2", "export=true")
-    assert "cp 2 (ring), tp 2, dp 1" in proc.stdout, proc.stdout[-2000:]
-    got = losses(whole)
-    assert sorted(got) == list(range(10))
-    for step, loss in reference.items():
-        assert got[step] == pytest.approx(loss, rel=1e-5), (step, got[step], loss)
-    final = load_file(whole / "a" / "final.safetensors")
-    exported = from_hf(whole / "hf").state_dict()
-    assert set(exported) == set(final) and all(torch.equal(exported[k], v) for k, v in final.items())
-
-    train(split, *args, "+schedule.stages.0.cp=2", "stop_at_step=5")
-    shutil.copytree(split, other)
-    last = split / "a" / "checkpoints" / "last.ckpt"
-    names = {line.split()[1] for line in (last / "SHA256SUMS").read_text().splitlines()}
-    assert {f"__{rank}_0.distcp" for rank in range(4)} | {".metadata", "meta.pt"} <= names
-    assert not list(last.parent.glob(".last.ckpt.*"))  # no staging folder left
-    train(split, *args, "+schedule.stages.0.cp=2", "resume=true")
-    assert sorted(losses(split)) == list(range(10))  # the rows before the stop kept
-    resumed = load_file(split / "a" / "final.safetensors")
-    assert all(torch.equal(resumed[k], v) for k, v in final.items())
-
-    # 2 sequences per step as before: one per dp rank instead of two on the one, every layer whole
-    train(other, "stage_only=a", "trainer.devices=2", "+schedule.stages.0.global_batch=2", "resume=true")
-    got = losses(other)
-    assert sorted(got) == list(range(10))
-    for step in range(5, 10):
-        assert got[step] == pytest.approx(reference[step], rel=1e-5), step
-
-
-def test_torchrun_two_processes(tmp_path, reference):
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    train(tmp_path, "stage_only=a", "trainer.devices=2", "+schedule.stages.0.cp=2", launcher=launcher)
-    got = losses(tmp_path)
-    for step, loss in reference.items():
-        assert got[step] == pytest.approx(loss, rel=1e-5)
-
-
 def test_resume_gives_the_same_losses(tmp_path, reference, monkeypatch, capsys):
     """Stopped at step 5 (after a periodic checkpoint at 3): a flipped byte in last.ckpt is refused on
     resume, exit 2 naming it; the intact one resumes to the uninterrupted losses, every row kept."""
@@ -288,30 +191,8 @@ def test_output_one_line_per_stage_and_one_checkpoint(tmp_path):
     assert load_verified(kept / "last.ckpt")["global_step"] == 10
 
 
-def test_two_processes_share_the_default_run_folder_and_the_losses(tmp_path, reference):
-    """The default out_dir (runs/${run_id:}) resolves to one folder in Lightning's re-launched rank;
-    cp = 2 (zigzag) gives one process's losses, and the checkpoint holds both ranks' random state."""
-    train(
-        Path(str(tmp_path) + "/${run_id:}"),
-        "stage_only=a",
-        "trainer.devices=2",
-        "+schedule.stages.0.cp=2",
-        "parallel.layout=zigzag",
-        "trainer.keep_checkpoints=true",
-    )
-    runs = list(tmp_path.iterdir())
-    assert len(runs) == 1 and (runs[0] / "a" / "final.safetensors").exists(), runs
-    got = losses(runs[0])
-    assert sorted(got) == sorted(reference) and len(got) == 10
-    meta = torch.load(runs[0] / "a" / "checkpoints" / "last.ckpt" / "meta.pt", weights_only=True)
-    assert set(meta["rng_states"]) == {"0", "1"}
-    for step, loss in reference.items():
-        assert got[step] == pytest.approx(loss, rel=1e-5), (step, got[step], loss)
-
-
 def check_stage_hand_over(tmp_path):
     """Stage b starts from stage a's final weights: its first loss is their loss under b's theta."""
-    from safetensors.torch import load_file
 
     from lwm.data import DataConfig, Source
     from lwm.model import ModelConfig, Transformer, token_coefficients
@@ -340,7 +221,6 @@ def test_first_stage_from_hugging_face(tmp_path):
     grows the vocabulary for vision (text rows kept)."""
     import json
 
-    from safetensors.torch import load_file
     from transformers import LlamaConfig, LlamaForCausalLM
 
     hf_dir = tmp_path / "llama"
@@ -386,55 +266,6 @@ def test_random_state_is_saved_and_restored():
     module.on_load_checkpoint(checkpoint)
     got = (torch.rand(4), np.random.rand(), random.random())
     assert torch.equal(got[0], expected[0]) and got[1:] == expected[1:]
-
-
-@pytest.mark.parametrize("how", ["killed", "frozen"])
-def test_a_dead_rank_stops_the_others(tmp_path, how):
-    """Kill (SIGKILL) or freeze (SIGSTOP) rank 1 of a 2-process run mid-training: rank 0 must exit
-    with an error, not hang, within trainer.timeout_s (plus tear-down time)."""
-    import signal
-    import time
-
-    timeout_s = 12  # twice a rank's start-up on 2 loaded cores: the first collectives wait for the slower rank
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    cmd = [
-        sys.executable,
-        "train.py",
-        f"trainer.out_dir={tmp_path}",
-        *DEBUG,
-        "stage_only=a",
-        "trainer.devices=2",
-        "+schedule.stages.0.cp=2",
-        "schedule.stages.0.steps=100000",
-        f"trainer.timeout_s={timeout_s}",
-    ]
-    log = tmp_path / "log.txt"  # a file, not a pipe: a frozen rank would hold a pipe open
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
-    try:
-        children: list[int] = []
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and not (children and list((tmp_path / "a" / "tb").glob("events*"))):
-            time.sleep(0.5)
-            assert proc.poll() is None, log.read_text()[-3000:]
-            children = [
-                int(p)
-                for p in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
-            ]
-        assert children, "rank 1 never started"
-        time.sleep(3)  # inside the training loop
-        os.kill(children[0], signal.SIGKILL if how == "killed" else signal.SIGSTOP)
-        killed = time.monotonic()
-        proc.wait(timeout=timeout_s + 120)
-        waited = time.monotonic() - killed
-        out = log.read_text()
-    finally:
-        for pid in children:
-            subprocess.run(["kill", "-9", str(pid)], capture_output=True)
-        if proc.poll() is None:
-            proc.kill()
-    print(f"rank 0 exited {proc.returncode} {waited:.1f} s after rank 1 was killed")
-    assert proc.returncode != 0, out[-3000:]
-    assert waited < timeout_s + 60, (waited, out[-3000:])
 
 
 def test_one_gpu_trains_through_fsdp2_and_one_cpu_process_plainly():

@@ -1,0 +1,139 @@
+"""train.py in several processes, as users launch it: context parallelism (hybrid), tensor
+parallelism with its export and resume, torchrun, the default run folder shared by Lightning's ranks,
+and a rank that dies. Runs are subprocesses (Lightning re-launches its command per rank)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from train_runs import DEBUG, ROOT, losses, train
+
+from lwm.interop.hf import from_hf
+
+
+# cp = 2 runs under torchrun (striped) below; every layout and N is exact at the attention level
+# (tests/test_parallel_dist.py), and every mode and tp x cp x dp mesh at the training-step level
+# (tests/test_tensor_parallel.py), so train.py needs one run of each size: cp 4 as hybrid (Ulysses 2
+# inside, a ring of 2 across, zigzag) in Lightning's own processes.
+def test_context_parallel_losses_equal_one_process(tmp_path, reference):
+    """The default out_dir (runs/${run_id:}) resolves to one folder in Lightning's re-launched ranks;
+    hybrid cp 4 gives one process's losses, and the checkpoint holds every rank's random state."""
+    proc = train(
+        Path(str(tmp_path) + "/${run_id:}"),
+        "stage_only=a",
+        "trainer.devices=4",
+        "+schedule.stages.0.cp=4",
+        "parallel.layout=zigzag",
+        "trainer.keep_checkpoints=true",
+        "parallel.mode=hybrid",
+        "parallel.ulysses=2",
+    )
+    assert "cp 4 (hybrid: ulysses 2 x ring 2), dp 1" in proc.stdout, proc.stdout[-2000:]
+    runs = list(tmp_path.iterdir())
+    assert len(runs) == 1 and (runs[0] / "a" / "final.safetensors").exists(), runs
+    got = losses(runs[0])
+    assert sorted(got) == sorted(reference) and len(got) == 10
+    meta = torch.load(runs[0] / "a" / "checkpoints" / "last.ckpt" / "meta.pt", weights_only=True)
+    assert set(meta["rng_states"]) == {str(r) for r in range(4)}  # every rank's random state
+    for step, loss in reference.items():
+        assert got[step] == pytest.approx(loss, rel=1e-5), (step, got[step], loss)
+
+
+def test_tensor_parallel_runs_exports_and_resumes(tmp_path, reference):
+    """tp 2 x cp 2 (4 processes) gives one process's losses; its Hugging Face export holds the run's
+    final weights; stopped at step 5, its sharded checkpoint has every rank's shard in SHA256SUMS
+    (tests/test_checkpoints.py refuses a flipped byte in one) and resumes to the same weights bit for
+    bit; and it resumes onto another mesh, resharded: tp 1 x dp 2 at the same global batch."""
+    args = ["stage_only=a", "trainer.devices=4", "parallel.tp=2"]
+    whole, split, other = tmp_path / "whole", tmp_path / "split", tmp_path / "other"
+    proc = train(whole, *args, "+schedule.stages.0.cp=2", "export=true")
+    assert "cp 2 (ring), tp 2, dp 1" in proc.stdout, proc.stdout[-2000:]
+    got = losses(whole)
+    assert sorted(got) == list(range(10))
+    for step, loss in reference.items():
+        assert got[step] == pytest.approx(loss, rel=1e-5), (step, got[step], loss)
+    final = load_file(whole / "a" / "final.safetensors")
+    exported = from_hf(whole / "hf").state_dict()
+    assert set(exported) == set(final) and all(torch.equal(exported[k], v) for k, v in final.items())
+
+    train(split, *args, "+schedule.stages.0.cp=2", "stop_at_step=5")
+    shutil.copytree(split, other)
+    last = split / "a" / "checkpoints" / "last.ckpt"
+    names = {line.split()[1] for line in (last / "SHA256SUMS").read_text().splitlines()}
+    assert {f"__{rank}_0.distcp" for rank in range(4)} | {".metadata", "meta.pt"} <= names
+    assert not list(last.parent.glob(".last.ckpt.*"))  # no staging folder left
+    train(split, *args, "+schedule.stages.0.cp=2", "resume=true")
+    assert sorted(losses(split)) == list(range(10))  # the rows before the stop kept
+    resumed = load_file(split / "a" / "final.safetensors")
+    assert all(torch.equal(resumed[k], v) for k, v in final.items())
+
+    # 2 sequences per step as before: one per dp rank instead of two on the one, every layer whole
+    train(other, "stage_only=a", "trainer.devices=2", "+schedule.stages.0.global_batch=2", "resume=true")
+    got = losses(other)
+    assert sorted(got) == list(range(10))
+    for step in range(5, 10):
+        assert got[step] == pytest.approx(reference[step], rel=1e-5), step
+
+
+def test_torchrun_two_processes(tmp_path, reference):
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    train(tmp_path, "stage_only=a", "trainer.devices=2", "+schedule.stages.0.cp=2", launcher=launcher)
+    got = losses(tmp_path)
+    for step, loss in reference.items():
+        assert got[step] == pytest.approx(loss, rel=1e-5)
+
+
+@pytest.mark.parametrize("how", ["killed", "frozen"])
+def test_a_dead_rank_stops_the_others(tmp_path, how):
+    """Kill (SIGKILL) or freeze (SIGSTOP) rank 1 of a 2-process run mid-training: rank 0 must exit
+    with an error, not hang, within trainer.timeout_s (plus tear-down time)."""
+    import signal
+    import time
+
+    timeout_s = 16  # the first collectives wait for the slower rank's start-up: 2 cores, 2 test workers
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    cmd = [
+        sys.executable,
+        "train.py",
+        f"trainer.out_dir={tmp_path}",
+        *DEBUG,
+        "stage_only=a",
+        "trainer.devices=2",
+        "+schedule.stages.0.cp=2",
+        "schedule.stages.0.steps=100000",
+        f"trainer.timeout_s={timeout_s}",
+    ]
+    log = tmp_path / "log.txt"  # a file, not a pipe: a frozen rank would hold a pipe open
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    try:
+        children: list[int] = []
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not (children and list((tmp_path / "a" / "tb").glob("events*"))):
+            time.sleep(0.5)
+            assert proc.poll() is None, log.read_text()[-3000:]
+            children = [
+                int(p)
+                for p in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+            ]
+        assert children, "rank 1 never started"
+        time.sleep(3)  # inside the training loop
+        os.kill(children[0], signal.SIGKILL if how == "killed" else signal.SIGSTOP)
+        killed = time.monotonic()
+        proc.wait(timeout=timeout_s + 120)
+        waited = time.monotonic() - killed
+        out = log.read_text()
+    finally:
+        for pid in children:
+            subprocess.run(["kill", "-9", str(pid)], capture_output=True)
+        if proc.poll() is None:
+            proc.kill()
+    print(f"rank 0 exited {proc.returncode} {waited:.1f} s after rank 1 was killed")
+    assert proc.returncode != 0, out[-3000:]
+    assert waited < timeout_s + 60, (waited, out[-3000:])

@@ -1,0 +1,31 @@
+"""train.py run as users run it, for the tests that launch it: the debug model and schedule, the
+command's output captured, its losses read back from metrics.csv."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DEBUG = ["model=debug", "schedule=debug", "trainer.log_every=1", "export=false", "evaluate.lengths=null"]
+
+
+def train(
+    out: Path, *overrides: str, launcher: list[str] | None = None, check: bool = True
+) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    cmd = (launcher or [sys.executable]) + ["train.py", f"trainer.out_dir={out}", *DEBUG, *overrides]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+        )
+    return proc
+
+
+def losses(out: Path, stage: str = "a") -> dict[int, float]:
+    rows = csv.DictReader(open(out / stage / "logs" / "metrics.csv"))
+    return {int(r["step"]): float(r["train/loss"]) for r in rows if r.get("train/loss")}
