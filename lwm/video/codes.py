@@ -24,7 +24,7 @@ import torch
 
 from lwm.data.codes import CodeStore
 from lwm.data.sampling import Sampling
-from lwm.video.reader import Video
+from lwm.video.reader import Plan, Video
 
 
 def video_id(path: str, scheme: str = "hashed") -> str:
@@ -46,31 +46,32 @@ def encode_video(
     lwm.video.reader.VideoError for a missing or unreadable file."""
     video = Video(path, vqgan.config.resolution)
     plan = video.plan(sampling)
+    # a rate above the video's holds frames (an index repeats): each distinct frame is decoded and encoded
+    # once and its copies take its codes, the same as at the video's own rate, not a near tie broken apart
+    # by batch position
+    _, first, copies = np.unique(plan.indices, return_index=True, return_inverse=True)
+    distinct = Plan(plan.indices[first], plan.timestamps[first])
+    planned = np.cumsum(np.bincount(copies))  # planned frames up to each distinct one, for the progress bar
     if progress is not None:
         progress.total += len(plan)
         progress.refresh()
     device = next(vqgan.parameters()).device
-    codes = np.empty((len(plan), vqgan.config.tokens_per_frame), dtype)
-    done = 0
-    last = (-1, None)  # the previous chunk's last frame index and its codes
+    codes = np.empty((len(distinct), vqgan.config.tokens_per_frame), dtype)
+    done = counted = 0
     try:
-        for frames, _ in video.chunks(plan, chunk_size=batch_size):
-            # a rate above the video's holds frames: each is encoded once (also across chunks) and its copies
-            # take its codes, the same as at the video's own rate, not a near tie broken apart by the batch
-            indices = plan.indices[done : done + len(frames)]
-            _, first, copies = np.unique(indices, return_index=True, return_inverse=True)
-            held = indices[0] == last[0]
-            x = torch.from_numpy(frames[first[1:] if held else first]).to(device)  # (t, r, r, 3) uint8, new frames
-            new = vqgan.encode(x, batch_size=batch_size).cpu().numpy() if len(x) else codes[:0]  # (t, 256)
-            codes[done : done + len(frames)] = (np.concatenate([last[1][None], new]) if held else new)[copies]
-            last = (indices[-1], codes[done + len(frames) - 1])
+        for frames, _ in video.chunks(distinct, chunk_size=batch_size):
+            # (t, r, r, 3) uint8 -> (t, 256) long
+            codes[done : done + len(frames)] = (
+                vqgan.encode(torch.from_numpy(frames).to(device), batch_size=batch_size).cpu().numpy()
+            )
             done += len(frames)
             if progress is not None:
-                progress.update(len(frames))
+                progress.update(int(planned[done - 1]) - counted)
+            counted = int(planned[done - 1])
     finally:
-        if progress is not None and done < len(plan):
-            progress.total -= len(plan) - done
-    return codes, plan.timestamps, video
+        if progress is not None and counted < len(plan):
+            progress.total -= len(plan) - counted
+    return codes[copies], plan.timestamps, video
 
 
 def video_codes(path, vqgan, fps: float | None = 1.0, max_frames: int | None = None, batch_size: int = 16):
