@@ -32,9 +32,12 @@ from lwm.train.console import is_rank0, quiet_lightning, say
 from lwm.train.entry import ensure_sample_data, to_run_config
 from lwm.train.plan.preflight import WillNotFit
 from lwm.train.run import run_schedule
+from lwm.train.run_folder import CONFIG, OtherRun, check, clear
 from lwm.weights import WeightsError
 
-EXIT_NO_SPACE = 3  # as lwm-tokenize: 2 is bad input, 3 a full disk
+EXIT_BAD_INPUT, EXIT_NO_SPACE = 2, 3  # as lwm-tokenize: 2 is bad input, 3 a full disk
+EXIT_STOPPED = 4  # a stage stopped before its end (a signal, stop_at_step): the same command continues it
+_started = [False]  # main was entered: Hydra composed the config (its own refusals come before)
 
 
 def end_process_groups() -> None:
@@ -48,43 +51,76 @@ def end_process_groups() -> None:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> None:
+    _started[0] = True
     try:
         run = to_run_config(cfg)
-        run.resume = requeue.resumes(run.resume, run.trainer.out_dir)  # a requeued SLURM job goes on by itself
+        config = OmegaConf.to_container(cfg, resolve=True)
         validate(run)
+        # the folder's own run goes on where it is; another run there is refused (OtherRun)
+        same = check(Path(run.trainer.out_dir), config, run.trainer.overwrite)
+        run.resume = same or requeue.resumes(run.resume, run.trainer.out_dir)  # a requeued SLURM job goes on too
         if run.data.sample and is_rank0():
             ensure_sample_data(run.data)
             check_files(run)
     except (ValueError, TypeError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(EXIT_BAD_INPUT)
     quiet_lightning()
     out = Path(run.trainer.out_dir)
+    if same and finished(run, out):
+        return
     start = time.perf_counter()
     try:  # rank 0 holds the folder for the run: a second run on it is refused
         with output_lock(out, "train") if is_rank0() else nullcontext():
             if is_rank0():
-                write_atomic(out / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+                check(out, config, run.trainer.overwrite)  # again under the lock: a run may have begun meanwhile
+                if run.trainer.overwrite:
+                    for path in clear(out, [s.name for s in run.schedule.stages]):
+                        say(f"trainer.overwrite=true: removed {path}")
+                write_atomic(out / CONFIG, OmegaConf.to_yaml(cfg, resolve=True))
                 say(
                     f"run {out}: model {HydraConfig.get().runtime.choices.get('model')}, schedule "
                     f"{run.schedule.name} ({len(run.schedule.stages)} stages), {run.trainer.world_size} process(es)"
                 )
             where = run_schedule(run)
-    except (FolderLocked, CheckpointError, WeightsError, WillNotFit) as e:  # a stage's start weights too
+    except (FolderLocked, OtherRun, CheckpointError, WeightsError, WillNotFit) as e:  # a stage's start weights too
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(EXIT_BAD_INPUT)
     except NoSpaceLeft as e:
         print(f"error: {e}; free space and rerun with resume=true (finished stages are kept)", file=sys.stderr)
         sys.exit(EXIT_NO_SPACE)
     end_process_groups()
     if "stopped" in where and requeue.received():
         requeue.after_stop(out)
-    say(f"\nfinished in {time.perf_counter() - start:.0f}s")
+    elif "stopped" in where:
+        say(f"stopped at stop_at_step={run.stop_at_step}: the same command (without stop_at_step) continues it")
+    say(f"\n{'stopped' if 'stopped' in where else 'finished'} in {time.perf_counter() - start:.0f}s")
     for what, path in where.items():
         say(f"  {what:13s} {path}")
     say(f"  {'logs':13s} {out}/<stage>/logs/metrics.csv, TensorBoard: tensorboard --logdir {out}")
+    if "stopped" in where:
+        sys.exit(EXIT_STOPPED)
+
+
+def finished(run, out: Path) -> bool:
+    """Whether every stage the command runs has its final weights in `out` (the run's own folder): then
+    it says so and does nothing."""
+    names = [run.stage_only] if run.stage_only else [s.name for s in run.schedule.stages]
+    if not all((out / name / "final.safetensors").is_file() for name in names):
+        return False
+    say(
+        f"run {out} is finished: {', '.join(names)} {'has its' if len(names) == 1 else 'have their'} final weights "
+        f"({out}/<stage>/final.safetensors); nothing to train. To train again: another trainer.out_dir, or "
+        "trainer.overwrite=true (removes this run's files)"
+    )
+    return True
 
 
 if __name__ == "__main__":
     with requeue.stop_signals_noted():  # those held back meanwhile included
-        main()
+        try:
+            main()
+        except SystemExit as e:  # Hydra refuses an override or config name with status 1, before main
+            if e.code == 1 and not _started[0]:
+                sys.exit(EXIT_BAD_INPUT)
+            raise

@@ -3,7 +3,8 @@ other file has; fields already shown elsewhere are listed here with the test tha
 
 Shown elsewhere (tests/test_train.py and tests/test_train_parallel.py unless named):
   stage_only             test_bad_input_is_refused_before_the_run (unknown stage), every run with stage_only=a
-  resume, stop_at_step   test_resume_gives_the_same_losses
+  resume, stop_at_step   test_resume_gives_the_same_losses; tests/test_run_folder.py (stop_at_step exits 4)
+  trainer.overwrite      tests/test_run_folder.py::test_another_run_is_refused_and_a_finished_one_kept
   export=false           test_output_one_line_per_stage_and_one_checkpoint (stage hand-over: no hf/ folder)
   data.tokenizer         test_default_run_config_is_valid (the embedding has the tokenizer's rows)
   data.codes             test_bad_input_is_refused_before_the_run (no manifest); tests/test_data.py

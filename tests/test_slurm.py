@@ -23,7 +23,7 @@ import pytest
 import torch
 from readme_commands import readme_command
 from safetensors.torch import load_file
-from train_runs import DEBUG, ROOT, losses, train
+from train_runs import DEBUG, ROOT, STOPPED, losses, train
 
 CLUSTER = ROOT / "scripts" / "slurm" / "local-cluster.sh"
 STEPS = 20  # stage a: long enough to be stopped at a random step; stage b keeps its 4
@@ -202,7 +202,7 @@ def test_a_signal_while_starting_stops_the_run_after_its_first_step(tmp_path):
     time.sleep(1.0)  # inside the imports (torch and Lightning take longer)
     proc.send_signal(signal.SIGUSR1)
     out = proc.communicate(timeout=300)[0]
-    assert proc.returncode == 0 and "stopped on SIGUSR1" in out, out[-3000:]
+    assert proc.returncode == STOPPED and "stopped on SIGUSR1" in out, out[-3000:]
     assert sorted(losses(tmp_path)) == [0] and (tmp_path / "a" / "checkpoints" / "last.ckpt").is_file()
 
 

@@ -13,7 +13,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
-from train_runs import DEBUG, ROOT, losses, train
+from train_runs import DEBUG, ROOT, STOPPED, losses, train
 
 from lwm.checkpoint_io import load_verified
 from lwm.train.config import validate
@@ -135,13 +135,13 @@ def test_bad_input_is_refused_before_the_run(tmp_path, overrides, message, monke
 
 def test_unknown_config_name(tmp_path, monkeypatch, capsys):
     code, err = _main_exit(monkeypatch, capsys, tmp_path, "model=huge")
-    assert code != 0 and "Could not find 'model/huge'" in err and "tiny" in err, err[-2000:]
+    assert code == 2 and "Could not find 'model/huge'" in err and "tiny" in err, err[-2000:]
 
 
 def test_resume_gives_the_same_losses(tmp_path, reference, monkeypatch, capsys):
     """Stopped at step 5 (after a periodic checkpoint at 3): a flipped byte in last.ckpt is refused on
     resume, exit 2 naming it; the intact one resumes to the uninterrupted losses, every row kept."""
-    train(tmp_path, "stage_only=a", "stop_at_step=5", "trainer.checkpoint_every=3")
+    train(tmp_path, "stage_only=a", "stop_at_step=5", "trainer.checkpoint_every=3", expect=STOPPED)
     last = tmp_path / "a" / "checkpoints" / "last.ckpt"
     assert last.exists() and not (tmp_path / "a" / "final.safetensors").exists()
     assert load_verified(last)["global_step"] == 5  # the stop's own, not the periodic one of step 3

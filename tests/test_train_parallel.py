@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from train_runs import DEBUG, ROOT, losses, train
+from train_runs import DEBUG, ROOT, STOPPED, losses, train
 
 from lwm.interop.hf import from_hf
 
@@ -63,7 +63,7 @@ def test_tensor_parallel_runs_exports_and_resumes(tmp_path, reference):
     exported = from_hf(whole / "hf").state_dict()
     assert set(exported) == set(final) and all(torch.equal(exported[k], v) for k, v in final.items())
 
-    train(split, *args, "+schedule.stages.0.cp=2", "stop_at_step=5")
+    train(split, *args, "+schedule.stages.0.cp=2", "stop_at_step=5", expect=STOPPED)
     shutil.copytree(split, other)
     last = split / "a" / "checkpoints" / "last.ckpt"
     names = {line.split()[1] for line in (last / "SHA256SUMS").read_text().splitlines()}

@@ -13,13 +13,16 @@ ROOT = Path(__file__).resolve().parent.parent
 DEBUG = ["model=debug", "schedule=debug", "trainer.log_every=1", "export=false", "evaluate.lengths=null"]
 
 
+STOPPED = 4  # train.py's status when a stage stops before its end (stop_at_step, a signal)
+
+
 def train(
-    out: Path, *overrides: str, launcher: list[str] | None = None, check: bool = True
+    out: Path, *overrides: str, launcher: list[str] | None = None, check: bool = True, expect: int = 0
 ) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     cmd = (launcher or [sys.executable]) + ["train.py", f"trainer.out_dir={out}", *DEBUG, *overrides]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    if check and proc.returncode != 0:
+    if check and proc.returncode != expect:
         raise AssertionError(
             f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
         )

@@ -149,6 +149,7 @@ class TrainerConfig(TrainerBase):
     timeout_s: int = 600  # a rank that dies makes the others fail within this many seconds
     peak_tflops: float = 0.0  # for MFU in the throughput log; 0 = not logged
     preflight: bool | None = None  # plan each stage before it allocates, stop if it will not fit; None: on GPUs only
+    overwrite: bool = False  # out_dir holds another run (another config): remove its files and start over
 
     def __post_init__(self) -> None:
         super().__post_init__()

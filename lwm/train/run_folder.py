@@ -1,0 +1,142 @@
+"""A run folder knows whose it is: its config.yaml is the run's, and another run is refused there.
+
+The first run into `trainer.out_dir` writes the resolved config there. A later command into the same
+folder is compared with it, key by key:
+
+- the same run (only the keys of RUN_ONLY may differ: where and how it runs, what happens after it)
+  goes on where the folder is: a stopped stage resumes from its checkpoint, finished stages are kept;
+  a run whose every stage has its final weights is finished, and says so;
+- another run (a key that changes what is trained differs) is refused, naming the keys and both
+  values, before anything is written: `trainer.overwrite=true` starts over in that folder (the run's
+  own files are removed, nothing else), or name another folder.
+
+A folder without config.yaml (weights put there by hand, an older run) is used as before: stages
+are resumed only with resume=true.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+CONFIG = "config.yaml"
+# The keys that do not change what a run trains: where it runs and on how many processes, how often it
+# logs and saves, how it splits the work (exact on any layout), and what it does around the stages.
+RUN_ONLY = (
+    "resume",
+    "stage_only",
+    "stop_at_step",
+    "export",
+    "probe",
+    "evaluate",
+    "trainer.out_dir",
+    "trainer.overwrite",
+    "trainer.accelerator",
+    "trainer.devices",
+    "trainer.num_nodes",
+    "trainer.log_every",
+    "trainer.val_every",
+    "trainer.checkpoint_every",
+    "trainer.keep_checkpoints",
+    "trainer.timeout_s",
+    "trainer.peak_tflops",
+    "trainer.preflight",
+    "parallel.mode",
+    "parallel.layout",
+    "parallel.ulysses",
+    "parallel.tp",
+    "parallel.activation_checkpointing",
+    "data.strict",
+    "data.max_skipped_fraction",
+)
+OUTPUTS = ("hf", "needle")  # besides the stage folders: the export and the evaluation
+
+
+class OtherRun(ValueError):
+    """trainer.out_dir holds another run; the message names the keys that differ."""
+
+
+def _flat(tree, prefix: str = "") -> dict[str, object]:
+    if isinstance(tree, dict):
+        flat: dict[str, object] = {}
+        for key, value in tree.items():
+            flat.update(_flat(value, f"{prefix}{key}."))
+        return flat if flat or not prefix else {prefix[:-1]: {}}
+    return {prefix[:-1]: tree}
+
+
+def _run_only(key: str) -> bool:
+    return any(key == k or key.startswith(k + ".") for k in RUN_ONLY)
+
+
+def differences(old: dict, new: dict) -> list[str]:
+    """`key: old -> new` for every key that changes what is trained (a key one side lacks: `<none>`)."""
+    a, b = _flat(old), _flat(new)
+    keys = sorted(k for k in a.keys() | b.keys() if not _run_only(k) and a.get(k, "<none>") != b.get(k, "<none>"))
+    return [f"{k}: {a.get(k, '<none>')!r} -> {b.get(k, '<none>')!r}" for k in keys]
+
+
+def recorded(out: Path) -> dict | None:
+    """The config of the run that made `out`, if it recorded one."""
+    path = out / CONFIG
+    if not path.is_file():
+        return None
+    try:
+        config = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    except Exception as e:  # noqa: BLE001 (yaml's and OmegaConf's errors have no common base)
+        raise OtherRun(
+            f"{path} is not a run's config ({type(e).__name__}: {e}); restore it, or start over with "
+            "trainer.overwrite=true (the folder's run files are removed)"
+        ) from None
+    if not isinstance(config, dict):
+        raise OtherRun(f"{path} is not a run's config (it holds a {type(config).__name__})")
+    return config
+
+
+def check(out: Path, config: dict, overwrite: bool) -> bool:
+    """Whether `out` holds this run already (then it goes on where it is); raises OtherRun where it holds
+    another. Reads only: every rank may call it."""
+    old = None if overwrite else recorded(out)
+    if old is None:
+        return False
+    changed = differences(old, config)
+    if changed:
+        raise OtherRun(
+            f"trainer.out_dir {out} holds another run ({out / CONFIG}); these keys differ: {'; '.join(changed)}. "
+            "Name another trainer.out_dir, or start over there with trainer.overwrite=true (the run's stages, "
+            f"{', '.join(OUTPUTS)}/ and {CONFIG} are removed)"
+        )
+    return True
+
+
+def clear(out: Path, stages: list[str]) -> list[Path]:
+    """trainer.overwrite=true: remove the files a run makes in `out` (the stages of this run's schedule and
+    of the recorded one, the export, the evaluation, the config), nothing else; returns what it removed."""
+    old = recorded_quietly(out)
+    names = set(stages) | set(_stage_names(old))
+    removed = []
+    for name in sorted(names) + list(OUTPUTS) + [CONFIG]:
+        path = out / name
+        if path.is_symlink() or path.is_file():
+            path.unlink()
+        elif path.is_dir():
+            shutil.rmtree(path)
+        else:
+            continue
+        removed.append(path)
+    return removed
+
+
+def recorded_quietly(out: Path) -> dict | None:
+    try:
+        return recorded(out)
+    except OtherRun:
+        return None
+
+
+def _stage_names(config: dict | None) -> list[str]:
+    stages = ((config or {}).get("schedule") or {}).get("stages") or []
+    names = [s.get("name") for s in stages if isinstance(s, dict)]
+    return [n for n in names if isinstance(n, str) and n not in ("", ".", "..") and Path(n).name == n]

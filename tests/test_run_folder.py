@@ -1,0 +1,93 @@
+"""A run folder is its run's: another config is refused there, the same command goes on where the run
+is (never starting over), a finished run says so, and trainer.overwrite=true starts over. Also the
+exit statuses a script reads: 0 finished, 2 refused (Hydra's own refusals included), 4 stopped.
+train.py's main runs in this process."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+from omegaconf import OmegaConf
+from train_runs import DEBUG, ROOT
+
+from lwm.train.run_folder import clear, differences
+
+SHORT = ["stage_only=a", "schedule.stages.0.steps=4"]
+
+
+def main(monkeypatch, capsys, out, *overrides) -> tuple[int, str]:
+    """train.py's main as `python train.py` runs it: its exit status and its output."""
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(sys, "argv", ["train.py", f"trainer.out_dir={out}", *DEBUG, *overrides])
+    spec = importlib.util.spec_from_file_location("__main__", ROOT / "train.py")
+    try:
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    got = capsys.readouterr()
+    return code, got.out + got.err
+
+
+def test_another_run_is_refused_and_a_finished_one_kept(tmp_path, monkeypatch, capsys):
+    code, text = main(monkeypatch, capsys, tmp_path, *SHORT)
+    assert code == 0, text[-3000:]
+    final = tmp_path / "a" / "final.safetensors"
+    weights = final.read_bytes()
+
+    # another seed into the finished run's folder: refused before anything is written, naming the key
+    code, text = main(monkeypatch, capsys, tmp_path, *SHORT, "trainer.seed=1")
+    assert code == 2 and "holds another run" in text and "trainer.seed: 0 -> 1" in text, text[-3000:]
+    assert "Traceback" not in text and final.read_bytes() == weights
+    assert OmegaConf.load(tmp_path / "config.yaml").trainer.seed == 0
+
+    # the same command again: the run is finished, and says so; nothing is retrained
+    code, text = main(monkeypatch, capsys, tmp_path, *SHORT, "trainer.log_every=2")  # a run-only key may differ
+    assert code == 0 and f"run {tmp_path} is finished" in text and "stage a:" not in text, text[-3000:]
+    assert final.read_bytes() == weights
+
+    # trainer.overwrite=true starts over with the new config; a file of the user's in the folder stays
+    (tmp_path / "notes.txt").write_text("mine")
+    code, text = main(monkeypatch, capsys, tmp_path, *SHORT, "trainer.seed=1", "trainer.overwrite=true")
+    assert code == 0 and f"removed {tmp_path / 'a'}" in text, text[-3000:]
+    assert final.read_bytes() != weights and (tmp_path / "notes.txt").read_text() == "mine"
+    assert OmegaConf.load(tmp_path / "config.yaml").trainer.seed == 1
+
+
+def test_the_same_command_resumes_a_stopped_run(tmp_path, monkeypatch, capsys):
+    """A stopped stage exits 4; the same command (no resume=true) continues from its checkpoint instead of
+    starting over and deleting it; its metric rows are each there once."""
+    import csv
+
+    code, text = main(monkeypatch, capsys, tmp_path, *SHORT, "stop_at_step=2", "trainer.log_every=1")
+    last = tmp_path / "a" / "checkpoints" / "last.ckpt"
+    assert code == 4 and last.is_file() and "stopped in" in text, text[-3000:]
+    code, text = main(monkeypatch, capsys, tmp_path, *SHORT, "trainer.log_every=1")
+    assert code == 0 and f"(resuming from {last})" in text, text[-3000:]
+    rows = csv.DictReader(open(tmp_path / "a" / "logs" / "metrics.csv"))
+    assert sorted(int(r["step"]) for r in rows if r.get("train/loss")) == [0, 1, 2, 3]
+
+
+def test_a_malformed_override_exits_2(tmp_path, monkeypatch, capsys):
+    """Hydra's own refusals (also an unknown config name: tests/test_train.py) exit 2 like the project's."""
+    code, text = main(monkeypatch, capsys, tmp_path / "run", "trainer.devices=[")
+    assert code == 2 and "no viable alternative" in text, text[-2000:]
+    assert not (tmp_path / "run").exists()
+
+
+def test_differences_name_what_is_trained_only():
+    old = {"model": {"dim": 64}, "trainer": {"seed": 0, "devices": 1}, "schedule": {"stages": [{"steps": 10}]}}
+    new = {"model": {"dim": 64}, "trainer": {"seed": 0, "devices": 8}, "schedule": {"stages": [{"steps": 20}]}}
+    assert differences(old, old) == [] and differences(old, {**old, "trainer": {"seed": 0, "devices": 8}}) == []
+    assert differences(old, new) == ["schedule.stages: [{'steps': 10}] -> [{'steps': 20}]"]
+    assert differences(old, {**old, "optim": {"lr": 1.0}}) == ["optim.lr: '<none>' -> 1.0"]
+
+
+def test_clear_removes_only_the_run_files(tmp_path):
+    for name in ("a", "b", "hf", "needle", "mine"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "config.yaml").write_text("schedule: {stages: [{name: b}, {name: ../x}]}\n")
+    removed = clear(tmp_path, ["a"])
+    assert sorted(p.name for p in removed) == ["a", "b", "config.yaml", "hf", "needle"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]
