@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from lwm.checkpoint_io import CheckpointError
 from lwm.io import NoSpaceLeft, write_atomic
 from lwm.out_lock import FolderLocked, output_lock
+from lwm.parallel import peers
 from lwm.train import requeue
 from lwm.train.config import check_files, validate
 from lwm.train.console import is_rank0, quiet_lightning, say
@@ -89,6 +90,13 @@ def main(cfg: DictConfig) -> None:
     except NoSpaceLeft as e:
         print(f"error: {e}; free space and rerun with resume=true (finished stages are kept)", file=sys.stderr)
         sys.exit(EXIT_NO_SPACE)
+    except Exception as e:  # a collective that failed because another rank died: name that rank
+        dead = peers.lost()
+        if dead is None:
+            raise
+        cause = (str(e).strip().splitlines() or [""])[-1]
+        print(f"error: rank {dist.get_rank()} lost another rank: {dead} ({type(e).__name__}: {cause})", file=sys.stderr)
+        sys.exit(1)
     end_process_groups()
     if "stopped" in where and requeue.received():
         requeue.after_stop(out)

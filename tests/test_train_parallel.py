@@ -93,7 +93,7 @@ def test_torchrun_two_processes(tmp_path, reference):
 @pytest.mark.parametrize("how", ["killed", "frozen"])
 def test_a_dead_rank_stops_the_others(tmp_path, how):
     """Kill (SIGKILL) or freeze (SIGSTOP) rank 1 of a 2-process run mid-training: rank 0 must exit
-    with an error, not hang, within trainer.timeout_s (plus tear-down time)."""
+    with an error naming rank 1, not hang, within trainer.timeout_s (plus tear-down time)."""
     import signal
     import time
 
@@ -137,3 +137,6 @@ def test_a_dead_rank_stops_the_others(tmp_path, how):
     print(f"rank 0 exited {proc.returncode} {waited:.1f} s after rank 1 was killed")
     assert proc.returncode != 0, out[-3000:]
     assert waited < timeout_s + 60, (waited, out[-3000:])
+    # the survivor names the rank it lost, not just the backend's error
+    what = "has died" if how == "killed" else "is stopped (SIGSTOP)"
+    assert f"error: rank 0 lost another rank: rank 1 (pid {children[0]} on" in out and what in out, out[-3000:]

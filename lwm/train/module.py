@@ -30,6 +30,7 @@ from lwm.parallel import (
     build_parallel_model,
     compute_settings,
     global_group_counts,
+    peers,
 )
 from lwm.ranks import is_rank0
 from lwm.train import rng
@@ -164,6 +165,7 @@ class LWMModule(L.LightningModule):
 
         # Lightning's mesh only says how many ranks there are; lwm.parallel builds the run's own.
         dims = self.parallel.dims(mesh.size(), self.stage.cp)
+        peers.register()  # who the other ranks are, for the error of a rank that loses one
         meshes = build_meshes(dims, self.device.type, dist.get_rank())
         settings = compute_settings(self.device, self.model_config.head_dim)  # from the accelerator, once
         init = {}  # the other ranks receive rank 0's weights
