@@ -391,6 +391,20 @@ def test_a_second_run_on_one_folder_is_refused(tmp_path, monkeypatch, capsys):
     assert not (tmp_path / "a").exists()
 
 
+def test_the_runs_export_folder_is_checked_before_the_run(tmp_path, monkeypatch, capsys):
+    """export=true writes out_dir/hf as lwm.train.export does: a folder holding files it did not make,
+    or a symlink, is refused before the training (exit 2), not deleted into after it."""
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "model-00001-of-00003.safetensors").write_bytes(b"not ours")
+    code, err = _main_exit(monkeypatch, capsys, tmp_path, "stage_only=a", "export=true")
+    assert code == 2 and f"export=true: {tmp_path / 'hf'} holds files an export did not make" in err, err[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]  # no config.yaml, no stage folder
+    (tmp_path / "hf").rename(tmp_path / "elsewhere")
+    (tmp_path / "hf").symlink_to(tmp_path / "elsewhere")
+    code, err = _main_exit(monkeypatch, capsys, tmp_path, "stage_only=a", "export=true")
+    assert code == 2 and f"{tmp_path / 'hf'} is a symlink to {tmp_path / 'elsewhere'}" in err, err[-2000:]
+
+
 def test_a_full_disk_is_named_with_its_own_status(tmp_path, monkeypatch, capsys):
     import errno
 

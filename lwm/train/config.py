@@ -11,6 +11,7 @@ from lwm.data import DataConfig, Source
 from lwm.data.batches import StreamOptions
 from lwm.eval.needle import NeedleGrid
 from lwm.interop.hf_files import read_hf_config
+from lwm.io import FolderRefused, check_output_folder
 from lwm.model import ModelConfig
 from lwm.parallel.dims import ParallelDims
 from lwm.parallel.layout import LAYOUTS
@@ -234,6 +235,11 @@ def validate(cfg: RunConfig) -> None:
             read_hf_config(cfg.schedule.init_hf)  # its fields, before any process starts
         except (FileNotFoundError, ValueError) as e:
             raise type(e)(f"schedule.init_hf: {e}") from None
+    if cfg.export:  # the run's own export (out_dir/hf), refused now rather than after the training
+        try:
+            check_output_folder(Path(cfg.trainer.out_dir) / "hf", inside=cfg.trainer.out_dir)
+        except FolderRefused as e:
+            raise FolderRefused(f"export=true: {e} (or export=false)") from None
     if cfg.resume and not Path(cfg.trainer.out_dir).is_dir():
         raise FileNotFoundError(
             f"resume=true: trainer.out_dir {cfg.trainer.out_dir} does not exist; "

@@ -139,7 +139,7 @@ def run_schedule(cfg: RunConfig) -> dict[str, Path]:
     if cfg.export and finished is not None and is_rank0():
         vqgan = codes_vqgan(cfg.data.codes) if cfg.data.codes is not None else None
         where["hf"] = export_weights(
-            finished, stage_model_config(model_config, last), out / "hf", cfg.data.tokenizer, vqgan
+            finished, stage_model_config(model_config, last), out / "hf", cfg.data.tokenizer, vqgan, inside=out
         )
     if cfg.evaluate.lengths is not None and finished is not None and is_rank0():
         device = "cpu" if cfg.trainer.accelerator == "cpu" else None
