@@ -107,3 +107,64 @@ def test_weights_are_written_with_a_checksum_and_verified_on_read(tmp_path):
     path.write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match=r"final.safetensors does not match its checksum in .*\.sha256"):
         read_weights(path)
+
+
+# ------------------------------------------------------------------------ --out: only its own files
+
+
+def exported(stage, out, capsys, *extra) -> dict[str, bytes]:
+    """Export `stage` into `out` (exit 0); the folder's files and their bytes."""
+    assert main([str(stage), "--out", str(out), *map(str, extra)]) == 0, capsys.readouterr().err
+    return contents(out)
+
+
+def contents(folder) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_export_refuses_an_out_holding_files_it_did_not_make(stage, tmp_path, capsys):
+    """huggingface_hub's save_torch_state_dict deleted any model-*-of-*.safetensors and index there."""
+    out = tmp_path / "hf"
+    out.mkdir()
+    theirs = {
+        "model-00001-of-00003.safetensors": b"someone else's shard",
+        "model.safetensors.index.json": b'{"weight_map": {}}',
+        "notes/readme.txt": b"notes",
+    }
+    for name, data in theirs.items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_bytes(data)
+    err = refusal([stage, "--out", out], capsys)
+    assert (
+        f"export: --out {out} holds files an export did not make (model-00001-of-00003.safetensors, "
+        "model.safetensors.index.json, notes/readme.txt); an export writes into an empty or new folder" in err
+    ), err
+    assert contents(out) == theirs and sorted(p.name for p in tmp_path.iterdir()) == ["a", "hf"]  # nothing staged
+
+
+def test_export_never_writes_through_a_symlink(stage, tmp_path, capsys):
+    """--out linked to another run's hf/ replaced its weights and left its tokenizer: a stale mix."""
+    other = tmp_path / "other"
+    before = exported(stage, other / "hf", capsys)
+    (tmp_path / "link").symlink_to(other / "hf")
+    err = refusal([stage, "--out", tmp_path / "link"], capsys)
+    assert f"--out {tmp_path / 'link'} is a symlink to {other / 'hf'}; an export writes only into a real folder" in err
+    (tmp_path / "runs").symlink_to(other)
+    err = refusal([stage, "--out", tmp_path / "runs" / "hf"], capsys)
+    assert f"is reached through the symlink {tmp_path / 'runs'}, which points to {other}" in err, err
+    assert contents(other / "hf") == before
+
+
+def test_export_replaces_its_own_earlier_export_exactly(stage, tmp_path, capsys):
+    from lwm.io import OWN_FILES
+    from lwm.paths import TINY_VQGAN
+
+    out = tmp_path / "hf"
+    first = exported(stage, out, capsys, "--vqgan", TINY_VQGAN)
+    assert {"vqgan/config.json", "lwm.json", "config.json", OWN_FILES} <= set(first)
+    again = exported(stage, out, capsys)  # the same run again, without its VQGAN: vqgan/ and lwm.json go
+    assert set(again) == set(json.loads(again[OWN_FILES])["files"]) | {OWN_FILES}
+    assert not (out / "vqgan").exists() and "lwm.json" not in again and again["config.json"] == first["config.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "hf"]  # the staging folder is gone
+    (out / "extra.txt").write_text("mine")  # a file added since: the folder is no longer only the export's
+    assert "holds files an export did not make (extra.txt)" in refusal([stage, "--out", out], capsys)

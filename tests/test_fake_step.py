@@ -197,16 +197,17 @@ def test_run_schedule_hands_on_weights_unread(tmp_path, monkeypatch):
 
 
 def test_a_hugging_face_start_reads_only_the_config_until_asked(tmp_path, monkeypatch):
-    from transformers import LlamaConfig
+    from transformers import LlamaConfig, LlamaForCausalLM
 
-    LlamaConfig(
+    config = LlamaConfig(
         vocab_size=4096,
         hidden_size=48,
         intermediate_size=96,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-    ).save_pretrained(tmp_path)
+    )
+    LlamaForCausalLM(config).save_pretrained(tmp_path)  # hf_start checks the weights' headers, reads no data
     calls = []
     monkeypatch.setattr(run_module, "from_hf", lambda *a, **k: calls.append(a) or Transformer(DEBUG))
     config, read = run_module.hf_start(tmp_path)

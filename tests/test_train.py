@@ -391,6 +391,58 @@ def test_a_second_run_on_one_folder_is_refused(tmp_path, monkeypatch, capsys):
     assert not (tmp_path / "a").exists()
 
 
+def test_the_runs_export_folder_is_checked_before_the_run(tmp_path, monkeypatch, capsys):
+    """export=true writes out_dir/hf as lwm.train.export does: a folder holding files it did not make,
+    or a symlink, is refused before the training (exit 2), not deleted into after it."""
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "model-00001-of-00003.safetensors").write_bytes(b"not ours")
+    code, err = _main_exit(monkeypatch, capsys, tmp_path, "stage_only=a", "export=true")
+    assert code == 2 and f"export=true: {tmp_path / 'hf'} holds files an export did not make" in err, err[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]  # no config.yaml, no stage folder
+    (tmp_path / "hf").rename(tmp_path / "elsewhere")
+    (tmp_path / "hf").symlink_to(tmp_path / "elsewhere")
+    code, err = _main_exit(monkeypatch, capsys, tmp_path, "stage_only=a", "export=true")
+    assert code == 2 and f"{tmp_path / 'hf'} is a symlink to {tmp_path / 'elsewhere'}" in err, err[-2000:]
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        # tried to allocate 256 GB building the model, leaving config.yaml and a stage folder behind
+        (
+            {"vocab_size": 10**9},
+            "the weights do not match {config} (hidden_size 48, intermediate_size 96, num_attention_heads 4, "
+            "num_key_value_heads 2, vocab_size 1000000000): lm_head.weight in {folder}/model.safetensors is "
+            "(300, 48), expected (1000000000, 48)",
+        ),
+        ({"rope_scaling": "garbage"}, "{config}: rope_scaling must be an object (or null), got 'garbage'"),
+        (
+            {"num_attention_heads": 5, "num_key_value_heads": 1},
+            "{config}: num_attention_heads 5 must divide hidden_size 48",
+        ),
+    ],
+    ids=["vocab-1e9", "rope-garbage", "heads-5"],
+)
+def test_init_hf_is_checked_before_anything_is_built_or_written(tmp_path, monkeypatch, capsys, change, message):
+    """schedule.init_hf refuses a config.json as lwm-generate does: against its own weights' headers."""
+    import json
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    folder = tmp_path / "llama"
+    config = LlamaConfig(
+        vocab_size=300, hidden_size=48, intermediate_size=96, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256,
+    )  # fmt: skip
+    LlamaForCausalLM(config).save_pretrained(folder)
+    raw = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**raw, **change}))
+    code, err = _main_exit(monkeypatch, capsys, tmp_path / "run", "stage_only=a", f"schedule.init_hf={folder}")
+    expected = "schedule.init_hf: " + message.format(config=folder / "config.json", folder=folder)
+    assert code == 2 and expected in err and "Traceback" not in err, err[-2000:]
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_full_disk_is_named_with_its_own_status(tmp_path, monkeypatch, capsys):
     import errno
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from test_convert_lwm import CFG, write_lwm
+from test_convert_lwm import CFG, TOKENIZER, write_lwm
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from lwm.interop.bundle import read_bundle_info
@@ -267,6 +267,10 @@ def edited(src: Path, dst: Path, name: str, **changes) -> Path:
         ({"num_attention_heads": 0}, "num_attention_heads must be a positive integer, got 0"),
         ({"rms_norm_eps": "x"}, "rms_norm_eps must be a positive number, got 'x'"),
         ({"model_type": "gpt2"}, "model_type is 'gpt2', expected 'llama'"),
+        # these two were transformers' StrictDataclass tracebacks, the file not named
+        ({"rope_scaling": "garbage"}, "rope_scaling must be an object (or null), got 'garbage'"),
+        ({"num_attention_heads": 3, "num_key_value_heads": 1}, "num_attention_heads 3 must divide hidden_size 64"),
+        ({"num_key_value_heads": 3}, "num_key_value_heads 3 must divide num_attention_heads 4"),
     ],
 )
 def test_hf_config_is_checked_before_a_model_is_built(hf_folders, tmp_path, change, message):
@@ -324,6 +328,83 @@ def test_hf_file_errors_name_the_file(hf_folders, tmp_path):
     (folder / "config.json").write_text("[1, 2]")
     with pytest.raises(ValueError, match="config.json holds a JSON list, expected an object"):
         from_hf(folder)
+
+
+def safetensors_file(path: Path, entries: dict, data: int, apparent: int | None = None) -> Path:
+    """A safetensors file of a valid header (`entries`: name -> (dtype, shape, [begin, end])) and `data`
+    zero bytes, or holes up to `apparent` bytes of data (a sparse file)."""
+    header = json.dumps({k: {"dtype": d, "shape": s, "data_offsets": o} for k, (d, s, o) in entries.items()}).encode()
+    header += b" " * (-len(header) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(header)) + header + bytes(data))
+        if apparent is not None:
+            try:
+                f.truncate(8 + len(header) + apparent)
+            except OSError as e:  # a filesystem without sparse files this large
+                pytest.skip(f"no sparse file of {apparent} bytes here: {e}")
+    return path
+
+
+TB4 = 4 * 2**40
+
+
+@pytest.mark.parametrize(
+    "entries,data,apparent,message",
+    [
+        # an uncaught "RuntimeError: unable to mmap 4398046511200 bytes" (exit 1) before
+        (
+            {"model.embed_tokens.weight": ("U8", [TB4], [0, TB4])},
+            0,
+            TB4,
+            "holds 4,398,046,511,104 bytes of tensor data (the largest tensor 'model.embed_tokens.weight'), more "
+            "than this host's",
+        ),
+        (
+            {"model.norm.weight": ("F32", [1000, 1000], [0, 4_000_000])},
+            16,
+            None,
+            "is not a readable safetensors file: tensor 'model.norm.weight' lies at bytes 0..4000000 of the data, "
+            "but the file holds 16 bytes of data",
+        ),
+        (
+            {"model.norm.weight": ("F32", [1000], [0, 16])},
+            16,
+            None,
+            "is not a readable safetensors file: tensor 'model.norm.weight' is F32 of shape (1000,), 4000 bytes, "
+            "but its data_offsets span 16",
+        ),
+    ],
+    ids=["sparse-4TB", "past-the-end", "short-span"],
+)
+def test_safetensors_headers_are_checked_against_the_file_before_mapping(
+    hf_folders, tmp_path, capsys, entries, data, apparent, message
+):
+    """Every reader of safetensors: the one weights reader, a Hugging Face folder (lwm-generate
+    --model, schedule.init_hf), a diffusers VQGAN folder (lwm-generate --vqgan)."""
+    from lwm.infer.cli import main as generate_main
+    from lwm.interop.hf import check_hf_folder
+    from lwm.interop.vqgan_sources import load_vqgan
+    from lwm.weights import WeightsError, read_weights
+
+    lone = safetensors_file(tmp_path / "w.safetensors", entries, data, apparent)
+    with pytest.raises(WeightsError, match=re.escape(f"{lone} {message}")):
+        read_weights(lone)
+    folder = tmp_path / "m"
+    shutil.copytree(hf_folders / "one", folder)
+    weights = folder / "model.safetensors"
+    lone.replace(weights)
+    for read in (from_hf, check_hf_folder):
+        with pytest.raises(WeightsError, match=re.escape(f"{weights} {message}")):
+            read(folder)
+    assert generate_main(["--model", str(folder), "--prompt", "x", "--tokenizer", str(TOKENIZER)]) == 2
+    assert f"lwm-generate: {weights} {message}" in capsys.readouterr().err
+    vqgan = tmp_path / "vqgan"
+    vqgan.mkdir()
+    (vqgan / "config.json").write_text(json.dumps({"_class_name": "VQModel"}))
+    weights.replace(vqgan / "diffusion_pytorch_model.safetensors")
+    with pytest.raises(WeightsError, match=re.escape(f"{vqgan / 'diffusion_pytorch_model.safetensors'} {message}")):
+        load_vqgan(vqgan)
+    (vqgan / "diffusion_pytorch_model.safetensors").unlink()  # not 4 TB left behind, even as holes
 
 
 @pytest.mark.parametrize(

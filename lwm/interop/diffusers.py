@@ -15,6 +15,7 @@ import torch
 from lwm.interop.keymap import KeyMap
 from lwm.vision.vqgan import VQGAN
 from lwm.vision.vqgan_config import TOKENS_PER_FRAME, VQGANConfig
+from lwm.weights import check_safetensors
 
 # Sub-modules of one ResNet block: ours -> diffusers'.
 _RESNET = {"norm1": "norm1", "conv1": "conv1", "norm2": "norm2", "conv2": "conv2", "shortcut": "conv_shortcut"}
@@ -141,10 +142,12 @@ def config_to_diffusers(config: VQGANConfig) -> dict:
 def _load_vq_model(folder: Path):
     from diffusers import VQModel
 
-    if (folder / "config.json").exists():
-        return VQModel.from_pretrained(folder)
-    if (folder / "vqvae" / "config.json").exists():  # a whole pipeline folder (aMUSEd)
-        return VQModel.from_pretrained(folder, subfolder="vqvae")
+    for sub in (None, "vqvae"):  # a VQModel folder, or a whole pipeline folder (aMUSEd)
+        model_dir = folder / sub if sub else folder
+        if (model_dir / "config.json").exists():
+            for weights in sorted(model_dir.glob("*.safetensors")):
+                check_safetensors(weights)  # before diffusers maps it
+            return VQModel.from_pretrained(folder, subfolder=sub) if sub else VQModel.from_pretrained(folder)
     raise FileNotFoundError(f"{folder} is not a diffusers VQModel folder (no config.json, nor vqvae/config.json)")
 
 

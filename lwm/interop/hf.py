@@ -6,6 +6,7 @@ through the key map below; no q/k permutation is needed.
 
 from __future__ import annotations
 
+import math
 import re
 import shutil
 import tempfile
@@ -14,7 +15,7 @@ from pathlib import Path
 import torch
 
 from lwm.data.vocab import SPECIAL_TOKENS, Vocab
-from lwm.interop.hf_files import CONFIG, Shapes, read_hf_config, read_hf_weights
+from lwm.interop.hf_files import CONFIG, Shapes, header_shapes, read_hf_config, read_hf_weights, shard_files
 from lwm.interop.keymap import KeyMap
 from lwm.model import ModelConfig, Transformer
 
@@ -177,6 +178,31 @@ def check_weights(shapes: Shapes, config: ModelConfig, where: str) -> None:
             f"num_attention_heads {config.n_heads}, num_key_value_heads {config.n_kv_heads}, vocab_size "
             f"{config.vocab_size}): {'; '.join(problems)}"
         )
+
+
+def check_hf_folder(folder) -> tuple[object, ModelConfig]:
+    """A Hugging Face LLaMA folder checked as from_hf checks it, with nothing loaded or built: its
+    config.json's fields, then its weights against that config (the shapes in the safetensors
+    headers; pytorch_model*.bin files, whose shapes live in their pickles, by their size: each
+    parameter takes at least 2 bytes). Returns transformers' config and ours. A config.json that
+    claims 10^9 vocabulary rows beside small weights is refused here, before a caller that builds
+    the model from the config alone (a training run's first stage) allocates them."""
+    folder = Path(folder)
+    hf_config, where = read_hf_config(folder), str(folder / CONFIG)
+    config = _config_named(hf_config, where)
+    files = shard_files(folder)
+    if all(file.suffix == ".safetensors" for file in files):
+        check_weights(header_shapes(files), config, where)
+    else:
+        params = sum(math.prod(shape) for shape in _expected_shapes(config).values())
+        held = sum(file.stat().st_size for file in files)
+        if 2 * params > held:
+            raise ValueError(
+                f"{where} describes {params:,} parameters (hidden_size {config.dim}, intermediate_size "
+                f"{config.ffn_dim}, num_hidden_layers {config.n_layers}, vocab_size {config.vocab_size}), at "
+                f"least {2 * params:,} bytes, but its weights files ({_few([f.name for f in files])}) hold {held:,}"
+            )
+    return hf_config, config
 
 
 def _few(items: list[str], limit: int = 4, sep: str = ", ") -> str:

@@ -16,7 +16,7 @@ from pathlib import Path, PurePosixPath
 import torch
 from safetensors import SafetensorError, safe_open
 
-from lwm.weights import read_weights
+from lwm.weights import check_safetensors, read_weights
 
 CONFIG = "config.json"
 INDEX = "model.safetensors.index.json"
@@ -59,9 +59,22 @@ def check_config_fields(raw: dict, path: Path) -> None:
     for name in _POSITIVE_INTS:
         if raw.get(name) is not None and not _is_positive(raw[name], integer=True):
             raise ValueError(f"{path}: {name} must be a positive integer, got {raw[name]!r:.80}")
+    heads, kv_heads, hidden = raw.get("num_attention_heads"), raw.get("num_key_value_heads"), raw.get("hidden_size")
+    if heads is not None and hidden is not None and hidden % heads:
+        raise ValueError(f"{path}: num_attention_heads {heads} must divide hidden_size {hidden}")
+    head_dim = raw.get("head_dim")
+    if head_dim is not None and heads is not None and hidden is not None and head_dim * heads != hidden:
+        raise ValueError(f"{path}: head_dim {head_dim} x num_attention_heads {heads} must be hidden_size {hidden}")
+    if heads is not None and kv_heads is not None and heads % kv_heads:
+        raise ValueError(f"{path}: num_key_value_heads {kv_heads} must divide num_attention_heads {heads}")
+    for name in ("rope_parameters", "rope_scaling"):  # rope_scaling: the older name transformers reads too
+        value = raw.get(name)
+        if value is not None and not isinstance(value, dict):
+            raise ValueError(f"{path}: {name} must be an object (or null), got {value!r:.80}")
+        kind = (value or {}).get("rope_type", (value or {}).get("type", "default"))
+        if not isinstance(kind, str):
+            raise ValueError(f"{path}: {name}'s rope_type must be a string, got {kind!r:.80}")
     rope = raw.get("rope_parameters") or {}
-    if not isinstance(rope, dict):
-        raise ValueError(f"{path}: rope_parameters must be an object, got {rope!r:.80}")
     for name, value in (
         ("rms_norm_eps", raw.get("rms_norm_eps")),
         ("rope_theta", rope.get("rope_theta", raw.get("rope_theta"))),
@@ -76,12 +89,13 @@ def read_hf_config(folder: Path):
     if not path.is_file():
         raise FileNotFoundError(f"{folder} is not a Hugging Face model folder (no config.json)")
     check_config_fields(read_json_object(path), path)
+    from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoConfig
 
     try:
         return AutoConfig.from_pretrained(folder)
-    except (TypeError, ValueError) as e:  # transformers' own field checks
-        raise ValueError(f"{path}: {e}") from None
+    except (TypeError, ValueError, StrictDataclassError) as e:  # transformers' own field checks
+        raise ValueError(f"{path}: {' '.join(str(e).split())}") from None
 
 
 def stays_inside(name) -> bool:
@@ -131,6 +145,7 @@ def header_shapes(files: list[Path]) -> Shapes:
     """Every weight's shape, from the safetensors headers alone."""
     shapes: Shapes = {}
     for file in files:
+        check_safetensors(file)  # its header against its size, before safetensors maps it
         try:
             with safe_open(str(file), framework="pt") as f:
                 for key in f.keys():

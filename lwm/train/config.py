@@ -10,7 +10,8 @@ from lwm.configs import from_dict
 from lwm.data import DataConfig, Source
 from lwm.data.batches import StreamOptions
 from lwm.eval.needle import NeedleGrid
-from lwm.interop.hf_files import read_hf_config
+from lwm.interop.hf import check_hf_folder
+from lwm.io import FolderRefused, check_output_folder
 from lwm.model import ModelConfig
 from lwm.parallel.dims import ParallelDims
 from lwm.parallel.layout import LAYOUTS
@@ -232,9 +233,14 @@ def validate(cfg: RunConfig) -> None:
         cfg.data.for_stage(stage, 1)
     if cfg.schedule.init_hf is not None:
         try:
-            read_hf_config(cfg.schedule.init_hf)  # its fields, before any process starts
+            check_hf_folder(cfg.schedule.init_hf)  # its config and weights' shapes, before anything is written
         except (FileNotFoundError, ValueError) as e:
             raise type(e)(f"schedule.init_hf: {e}") from None
+    if cfg.export:  # the run's own export (out_dir/hf), refused now rather than after the training
+        try:
+            check_output_folder(Path(cfg.trainer.out_dir) / "hf", inside=cfg.trainer.out_dir)
+        except FolderRefused as e:
+            raise FolderRefused(f"export=true: {e} (or export=false)") from None
     if cfg.resume and not Path(cfg.trainer.out_dir).is_dir():
         raise FileNotFoundError(
             f"resume=true: trainer.out_dir {cfg.trainer.out_dir} does not exist; "

@@ -9,6 +9,11 @@ The model's shape and RoPE theta come from the stage folder's model_config.json.
 VQGAN that made the run's codes: our safetensors checkpoint or a diffusers folder) the folder gets
 it as vqgan/ and an lwm.json (lwm.interop.bundle), so that `lwm-generate --model OUT --video clip.mp4`
 and lwm/eval/video_qa/ need nothing else.
+
+The files are written into a folder beside --out and moved in when all are made (lwm.io.staged_folder),
+and lwm_files.json lists them: --out may be absent, empty, or an earlier export (whose files are then
+replaced, stale shards and a vqgan/ included); a folder holding other files, or one reached through
+a symlink, is refused (exit 2) before anything is read or written.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from lwm.interop.bundle import write_bundle_info
 from lwm.interop.hf import to_hf
 from lwm.interop.run_outputs import read_model_config, resolve
 from lwm.interop.vqgan_sources import load_vqgan, open_vqgan
-from lwm.io import records
+from lwm.io import FolderRefused, check_output_folder, records, staged_folder
 from lwm.model import ModelConfig, Transformer
 from lwm.weights import read_weights
 
@@ -47,9 +52,12 @@ def codes_vqgan(codes_dir) -> Path | None:
     return Path(source)
 
 
-def export_weights(weights, model_config: ModelConfig, out_dir, tokenizer_model=None, vqgan=None) -> Path:
+def export_weights(weights, model_config: ModelConfig, out_dir, tokenizer_model=None, vqgan=None, inside=None) -> Path:
     """weights: a path to a safetensors file or a state dict; vqgan: a VQGAN checkpoint or folder to bundle.
-    Both are read before anything is written: a bad one leaves no half-made folder."""
+    Both are read before anything is written: a bad one leaves no half-made folder. out_dir is checked
+    first (lwm.io.check_output_folder; symlinks only below `inside`, a folder the caller owns, when given)."""
+    out_dir = Path(out_dir)
+    check_output_folder(out_dir, inside)
     bundled = load_vqgan(vqgan, preset="tiny") if vqgan is not None else None
     with torch.device("meta"):
         model = Transformer(model_config)
@@ -60,10 +68,11 @@ def export_weights(weights, model_config: ModelConfig, out_dir, tokenizer_model=
         raise ValueError(
             f"{name} do not fit the stage's model_config.json: {str(e).splitlines()[-1].strip()}"
         ) from None
-    out = to_hf(model, out_dir, tokenizer_model=tokenizer_model)
-    if bundled is not None:
-        write_bundle_info(out, "native", bundled, vqgan_source=str(vqgan))
-    return out
+    with staged_folder(out_dir, "lwm.train.export", inside) as stage:
+        to_hf(model, stage, tokenizer_model=tokenizer_model)
+        if bundled is not None:
+            write_bundle_info(stage, "native", bundled, vqgan_source=str(vqgan))
+    return out_dir
 
 
 def main(argv=None) -> int:
@@ -78,14 +87,17 @@ def main(argv=None) -> int:
     for name, path in (("source", args.source), ("--vqgan", args.vqgan), ("--tokenizer", args.tokenizer)):
         if path is not None and not path.exists():
             parser.error(f"{name} {path} does not exist")
-    if args.out.exists() and not args.out.is_dir():
+    if args.out.exists() and not args.out.is_dir() and not args.out.is_symlink():
         parser.error(f"--out {args.out} is a file; name a folder for the Hugging Face export")
     try:
+        check_output_folder(args.out)  # before any weights are read
         weights, stage_dir = resolve(args.source)
         config = read_model_config(stage_dir)
         if args.tokenizer is not None:
             TextTokenizer(args.tokenizer)  # refused here, before any weights are read
         out = export_weights(weights, config, args.out, args.tokenizer, args.vqgan)
+    except FolderRefused as e:
+        parser.exit(2, f"export: --out {e}\n")
     except (FileNotFoundError, ValueError) as e:
         parser.exit(2, f"export: {e}\n")
     print(f"exported to {out}")

@@ -22,8 +22,7 @@ import torch
 import torch.distributed as dist
 
 from lwm.data.vocab import Vocab
-from lwm.interop.hf import config_from_hf, from_hf
-from lwm.interop.hf_files import read_hf_config
+from lwm.interop.hf import check_hf_folder, from_hf
 from lwm.model import ModelConfig
 from lwm.ranks import is_rank0
 from lwm.train.callbacks import KEPT_METRICS, MetricHistory
@@ -52,8 +51,8 @@ def hf_start(folder: str | Path) -> tuple[ModelConfig, Callable[[], dict]]:
     """A Hugging Face LLaMA folder as a first stage's start: its config with the vocabulary grown
     for vision (read on every rank), and a function that reads its weights (LWMModule calls it on
     global rank 0 only)."""
-    hf_config = read_hf_config(folder)  # its fields checked before transformers builds anything
-    config = config_from_hf(hf_config, vocab_size=Vocab(hf_config.vocab_size).size)  # as from_hf(extend_vocab=True)
+    hf_config, stored = check_hf_folder(folder)  # its config and weights' shapes, before anything is built
+    config = stored.replace(vocab_size=Vocab(hf_config.vocab_size).size)  # as from_hf(extend_vocab=True)
     return config, lambda: from_hf(folder, extend_vocab=True).state_dict()
 
 
@@ -139,7 +138,7 @@ def run_schedule(cfg: RunConfig) -> dict[str, Path]:
     if cfg.export and finished is not None and is_rank0():
         vqgan = codes_vqgan(cfg.data.codes) if cfg.data.codes is not None else None
         where["hf"] = export_weights(
-            finished, stage_model_config(model_config, last), out / "hf", cfg.data.tokenizer, vqgan
+            finished, stage_model_config(model_config, last), out / "hf", cfg.data.tokenizer, vqgan, inside=out
         )
     if cfg.evaluate.lengths is not None and finished is not None and is_rank0():
         device = "cpu" if cfg.trainer.accelerator == "cpu" else None
