@@ -46,7 +46,7 @@ def run_probe(tmp_path, monkeypatch) -> bool:
     monkeypatch.setattr(probe.AnswerProbe, "accuracy", lambda self, module, sharding, positions: (0.5, 2))
     data = SimpleNamespace(sharding=None, config=SimpleNamespace(positions=None))
     trainer = SimpleNamespace(datamodule=data, loggers=[], global_step=3, global_rank=0)
-    probe.AnswerProbe(None, tmp_path, "a")._run(trainer, None, "start")
+    probe.AnswerProbe(None, tmp_path, "a", 10)._run(trainer, None, "start")
     if not (tmp_path / "probe.json").exists():
         return False
     assert json.loads((tmp_path / "probe.json").read_text())["start"]["accuracy"] == 0.5

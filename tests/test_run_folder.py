@@ -59,14 +59,21 @@ def test_the_same_command_resumes_a_stopped_run(tmp_path, monkeypatch, capsys):
     """A stopped stage exits 4; the same command (no resume=true) continues from its checkpoint instead of
     starting over and deleting it; its metric rows are each there once."""
     import csv
+    import json
 
-    code, text = main(monkeypatch, capsys, tmp_path, *SHORT, "stop_at_step=2", "trainer.log_every=1")
+    probe = ["probe.path=data/sample/needles/128/heldout.jsonl", "probe.examples=2", "trainer.log_every=1"]
+    code, text = main(monkeypatch, capsys, tmp_path, *SHORT, *probe, "stop_at_step=2")
     last = tmp_path / "a" / "checkpoints" / "last.ckpt"
     assert code == 4 and last.is_file() and "stopped in" in text, text[-3000:]
-    code, text = main(monkeypatch, capsys, tmp_path, *SHORT, "trainer.log_every=1")
+    code, text = main(monkeypatch, capsys, tmp_path, *SHORT, *probe)
     assert code == 0 and f"(resuming from {last})" in text, text[-3000:]
-    rows = csv.DictReader(open(tmp_path / "a" / "logs" / "metrics.csv"))
+    rows = list(csv.DictReader(open(tmp_path / "a" / "logs" / "metrics.csv")))
     assert sorted(int(r["step"]) for r in rows if r.get("train/loss")) == [0, 1, 2, 3]
+    # the probe scores the stage's start once (step 0) and its end once (step 4), not the stop and the resume
+    assert [int(r["step"]) for r in rows if r.get("probe/accuracy_start")] == [0]
+    assert [int(r["step"]) for r in rows if r.get("probe/accuracy_end")] == [4]
+    scored = json.loads((tmp_path / "a" / "probe.json").read_text())
+    assert (scored["start"]["step"], scored["end"]["step"]) == (0, 4)
 
 
 def test_a_malformed_override_exits_2(tmp_path, monkeypatch, capsys):

@@ -83,8 +83,11 @@ def read_examples(config: ProbeConfig, datamodule) -> list[Encoded]:
 
 
 class AnswerProbe(L.Callback):
-    def __init__(self, config: ProbeConfig, out: Path, stage: str):
-        self.config, self.out, self.stage = config, out, stage
+    """Scores the held-out answers at the stage's first step and after its last; a stage stopped early
+    is not at its end yet, and a resumed one keeps the start score it had (probe.json, metrics.csv)."""
+
+    def __init__(self, config: ProbeConfig, out: Path, stage: str, steps: int):
+        self.config, self.out, self.stage, self.steps = config, out, stage, steps
         self.examples: list[Encoded] = []
         self.results: dict[str, dict] = {}
 
@@ -125,7 +128,18 @@ class AnswerProbe(L.Callback):
         say(f"stage {self.stage}: probe at its {when}: {acc:.1%} of {n} held-out answers right")
 
     def on_train_start(self, trainer, pl_module):
-        self._run(trainer, pl_module, "start")
+        if trainer.global_step == 0:
+            self._run(trainer, pl_module, "start")
+        else:  # resumed: the start was scored before the stop
+            self.results = self._recorded()
 
     def on_train_end(self, trainer, pl_module):
-        self._run(trainer, pl_module, "end")
+        if trainer.global_step >= self.steps:
+            self._run(trainer, pl_module, "end")
+
+    def _recorded(self) -> dict[str, dict]:
+        try:
+            results = json.loads((self.out / "probe.json").read_text())
+        except (OSError, ValueError):
+            return {}
+        return results if isinstance(results, dict) else {}

@@ -61,7 +61,7 @@ def build_trainer(
             PeakMemory(),
             StopOnSignal(),
         ]
-        + ([AnswerProbe(cfg.probe, out, stage.name)] if cfg.probe.path else []),
+        + ([AnswerProbe(cfg.probe, out, stage.name, stage.steps)] if cfg.probe.path else []),
         num_sanity_val_steps=0,
         use_distributed_sampler=False,
         enable_model_summary=False,
