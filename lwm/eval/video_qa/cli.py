@@ -14,7 +14,7 @@ from pathlib import Path
 from lwm.arg_types import add_options, csv_list, from_args, option, positive_float, positive_int
 from lwm.eval.video_qa.evaluate import run_video_qa
 from lwm.eval.video_qa.formats import FormatError, Reader
-from lwm.eval.video_qa.items import Item
+from lwm.eval.video_qa.items import DuplicateIdError, Item
 from lwm.eval.video_qa.report import RecordLog, markdown, write_outputs
 from lwm.eval.video_qa.scoring import METHODS
 from lwm.eval.video_qa.summary import Buckets
@@ -129,7 +129,7 @@ def _items(args: VideoQAConfig) -> list[Item]:
     reader = Reader(args.video_dir, args.subtitles)
     try:
         items = reader.read(args.data)
-    except FormatError as e:
+    except (FormatError, DuplicateIdError) as e:
         raise UsageError(f"--data {e}")
     except OSError as e:
         raise UsageError(f"--data {args.data}: {e}")
