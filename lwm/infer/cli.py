@@ -62,10 +62,12 @@ def prompt_ids(args, loaded) -> list[int]:
     if args.video_id or args.codes:
         if not (args.video_id and args.codes):
             raise ValueError("--codes and --video-id go together")
-        codes = CodeSource(args.fps, args.max_frames, cache=args.codes).from_cache(args.video_id).codes
+        n_codes = loaded.vocab.n_vision_codes  # codes outside the vocabulary are refused naming their file
+        codes = CodeSource(args.fps, args.max_frames, cache=args.codes, n_codes=n_codes).from_cache(args.video_id).codes
     elif args.video:
         vqgan = args.vqgan or loaded.vqgan or TINY_VQGAN
-        source = CodeSource(args.fps, args.max_frames, vqgan=lambda: load_vqgan(vqgan, preset="tiny").to(args.device))
+        load = lambda: load_vqgan(vqgan, preset="tiny").to(args.device)  # noqa: E731
+        source = CodeSource(args.fps, args.max_frames, vqgan=load, n_codes=loaded.vocab.n_vision_codes)
         codes = source.from_video(args.video).codes
     if args.raw:
         if codes is not None:

@@ -226,7 +226,15 @@ def run(config: VideoQAConfig, checked: Checked | None = None) -> int:
     args = dataclasses.replace(config, vqgan=str(config.vqgan or loaded.vqgan or TINY_VQGAN))
     first, device = is_rank0(), runtime.device
     source = (
-        VideoSource(args.codes, args.vqgan, fps=args.fps, max_frames=args.max_frames, ids=args.ids, device=device)
+        VideoSource(
+            args.codes,
+            args.vqgan,
+            fps=args.fps,
+            max_frames=args.max_frames,
+            ids=args.ids,
+            device=device,
+            n_codes=loaded.vocab.n_vision_codes,
+        )
         if first
         else None
     )
