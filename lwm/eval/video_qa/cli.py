@@ -19,6 +19,7 @@ from lwm.eval.video_qa.report import RecordLog, markdown, write_outputs
 from lwm.eval.video_qa.scoring import METHODS
 from lwm.eval.video_qa.summary import Buckets
 from lwm.eval.video_qa.videos import VideoSource, probe_seconds
+from lwm.infer.generator import length_warning
 from lwm.infer.runtime import ModelOptions, load_generator, start
 from lwm.paths import TINY_VQGAN
 from lwm.ranks import is_rank0
@@ -205,12 +206,9 @@ def _report(result: dict, out: Path, max_seq_len: int) -> None:
     print(markdown(result))
     for path in others:
         print(f"wrote {path}")
-    longest = result["summary"]["max_prompt_tokens"]
-    if longest > max_seq_len:
-        print(
-            f"warning: prompts up to {longest} tokens, longer than the model's max_seq_len {max_seq_len}",
-            file=sys.stderr,
-        )
+    warning = length_warning(result["summary"]["max_prompt_tokens"], max_seq_len, "prompts up to")
+    if warning:
+        print(warning, file=sys.stderr)
     print(f"wrote {js} and {md}")
 
 
