@@ -30,6 +30,31 @@ def positive_float(text: str) -> float:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    """A finite number >= 0 (nan and inf refused): a sampling temperature, 0 for greedy."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return value
+
+
+SEED_RANGE = (-(1 << 63), 1 << 64)  # what torch.Generator.manual_seed takes
+
+
+def seed_value(text: str) -> int:
+    """An integer torch can seed a generator with, in [-2**63, 2**64)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not SEED_RANGE[0] <= value < SEED_RANGE[1]:
+        raise argparse.ArgumentTypeError(f"expected an integer in [-2**63, 2**64), got {text!r}")
+    return value
+
+
 def seconds(text: str) -> float:
     try:
         value = float(text)

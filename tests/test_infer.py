@@ -164,11 +164,23 @@ def test_sampling_options_stop_tokens_and_ranges(references):
         ({"temperature": -1.0}, "temperature must be >= 0"),
         ({"top_k": 0}, "top_k must be >= 1"),
         ({"restrict": "audio"}, "restrict must be one of"),
+        ({"temperature": float("nan")}, r"temperature must be >= 0 \(0 is greedy\) and finite, got nan"),
+        ({"temperature": float("inf")}, "temperature must be >= 0 .* and finite, got inf"),
+        ({"temperature": "0.5"}, "temperature must be"),
+        ({"max_new_tokens": 2.5}, r"max_new_tokens must be >= 1 \(an integer\), got 2.5"),
+        ({"top_k": True}, "top_k must be >= 1"),
+        ({"seed": 2**64}, r"seed must be an integer in \[-2\*\*63, 2\*\*64\)"),
     ],
 )
 def test_bad_generation_options(kwargs, message):
     with pytest.raises(ValueError, match=message):
         GenerationConfig(**kwargs)
+
+
+def test_a_tiny_temperature_tends_to_greedy_not_nan(references):
+    """logits / 1e-40 overflowed float32 to inf, and softmax(inf - inf) gave nan: tokens drawn from garbage."""
+    gen = Generator(make_model(), VOCAB)
+    assert gen.generate(prompt(45), GenerationConfig(max_new_tokens=N_NEW, temperature=1e-40)) == references[45][0]
 
 
 def test_bad_prompts():
@@ -252,3 +264,67 @@ def test_cli_default_paths_work_from_any_folder_and_bad_paths_name_the_option(tm
         assert e.value.code == 2 and f"{option} does not exist" in capsys.readouterr().err, option
     # --vqgan is only needed to tokenize a video: without one a missing checkpoint is no error.
     assert cli.parse_args(["--model", str(tmp_path), "--prompt", "x", "--vqgan", "path/x"]).vqgan == "path/x"
+
+
+# ------------------------------------------------------------------------------------ lwm-generate, in-process
+
+
+@pytest.fixture
+def stub_model(monkeypatch, tmp_path):
+    """lwm-generate's model loading replaced by the debug model and the sample tokenizer (in this process)."""
+    from pathlib import Path
+
+    from lwm.data.text_tokenizer import TextTokenizer
+    from lwm.infer import Loaded, cli
+
+    tok = TextTokenizer(Path(__file__).resolve().parents[1] / "data" / "sample" / "tokenizer.model")
+    loaded = Loaded(make_model(), VOCAB, tok)
+    monkeypatch.setattr(cli, "load_generator", lambda args, runtime: (loaded, Generator(loaded.model, VOCAB)))
+    return loaded
+
+
+def _cache(root, codes) -> tuple[str, str]:
+    """An lwm-tokenize folder holding one video, v, with its checksum recorded as lwm-tokenize does."""
+    import json
+
+    from lwm.data.codes import save_codes
+
+    (root / "tokens").mkdir(parents=True)
+    with open(root / "tokens" / "v.npy", "wb") as f:
+        sha256 = save_codes(f, codes)
+    (root / "manifest.jsonl").write_text(json.dumps({"id": "v", "timestamps": [0.0], "sha256": sha256}) + "\n")
+    return str(root), str(root / "tokens" / "v.npy")
+
+
+def test_generate_refuses_a_changed_or_out_of_range_codes_file_naming_it(tmp_path, stub_model, capsys):
+    import numpy as np
+
+    from lwm.infer import cli
+
+    argv = ["--model", str(tmp_path), "--prompt", "What?", "--max-new-tokens", "2", "--device", "cpu"]
+    cache, path = _cache(tmp_path / "ok", np.full((1, 256), 7, np.uint16))
+    assert cli.main([*argv, "--codes", cache, "--video-id", "v"]) == 0
+    capsys.readouterr()
+    data = bytearray(open(path, "rb").read())
+    data[-3] ^= 0x01  # still a whole .npy, its codes still in range: only the checksum tells
+    open(path, "wb").write(bytes(data))
+    assert cli.main([*argv, "--codes", cache, "--video-id", "v"]) == 2
+    err = capsys.readouterr().err
+    assert f"cached codes {path} are not the file lwm-tokenize wrote" in err and "sha256" in err
+
+    cache, path = _cache(tmp_path / "big", np.full((1, 256), 9000, np.uint16))  # past the 8192 codes
+    assert cli.main([*argv, "--codes", cache, "--video-id", "v"]) == 2
+    assert f"cached codes {path} hold codes in [9000, 9000]" in capsys.readouterr().err
+
+
+def test_generate_warns_of_a_prompt_past_max_seq_len(tmp_path, stub_model, capsys):
+    from lwm.infer import cli
+
+    argv = ["--model", str(tmp_path), "--prompt", "Once upon a time", "--raw", "--max-new-tokens", "3"]
+    assert cli.main([*argv, "--device", "cpu"]) == 0
+    assert "max_seq_len" not in capsys.readouterr().err
+    stub_model.model.config.max_seq_len = 5
+    assert cli.main([*argv, "--device", "cpu"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: the prompt (" in err and "with up to 3 new ones reaches" in err
+    assert "longer than the model's max_seq_len 5" in err

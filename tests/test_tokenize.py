@@ -1,6 +1,7 @@
 """lwm-tokenize end to end on small videos with the tiny VQGAN (random weights, 64x64 frames)."""
 
 import errno
+import hashlib
 import json
 import os
 import subprocess
@@ -99,6 +100,7 @@ def test_tokenize_folder_and_list(data, tmp_path, capsys):
     for record in manifest:
         assert record["id"] == video_id(record["source"])
         tokens = np.load(out / record["tokens"])
+        assert record["sha256"] == hashlib.sha256((out / record["tokens"]).read_bytes()).hexdigest()
         assert tokens.dtype == np.uint16 and tokens.shape == (record["frames"], 256) == tuple(record["shape"])
         codes, timestamps = expected_codes(data, record["source"], fps=1.0)
         np.testing.assert_array_equal(tokens, codes)

@@ -1,6 +1,6 @@
 """Cached codes and data files from elsewhere are not trusted: a video id never leads out of the code
-store's tokens/ folder, and a codes file must be a whole .npy of integer codes, 256 a frame. Each
-refusal names the file (and, in a data source, the line)."""
+store's tokens/ folder, a codes file must be a whole .npy of integer codes, 256 a frame, and the very
+bytes whose sha256 its manifest records. Each refusal names the file (and, in a data source, the line)."""
 
 from __future__ import annotations
 
@@ -11,17 +11,27 @@ import numpy as np
 import pytest
 
 from lwm.data import CodeStore, ExampleError, PackedStream, Source, TextTokenizer, Vocab, encode_example
+from lwm.data.codes import CodesError, save_codes
 
 
 @pytest.fixture
 def store(tmp_path):
-    """A code store with one good video, and a secret .npy beside it that no id may reach."""
+    """A code store with one good video (its checksum in the manifest, as lwm-tokenize writes it), and a
+    secret .npy beside it that no id may reach."""
     root = tmp_path / "codes"
     (root / "tokens").mkdir(parents=True)
-    np.save(root / "tokens" / "good.npy", np.arange(2 * 256, dtype=np.uint16).reshape(2, 256))
+    with open(root / "tokens" / "good.npy", "wb") as f:
+        sha256 = save_codes(f, np.arange(2 * 256, dtype=np.uint16).reshape(2, 256))
     np.save(tmp_path / "secret.npy", np.ones((1, 256), np.uint16))
-    (root / "manifest.jsonl").write_text(json.dumps({"id": "good", "timestamps": [0.0, 1.0]}) + "\n")
+    (root / "manifest.jsonl").write_text(json.dumps({"id": "good", "timestamps": [0.0, 1.0], "sha256": sha256}) + "\n")
     return root
+
+
+def flip_a_byte(path) -> None:
+    """One bit changed among the codes: the file is still a whole .npy of in-range uint16 codes."""
+    data = bytearray(path.read_bytes())
+    data[-5] ^= 0x02
+    path.write_bytes(bytes(data))
 
 
 @pytest.fixture(scope="module")
@@ -82,3 +92,43 @@ def test_codes_outside_the_vocabulary_name_their_file(store, tok):
     np.save(store / "tokens" / "bad.npy", np.full((1, 256), 9000, np.int64))
     with pytest.raises(ExampleError, match=f"cached codes {store / 'tokens' / 'bad.npy'}: codes must lie in"):
         encode_example({"vision": "bad"}, Vocab(tok.vocab_size), tok, CodeStore(store), "vision")
+
+
+def test_a_changed_codes_file_is_refused_naming_it(store, tok):
+    """Bytes flipped inside a codes file were trained on with no message: the manifest's sha256 now refuses
+    them wherever codes are read (here the store and the training data path, which skips the example)."""
+    good = store / "tokens" / "good.npy"
+    before = CodeStore(store).load("good")
+    flip_a_byte(good)
+    with pytest.raises(CodesError, match="are not the file lwm-tokenize wrote") as e:
+        CodeStore(store).load("good")
+    assert str(good) in str(e.value) and f"{store / 'manifest.jsonl'}:1" in str(e.value)
+
+    src = store.parent / "data.jsonl"
+    src.write_text(json.dumps({"vision": "good", "caption": "a red circle"}) + "\n")
+    stream = PackedStream(
+        [Source(str(src), fields="[vision],caption")], Vocab(tok.vocab_size), tok, 4096, 1, codes=CodeStore(store)
+    )
+    list(stream.sequences(0))
+    assert stream.stats["skipped"] == 1
+    assert stream.errors[0].startswith(f"{src}:1: cached codes {good} are not the file")
+
+    flip_a_byte(good)  # the bytes back as written: accepted again
+    assert (CodeStore(store).load("good") == before).all()
+
+
+def test_a_manifest_without_checksums_is_read_unverified(store):
+    """Manifests written before checksums have no sha256: their files are read as before."""
+    (store / "manifest.jsonl").write_text(json.dumps({"id": "good", "timestamps": [0.0, 1.0]}) + "\n")
+    flip_a_byte(store / "tokens" / "good.npy")
+    assert CodeStore(store).load("good").shape == (2, 256)
+    (store / "manifest.jsonl").write_text(json.dumps({"id": "good", "sha256": "abc"}) + "\n")
+    with pytest.raises(CodesError, match=f"{store / 'manifest.jsonl'}:1: the record of video 'good' has sha256 'abc'"):
+        CodeStore(store).load("good")
+
+
+def test_codes_outside_the_vocabulary_are_refused_by_the_store_naming_the_file(store):
+    np.save(store / "tokens" / "bad.npy", np.full((1, 256), 9000, np.int64))
+    assert CodeStore(store).load("bad").max() == 9000  # without n_codes the caller checks (encode_example does)
+    with pytest.raises(CodesError, match=rf"cached codes {store / 'tokens' / 'bad.npy'} hold codes in \[9000, 9000\]"):
+        CodeStore(store, n_codes=8192).load("bad")

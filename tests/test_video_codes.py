@@ -94,7 +94,7 @@ def test_video_qa_and_generate_from_cache_or_file(made, monkeypatch):
 
     seen = []
     monkeypatch.setattr(cli, "chat_prompt", lambda tok, vocab, prompt, codes, style: seen.append(codes) or [])
-    loaded = SimpleNamespace(vqgan=None, prompt="native", tokenizer=None, vocab=None)
+    loaded = SimpleNamespace(vqgan=None, prompt="native", tokenizer=None, vocab=SimpleNamespace(n_vision_codes=8192))
     common = dict(prompt="?", raw=False, fps=1.0, max_frames=2, vqgan=str(made.checkpoint), device="cpu")
     common["prompt_style"] = "auto"
     cli.prompt_ids(SimpleNamespace(video=str(path), codes=None, video_id=None, **common), loaded)

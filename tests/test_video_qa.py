@@ -358,16 +358,54 @@ def test_open_answers_exact_match(tmp_path):
     assert res["summary"]["all"]["exact_match"] == 0.0
 
 
-def _code_store(root: Path, ids: list[str]) -> Path:
+def _code_store(root: Path, ids: list[str], high: int = 8192) -> Path:
+    """An lwm-tokenize folder of 6-frame videos, each file's sha256 in the manifest as lwm-tokenize writes it."""
+    from lwm.data.codes import save_codes
+
     (root / "tokens").mkdir(parents=True)
     rng = np.random.default_rng(0)
     with open(root / "manifest.jsonl", "w") as f:
         for vid in ids:
-            np.save(root / "tokens" / f"{vid}.npy", rng.integers(0, 8192, (6, 256)).astype(np.uint16))
-            f.write(
-                json.dumps({"id": vid, "timestamps": [0.0, 0.5, 1.0, 1.5, 2.0, 2.5], "video": {"duration": 3.0}}) + "\n"
-            )
+            with open(root / "tokens" / f"{vid}.npy", "wb") as t:
+                sha256 = save_codes(t, rng.integers(0, high, (6, 256)).astype(np.uint16))
+            stamps = [0.0, 0.5, 1.0, 1.5, 2.0, 2.5]
+            f.write(json.dumps({"id": vid, "timestamps": stamps, "video": {"duration": 3.0}, "sha256": sha256}) + "\n")
     return root
+
+
+def test_changed_or_out_of_range_cached_codes_are_recorded_naming_the_file(tmp_path):
+    """A codes file changed after lwm-tokenize wrote it was evaluated with no message, and codes outside the
+    vocabulary were the "model"'s error naming no file: each is now the item's "codes" error naming the
+    file, and the run goes on."""
+    from lwm.data.vocab import Vocab
+
+    codes = _code_store(tmp_path / "codes", ["good", "changed"])
+    _code_store(tmp_path / "wide", ["wide"], high=9000)  # a VQGAN with more codes than the vocabulary
+    (codes / "tokens" / "wide.npy").write_bytes((tmp_path / "wide" / "tokens" / "wide.npy").read_bytes())
+    with open(codes / "manifest.jsonl", "a") as f:
+        f.write((tmp_path / "wide" / "manifest.jsonl").read_text())
+    changed = codes / "tokens" / "changed.npy"
+    data = bytearray(changed.read_bytes())
+    data[-7] ^= 0x04  # a whole .npy still, its codes in range
+    changed.write_bytes(bytes(data))
+    rows = [
+        {"videoID": v, "question": f"Q {v}?", "options": ["Red", "Blue"], "answer": "A"}
+        for v in ("good", "changed", "wide")
+    ]
+    items = read_items(write_jsonl(tmp_path / "qa.jsonl", rows))
+    tok, vocab = Tok(), Vocab(Tok.vocab_size)
+    source = VideoSource(codes, VQGAN, fps=2.0, max_frames=4, n_codes=vocab.n_vision_codes)
+    recs = {
+        r["video"]: r
+        for r in vqa.run_video_qa(Oracle(tok, items), tok, vocab, items, source, progress=False)["records"]
+    }
+    assert recs["good"]["error"] is None and recs["good"]["correct"]
+    assert (
+        recs["changed"]["error_kind"] == "codes"
+        and f"cached codes {changed} are not the file" in recs["changed"]["error"]
+    )
+    wide = codes / "tokens" / "wide.npy"
+    assert recs["wide"]["error_kind"] == "codes" and f"cached codes {wide} hold codes in [" in recs["wide"]["error"]
 
 
 def test_bad_items_recorded_good_ones_scored(tmp_path):

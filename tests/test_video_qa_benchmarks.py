@@ -452,6 +452,62 @@ def test_unknown_format_refused_before_the_model_loads(tmp_path, capsys):
         assert "MLVU" in err and "JSON lines" in err
 
 
+def test_a_question_id_given_twice_is_refused_before_any_work(tmp_path, capsys):
+    """A Video-MME question_id given twice was scored twice and written twice into the result files. Every
+    benchmark's items are read in one place (formats.Reader), which refuses an id given twice, naming it and
+    where it appears; the command exits 2 before the model loads (--model is an empty folder)."""
+    from lwm.eval.video_qa.items import DuplicateIdError
+    from lwm.eval.video_qa.report import RecordLog
+
+    mme = mme_rows()
+    mme[4]["question_id"] = mme[2]["question_id"]
+    (tmp_path / "mme.json").write_text(json.dumps(mme))
+    github = [{"video_id": "001", "url": "https://www.youtube.com/watch?v=x1", "duration_category": "short",
+               "questions": [{k: r[k] for k in ("question_id", "task_type", "question", "options", "answer")}
+                             for r in mme_rows()[:2]] * 2}]  # fmt: skip
+    (tmp_path / "github.json").write_text(json.dumps(github))
+    lvb = lvb_rows()
+    lvb[3]["id"] = "q1"
+    (tmp_path / "lvb_val.json").write_text(json.dumps(lvb))
+    (tmp_path / "json").mkdir()
+    for name in ("1_plotQA", "2_needle"):
+        row = {"question_id": "m1", "video": "v.mp4", "question": "Q?", "candidates": ["x", "y"], "answer": "x"}
+        (tmp_path / "json" / f"{name}.json").write_text(json.dumps([row]))
+    cases = {
+        "mme.json": rf"'{mme[2]['question_id']}' at mme.json:3, mme.json:5",
+        "github.json": r"2 question id\(s\) given more than once: '001-1' at github.json:1.1, github.json:1.3; "
+        r"'001-2' at github.json:1.2, github.json:1.4",
+        "lvb_val.json": "'q1' at lvb_val.json:2, lvb_val.json:4",
+        "json": "'m1' at 1_plotQA.json:1, 2_needle.json:1",
+    }
+    model = tmp_path / "model"
+    model.mkdir()
+    for name, where in cases.items():
+        with pytest.raises(DuplicateIdError, match=where):
+            read_items(tmp_path / name)
+        with pytest.raises(SystemExit) as exc:
+            vqa.main(["--model", str(model), "--data", str(tmp_path / name), "--out", str(tmp_path / "o")])
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and re.search(where, err) and "each question must have its own id" in err, err
+
+    # Items handed to the loop directly are checked there too, before any is scored.
+    rows = [
+        {"id": "same", "video": "a.mp4", "question": f"Q{k}?", "options": ["x", "y"], "answer": "x"} for k in (1, 2)
+    ]
+    gen = Scripted({})
+    with pytest.raises(DuplicateIdError, match="'same' at item 1, item 2"):
+        vqa.run_video_qa(gen, gen.tok, Vocab(Tok.vocab_size), rows, source(), progress=False)
+    assert gen.prompts == []
+
+    # A rerun into the same --out starts its records afresh: an id already written is not written again.
+    log_path = tmp_path / "o" / "video_qa.records.jsonl"
+    for _ in range(2):
+        log = RecordLog(log_path)
+        log({"id": "q0"})
+        log.close()
+    assert log_path.read_text().count('"q0"') == 1
+
+
 def test_max_duration_reads_named_durations(tmp_path, capsys):
     """--max-duration with Video-MME's named durations: the file's length decides (from its header)."""
     from lwm.eval.video_qa.cli import VideoQAConfig, validate

@@ -1,19 +1,26 @@
 """Cached video codes written by the tokenization command (lwm-tokenize):
 
     DIR/tokens/<id>.npy      uint16 (T, 256)
-    DIR/manifest*.jsonl      one JSON object per video: {"id", "timestamps", ...}
+    DIR/manifest*.jsonl      one JSON object per video: {"id", "timestamps", "sha256", ...}
 
 A CodeStore loads a video's codes by id, optionally subsampled by rate, count or both with the rule
 decoded videos are sampled by (lwm.data.sampling), over the timestamps the manifest recorded, so a
 video's cached codes and the video read again at the same rate give the same frames. Code files come from anywhere (a
 download, a shared disk), so nothing in them is trusted: an id names a file inside tokens/ only (no
 path, `..` or symlink out of it), and a file must be a whole .npy of an integer dtype with
-TOKENS_PER_FRAME codes a frame, or a CodesError names it and says what it holds instead.
+TOKENS_PER_FRAME codes a frame, or a CodesError names it and says what it holds instead. A manifest
+record's "sha256" (of the file's bytes, recorded by whoever wrote the file: lwm-tokenize, the synthetic
+data makers, through save_codes) is checked each time the file is read, so a file changed since is
+refused naming it; a record without one (a manifest from before checksums) is read unverified. Given
+n_codes (the vocabulary's vision codes), codes outside [0, n_codes) are refused naming the file too.
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 from numpy.lib.format import open_memmap
@@ -27,18 +34,71 @@ class CodesError(ValueError):
     """A video id or a cached codes file that cannot be used; the message names the file."""
 
 
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+class _Hashed:
+    """A binary file whose written bytes are hashed on the way."""
+
+    def __init__(self, f: BinaryIO):
+        self.f, self.sha256 = f, hashlib.sha256()
+
+    def write(self, data) -> int:
+        self.sha256.update(data)
+        return self.f.write(data)
+
+
+def save_codes(f: BinaryIO, codes: np.ndarray) -> str:
+    """Write codes (T, 256) as a .npy to the open binary file f -> the sha256 (hex) of the bytes written,
+    what the file's manifest record holds as "sha256". Every writer of a codes file writes through this."""
+    hashed = _Hashed(f)
+    np.save(hashed, codes)
+    return hashed.sha256.hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
 class CodeStore:
-    def __init__(self, root: str | Path):
+    """The codes of an lwm-tokenize folder by video id. n_codes: the vocabulary's vision codes; given, a
+    video's codes outside [0, n_codes) raise CodesError naming the file (None: the caller checks)."""
+
+    def __init__(self, root: str | Path, n_codes: int | None = None):
         self.root = Path(root)
+        self.n_codes = n_codes
         if not (self.root / "tokens").is_dir():
             raise FileNotFoundError(f"{self.root} has no tokens/ folder; expected the output of lwm-tokenize")
         self.meta: dict[str, dict] = {}
+        self.where: dict[str, str] = {}  # id -> "manifest:line" of the record that counts (the last)
         for manifest in sorted(self.root.glob("manifest*.jsonl")):
             # a line a killed lwm-tokenize cut short is skipped: its video was never finished
             for n, entry in records(manifest):
                 if not isinstance(entry, dict) or "id" not in entry:
                     raise ValueError(f'{manifest}:{n}: a manifest record is a JSON object with an "id"')
                 self.meta[entry["id"]] = entry
+                self.where[entry["id"]] = f"{manifest}:{n}"
+
+    def verify(self, video_id: str, path: Path) -> None:
+        """Raises CodesError naming the file when its bytes are not those the manifest's "sha256" records;
+        a record without one (written before checksums) is not checked."""
+        recorded = self.meta.get(video_id, {}).get("sha256")
+        if recorded is None:
+            return
+        where = self.where[video_id]
+        if not isinstance(recorded, str) or not _SHA256.fullmatch(recorded):
+            raise CodesError(
+                f"{where}: the record of video {video_id!r} has sha256 {recorded!r}; expected 64 hex digits "
+                f"(the checksum of {path})"
+            )
+        actual = file_sha256(path)
+        if actual != recorded:
+            raise CodesError(
+                f"cached codes {path} are not the file lwm-tokenize wrote: their sha256 is {actual[:16]}..., "
+                f"the manifest ({where}) records {recorded[:16]}... (the file was changed or corrupted since); "
+                "delete the file and rerun lwm-tokenize with the same --out to make it again"
+            )
 
     def path(self, video_id: str) -> Path:
         """tokens/<id>.npy; an id that leads out of tokens/ (a path, `..`, a symlink) is refused."""
@@ -93,9 +153,13 @@ class CodeStore:
         path = self.path(video_id)
         if not path.is_file():
             raise FileNotFoundError(f"no cached codes for video {video_id!r} (expected {path})")
+        self.verify(video_id, path)
         codes = read_codes(path)
         indices, stamps = self.frames(video_id, codes.shape[0], max_frames, fps)
-        return np.array(codes[indices], dtype=np.int64), stamps  # a copy in memory: only the frames kept are read
+        kept = np.array(codes[indices], dtype=np.int64)  # a copy in memory: only the frames kept are read
+        if self.n_codes is not None:
+            check_range(kept, self.n_codes, path)
+        return kept, stamps
 
     def load(self, video_id: str, max_frames: int | None = None, fps: float | None = None) -> np.ndarray:
         """(T, 256) int64 codes of one video, subsampled by rate, count or both (lwm.data.sampling)."""
@@ -111,6 +175,23 @@ def _last_frame_end(stamps: np.ndarray, fps: float) -> float:
     (one tick for a lone frame)."""
     step = float(np.median(np.diff(stamps))) if len(stamps) > 1 else 1.0 / fps
     return float(stamps[-1]) + (step if step > 0 else 1.0 / fps)
+
+
+def out_of_range(codes: np.ndarray, n_codes: int) -> str | None:
+    """What is wrong with codes outside [0, n_codes) (the vocabulary's vision codes), or None."""
+    if codes.size and (codes.min() < 0 or codes.max() >= n_codes):
+        return f"hold codes in [{codes.min()}, {codes.max()}]; the model's vocabulary has {n_codes} vision codes [0, {n_codes})"
+    return None
+
+
+def check_range(codes: np.ndarray, n_codes: int, path: Path) -> None:
+    """Raises CodesError naming the codes file `path` when its codes lie outside [0, n_codes)."""
+    problem = out_of_range(codes, n_codes)
+    if problem:
+        raise CodesError(
+            f"cached codes {path} {problem}: they were made by a VQGAN with more codes than the model's, or are "
+            "corrupted; tokenize the video again with the model's VQGAN"
+        )
 
 
 def read_codes(path: Path) -> np.ndarray:

@@ -16,9 +16,10 @@ import argparse
 import sys
 import time
 
-from lwm.arg_types import positive_int
+from lwm.arg_types import non_negative_float, positive_float, positive_int, seed_value
 from lwm.data.chat import PROMPT_STYLES, chat_prompt
 from lwm.infer import GenerationConfig
+from lwm.infer.generator import length_warning
 from lwm.infer.runtime import add_model_args, load_generator, require_paths, start
 from lwm.interop.vqgan_sources import load_vqgan
 from lwm.paths import TINY_VQGAN
@@ -35,16 +36,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--video", help="a video file, read and tokenized on the fly")
     p.add_argument("--codes", help="cached codes folder (lwm-tokenize output); use with --video-id")
     p.add_argument("--video-id", help="the video's id in --codes")
-    p.add_argument("--fps", type=float, default=1.0)
+    p.add_argument("--fps", type=positive_float, default=1.0)
     p.add_argument("--max-frames", type=positive_int)
     p.add_argument(
         "--vqgan",
         help="VQGAN checkpoint (tiny preset) or diffusers folder (default: the model folder's "
         "vqgan/, else the bundled tiny VQGAN)",
     )
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--top-k", type=int)
+    p.add_argument("--max-new-tokens", type=positive_int, default=64)
+    p.add_argument("--temperature", type=non_negative_float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-k", type=positive_int)
     p.add_argument("--restrict", choices=["text", "vision", "none"], default="text")
     p.add_argument(
         "--prompt-style",
@@ -53,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="how the chat prompt is written: auto = as the model folder's lwm.json says (native without "
         "one); lwm = LWM's own form, e.g. for LWM-Text-Chat's Hugging Face release",
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed_value, default=0)
     return p
 
 
@@ -62,10 +63,12 @@ def prompt_ids(args, loaded) -> list[int]:
     if args.video_id or args.codes:
         if not (args.video_id and args.codes):
             raise ValueError("--codes and --video-id go together")
-        codes = CodeSource(args.fps, args.max_frames, cache=args.codes).from_cache(args.video_id).codes
+        n_codes = loaded.vocab.n_vision_codes  # codes outside the vocabulary are refused naming their file
+        codes = CodeSource(args.fps, args.max_frames, cache=args.codes, n_codes=n_codes).from_cache(args.video_id).codes
     elif args.video:
         vqgan = args.vqgan or loaded.vqgan or TINY_VQGAN
-        source = CodeSource(args.fps, args.max_frames, vqgan=lambda: load_vqgan(vqgan, preset="tiny").to(args.device))
+        load = lambda: load_vqgan(vqgan, preset="tiny").to(args.device)  # noqa: E731
+        source = CodeSource(args.fps, args.max_frames, vqgan=load, n_codes=loaded.vocab.n_vision_codes)
         codes = source.from_video(args.video).codes
     if args.raw:
         if codes is not None:
@@ -104,6 +107,13 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError, VideoError) as e:
         print(f"lwm-generate: {e}", file=sys.stderr)
         return 2
+    warning = length_warning(
+        len(ids) + config.max_new_tokens,
+        loaded.model.config.max_seq_len,
+        f"the prompt ({len(ids)} tokens) with up to {config.max_new_tokens} new ones reaches",
+    )
+    if warning and is_rank0():
+        print(warning, file=sys.stderr)
     t0 = time.perf_counter()
     out = gen.generate(ids, config)
     seconds = time.perf_counter() - t0

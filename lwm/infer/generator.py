@@ -198,3 +198,15 @@ def until_stop(values: list[int], stop_tokens: list[int]) -> list[int]:
         if value in stop_tokens:
             return values[:i]
     return values
+
+
+def length_warning(tokens: int, max_seq_len: int, what: str) -> str | None:
+    """The one warning for a sequence longer than the model's max_seq_len (positions it was never trained
+    at), or None when it fits; `what` says what is that long ("prompts up to"). lwm-generate and video QA
+    print it on stderr."""
+    if tokens <= max_seq_len:
+        return None
+    return (
+        f"warning: {what} {tokens} tokens, longer than the model's max_seq_len {max_seq_len}: the model was "
+        "never trained at positions past it, so its output there is unreliable"
+    )

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from lwm.arg_types import add_options, device_name, option
+from lwm.arg_types import add_options, device_name, option, positive_int
 from lwm.infer.generator import Generator
 from lwm.infer.load import Loaded, load_model
 from lwm.parallel.comm import group_size_and_rank
@@ -33,7 +33,7 @@ class ModelOptions:
     )
     dtype: str = option("auto: bfloat16 on CUDA, as stored on CPU", "auto", choices=["auto", *DTYPES])
     layout: str = option("how the prompt is split over the ranks under torchrun", "striped", choices=LAYOUTS)
-    prefill_chunk: int = option("prompt tokens per rank processed at a time", 8192)
+    prefill_chunk: int = option("prompt tokens per rank processed at a time", 8192, type=positive_int)
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:

@@ -3,10 +3,13 @@ text or the vision range of the vocabulary."""
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
 
 import torch
 
+from lwm.arg_types import SEED_RANGE
 from lwm.data.vocab import Vocab
 
 RESTRICT = (None, "text", "vision")
@@ -25,16 +28,24 @@ class GenerationConfig:
     stop_check_every: int = 8
 
     def __post_init__(self) -> None:
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 is greedy), got {self.temperature}")
-        if self.top_k is not None and self.top_k < 1:
-            raise ValueError(f"top_k must be >= 1 or None, got {self.top_k}")
+        _integer("max_new_tokens", self.max_new_tokens, 1)
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, numbers.Real) or not math.isfinite(t) or t < 0:
+            raise ValueError(f"temperature must be >= 0 (0 is greedy) and finite, got {t!r}")
+        if self.top_k is not None:
+            _integer("top_k", self.top_k, 1, "or None")
         if self.restrict not in RESTRICT:
             raise ValueError(f"restrict must be one of {RESTRICT}, got {self.restrict!r}")
-        if self.stop_check_every < 1:
-            raise ValueError(f"stop_check_every must be >= 1, got {self.stop_check_every}")
+        s = self.seed
+        if isinstance(s, bool) or not isinstance(s, numbers.Integral) or not SEED_RANGE[0] <= s < SEED_RANGE[1]:
+            raise ValueError(f"seed must be an integer in [-2**63, 2**64) (what torch seeds with), got {s!r}")
+        _integer("stop_check_every", self.stop_check_every, 1)
+
+
+def _integer(name: str, value, minimum: int, more: str = "") -> None:
+    """Raises ValueError naming the field unless value is an integer (not a bool) >= minimum."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}{' ' + more if more else ''} (an integer), got {value!r}")
 
 
 def allowed_ids(vocab: Vocab, restrict: str | None, stop_tokens: list[int], device="cpu") -> torch.Tensor:
@@ -60,7 +71,9 @@ def next_token(
     logits = logits.float().masked_fill(~allowed[: logits.shape[-1]], float("-inf"))
     if config.temperature == 0:
         return logits.argmax(-1, keepdim=True)
-    logits = logits / config.temperature
+    # shifted so the largest is 0 before dividing: a tiny temperature gives -inf (probability 0), never
+    # inf - inf = nan, and tends to greedy
+    logits = (logits - logits.max()) / config.temperature
     if config.top_k is not None and config.top_k < logits.numel():
         kth = torch.topk(logits, config.top_k).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from lwm.data.chat import CHAT_SPEC, chat_fields
+from lwm.data.codes import save_codes
 from lwm.interop.vqgan_sources import load_vqgan
 from lwm.paths import TINY_VQGAN
 from lwm.synth.scene import PALETTE, SIZE, _shape_mask, random_scene, render
@@ -167,8 +168,9 @@ def examples(codes, labels, n: int, frames: tuple[int, int], seed: int, prefix: 
 def save_video(out: Path, vid: str, codes: np.ndarray) -> dict:
     """Write one video's codes (T, tokens_per_frame) to out/tokens/<vid>.npy, at 1 fps; returns its
     manifest line."""
-    np.save(out / "tokens" / f"{vid}.npy", codes)
-    return {"id": vid, "frames": len(codes), "timestamps": [float(t) for t in range(len(codes))]}
+    with open(out / "tokens" / f"{vid}.npy", "wb") as f:
+        sha256 = save_codes(f, codes)
+    return {"id": vid, "frames": len(codes), "timestamps": [float(t) for t in range(len(codes))], "sha256": sha256}
 
 
 def write_manifest(out: Path, prefix: str, manifest: list[dict]) -> None:

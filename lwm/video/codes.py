@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lwm.data.codes import CodeStore
+from lwm.data.codes import CodeStore, check_range, out_of_range
 from lwm.data.sampling import Sampling
 from lwm.video.reader import Plan, Video
 
@@ -91,7 +91,9 @@ class VideoCodes:
 class CodeSource:
     """Codes of videos sampled one way (by rate, count or both): from an lwm-tokenize cache when it holds
     the video, else the file decoded and encoded with the VQGAN. vqgan: a VQGAN, or a function that
-    loads one (called at the first video not in the cache); ids: the cache's naming schemes to try."""
+    loads one (called at the first video not in the cache); ids: the cache's naming schemes to try;
+    n_codes: the model's vision codes (its vocabulary's), given: codes outside [0, n_codes) are refused
+    naming the codes file (CodesError) or the video and the VQGAN (ValueError)."""
 
     def __init__(
         self,
@@ -101,9 +103,11 @@ class CodeSource:
         vqgan=None,
         ids: tuple[str, ...] = ("hashed", "stem"),
         batch_size: int = 16,
+        n_codes: int | None = None,
     ):
         self.sampling = Sampling(fps=fps, max_frames=max_frames)
-        self.store = cache if isinstance(cache, CodeStore) or cache is None else CodeStore(cache)
+        self.store = cache if isinstance(cache, CodeStore) or cache is None else CodeStore(cache, n_codes)
+        self.n_codes = n_codes
         self.ids, self.batch_size = ids, batch_size
         self._vqgan = vqgan
 
@@ -118,6 +122,8 @@ class CodeSource:
     def from_cache(self, cid: str) -> VideoCodes:
         """Raises FileNotFoundError or ValueError (lwm.data.codes.CodesError among them) naming the file."""
         codes, stamps = self.store.sample(cid, self.sampling.max_frames, self.sampling.fps)
+        if self.n_codes is not None and self.store.n_codes is None:  # a store the caller built
+            check_range(codes, self.n_codes, self.store.path(cid))
         seconds = (self.store.meta.get(cid, {}).get("video") or {}).get("duration")
         return VideoCodes(codes, stamps, "cache", cid, seconds)
 
@@ -129,8 +135,12 @@ class CodeSource:
         return self._vqgan
 
     def from_video(self, path) -> VideoCodes:
-        """Raises VideoError for a missing or unreadable file."""
+        """Raises VideoError for a missing or unreadable file, ValueError for codes the model cannot read."""
         codes, stamps, video = encode_video(path, self.vqgan(), self.sampling, self.batch_size)
+        if self.n_codes is not None:
+            problem = out_of_range(codes, self.n_codes)
+            if problem:  # no codes file's fault: the VQGAN does not match the model
+                raise ValueError(f"the VQGAN's codes of {path} {problem}: the VQGAN is not the model's")
         return VideoCodes(codes, stamps, "video", None, video.duration)
 
     def codes(self, path=None, key: str | None = None) -> VideoCodes:

@@ -12,7 +12,8 @@ lines and lines starting with # are skipped). In --out it writes:
     tokens/<id>.npy      uint16 (T, 256) codes of one video; <id> is its file stem + a hash of its path
                          (--ids hashed, the default) or the file stem alone (--ids stem)
     manifest.jsonl       one JSON object per finished video: id, source, sampling, frames, timestamps,
-                         tokenizer (preset/checkpoint or diffusers folder, and a hash of the weights)
+                         tokenizer (preset/checkpoint or diffusers folder, and a hash of the weights),
+                         sha256 (of the .npy's bytes: a reader refuses a file changed since)
     failures.jsonl       one JSON object per video that failed in the latest run: source, error
     lwm-tokenize.lock    while a run works in the folder: its pid, host and command (lwm.out_lock)
 
@@ -40,6 +41,7 @@ import numpy as np
 import torch
 
 from lwm.arg_types import add_options, device_name, from_args, option, positive_float, positive_int, seconds
+from lwm.data.codes import save_codes
 from lwm.data.sampling import Sampling
 from lwm.interop.vqgan_sources import open_vqgan
 from lwm.io import NoSpaceLeft, append_jsonl, atomic_file, read_jsonl, writes_to
@@ -161,10 +163,11 @@ class OutputDir:
             self.failures.write_text("")
 
     def write(self, record: dict, codes: np.ndarray) -> None:
+        """The codes file, then its manifest record with the file's sha256 (checked when it is read)."""
         # through <id>.npy.tmp, removed if the write fails; one worker owns an id, so the name is safe
         with atomic_file(self.tokens / f"{record['id']}.npy") as f:
-            np.save(f, codes)
-        append_jsonl(self.manifest, record)  # only now is the video done
+            sha256 = save_codes(f, codes)
+        append_jsonl(self.manifest, {**record, "sha256": sha256})  # only now is the video done
 
     def fail(self, record: dict) -> None:
         append_jsonl(self.failures, record)

@@ -14,11 +14,12 @@ from pathlib import Path
 from lwm.arg_types import add_options, csv_list, from_args, option, positive_float, positive_int
 from lwm.eval.video_qa.evaluate import run_video_qa
 from lwm.eval.video_qa.formats import FormatError, Reader
-from lwm.eval.video_qa.items import Item
+from lwm.eval.video_qa.items import DuplicateIdError, Item
 from lwm.eval.video_qa.report import RecordLog, markdown, write_outputs
 from lwm.eval.video_qa.scoring import METHODS
 from lwm.eval.video_qa.summary import Buckets
 from lwm.eval.video_qa.videos import VideoSource, probe_seconds
+from lwm.infer.generator import length_warning
 from lwm.infer.runtime import ModelOptions, load_generator, start
 from lwm.paths import TINY_VQGAN
 from lwm.ranks import is_rank0
@@ -129,7 +130,7 @@ def _items(args: VideoQAConfig) -> list[Item]:
     reader = Reader(args.video_dir, args.subtitles)
     try:
         items = reader.read(args.data)
-    except FormatError as e:
+    except (FormatError, DuplicateIdError) as e:
         raise UsageError(f"--data {e}")
     except OSError as e:
         raise UsageError(f"--data {args.data}: {e}")
@@ -205,12 +206,9 @@ def _report(result: dict, out: Path, max_seq_len: int) -> None:
     print(markdown(result))
     for path in others:
         print(f"wrote {path}")
-    longest = result["summary"]["max_prompt_tokens"]
-    if longest > max_seq_len:
-        print(
-            f"warning: prompts up to {longest} tokens, longer than the model's max_seq_len {max_seq_len}",
-            file=sys.stderr,
-        )
+    warning = length_warning(result["summary"]["max_prompt_tokens"], max_seq_len, "prompts up to")
+    if warning:
+        print(warning, file=sys.stderr)
     print(f"wrote {js} and {md}")
 
 
@@ -226,7 +224,15 @@ def run(config: VideoQAConfig, checked: Checked | None = None) -> int:
     args = dataclasses.replace(config, vqgan=str(config.vqgan or loaded.vqgan or TINY_VQGAN))
     first, device = is_rank0(), runtime.device
     source = (
-        VideoSource(args.codes, args.vqgan, fps=args.fps, max_frames=args.max_frames, ids=args.ids, device=device)
+        VideoSource(
+            args.codes,
+            args.vqgan,
+            fps=args.fps,
+            max_frames=args.max_frames,
+            ids=args.ids,
+            device=device,
+            n_codes=loaded.vocab.n_vision_codes,
+        )
         if first
         else None
     )

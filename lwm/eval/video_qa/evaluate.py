@@ -8,7 +8,7 @@ import numpy as np
 from tqdm import tqdm
 
 from lwm.eval.video_qa.formats import Reader
-from lwm.eval.video_qa.items import Item
+from lwm.eval.video_qa.items import Item, check_unique_ids
 from lwm.eval.video_qa.scoring import METHODS, evaluate_item
 from lwm.eval.video_qa.summary import Buckets, summarize
 from lwm.ranks import is_rank0
@@ -34,8 +34,9 @@ def run_video_qa(
     lwm.infer.Generator (or anything with .score/.generate and .group); source: a VideoSource (or
     anything with .load(item) -> (codes, info)), used on the group's first rank only; on_record(record)
     is called on rank 0 (lwm.ranks.is_rank0: the rank that writes and prints) as each item finishes.
-    Items may also be JSON objects (parsed here, paths relative to the working directory). Ctrl-C
-    stops early with what was done."""
+    Items may also be JSON objects (parsed here, paths relative to the working directory). An id given
+    twice raises DuplicateIdError (a ValueError) before any item is evaluated. Ctrl-C stops early with
+    what was done."""
     bad = [m for m in methods if m not in METHODS]
     if bad or not methods:
         raise ValueError(f"methods must be a non-empty subset of {METHODS}, got {list(methods)}")
@@ -47,6 +48,7 @@ def run_video_qa(
         for k, it in enumerate(items)
         for x in ([it] if isinstance(it, Item) else reader.adapt(it, f"item {k + 1}", Path.cwd() / "items"))
     ]
+    check_unique_ids(items)  # a question given twice would be scored, counted and written twice
     records, complete = [], True
     bar = tqdm(items, desc="video QA", unit="q", disable=not progress or not first, dynamic_ncols=True, mininterval=1.0)
     try:

@@ -34,6 +34,7 @@ from lwm.eval.video_qa.items import (
     ItemError,
     answer_index,
     bad_item,
+    check_unique_ids,
     duration_value,
     letter_index,
     parse_item,
@@ -254,7 +255,15 @@ class Reader:
         self.formats: set[str] = set()
 
     def adapt(self, obj, item_id: str, source: Path) -> list[Item]:
-        """One JSON object of any known form -> its items (a bad one: an Item with its error)."""
+        """One JSON object of any known form -> its items (a bad one: an Item with its error), each knowing
+        where it was read (item_id, or item_id.k for a video's k-th question)."""
+        items = self._adapt(obj, item_id, source)
+        grouped = isinstance(obj, dict) and isinstance(obj.get("questions"), list)
+        for k, item in enumerate(items):
+            item.where = f"{item_id}.{k + 1}" if grouped else item_id
+        return items
+
+    def _adapt(self, obj, item_id: str, source: Path) -> list[Item]:
         kind = kind_of(obj)
         if kind is not None:
             self.formats.add(kind)
@@ -290,12 +299,18 @@ class Reader:
         return [it for k, obj in enumerate(objects) for it in self._one(obj, f"{name}:{k + 1}", source)]
 
     def read(self, path) -> list[Item]:
-        path = Path(path)
+        """The items of a data file or folder; raises FormatError (no known format) or DuplicateIdError (an
+        id given twice, which every benchmark's items are checked for here)."""
+        items = self._read(Path(path))
+        check_unique_ids(items)
+        return items
+
+    def _read(self, path: Path) -> list[Item]:
         if path.is_dir():
             files = sorted(p for p in path.iterdir() if p.suffix.lower() in (".json", ".jsonl", ".parquet"))
             if not files:
                 raise FormatError(path, "a folder with no .json, .jsonl or .parquet files")
-            return [it for f in files for it in self.read(f)]
+            return [it for f in files for it in self._read(f)]
         head = path.read_bytes()[:4] if path.is_file() else b""
         if path.suffix.lower() == ".parquet" or head == b"PAR1":
             return self._parquet(path)
@@ -322,7 +337,8 @@ class Reader:
             try:
                 obj = line.parse()
             except JsonlError as e:  # a bad line, the last one included, is a recorded item: the run goes on
-                items.append(Item(id=f"{path.name}:{n}", error=f"line {n} is {e.reason}", error_kind="malformed"))
+                where = f"{path.name}:{n}"
+                items.append(Item(id=where, error=f"line {n} is {e.reason}", error_kind="malformed", where=where))
                 continue
             good += kind_of(obj) is not None or is_mlvu_generation(obj)
             items.extend(self._one(obj, f"{path.name}:{n}", path))
@@ -347,7 +363,8 @@ class Reader:
 
 def read_items(path, video_dir=None, subtitles=None) -> list[Item]:
     """All items of a data file (or MLVU's json/ folder) in any known format; raises FormatError when the
-    file is in none of them. Bad entries are Items with their errors."""
+    file is in none of them, DuplicateIdError when an id is given twice. Bad entries are Items with their
+    errors."""
     return Reader(video_dir, subtitles).read(path)
 
 

@@ -46,6 +46,7 @@ class Item:
     subtitle_offset: float = 0.0  # seconds to subtract from the subtitles' times (LongVideoBench's)
     error: str | None = None  # set for an item that cannot be evaluated
     error_kind: str | None = None
+    where: str | None = None  # where it was read: "<file>:<row or line>" (".<k>" for a video's k-th question)
 
 
 _PREFIX = re.compile(r"^\s*\(?([A-Z])[.):]\s*(.*)$", re.S)
@@ -177,6 +178,26 @@ def parse_item(obj, item_id: str, base_dir: Path, video_dir: Path | None = None)
     else:
         raise ItemError("malformed", "no video: expected 'video' (a path) or 'videoID' (with --video-dir)")
     return item
+
+
+class DuplicateIdError(ValueError):
+    """Items of one run with the same id: each is one question, scored and written once under its id."""
+
+
+def check_unique_ids(items: list[Item]) -> None:
+    """Raises DuplicateIdError naming each id given more than once and where (the first few), before any
+    item is evaluated: a question scored twice would count twice and appear twice in the result files."""
+    places: dict[str, list[str]] = {}
+    for k, item in enumerate(items):
+        places.setdefault(item.id, []).append(item.where or f"item {k + 1}")
+    repeated = {i: w for i, w in places.items() if len(w) > 1}
+    if repeated:
+        shown = "; ".join(f"{i!r} at {', '.join(w)}" for i, w in list(repeated.items())[:5])
+        more = f" (and {len(repeated) - 5} more)" if len(repeated) > 5 else ""
+        raise DuplicateIdError(
+            f"{len(repeated)} question id(s) given more than once: {shown}{more}; each question must have its "
+            "own id (results are counted and written by id): remove the repeated questions or give them their own ids"
+        )
 
 
 def bad_item(item_id: str, e: Exception, obj=None, partial: Item | None = None) -> Item:

@@ -19,7 +19,9 @@ class VideoSource:
     """(T, 256) codes of an item's video: from the lwm-tokenize cache when it holds the video, else read
     and tokenized with the VQGAN (loaded at the first video that needs it). The last video read is kept
     (its codes only: 7 MiB for an hour at 1 fps), since the releases list a video's questions one after
-    another: Video-MME's three questions of an hour-long video read and encode it once."""
+    another: Video-MME's three questions of an hour-long video read and encode it once. n_codes: the
+    model's vision codes; given, codes outside them are the item's error naming the codes file (or the
+    video and the VQGAN), not the model's."""
 
     def __init__(
         self,
@@ -29,10 +31,11 @@ class VideoSource:
         max_frames: int | None = None,
         ids: str = "auto",
         device="cpu",
+        n_codes: int | None = None,
     ):
         self.vqgan_path, self.device, self.fps = vqgan, device, fps
         schemes = ("hashed", "stem") if ids == "auto" else (ids,)
-        self.codes = CodeSource(fps, max_frames, cache=codes_dir, vqgan=self._load_vqgan, ids=schemes)
+        self.codes = CodeSource(fps, max_frames, cache=codes_dir, vqgan=self._load_vqgan, ids=schemes, n_codes=n_codes)
         self.store = self.codes.store
         self._last: tuple[str, object] | None = None  # (path, VideoCodes) of the last video read from its file
 
@@ -86,6 +89,8 @@ class VideoSource:
                 got = self.codes.from_video(item.video)
             except VideoError as e:
                 raise ItemError("video_unreadable", str(e)) from e
+            except ValueError as e:  # its codes outside the model's vocabulary
+                raise ItemError("vqgan", str(e)) from e
             self._last = (item.video, got)
         seconds = got.duration if item.duration is None else None
         info = {"codes_from": "video", "frames": len(got.codes), "video_seconds": seconds}
