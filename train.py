@@ -59,7 +59,7 @@ def main(cfg: DictConfig) -> None:
         validate(run)
         # the folder's own run goes on where it is; another run there is refused (OtherRun)
         same = check(Path(run.trainer.out_dir), config, run.trainer.overwrite)
-        run.resume = same or requeue.resumes(run.resume, run.trainer.out_dir)  # a requeued SLURM job goes on too
+        run.resume = requeue.resumes(run.resume, run.trainer.out_dir) or same  # a requeued SLURM job goes on too
         if run.data.sample and is_rank0():
             ensure_sample_data(run.data)
             check_files(run)

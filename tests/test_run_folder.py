@@ -85,9 +85,17 @@ def test_a_malformed_override_exits_2(tmp_path, monkeypatch, capsys):
 
 def test_differences_name_what_is_trained_only():
     old = {"model": {"dim": 64}, "trainer": {"seed": 0, "devices": 1}, "schedule": {"stages": [{"steps": 10}]}}
-    new = {"model": {"dim": 64}, "trainer": {"seed": 0, "devices": 8}, "schedule": {"stages": [{"steps": 20}]}}
-    assert differences(old, old) == [] and differences(old, {**old, "trainer": {"seed": 0, "devices": 8}}) == []
-    assert differences(old, new) == ["schedule.stages: [{'steps': 10}] -> [{'steps': 20}]"]
+    new = {"model": {"dim": 64}, "trainer": {"seed": 0, "devices": 1}, "schedule": {"stages": [{"steps": 20}]}}
+    assert (
+        differences(old, old) == []
+        and differences(old, {**old, "trainer": {"seed": 0, "devices": 1, "log_every": 3}}) == []
+    )
+    assert differences(old, new) == ["schedule.stages.0.steps: 10 -> 20"]
+    # a stage by its global batch, not by how the ranks split it: 2 per rank x dp 2 == global_batch 4 on cp 2 x dp 2
+    split = {"trainer": {"devices": 2}, "schedule": {"stages": [{"batch_size": 2}]}}
+    other = {"trainer": {"devices": 4}, "schedule": {"stages": [{"cp": 2, "global_batch": 4}]}}
+    assert differences(split, other) == []
+    assert differences(split, {**split, "trainer": {"devices": 4}}) == ["schedule.stages.0.global_batch: 4 -> 8"]
     assert differences(old, {**old, "optim": {"lr": 1.0}}) == ["optim.lr: '<none>' -> 1.0"]
 
 

@@ -67,13 +67,34 @@ def _flat(tree, prefix: str = "") -> dict[str, object]:
     return {prefix[:-1]: tree}
 
 
+def _trained(config: dict) -> dict:
+    """The config as what it trains: each stage by its global batch (sequences per step over all ranks),
+    not by how the ranks split it (cp, batch_size per data-parallel rank), so a run resumes onto another
+    mesh; the stages listed by index."""
+    config = dict(config)
+    schedule = dict(config.get("schedule") or {})
+    trainer, parallel = config.get("trainer") or {}, config.get("parallel") or {}
+    world = int(trainer.get("devices", 1)) * int(trainer.get("num_nodes", 1))
+    stages = {}
+    for i, stage in enumerate(schedule.get("stages") or []):
+        stage = dict(stage) if isinstance(stage, dict) else {"stage": stage}
+        cp, batch = stage.pop("cp", 1), stage.pop("batch_size", 1)
+        if stage.get("global_batch") is None:
+            dp = max(1, world // max(1, int(cp) * int(parallel.get("tp", 1))))
+            stage["global_batch"] = int(batch) * dp
+        stages[str(i)] = stage
+    schedule["stages"] = stages
+    config["schedule"] = schedule
+    return config
+
+
 def _run_only(key: str) -> bool:
     return any(key == k or key.startswith(k + ".") for k in RUN_ONLY)
 
 
 def differences(old: dict, new: dict) -> list[str]:
     """`key: old -> new` for every key that changes what is trained (a key one side lacks: `<none>`)."""
-    a, b = _flat(old), _flat(new)
+    a, b = _flat(_trained(old)), _flat(_trained(new))
     keys = sorted(k for k in a.keys() | b.keys() if not _run_only(k) and a.get(k, "<none>") != b.get(k, "<none>"))
     return [f"{k}: {a.get(k, '<none>')!r} -> {b.get(k, '<none>')!r}" for k in keys]
 
