@@ -24,6 +24,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from lwm.checkpoint_io import CheckpointError
+from lwm.data import ExampleError, SkippedTooMany
 from lwm.io import NoSpaceLeft, write_atomic
 from lwm.out_lock import FolderLocked, output_lock
 from lwm.train import requeue
@@ -32,6 +33,7 @@ from lwm.train.console import is_rank0, quiet_lightning, say
 from lwm.train.entry import ensure_sample_data, to_run_config
 from lwm.train.plan.preflight import WillNotFit
 from lwm.train.run import run_schedule
+from lwm.train.skipped import summary as skipped_summary
 from lwm.weights import WeightsError
 
 EXIT_NO_SPACE = 3  # as lwm-tokenize: 2 is bad input, 3 a full disk
@@ -73,6 +75,9 @@ def main(cfg: DictConfig) -> None:
     except (FolderLocked, CheckpointError, WeightsError, WillNotFit) as e:  # a stage's start weights too
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    except (ExampleError, SkippedTooMany) as e:  # the training data: a bad example under data.strict, mostly bad data
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     except NoSpaceLeft as e:
         print(f"error: {e}; free space and rerun with resume=true (finished stages are kept)", file=sys.stderr)
         sys.exit(EXIT_NO_SPACE)
@@ -83,6 +88,8 @@ def main(cfg: DictConfig) -> None:
     for what, path in where.items():
         say(f"  {what:13s} {path}")
     say(f"  {'logs':13s} {out}/<stage>/logs/metrics.csv, TensorBoard: tensorboard --logdir {out}")
+    for line in skipped_summary(out, [stage.name for stage in run.schedule.stages]):
+        say(line)
 
 
 if __name__ == "__main__":
