@@ -228,12 +228,8 @@ class PackedStream:
             for n, seq in enumerate(self.sequences(epoch)):
                 g, k = divmod(n, per_global)
                 if g < done:
-                    if (
-                        g == done - 1 and k == per_global - 1
-                    ):  # the batch `state` ends with: what came before this epoch
-                        before = Counter(
-                            {key: max(0, getattr(state, key) - self.tally[key]) for key in ("skipped", "read")}
-                        )
+                    if g == done - 1 and k == per_global - 1:  # the batch `state` ends with: so the epochs before
+                        before = Counter({c: max(0, getattr(state, c) - self.tally[c]) for c in ("skipped", "read")})
                     continue
                 if self.dp_rank * self.batch_size <= k < (self.dp_rank + 1) * self.batch_size:
                     buf.append(seq)

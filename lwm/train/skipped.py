@@ -17,7 +17,6 @@ from pathlib import Path
 
 import lightning as L
 
-from lwm.data.dataset import first_reasons
 from lwm.io import write_atomic
 from lwm.ranks import is_rank0
 
@@ -34,7 +33,8 @@ class SkippedExamples(L.Callback):
         self.path = Path(stage_dir) / REPORT
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        pl_module.log("data/skipped", float(trainer.datamodule.state.skipped), on_step=True, on_epoch=False)
+        if trainer.datamodule is not None:
+            pl_module.log("data/skipped", float(trainer.datamodule.state.skipped), on_step=True, on_epoch=False)
 
     def on_train_end(self, trainer, pl_module) -> None:
         dm = trainer.datamodule
@@ -44,20 +44,22 @@ class SkippedExamples(L.Callback):
 
 
 def summary(run_dir: Path, stages: list[str]) -> list[str]:
-    """train.py's summary lines on skipped examples: one per stage that has a report, with the first
-    reasons when it skipped any."""
+    """train.py's summary lines on skipped examples: one per stage that has a report, then its first
+    reasons, one a line, when it skipped any."""
     out = []
     for stage in stages:
         path = Path(run_dir) / stage / REPORT
         if not path.is_file():
             continue
         report = json.loads(path.read_text())
-        skipped, read = report["skipped"], report["read"]
+        skipped, read, reasons = report["skipped"], report["read"], report["reasons"]
         if not skipped:
-            out.append(f"  {'skipped':13s} {stage}: none of {read} examples read")
+            out.append(f"  {'skipped':13s} {stage}: none of the {read} examples read")
             continue
+        more = f", {len(reasons) - SHOWN} more in {path}" if len(reasons) > SHOWN else ""
         out.append(
-            f"  {'skipped':13s} {stage}: {skipped} of {read} examples read ({skipped / max(read, 1):.0%}); "
-            f"first reasons: {first_reasons(report['reasons'], SHOWN)}"
+            f"  {'skipped':13s} {stage}: {skipped} of the {read} examples read ({skipped / max(read, 1):.0%}; "
+            f"every epoch reads them all); first reasons{more}:"
         )
+        out += [f"  {'':13s}   {reason}" for reason in reasons[:SHOWN]]
     return out
