@@ -24,6 +24,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from lwm.checkpoint_io import CheckpointError
+from lwm.data import ExampleError, SkippedTooMany
 from lwm.io import NoSpaceLeft, write_atomic
 from lwm.out_lock import FolderLocked, output_lock
 from lwm.parallel import peers
@@ -34,6 +35,7 @@ from lwm.train.entry import ensure_sample_data, to_run_config
 from lwm.train.plan.preflight import WillNotFit
 from lwm.train.run import run_schedule
 from lwm.train.run_folder import CONFIG, OtherRun, check, clear
+from lwm.train.skipped import summary as skipped_summary
 from lwm.weights import WeightsError
 
 EXIT_BAD_INPUT, EXIT_NO_SPACE = 2, 3  # as lwm-tokenize: 2 is bad input, 3 a full disk
@@ -87,6 +89,9 @@ def main(cfg: DictConfig) -> None:
     except (FolderLocked, OtherRun, CheckpointError, WeightsError, WillNotFit) as e:  # a stage's start weights too
         print(f"error: {e}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
+    except (ExampleError, SkippedTooMany) as e:  # the training data: a bad example under data.strict, mostly bad data
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
     except NoSpaceLeft as e:
         print(f"error: {e}; free space and rerun with resume=true (finished stages are kept)", file=sys.stderr)
         sys.exit(EXIT_NO_SPACE)
@@ -106,6 +111,8 @@ def main(cfg: DictConfig) -> None:
     for what, path in where.items():
         say(f"  {what:13s} {path}")
     say(f"  {'logs':13s} {out}/<stage>/logs/metrics.csv, TensorBoard: tensorboard --logdir {out}")
+    for line in skipped_summary(out, [stage.name for stage in run.schedule.stages]):
+        say(line)
     if "stopped" in where:
         sys.exit(EXIT_STOPPED)
 

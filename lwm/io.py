@@ -4,6 +4,7 @@ failures, video indexes, data sources, haystacks, evaluation records).
     for record in read_jsonl(path): ...          # the values, one per non-blank line
     for n, record in records(path): ...          # with their line numbers, streamed
     index = read_lines(path); index[i].parse()   # random access: byte offsets, 16 bytes a line
+    read_lines(path, max_line_bytes=2**26)       # longer lines are counted, never held (parse says so)
     with JsonlAppender(path) as out:             # or append_jsonl(path, record) for one
         out.append(record)
 
@@ -108,11 +109,19 @@ class Line:
 
     path: Path
     number: int  # 1-based; blank lines count
-    raw: bytes  # without its newline
+    raw: bytes  # without its newline (empty for a line over the limit: it is never held)
     terminated: bool  # False only for a last line without a newline
     offset: int = 0  # of its first byte in the file
+    oversize: int = 0  # a line longer than the reader's limit: its length in bytes (newline not counted)
+    limit: int | None = None  # the reader's max_line_bytes
 
     def parse(self) -> Any:
+        if self.oversize:
+            raise JsonlError(
+                self.path,
+                self.number,
+                f"a line of {self.oversize} bytes, longer than max_line_bytes {self.limit}: not read",
+            )
         try:  # a BOM is allowed at the start of the file (editors write one)
             text = self.raw.decode("utf-8-sig" if self.number == 1 else "utf-8")
         except UnicodeDecodeError as e:
@@ -133,38 +142,80 @@ class Line:
             return False
 
 
-def _line(path: Path, number: int, offset: int, raw: bytes) -> Line | None:
-    """The Line of `raw` as read with its newline, or None for a blank line."""
-    terminated = raw.endswith(b"\n")
-    raw = raw[:-1] if terminated else raw
-    return Line(path, number, raw, terminated, offset) if raw.strip() else None
+READ_CHUNK = 1 << 20  # bytes one read asks for: a line is read piece by piece, so one over the limit is never held
 
 
-def lines(path: str | Path) -> Iterator[Line]:
-    """The non-blank lines of a JSON-lines file, in order (split at "\\n" only, like the format)."""
+def _next_line(f: BinaryIO, limit: int | None) -> tuple[bytes | None, int, bool, bool] | None:
+    """The next line of `f` from where it stands: (its bytes with the newline, or None when it is longer
+    than `limit` bytes without the newline; its size with the newline; whether it ends in one; whether it
+    is blank), None at the end of the file. Read READ_CHUNK bytes at a time: at most limit + 1 +
+    READ_CHUNK bytes of a line are held, however long it is (None: no limit, the whole line)."""
+    piece = f.readline(READ_CHUNK)
+    if not piece:
+        return None
+    pieces: list[bytes] | None = [piece]
+    size, blank = len(piece), piece.isspace()
+    while not piece.endswith(b"\n"):
+        piece = f.readline(READ_CHUNK)
+        if not piece:
+            break
+        size, blank = size + len(piece), blank and piece.isspace()
+        if pieces is not None:
+            pieces.append(piece)
+            if limit is not None and size > limit + 1:
+                pieces = None  # too long whatever follows: counted on, no longer held
+    terminated = piece.endswith(b"\n")
+    if limit is not None and size - terminated > limit:
+        pieces = None
+    raw = None if pieces is None else pieces[0] if len(pieces) == 1 else b"".join(pieces)
+    return raw, size, terminated, blank
+
+
+def lines(path: str | Path, max_line_bytes: int | None = None) -> Iterator[Line]:
+    """The non-blank lines of a JSON-lines file, in order (split at "\\n" only, like the format). A line
+    longer than `max_line_bytes` (without its newline) comes without its bytes, with its length in
+    `oversize`: it is never read into memory whole (its parse raises JsonlError saying so)."""
     path = Path(path)
     with open(path, "rb") as f:
-        offset = 0
-        for number, raw in enumerate(f, 1):
-            line = _line(path, number, offset, raw)
-            offset += len(raw)
-            if line is not None:
-                yield line
+        offset, number = 0, 0
+        while (got := _next_line(f, max_line_bytes)) is not None:
+            raw, size, terminated, blank = got
+            number += 1
+            if not blank:
+                yield _line(path, number, offset, raw, size, terminated, max_line_bytes)
+            offset += size
+
+
+def _line(path: Path, number: int, offset: int, raw: bytes | None, size: int, terminated: bool, limit) -> Line:
+    """The Line read as `_next_line` gives it (raw None: over the limit)."""
+    if raw is None:
+        return Line(path, number, b"", terminated, offset, oversize=size - terminated, limit=limit)
+    return Line(path, number, raw[:-1] if terminated else raw, terminated, offset, limit=limit)
 
 
 class LineIndex(Sequence):
     """The non-blank lines of a JSON-lines file as byte offsets and line numbers, 16 bytes a line and no
-    Python object per line: `index[i]` reads line i from the file (a Line), a slice is an index too."""
+    Python object per line: `index[i]` reads line i from the file (a Line), a slice is an index too.
+    A line longer than `max_line_bytes` is read back without its bytes (Line.oversize): the lengths of
+    such lines are kept by offset (`oversize`), so they are not read again."""
 
-    def __init__(self, path: Path, offsets: np.ndarray, numbers: np.ndarray):
+    def __init__(
+        self,
+        path: Path,
+        offsets: np.ndarray,
+        numbers: np.ndarray,
+        max_line_bytes: int | None = None,
+        oversize: dict[int, int] | None = None,
+    ):
         self.path, self.offsets, self.numbers = path, offsets, numbers  # (N,) int64 each
+        self.max_line_bytes, self.oversize = max_line_bytes, oversize or {}
 
     def __len__(self) -> int:
         return len(self.offsets)
 
     def __getitem__(self, i):
         if isinstance(i, slice):
-            return LineIndex(self.path, self.offsets[i], self.numbers[i])
+            return LineIndex(self.path, self.offsets[i], self.numbers[i], self.max_line_bytes, self.oversize)
         with open(self.path, "rb") as f:
             return self._read(f, int(self.offsets[i]), int(self.numbers[i]))
 
@@ -174,22 +225,32 @@ class LineIndex(Sequence):
                 yield self._read(f, offset, number)
 
     def _read(self, f: BinaryIO, offset: int, number: int) -> Line:
+        limit = self.max_line_bytes
+        if offset in self.oversize:
+            return Line(self.path, number, b"", True, offset, oversize=self.oversize[offset], limit=limit)
         f.seek(offset)
-        line = _line(self.path, number, offset, f.readline())
-        if line is None:
+        got = _next_line(f, limit)  # in pieces: a line that grew since it was indexed is not held either
+        if got is None or got[3]:
             raise JsonlError(self.path, number, "the file changed since it was read: this line is gone")
-        return line
+        raw, size, terminated, _ = got
+        return _line(self.path, number, offset, raw, size, terminated, limit)
 
 
-def read_lines(path: str | Path) -> LineIndex:
-    """The non-blank lines, unparsed (for callers that parse lazily), without a partial last line."""
+def read_lines(path: str | Path, max_line_bytes: int | None = None) -> LineIndex:
+    """The non-blank lines, unparsed (for callers that parse lazily), without a partial last line.
+    `max_line_bytes`: longer lines are indexed but never held (see `lines`), and their parse says so."""
     path = Path(path)
     offsets, numbers, last = array("q"), array("q"), None  # 8 bytes an entry, not an int object
-    for last in lines(path):
+    oversize: dict[int, int] = {}
+    for last in lines(path, max_line_bytes):
         offsets.append(last.offset)
         numbers.append(last.number)
-    index = LineIndex(path, np.frombuffer(offsets, np.int64), np.frombuffer(numbers, np.int64))
-    if last is not None and not last.terminated:
+        if last.oversize:
+            oversize[last.offset] = last.oversize
+    index = LineIndex(
+        path, np.frombuffer(offsets, np.int64), np.frombuffer(numbers, np.int64), max_line_bytes, oversize
+    )
+    if last is not None and not last.terminated and not last.oversize:  # an oversized one is counted, not dropped
         try:
             last.parse()
         except JsonlError:

@@ -29,6 +29,13 @@ Shown elsewhere (tests/test_train.py and tests/test_train_parallel.py unless nam
                          evaluate.lengths=null in every other test run (no needle/ folder); here: every
                          field of the NeedleGrid reaches the needle command's run(config)
   data.holdout           tests/test_data.py (held-out examples never trained on), tests/test_learning.py
+  data.strict, data.max_line_bytes, data.max_skipped_fraction
+                         tests/test_train.py test_skipped_examples_reach_the_metrics_and_the_summary (a line over
+                         max_line_bytes skipped, in data/skipped and the summary; strict=true: exit 2 at the first
+                         bad line), test_mostly_bad_data_stops_the_run_with_exit_2 (0.5: 4 of 6 bad stops);
+                         tests/test_data.py (a long line skipped unread, strict raises; 0.5 stops, 0.7 and 1 do not;
+                         judged after JUDGED_AFTER examples); tests/test_io.py (read in pieces, never held);
+                         here: they reach the stream from conf/data without a '+'
   parallel.document_mask, data.positions
                          tests/test_documents.py (the packed batch equals its examples one by one;
                          off, it does not; positions restart per example; their default follows the mask)
@@ -57,7 +64,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from lwm.arg_types import from_args
-from lwm.data import Vocab
+from lwm.data import SkippedTooMany, Vocab
 from lwm.eval import needle
 from lwm.eval.needle import NeedleConfig, NeedleGrid
 from lwm.infer.runtime import ModelOptions
@@ -455,6 +462,24 @@ def test_trainer_fields_in_a_run(frozen_run, learning_run):
 # ------------------------------------------------------------------------------- data fields
 
 
+def test_strict_max_line_bytes_and_max_skipped_fraction_reach_the_stream(tmp_path):
+    """conf/data has the three (no '+'); each reaches the stage's PackedStream, which applies them."""
+    src = tmp_path / "docs.jsonl"
+    src.write_text(json.dumps({"text": "red circle"}) + "\n")
+    custom = ["data=custom", "data.tokenizer=data/sample/tokenizer.model", f"data.sources={{text: {{path: {src}}}}}"]
+    default = run_config(tmp_path, *custom).data
+    assert (default.strict, default.max_line_bytes, default.max_skipped_fraction) == (False, 64 * 2**20, 0.5)
+    spec = run_config(
+        tmp_path, *custom, "data.strict=true", "data.max_line_bytes=100", "data.max_skipped_fraction=0.25"
+    ).data
+    stage = StageConfig("s", seq_len=8, rope_theta=1e4, steps=1, lr=1e-3)
+    dm = LWMDataModule(spec.for_stage(stage, 1), seq_len=8)
+    dm.setup()
+    stream = dm.stream
+    assert (stream.strict, stream.max_line_bytes, stream.max_skipped_fraction) == (True, 100, 0.25)
+    assert stream.lines[0].max_line_bytes == 100  # the source's reader has the limit
+
+
 def first_sequences(spec, seq_len=64, sources=("text",), n=2):
     stage = StageConfig("s", seq_len=seq_len, rope_theta=1e4, steps=1, lr=1e-3, sources=list(sources))
     dm = LWMDataModule(spec.for_stage(stage, 1), seq_len=seq_len)
@@ -508,6 +533,9 @@ def test_max_frames_and_fps(sample, tmp_path):
     # fps takes effect too: the sample's codes were tokenized by count, so a rate is refused for every
     # caption (lwm.data.sampling: the frames on screen at the ticks are not in such a cache)
     spec.max_frames, spec.fps = None, 0.01
+    with pytest.raises(SkippedTooMany, match=r"(\d+) of the \1 examples epoch 0 read were skipped \(100%\)"):
+        first_sequences(spec, seq_len=2048, sources=["captions"], n=1)  # data.max_skipped_fraction 0.5
+    spec.max_skipped_fraction = 1.0  # never stop
     assert first_sequences(spec, seq_len=2048, sources=["captions"], n=1)[1] == []
 
 

@@ -130,6 +130,66 @@ def test_stream_drops_a_partial_last_line(tok, vocab, tmp_path):
         list(strict.sequences(0))
 
 
+def test_a_line_over_max_line_bytes_is_skipped_unread(tok, vocab, tmp_path, monkeypatch):
+    """max_line_bytes: a longer line is skipped and counted, named with its file, line and size, without
+    being read whole (lwm.io reads it in pieces: here a 2 MiB line under a 1 KiB limit); strict stops."""
+    import lwm.io
+    from lwm.data import PackedStream
+
+    monkeypatch.setattr(lwm.io, "READ_CHUNK", 4096)
+    src = tmp_path / "docs.jsonl"
+    long = json.dumps({"text": "red " * 2**19})
+    src.write_text("\n".join([json.dumps({"text": "red circle"}), long, json.dumps({"text": "blue square"})]) + "\n")
+    stream = PackedStream([Source(str(src), fields="text")], vocab, tok, seq_len=16, batch_size=1, max_line_bytes=1024)
+    tracemalloc.start()
+    try:
+        seqs = list(stream.sequences(0))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert seqs and peak < 2**20, peak  # the line is 2 MiB
+    assert stream.stats["skipped"] == 1 and stream.tally == {"read": 3, "skipped": 1}
+    assert stream.errors == [f"{src}:2: a line of {len(long)} bytes, longer than max_line_bytes 1024: not read"]
+    strict = PackedStream([Source(str(src), fields="text")], vocab, tok, 16, 1, max_line_bytes=1024, strict=True)
+    with pytest.raises(ExampleError, match=rf"docs\.jsonl:2: a line of {len(long)} bytes, .*data\.strict=true"):
+        list(strict.sequences(0))
+
+
+def test_mostly_bad_data_stops_the_stream(tok, vocab, tmp_path, monkeypatch):
+    """max_skipped_fraction: judged at the end of an epoch's pass (4 of 6 bad: stops at 0.5, not at
+    0.7 or 1), and once JUDGED_AFTER examples are read, before the pass ends; the message has the
+    fraction, the counts and the first reasons."""
+    from itertools import islice
+
+    from lwm.data import PackedStream, SkippedTooMany, StreamState
+
+    src = tmp_path / "docs.jsonl"
+    src.write_text(
+        "".join(json.dumps({"text": f"red circle {i}"} if i in (1, 4) else {"txt": i}) + "\n" for i in range(6))
+    )
+
+    def stream(fraction, path=src):
+        return PackedStream([Source(str(path), fields="text")], vocab, tok, 4, 1, max_skipped_fraction=fraction)
+
+    message = (
+        r"4 of the 6 examples epoch 0 read were skipped \(67%\), more than data.max_skipped_fraction 0.5; "
+        rf"first reasons: {src}:\d: unknown field 'text'.*; {src}:\d: .* \(and 1 more\)"
+    )
+    with pytest.raises(SkippedTooMany, match=message):
+        list(islice(stream(0.5).batches(StreamState()), 100))  # a batch or two come before the pass ends
+    for fraction in (0.7, 1.0):
+        ok = stream(fraction)
+        batches = ok.batches(StreamState())
+        states = [next(batches)[1] for _ in range(12)]
+        assert states[-1].epoch >= 1 and states[-1].skipped >= 4 and ok.stats["skipped"] >= 4
+    monkeypatch.setattr("lwm.data.dataset.JUDGED_AFTER", 10)
+    many = tmp_path / "many.jsonl"
+    many.write_text(src.read_text() * 10)  # 40 of 60 bad: stopped after 10 read
+    with pytest.raises(SkippedTooMany, match=r"of the first 10 examples epoch 0 read were skipped") as e:
+        list(islice(stream(0.5, many).batches(StreamState()), 100))
+    assert int(str(e.value).split()[0]) > 5
+
+
 def test_a_source_costs_bytes_a_line_not_objects(tok, vocab, tmp_path):
     """A data source of n lines is n byte offsets, and an epoch's order two arrays: no Python object per
     line (a Line each and a list of tuples took about 270 bytes a line for these 30-byte lines)."""
@@ -287,8 +347,30 @@ def test_exact_resume_of_the_data_order(spm_model, codes_dir, sources):
     for a, b in zip(straight[20:], take(resumed, 8)):
         for key in a:
             assert torch.equal(a[key], b[key]), key
-    assert state == {"epoch": 0, "batches": 20}
+    assert (state["epoch"], state["batches"]) == (0, 20)
     assert [b["tokens"].shape for b in straight] == [(2, 2048)] * 28
+
+
+def states(dm, n):
+    """The data state after each of the next n batches the loop takes."""
+    it = iter(dm.train_dataloader())
+    return [(dm.on_before_batch_transfer(next(it)), dm.state)[1] for _ in range(n)]
+
+
+def test_skipped_count_goes_on_across_epochs_resume_and_ranks(spm_model, codes_dir, sources):
+    """The state's skipped and read (data/skipped) are the whole stream's counts through each batch:
+    the bad line is skipped once an epoch, a resume in either epoch goes on with the same counts,
+    and both data-parallel ranks have them."""
+    straight = states(make_dm(spm_model, codes_dir, sources), 28)  # 1 bad example in 44, 20-28 batches an epoch
+    assert [s.skipped for s in straight] == sorted(s.skipped for s in straight)
+    epoch1 = [s for s in straight if s.epoch == 1]
+    assert epoch1 and all(s.read > 44 and s.skipped >= 1 for s in epoch1) and straight[0].read < 44
+    for stop in (20, straight.index(epoch1[0]) + 1):  # mid-epoch 0, and in epoch 1 (epochs before counted)
+        resumed = make_dm(spm_model, codes_dir, sources)
+        resumed.load_state_dict(straight[stop - 1].as_dict())
+        assert states(resumed, 28 - stop) == straight[stop:], stop
+    rank0, rank1 = (states(make_dm(spm_model, codes_dir, sources, dp_rank=r, dp_size=2), 14) for r in (0, 1))
+    assert rank0 == rank1 and rank0[-1].epoch == 1 and rank0[-1].skipped >= 1
 
 
 def test_config_errors(spm_model, codes_dir, sources):

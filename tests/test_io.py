@@ -135,6 +135,38 @@ def test_an_index_of_lines_costs_bytes_not_objects(tmp_path):
     assert [line.number for line in tail] == [n - 1, n] and tail[0].parse() == {"text": f"a red circle {n - 2}"}
 
 
+def test_a_line_over_the_limit_is_counted_never_held(tmp_path, monkeypatch):
+    """read_lines(path, max_line_bytes): a longer line is indexed but never read whole (in READ_CHUNK
+    pieces, dropped once over the limit), and its parse names file, line and size; a line of exactly
+    the limit is read as usual, and so is everything after the long ones."""
+    import lwm.io
+
+    monkeypatch.setattr(lwm.io, "READ_CHUNK", 4096)
+    limit = 64 * 2**10
+    at_limit = json.dumps({"text": "a" * (limit - 12)})  # {"text": "..."}: 12 bytes around the text
+    over, huge = at_limit[:-2] + 'a"}', json.dumps({"text": "b" * 4 * 2**20})  # limit + 1 bytes, 4 MiB
+    path = tmp_path / "big.jsonl"
+    path.write_text("\n".join([at_limit, over, "", huge, json.dumps(RECORDS[0]), huge]))  # the last unterminated
+    assert len(at_limit) == limit and len(over) == limit + 1
+    tracemalloc.start()
+    try:
+        index = read_lines(path, limit)
+        got = list(index) + [index[2], index[3]]  # one by one too
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 6 * limit, f"{peak} bytes at peak for a {len(huge)}-byte line"  # the line is 64 limits long
+    assert [line.number for line in got] == [1, 2, 4, 5, 6, 4, 5]
+    sizes = [limit + 1, len(huge), len(huge), len(huge)]
+    assert [line.oversize for line in got] == [0, limit + 1, len(huge), 0, len(huge), len(huge), 0]
+    assert got[0].parse()["text"] == "a" * (limit - 12) and got[3].parse() == RECORDS[0]
+    for line, size in zip([got[1], got[2], got[4], got[5]], sizes):
+        message = rf"big\.jsonl:{line.number}: a line of {size} bytes, longer than max_line_bytes {limit}"
+        with pytest.raises(JsonlError, match=message):
+            line.parse()
+    assert len(read_lines(path)) == 5 and list(read_lines(path))[1].parse()["text"] == "a" * (limit - 11)  # no limit
+
+
 def test_a_full_disk_names_the_file_and_leaves_no_temp(tmp_path, monkeypatch):
     from lwm.io import NoSpaceLeft, write_atomic
 

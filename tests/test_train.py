@@ -4,7 +4,10 @@ tests/test_train_parallel.py."""
 
 from __future__ import annotations
 
+import csv
+import json
 import os
+import re
 import subprocess
 import sys
 
@@ -115,6 +118,11 @@ def test_default_run_config_is_valid():
         (["optim.betas=[0.9]"], r"optim.betas: expected 2 values, got \[0.9\]"),
         (["schedule.stages.0.steps=many"], r"schedule.stages\[0\].steps: expected an integer, got 'many'"),
         (["+evaluate.trails=3"], r"evaluate: unknown key\(s\) \['trails'\] for NeedleGrid"),
+        (
+            ["data.max_skipped_fraction=1.5"],
+            r"data.max_skipped_fraction must lie in \[0, 1\] \(1: never stop\), got 1.5",
+        ),
+        (["data.max_line_bytes=0"], r"data.max_line_bytes must be >= 1, got 0"),
     ],
 )
 def test_bad_input_is_refused_before_the_run(tmp_path, overrides, message, monkeypatch, capsys):
@@ -490,3 +498,67 @@ def test_a_disk_that_fills_during_a_checkpoint_exits_3_naming_it(small_tmpfs, mo
     code, err = _main_exit(monkeypatch, capsys, small_tmpfs, "stage_only=a", "trainer.checkpoint_every=2")
     assert code == 3 and f"error: no space left on {last};" in err, err[-2000:]
     assert load_verified(last)["global_step"] == 2
+
+
+def _main(monkeypatch, capsys, out, *overrides) -> tuple[int, str, str]:
+    """train.py's main in this process, finished or not: (exit status, stdout, stderr)."""
+    import importlib.util
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(sys, "argv", ["train.py", f"trainer.out_dir={out}", *DEBUG, *overrides])
+    spec = importlib.util.spec_from_file_location("__main__", ROOT / "train.py")
+    try:
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def _text_source(path, bad: dict[int, str], n: int) -> list[str]:
+    """n text examples, those of `bad` (index -> line) replaced; the overrides that train on them."""
+    lines = [
+        bad.get(i, json.dumps({"text": f"the red circle moves left and the blue square moves right {i}"}))
+        for i in range(n)
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    custom = ["data=custom", "data.tokenizer=data/sample/tokenizer.model"]
+    return [*custom, f"data.sources={{text: {{path: {path}, fields: text}}}}", "stage_only=a"]
+
+
+def test_skipped_examples_reach_the_metrics_and_the_summary(tmp_path, monkeypatch, capsys):
+    """A run whose data has bad lines (one not JSON, one over data.max_line_bytes) logs data/skipped
+    in metrics.csv, and its summary names the count and the first reasons; under data.strict=true the
+    first bad line stops it with exit 2."""
+    data = _text_source(tmp_path / "docs.jsonl", {3: "{oops", 7: json.dumps({"text": "x " * 600})}, 20)
+    small = [*data, "data.max_line_bytes=1000", "schedule.stages.0.steps=3"]
+    code, out, err = _main(monkeypatch, capsys, tmp_path / "run", *small)
+    assert code == 0, err[-3000:]
+    rows = list(csv.DictReader(open(tmp_path / "run" / "a" / "logs" / "metrics.csv")))
+    skipped = [float(r["data/skipped"]) for r in rows if r.get("data/skipped")]
+    assert len(skipped) == 3 and skipped[-1] >= 2 and skipped == sorted(skipped), rows
+    summary = out[out.index("finished in") :]
+    assert re.search(
+        r"skipped +a: \d+ of the \d+ examples read \(\d+%; every epoch reads them all\); first reasons:\n", summary
+    ), summary
+    assert (
+        "docs.jsonl:4: not JSON" in summary
+        and "docs.jsonl:8: a line of 1212 bytes, longer than max_line_bytes 1000" in summary
+    )
+    code, out, err = _main(monkeypatch, capsys, tmp_path / "strict", *small, "data.strict=true")
+    assert code == 2 and re.search(r"error: .*docs\.jsonl:[48]: .*data\.strict=true", err), err[-3000:]
+    assert "Traceback" not in err
+
+
+def test_mostly_bad_data_stops_the_run_with_exit_2(tmp_path, monkeypatch, capsys):
+    """4 of 6 examples bad: train.py stops with exit 2 naming the fraction, the counts and the first
+    reasons (data.max_skipped_fraction 0.5); at 1 it trains on the two good ones."""
+    data = _text_source(tmp_path / "docs.jsonl", {i: json.dumps({"txt": i}) for i in (0, 2, 3, 5)}, 6)
+    code, out, err = _main(monkeypatch, capsys, tmp_path / "run", *data)
+    assert code == 2 and "Traceback" not in err, err[-3000:]
+    assert re.search(
+        r"error: 4 of the \d+ examples epoch 0 read were skipped \(67%\), more than data.max_skipped_fraction 0.5; "
+        r"first reasons: .*docs\.jsonl:\d: unknown field 'text'",
+        err,
+    ), err[-3000:]

@@ -33,6 +33,22 @@ class StreamOptions:
     fps: float | None = None  # or frames per second
     weighting: str = "example"  # loss weight per example ("example") or per token ("token")
     holdout: int = 0  # the last this many examples of every source: never trained on, the validation loss's
+    strict: bool = False  # stop at a bad example (naming file, line and why) instead of skipping and counting it
+    # a longer line (bytes, its newline not counted) is skipped and counted without ever being read whole
+    # (read 1 MiB at a time), or stops the run under strict; 64 MiB by default
+    max_line_bytes: int = 64 * 2**20
+    # stop (train.py exits 2) when more than this fraction of the examples an epoch read were skipped;
+    # checked once an epoch has read 1000 examples (lwm.data.dataset.JUDGED_AFTER) and at the end of
+    # each epoch's pass (a smaller source: on all of it). 1: never stop
+    max_skipped_fraction: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.max_line_bytes < 1:
+            raise ValueError(f"data.max_line_bytes must be >= 1, got {self.max_line_bytes}")
+        if not 0 <= self.max_skipped_fraction <= 1:
+            raise ValueError(
+                f"data.max_skipped_fraction must lie in [0, 1] (1: never stop), got {self.max_skipped_fraction}"
+            )
 
 
 @dataclass
@@ -41,10 +57,10 @@ class DataConfig(StreamOptions):
 
     sources: list[Source] = field(default_factory=list)
     batch_size: int = 1  # sequences per data-parallel rank
-    strict: bool = False  # raise on a bad example instead of skipping it
     positions: str = "sequence"  # RoPE positions: "sequence" (0..S-1) or "document" (restart in each example)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.positions not in POSITIONS:
             raise ValueError(f"data.positions must be one of {POSITIONS}, got {self.positions!r}")
 
@@ -109,5 +125,5 @@ class ShardedBatches(IterableDataset):
     def __iter__(self) -> Iterator[dict]:
         for seqs, after in self.stream.batches(self.state):
             batch = shard_batch(to_tensors(seqs), self.sharding, self.position_mode)
-            batch["data_state"] = torch.tensor([after.epoch, after.batches])
+            batch["data_state"] = torch.tensor([after.epoch, after.batches, after.skipped, after.read])
             yield batch

@@ -5,7 +5,12 @@ them, and packs them. Global batch g is made of sequences [g*B*D, (g+1)*B*D) of 
 (B sequences per data-parallel rank, D ranks); data-parallel rank r takes its B of them, so ranks
 read different samples, and every rank of a context-parallel group (same r) reads the same ones.
 The state is (epoch, global batches done): resuming re-packs the epoch and skips what was done.
-Bad examples are skipped with a warning naming file and line, and counted; `strict` raises.
+Bad examples (a line that is not JSON, or longer than `max_line_bytes`, which is never read whole; an
+example that does not encode) are skipped with a warning naming file and line, and counted: `stats`,
+the first reasons in `errors`, and the stream state's totals (a run logs them as data/skipped);
+`strict` raises instead. Once an epoch has read JUDGED_AFTER examples, and again at the end of each
+epoch's pass (so a small source is judged on all of it), more than `max_skipped_fraction` of the
+examples read in that epoch skipped stops the stream (SkippedTooMany).
 With `holdout` H, the last H examples of every source are never trained on: they are packed once,
 in file order, for the validation loss (`validation_batches`).
 """
@@ -30,6 +35,14 @@ from lwm.io import JsonlError, LineIndex, read_lines
 
 log = logging.getLogger(__name__)
 
+JUDGED_AFTER = 1000  # examples an epoch has read when max_skipped_fraction is first checked (then at its end)
+REASONS = 100  # distinct reasons kept in `errors`
+
+
+class SkippedTooMany(ValueError):
+    """More than max_skipped_fraction of the examples an epoch read were skipped: the message has the
+    fraction, the counts and the first reasons."""
+
 
 @dataclass
 class Source:
@@ -43,9 +56,11 @@ class Source:
 class StreamState:
     epoch: int = 0
     batches: int = 0  # global batches done in this epoch
+    skipped: int = 0  # training examples skipped through the last of those batches, all epochs (a resume goes on)
+    read: int = 0  # training examples read (skipped ones included) through it, all epochs
 
     def as_dict(self) -> dict:
-        return {"epoch": self.epoch, "batches": self.batches}
+        return {"epoch": self.epoch, "batches": self.batches, "skipped": self.skipped, "read": self.read}
 
 
 class PackedStream:
@@ -65,6 +80,8 @@ class PackedStream:
         weighting: str = "example",
         strict: bool = False,
         holdout: int = 0,
+        max_line_bytes: int | None = None,
+        max_skipped_fraction: float | None = None,
     ):
         vocab.check_tokenizer(text_tokenizer)
         if not 0 <= dp_rank < dp_size:
@@ -75,6 +92,7 @@ class PackedStream:
         self.seq_len, self.batch_size, self.seed = seq_len, batch_size, seed
         self.dp_rank, self.dp_size = dp_rank, dp_size
         self.max_frames, self.fps, self.weighting, self.strict = max_frames, fps, weighting, strict
+        self.max_line_bytes, self.max_skipped_fraction = max_line_bytes, max_skipped_fraction
         if holdout < 0:
             raise ValueError(f"data.holdout must be >= 0, got {holdout}")
         self.lines, self.heldout = [], []
@@ -86,15 +104,17 @@ class PackedStream:
                 )
             self.lines.append(lines[: len(lines) - holdout])
             self.heldout.append(lines[len(lines) - holdout :])
-        self.stats: Counter = Counter()
-        self.errors: list[str] = []
+        self.stats: Counter = Counter()  # "skipped": training examples, every pass; "heldout_skipped"; the packers'
+        self.errors: list[str] = []  # the first REASONS distinct "file:line: why" of skipped examples
+        self.tally: Counter = Counter()  # the training pass under way: examples "read" and "skipped" so far
 
-    @staticmethod
-    def _read(source: Source) -> LineIndex:
+    def _read(self, source: Source) -> LineIndex:
         path = Path(source.path)
         if not path.is_file():
             raise FileNotFoundError(f"data source {path} does not exist")
-        return read_lines(path)  # byte offsets: parsed when an epoch reaches them; a partial last line is dropped
+        # byte offsets: parsed when an epoch reaches them; a partial last line is dropped; a line over
+        # max_line_bytes is indexed without being held, and skipped when an epoch reaches it
+        return read_lines(path, self.max_line_bytes)
 
     def _order(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         """(source, line index) of every example of one epoch, shuffled by (seed, epoch): two arrays, not
@@ -103,55 +123,83 @@ class PackedStream:
         perm = np.random.default_rng([self.seed, epoch]).permutation(len(src))
         return src[perm], idx[perm]
 
-    def _encoded(self, order: tuple[np.ndarray, np.ndarray], lines: list[LineIndex]) -> Iterator[tuple]:
+    def _encoded(
+        self, order: tuple[np.ndarray, np.ndarray], lines: list[LineIndex], epoch: int | None
+    ) -> Iterator[tuple]:
+        """(source, encoded example) of `order`, bad ones skipped; `epoch`: a training pass (counted in
+        `tally` and judged by max_skipped_fraction), None: the held-out examples."""
+        tally = Counter()
+        if epoch is not None:
+            self.tally = tally
         for s, i in zip(*(a.tolist() for a in order)):
-            line = lines[s][i]
-            where = f"{self.sources[s].path}:{line.number}"
-            try:
-                example = line.parse()
-                enc = encode_example(
-                    example,
-                    self.vocab,
-                    self.text_tokenizer,
-                    self.codes,
-                    self.sources[s].fields,
-                    self.max_frames,
-                    self.fps,
-                    self.seed,
-                    key=where,
-                )
-            except (ExampleError, JsonlError) as e:
-                why = e.reason if isinstance(e, JsonlError) else e  # a JsonlError names the place itself
-                if self.strict:
-                    raise ExampleError(f"{where}: {why}") from e
-                self.stats["skipped"] += 1
-                if len(self.errors) < 100:
-                    self.errors.append(f"{where}: {why}")
-                log.warning("skipping example %s: %s", where, why)
-                continue
-            yield s, enc
+            enc = self._encode(s, lines[s][i], epoch is not None)
+            tally["read"] += 1
+            tally["skipped"] += enc is None
+            if epoch is not None and tally["read"] == JUDGED_AFTER:
+                self._judge(tally, f"the first {JUDGED_AFTER} examples epoch {epoch} read")
+            if enc is not None:
+                yield s, enc
+        if epoch is not None:
+            self._judge(tally, f"the {tally['read']} examples epoch {epoch} read")
+
+    def _encode(self, s: int, line, training: bool):
+        """The encoded example of a line of source s, None when it is skipped (counted, its reason kept)."""
+        where = f"{self.sources[s].path}:{line.number}"
+        try:
+            return encode_example(
+                line.parse(),
+                self.vocab,
+                self.text_tokenizer,
+                self.codes,
+                self.sources[s].fields,
+                self.max_frames,
+                self.fps,
+                self.seed,
+                key=where,
+            )
+        except (ExampleError, JsonlError) as e:
+            why = e.reason if isinstance(e, JsonlError) else e  # a JsonlError names the place itself
+            if self.strict:
+                raise ExampleError(f"{where}: {why} (data.strict=true: a bad example stops the run)") from e
+            self.stats["skipped" if training else "heldout_skipped"] += 1
+            reason = f"{where}: {why}"
+            if len(self.errors) < REASONS and reason not in self.errors:  # each epoch meets them again
+                self.errors.append(reason)
+            log.warning("skipping example %s: %s", where, why)
+            return None
+
+    def _judge(self, tally: Counter, what: str) -> None:
+        """Stop (SkippedTooMany) when more than max_skipped_fraction of the examples read were skipped."""
+        limit = self.max_skipped_fraction
+        if limit is None or not tally["read"] or tally["skipped"] <= limit * tally["read"]:
+            return
+        raise SkippedTooMany(
+            f"{tally['skipped']} of {what} were skipped ({tally['skipped'] / tally['read']:.0%}), more than "
+            f"data.max_skipped_fraction {limit:g}; first reasons: {first_reasons(self.errors)}. Fix or remove "
+            "those examples, or raise data.max_skipped_fraction (1: never stop)"
+        )
 
     def sequences(self, epoch: int) -> Iterator[Packed]:
         """All packed sequences of an epoch (every rank computes the same stream)."""
-        yield from self._packed(self._order(epoch), self.lines)
+        yield from self._packed(self._order(epoch), self.lines, epoch)
 
     def validation_batches(self) -> list[list[Packed]]:
         """This rank's share of the held-out examples' sequences, as whole global batches (every
         rank gets the same number of batches; a last incomplete global batch is dropped)."""
         order = _items(self.heldout, [1] * len(self.heldout))  # in file order
-        seqs = list(self._packed(order, self.heldout, count=False))
+        seqs = list(self._packed(order, self.heldout, None))
         per_global, B = self.batch_size * self.dp_size, self.batch_size
         return [
             seqs[g * per_global + self.dp_rank * B : g * per_global + (self.dp_rank + 1) * B]
             for g in range(len(seqs) // per_global)
         ]
 
-    def _packed(self, order, lines, count: bool = True) -> Iterator[Packed]:
-        """Pack the examples `order` names; `count`: add the packers' counts to the training stats."""
+    def _packed(self, order, lines, epoch: int | None) -> Iterator[Packed]:
+        """Pack the examples `order` names; `epoch`: a training pass (counted in the stats), None: held out."""
         packers = {}  # one per overflow policy, so documents are windowed and examples not
 
         def pack_all():
-            for s, enc in self._encoded(order, lines):
+            for s, enc in self._encoded(order, lines, epoch):
                 policy = self.sources[s].overflow
                 packer = packers.setdefault(
                     policy, Packer(self.seq_len, policy, self.weighting, pad_id=self.vocab.pad_id)
@@ -161,14 +209,18 @@ class PackedStream:
                 yield from packer.flush()
 
         yield from pack_all()
-        if count:
+        if epoch is not None:
             for packer in packers.values():
                 self.stats.update(packer.stats)
 
     def batches(self, state: StreamState) -> Iterator[tuple[list[Packed], StreamState]]:
         """This rank's batches from `state` on, forever (epoch after epoch), each with the state
-        after it."""
+        after it. The state's skipped and read count the whole stream through its batch (the same on
+        every rank, each of which reads every example): the epochs before plus the pass so far. On a
+        resume the epoch is read again up to `state`, which gives the same pass counts, and so the
+        epochs before."""
         epoch, done = state.epoch, state.batches
+        before = Counter({"skipped": state.skipped, "read": state.read} if done == 0 else {})
         per_global = self.batch_size * self.dp_size
         while True:
             produced = 0
@@ -176,17 +228,21 @@ class PackedStream:
             for n, seq in enumerate(self.sequences(epoch)):
                 g, k = divmod(n, per_global)
                 if g < done:
+                    if g == done - 1 and k == per_global - 1:  # the batch `state` ends with: so the epochs before
+                        before = Counter({c: max(0, getattr(state, c) - self.tally[c]) for c in ("skipped", "read")})
                     continue
                 if self.dp_rank * self.batch_size <= k < (self.dp_rank + 1) * self.batch_size:
                     buf.append(seq)
                 if k == per_global - 1:  # global batch g complete
-                    yield buf, StreamState(epoch, g + 1)
+                    total = before + self.tally
+                    yield buf, StreamState(epoch, g + 1, total["skipped"], total["read"])
                     buf, produced = [], produced + 1
             if produced == 0 and done == 0:
                 raise ValueError(
                     f"an epoch yields fewer than one global batch ({per_global} sequences of {self.seq_len + 1} tokens)"
                 )
             epoch, done = epoch + 1, 0  # an incomplete last global batch is dropped on every rank
+            before = before + self.tally  # the whole pass, the dropped batch's examples included
 
 
 def _items(lines: list[LineIndex], repeats: list[int]) -> tuple[np.ndarray, np.ndarray]:
@@ -196,6 +252,12 @@ def _items(lines: list[LineIndex], repeats: list[int]) -> tuple[np.ndarray, np.n
     idx = np.concatenate([np.arange(n) for n in counts]) if counts else np.zeros(0, np.int64)
     times = np.repeat(np.asarray(repeats, np.int64), counts)
     return np.repeat(src, times), np.repeat(idx, times)
+
+
+def first_reasons(errors: list[str], n: int = 3) -> str:
+    """The first `n` reasons of `errors`, and how many more there are."""
+    more = f" (and {len(errors) - n} more)" if len(errors) > n else ""
+    return "; ".join(errors[:n]) + more if errors else "none recorded"
 
 
 def to_tensors(batch: list[Packed]) -> dict[str, torch.Tensor]:

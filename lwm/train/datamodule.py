@@ -1,6 +1,7 @@
 """The Lightning datamodule: the packed stream of lwm.data, sharded for this rank, as loaders.
 
-The datamodule's state (epoch, global batches consumed) goes into checkpoints: it is updated when
+The datamodule's state (epoch, global batches consumed, and the stream's counts of examples read and
+skipped, which data/skipped logs) goes into checkpoints: it is updated when
 the training loop takes a batch (on_before_batch_transfer), not when the loader prefetches one, so
 a resumed run continues with the very next batch.
 """
@@ -73,15 +74,15 @@ class LWMDataModule(L.LightningDataModule):
             weighting=c.weighting,
             strict=c.strict,
             holdout=c.holdout,
+            max_line_bytes=c.max_line_bytes,
+            max_skipped_fraction=c.max_skipped_fraction,
         )
 
     def train_dataloader(self) -> DataLoader:
         self.setup()
         # batch_size=None: the stream already yields whole batches; one process keeps the state exact
         return DataLoader(
-            ShardedBatches(
-                self.stream, StreamState(self.state.epoch, self.state.batches), self.sharding, self.config.positions
-            ),
+            ShardedBatches(self.stream, StreamState(**self.state.as_dict()), self.sharding, self.config.positions),
             batch_size=None,
         )
 
@@ -100,8 +101,7 @@ class LWMDataModule(L.LightningDataModule):
 
     def on_before_batch_transfer(self, batch, dataloader_idx: int = 0):
         if "data_state" in batch:  # a training batch (validation batches carry no stream state)
-            epoch, done = batch.pop("data_state").tolist()
-            self.state = StreamState(epoch, done)  # the loop has taken this batch
+            self.state = StreamState(*batch.pop("data_state").tolist())  # the loop has taken this batch
         return batch
 
     def transfer_batch_to_device(self, batch, device, dataloader_idx: int):
@@ -112,4 +112,5 @@ class LWMDataModule(L.LightningDataModule):
         return self.state.as_dict()
 
     def load_state_dict(self, state: dict) -> None:
-        self.state = StreamState(int(state["epoch"]), int(state["batches"]))
+        # skipped and read: the whole stream's counts (0 from a checkpoint written before they were kept)
+        self.state = StreamState(*(int(state.get(k, 0)) for k in ("epoch", "batches", "skipped", "read")))

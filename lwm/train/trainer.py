@@ -18,6 +18,7 @@ from lwm.train.config import RunConfig, StageConfig, TrainerConfig, stage_dims
 from lwm.train.module import LWMModule
 from lwm.train.probe import AnswerProbe
 from lwm.train.requeue import StopOnSignal
+from lwm.train.skipped import SkippedExamples
 
 
 def strategy(dims: ParallelDims, trainer_cfg: TrainerConfig):
@@ -60,6 +61,7 @@ def build_trainer(
             Throughput(module.model_config, stage.seq_len, global_batch, cfg.trainer.peak_tflops),
             PeakMemory(),
             StopOnSignal(),
+            SkippedExamples(out),
         ]
         + ([AnswerProbe(cfg.probe, out, stage.name, stage.steps)] if cfg.probe.path else []),
         num_sanity_val_steps=0,
