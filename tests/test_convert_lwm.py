@@ -397,6 +397,29 @@ def test_bad_inputs_fail_before_work(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+def test_an_out_with_other_files_is_refused_and_a_rerun_replaces_its_own(tmp_path, capsys):
+    """lwm-convert-lwm writes beside --out and moves in only what it made: a folder holding files named like
+    another model's shards is refused before the conversion (they were deleted before); its own earlier
+    conversion is replaced."""
+    import json
+
+    from lwm.interop.convert_lwm import main
+
+    params = write_lwm(tmp_path / "params", random_params(CFG, vision=False))
+    (tmp_path / "cfg.json").write_text(json.dumps(CFG))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "model-00001-of-00003.safetensors").write_bytes(b"someone's")
+    argv = ["--checkpoint", f"params::{params}", "--config", str(tmp_path / "cfg.json"), "--out", str(out)]
+    assert main(argv) == 2
+    assert "holds files an export did not make (model-00001-of-00003.safetensors)" in capsys.readouterr().err
+    assert [p.name for p in out.iterdir()] == ["model-00001-of-00003.safetensors"]
+    assert (out / "model-00001-of-00003.safetensors").read_bytes() == b"someone's"
+    (out / "model-00001-of-00003.safetensors").unlink()
+    assert main(argv) == 0 and main(argv) == 0  # the second replaces the first's files
+    assert (out / "lwm_files.json").is_file() and not list(tmp_path.glob(".out.*"))
+
+
 def test_lwm_presets_are_lwms_shapes():
     seven = load_lwm_config("7b")
     assert (seven.hidden_size, seven.intermediate_size, seven.num_hidden_layers, seven.num_attention_heads) == (

@@ -28,6 +28,7 @@ from lwm.interop.hf import to_hf
 from lwm.interop.lwm_jax import convert_params
 from lwm.interop.lwm_params import load_lwm_config, parse_load_string, read_params
 from lwm.interop.lwm_vqgan import from_lwm_vqgan
+from lwm.io import check_output_folder, staged_folder
 from lwm.model import Transformer
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
@@ -41,6 +42,7 @@ def convert_lwm(
     `tokenizer`: LLaMA's sentencepiece model. dtype: None keeps the checkpoint's (bf16 as released)."""
     cfg = dataclasses.replace(load_lwm_config(config), **overrides)
     _, path = parse_load_string(checkpoint)  # a bad path fails before anything is read
+    check_output_folder(out_dir)  # another's files there, or a link to another folder: refused before the long part
     if tokenizer is not None:
         text = TextTokenizer(tokenizer).vocab_size
         if text != cfg.vocab_size:
@@ -61,9 +63,13 @@ def convert_lwm(
     generation = {}
     if vision:  # LWM samples text from the text head alone
         generation["suppress_tokens"] = list(range(cfg.vocab_size, model_config.vocab_size))
-    # 1 GB shards: writing a shard holds a serialized copy of it in memory (safetensors)
-    to_hf(model, out_dir, tokenizer_model=tokenizer, prompt="lwm", generation=generation, max_shard_size="1GB")
-    write_bundle_info(out_dir, "lwm", vq_model, source=str(checkpoint), lwm_config=dataclasses.asdict(cfg), notes=notes)
+    # written beside out_dir and moved in whole: an earlier conversion's files are replaced, nobody else's
+    with staged_folder(out_dir, "lwm-convert-lwm") as stage:
+        # 1 GB shards: writing a shard holds a serialized copy of it in memory (safetensors)
+        to_hf(model, stage, tokenizer_model=tokenizer, prompt="lwm", generation=generation, max_shard_size="1GB")
+        write_bundle_info(
+            stage, "lwm", vq_model, source=str(checkpoint), lwm_config=dataclasses.asdict(cfg), notes=notes
+        )
     for note in notes:
         print(f"note: {note}")
     return out_dir
