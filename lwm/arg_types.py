@@ -20,25 +20,24 @@ def positive_int(text: str) -> int:
     return value
 
 
-def positive_float(text: str) -> float:
+def _finite(text: str, ok, expected: str) -> float:
+    """A finite number that `ok` accepts (nan and inf refused)."""
     try:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not 0 < value < math.inf:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    if not (math.isfinite(value) and ok(value)):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
     return value
+
+
+def positive_float(text: str) -> float:
+    return _finite(text, lambda v: v > 0, "a positive number")
 
 
 def non_negative_float(text: str) -> float:
-    """A finite number >= 0 (nan and inf refused): a sampling temperature, 0 for greedy."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 <= value < math.inf:
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
-    return value
+    """A sampling temperature: 0 for greedy."""
+    return _finite(text, lambda v: v >= 0, "a finite number >= 0")
 
 
 SEED_RANGE = (-(1 << 63), 1 << 64)  # what torch.Generator.manual_seed takes
@@ -56,13 +55,7 @@ def seed_value(text: str) -> int:
 
 
 def seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 <= value < math.inf:
-        raise argparse.ArgumentTypeError(f"expected a time in seconds >= 0, got {text!r}")
-    return value
+    return _finite(text, lambda v: v >= 0, "a time in seconds >= 0")
 
 
 def csv_list(text: str) -> list[str]:

@@ -5,11 +5,8 @@ train.py's main runs in this process."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-
 from omegaconf import OmegaConf
-from train_runs import DEBUG, ROOT
+from train_runs import main_in_process
 
 from lwm.train.run_folder import clear, differences
 
@@ -17,17 +14,8 @@ SHORT = ["stage_only=a", "schedule.stages.0.steps=4"]
 
 
 def main(monkeypatch, capsys, out, *overrides) -> tuple[int, str]:
-    """train.py's main as `python train.py` runs it: its exit status and its output."""
-    monkeypatch.chdir(ROOT)
-    monkeypatch.setattr(sys, "argv", ["train.py", f"trainer.out_dir={out}", *DEBUG, *overrides])
-    spec = importlib.util.spec_from_file_location("__main__", ROOT / "train.py")
-    try:
-        spec.loader.exec_module(importlib.util.module_from_spec(spec))
-        code = 0
-    except SystemExit as e:
-        code = e.code
-    got = capsys.readouterr()
-    return code, got.out + got.err
+    code, stdout, stderr = main_in_process(monkeypatch, capsys, out, *overrides)
+    return code, stdout + stderr
 
 
 def test_another_run_is_refused_and_a_finished_one_kept(tmp_path, monkeypatch, capsys):

@@ -16,7 +16,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
-from train_runs import DEBUG, ROOT, STOPPED, losses, train
+from train_runs import DEBUG, ROOT, STOPPED, losses, main_in_process, train
 
 from lwm.checkpoint_io import load_verified
 from lwm.train.config import validate
@@ -362,14 +362,9 @@ def test_a_kill_inside_a_checkpoint_write_loses_nothing(tmpfs, reference):
 
 
 def _main_exit(monkeypatch, capsys, out, *overrides) -> tuple[int, str]:
-    import importlib.util
-
-    monkeypatch.chdir(ROOT)
-    monkeypatch.setattr(sys, "argv", ["train.py", f"trainer.out_dir={out}", *DEBUG, *overrides])
-    spec = importlib.util.spec_from_file_location("__main__", ROOT / "train.py")
-    with pytest.raises(SystemExit) as exit_:
-        spec.loader.exec_module(importlib.util.module_from_spec(spec))
-    return exit_.value.code, capsys.readouterr().err
+    """(exit status, stderr) of train.py's main in this process."""
+    code, _, err = main_in_process(monkeypatch, capsys, out, *overrides)
+    return code, err
 
 
 def test_preflight_stops_a_stage_that_will_not_fit(tmp_path, monkeypatch, capsys, caplog):
@@ -500,22 +495,6 @@ def test_a_disk_that_fills_during_a_checkpoint_exits_3_naming_it(small_tmpfs, mo
     assert load_verified(last)["global_step"] == 2
 
 
-def _main(monkeypatch, capsys, out, *overrides) -> tuple[int, str, str]:
-    """train.py's main in this process, finished or not: (exit status, stdout, stderr)."""
-    import importlib.util
-
-    monkeypatch.chdir(ROOT)
-    monkeypatch.setattr(sys, "argv", ["train.py", f"trainer.out_dir={out}", *DEBUG, *overrides])
-    spec = importlib.util.spec_from_file_location("__main__", ROOT / "train.py")
-    try:
-        spec.loader.exec_module(importlib.util.module_from_spec(spec))
-        code = 0
-    except SystemExit as e:
-        code = e.code
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
 def _text_source(path, bad: dict[int, str], n: int) -> list[str]:
     """n text examples, those of `bad` (index -> line) replaced; the overrides that train on them."""
     lines = [
@@ -533,7 +512,7 @@ def test_skipped_examples_reach_the_metrics_and_the_summary(tmp_path, monkeypatc
     first bad line stops it with exit 2."""
     data = _text_source(tmp_path / "docs.jsonl", {3: "{oops", 7: json.dumps({"text": "x " * 600})}, 20)
     small = [*data, "data.max_line_bytes=1000", "schedule.stages.0.steps=3"]
-    code, out, err = _main(monkeypatch, capsys, tmp_path / "run", *small)
+    code, out, err = main_in_process(monkeypatch, capsys, tmp_path / "run", *small)
     assert code == 0, err[-3000:]
     rows = list(csv.DictReader(open(tmp_path / "run" / "a" / "logs" / "metrics.csv")))
     skipped = [float(r["data/skipped"]) for r in rows if r.get("data/skipped")]
@@ -546,7 +525,7 @@ def test_skipped_examples_reach_the_metrics_and_the_summary(tmp_path, monkeypatc
         "docs.jsonl:4: not JSON" in summary
         and "docs.jsonl:8: a line of 1212 bytes, longer than max_line_bytes 1000" in summary
     )
-    code, out, err = _main(monkeypatch, capsys, tmp_path / "strict", *small, "data.strict=true")
+    code, out, err = main_in_process(monkeypatch, capsys, tmp_path / "strict", *small, "data.strict=true")
     assert code == 2 and re.search(r"error: .*docs\.jsonl:[48]: .*data\.strict=true", err), err[-3000:]
     assert "Traceback" not in err
 
@@ -555,7 +534,7 @@ def test_mostly_bad_data_stops_the_run_with_exit_2(tmp_path, monkeypatch, capsys
     """4 of 6 examples bad: train.py stops with exit 2 naming the fraction, the counts and the first
     reasons (data.max_skipped_fraction 0.5); at 1 it trains on the two good ones."""
     data = _text_source(tmp_path / "docs.jsonl", {i: json.dumps({"txt": i}) for i in (0, 2, 3, 5)}, 6)
-    code, out, err = _main(monkeypatch, capsys, tmp_path / "run", *data)
+    code, out, err = main_in_process(monkeypatch, capsys, tmp_path / "run", *data)
     assert code == 2 and "Traceback" not in err, err[-3000:]
     assert re.search(
         r"error: 4 of the \d+ examples epoch 0 read were skipped \(67%\), more than data.max_skipped_fraction 0.5; "

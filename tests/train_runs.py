@@ -32,3 +32,20 @@ def train(
 def losses(out: Path, stage: str = "a") -> dict[int, float]:
     rows = csv.DictReader(open(out / stage / "logs" / "metrics.csv"))
     return {int(r["step"]): float(r["train/loss"]) for r in rows if r.get("train/loss")}
+
+
+def main_in_process(monkeypatch, capsys, out: Path, *overrides: str) -> tuple[int, str, str]:
+    """train.py's main in this process, as `python train.py` runs it (minus the start-up), finished or not:
+    (exit status, stdout, stderr)."""
+    import importlib.util
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(sys, "argv", ["train.py", f"trainer.out_dir={out}", *DEBUG, *overrides])
+    spec = importlib.util.spec_from_file_location("__main__", ROOT / "train.py")  # run as a script: conf/ beside it
+    try:
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
