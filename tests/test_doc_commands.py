@@ -1,6 +1,6 @@
 """The commands the README, docs and configs show name modules and files that exist: every
 `python -m MODULE` is importable (found, not run), every `python FILE.py` is in the checkout, and
-every import in the README's Python examples works."""
+every import in the Python examples of the README and docs/ works."""
 
 from __future__ import annotations
 
@@ -48,10 +48,11 @@ def test_a_moved_module_would_be_caught(tmp_path, monkeypatch):
     assert not (ROOT / "eval/needle.py").is_file() and "eval/needle.py" in scripts
 
 
-def test_readme_examples_import_what_exists():
-    """Each import line of the README's ```python blocks runs (the rest of an example needs weights
-    and data; the names it takes from the package must at least be there)."""
-    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+def test_doc_examples_import_what_exists():
+    """Each import line of the ```python blocks of the README and docs/ runs (the rest of an example
+    needs weights and data; the names it takes from the package must at least be there)."""
+    markdown = [d for d in DOCS if d.suffix == ".md"]
+    blocks = [b for d in markdown for b in re.findall(r"```python\n(.*?)```", d.read_text(), re.S)]
     lines = [line for b in blocks for line in b.splitlines() if re.match(r"(from lwm[\w.]* import |import lwm)", line)]
     assert len(lines) >= 8
     failed = {}
@@ -60,4 +61,4 @@ def test_readme_examples_import_what_exists():
             exec(line, {})
         except ImportError as e:
             failed[line] = str(e)
-    assert not failed, f"README imports that fail: {failed}"
+    assert not failed, f"imports in the docs that fail: {failed}"
