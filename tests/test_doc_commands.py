@@ -62,3 +62,24 @@ def test_doc_examples_import_what_exists():
         except ImportError as e:
             failed[line] = str(e)
     assert not failed, f"imports in the docs that fail: {failed}"
+
+
+def test_lwm_commands_are_the_packages_scripts():
+    """A command line of the docs that starts with lwm-NAME (```bash blocks and indented code) names a
+    script that pip install makes ([project.scripts] in pyproject.toml)."""
+    import tomllib
+
+    scripts = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"])
+    used: dict[str, set[str]] = {}
+    for doc in [d for d in DOCS if d.suffix == ".md"]:
+        text = doc.read_text()
+        code = (
+            "\n".join(re.findall(r"```bash\n(.*?)```", text, re.S))
+            + "\n"
+            + "\n".join(re.findall(r"(?m)^    (.*)$", text))
+        )
+        for name in re.findall(r"(?m)^\s*(?:torchrun\b.*?-m \S+ )?(lwm-[a-z][\w-]*)\b", code):
+            used.setdefault(name, set()).add(doc.name)
+    assert {"lwm-tokenize", "lwm-generate", "lwm-plan", "lwm-convert-lwm"} <= set(used)
+    unknown = {n: sorted(d) for n, d in used.items() if n not in scripts}
+    assert not unknown, f"commands the docs run that pip install does not make: {unknown}"
