@@ -2,7 +2,7 @@
 
 With no arguments: the debug model learns LWM's needle on the bundled sample data through the quick
 progressive schedule on CPU (128 -> 512 -> 2K tokens), then the needle grid is printed. See conf/
-for the groups (model, data, parallel, schedule, trainer, optim, experiment) and the README for
+for the groups (model, data, parallel, schedule, trainer, optim, experiment) and docs/clusters.md for
 multi-GPU, torchrun and SLURM launches.
 """
 # ruff: noqa: E402 (the stopping signals are held back before the imports, which take seconds)

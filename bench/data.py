@@ -112,7 +112,7 @@ def main():
         f"question-answer examples over them, {args.docs} text documents of 40K words (windowed); one packed sequence "
         f"of {args.seq_len} tokens per batch, one data-loading process. Target: faster than a 7B step on 32K tokens "
         f"consumes batches on a GPU (estimated here at {args.gpu_step_s:.0f} s per step, i.e. {1 / args.gpu_step_s:.2f} batches/s; "
-        "not measured: no GPU in this session).",
+        "an estimate, not measured on a GPU).",
         "",
         "| rank | batches/s | tokens/s | first batch (s) | margin over the GPU step |",
         "| --- | ---: | ---: | ---: | ---: |",

@@ -1,5 +1,6 @@
-"""The README's launch commands, as the tests run them: a line of a ```bash block that starts with
-a given prefix, split as the shell would (without its trailing comment)."""
+"""The launch commands the docs show, as the tests run them: a line of a ```bash block of README.md or
+docs/clusters.md (where the cluster commands live) that starts with a given prefix, split as the
+shell would (without its trailing comment)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,13 @@ import re
 import shlex
 from pathlib import Path
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = [ROOT / "README.md", ROOT / "docs" / "clusters.md"]
 
 
 def readme_command(prefix: str) -> list[str]:
-    blocks = re.findall(r"```bash\n(.*?)```", README.read_text(), re.S)
+    blocks = [b for doc in DOCS for b in re.findall(r"```bash\n(.*?)```", doc.read_text(), re.S)]
     lines = [line for block in blocks for line in block.splitlines() if line.startswith(prefix)]
-    assert len(lines) == 1, f"README.md should have one ```bash line starting {prefix!r}, has {lines}"
+    names = " and ".join(str(d.relative_to(ROOT)) for d in DOCS)
+    assert len(lines) == 1, f"{names} should have one ```bash line starting {prefix!r}, have {lines}"
     return shlex.split(lines[0], comments=True)

@@ -1,6 +1,6 @@
 """The commands the README, docs and configs show name modules and files that exist: every
 `python -m MODULE` is importable (found, not run), every `python FILE.py` is in the checkout, and
-every import in the README's Python examples works."""
+every import in the Python examples of the README and docs/ works."""
 
 from __future__ import annotations
 
@@ -48,10 +48,11 @@ def test_a_moved_module_would_be_caught(tmp_path, monkeypatch):
     assert not (ROOT / "eval/needle.py").is_file() and "eval/needle.py" in scripts
 
 
-def test_readme_examples_import_what_exists():
-    """Each import line of the README's ```python blocks runs (the rest of an example needs weights
-    and data; the names it takes from the package must at least be there)."""
-    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+def test_doc_examples_import_what_exists():
+    """Each import line of the ```python blocks of the README and docs/ runs (the rest of an example
+    needs weights and data; the names it takes from the package must at least be there)."""
+    markdown = [d for d in DOCS if d.suffix == ".md"]
+    blocks = [b for d in markdown for b in re.findall(r"```python\n(.*?)```", d.read_text(), re.S)]
     lines = [line for b in blocks for line in b.splitlines() if re.match(r"(from lwm[\w.]* import |import lwm)", line)]
     assert len(lines) >= 8
     failed = {}
@@ -60,4 +61,25 @@ def test_readme_examples_import_what_exists():
             exec(line, {})
         except ImportError as e:
             failed[line] = str(e)
-    assert not failed, f"README imports that fail: {failed}"
+    assert not failed, f"imports in the docs that fail: {failed}"
+
+
+def test_lwm_commands_are_the_packages_scripts():
+    """A command line of the docs that starts with lwm-NAME (```bash blocks and indented code) names a
+    script that pip install makes ([project.scripts] in pyproject.toml)."""
+    import tomllib
+
+    scripts = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"])
+    used: dict[str, set[str]] = {}
+    for doc in [d for d in DOCS if d.suffix == ".md"]:
+        text = doc.read_text()
+        code = (
+            "\n".join(re.findall(r"```bash\n(.*?)```", text, re.S))
+            + "\n"
+            + "\n".join(re.findall(r"(?m)^    (.*)$", text))
+        )
+        for name in re.findall(r"(?m)^\s*(?:torchrun\b.*?-m \S+ )?(lwm-[a-z][\w-]*)\b", code):
+            used.setdefault(name, set()).add(doc.name)
+    assert {"lwm-tokenize", "lwm-generate", "lwm-plan", "lwm-convert-lwm"} <= set(used)
+    unknown = {n: sorted(d) for n, d in used.items() if n not in scripts}
+    assert not unknown, f"commands the docs run that pip install does not make: {unknown}"

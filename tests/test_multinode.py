@@ -1,5 +1,5 @@
 """Multi-node launch through torchrun: two agents with one process each meet at a c10d rendezvous on
-localhost, as two nodes would, and run the README's command; they agree on node ranks, world size
+localhost, as two nodes would, and run docs/clusters.md's command; they agree on node ranks, world size
 and one run folder, read the data shards of their own dp rank, and log the same losses as a
 one-node run of world size 2 (rtol 1e-6)."""
 
@@ -25,7 +25,7 @@ def free_port() -> int:
 
 
 def two_node_command(out: str) -> list[str]:
-    """The README's line, on a free port, with the test's folder and small run."""
+    """docs/clusters.md's line, on a free port, with the test's folder and small run."""
     cmd = readme_command("torchrun --nnodes 2")
     cmd = [a.replace("localhost:29400", f"localhost:{free_port()}") for a in cmd]
     assert cmd[0] == "torchrun" and cmd[cmd.index("--nproc-per-node") + 1] == "1", cmd

@@ -1,5 +1,5 @@
 """train.py under a real SLURM: scripts/slurm/local-cluster.sh starts a one-machine cluster once per
-test run (skipped, saying why, only where it cannot: not root, no package source), and the README's
+test run (skipped, saying why, only where it cannot: not root, no package source), and docs/clusters.md's
 sbatch line runs 2 tasks of the debug model with cp 2. Stopped at a random step by SIGUSR1 (what
 SLURM sends before the time limit) or SIGTERM (a preemption, `scontrol requeue`), the job saves the
 step it stopped at, is requeued (by itself on SIGUSR1) and resumes by itself from that save; killed
@@ -46,7 +46,7 @@ def cluster():
 
 
 def submit(runs: Path, *overrides: str) -> tuple[str, Path]:
-    """The README's sbatch line with the test's run folder, log and schedule; (job id, log)."""
+    """docs/clusters.md's sbatch line with the test's run folder, log and schedule; (job id, log)."""
     cmd = readme_command("sbatch scripts/slurm/train-cpu.sbatch")
     env = {
         **os.environ,

@@ -2,7 +2,7 @@
 
 The loss is sum_t coeff[t] * CE(hidden[t] @ W^T, target[t]). The coefficients carry the averaging:
 `token_coefficients` turns a loss mask and a vision mask into per-token weights so that text and
-vision positions are averaged separately and combined with their weights (README: The model). Because
+vision positions are averaged separately and combined with their weights (docs/training.md: The model in Python). Because
 the coefficients are computed before the loss, a context-parallel rank can use global counts and
 the global loss is the sum of the ranks' losses.
 

@@ -14,7 +14,7 @@ three other colors:
 A nearest-centroid probe on the codes tells the cards' colors and "no card" apart on held-out
 frames (`python -m lwm.synth.make_vniah --probe`: 99.1%), so both answers are readable from the codes;
 what the model has to learn is finding the first and the last card among up to four. (Counting the
-cards was tried too and not learned by the debug model in the demo's budget: README "Video demo".)
+cards was tried too and not learned by the debug model in the demo's budget: docs/demos.md "Video demo".)
 
 Writes OUT/codes (or --codes; tokens/<id>.npy and manifest.*.jsonl, as lwm-tokenize writes them),
 OUT/train.jsonl (every question twice, as the sample QA: the bare question answered with the

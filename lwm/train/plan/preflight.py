@@ -101,7 +101,7 @@ class WillNotFit(RuntimeError):
         self.plan = plan
         super().__init__(
             f"preflight: {plan.summary()}: it will not fit. {plan.why[0].upper() + plan.why[1:]}. "
-            f"Plan it with lwm-plan (docs/plan.md); trainer.preflight=false skips this check."
+            f"Plan it with lwm-plan (docs/planning.md); trainer.preflight=false skips this check."
         )
 
 
