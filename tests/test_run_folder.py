@@ -94,3 +94,36 @@ def test_clear_removes_only_the_run_files(tmp_path):
     removed = clear(tmp_path, ["a"])
     assert sorted(p.name for p in removed) == ["a", "b", "config.yaml", "hf", "needle"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]
+
+
+def test_a_kill_right_after_a_checkpoint_keeps_that_steps_metrics_row(tmp_path, monkeypatch, capsys):
+    """Lightning writes a step's metrics row after the step's checkpoint: a run that dies between the two
+    (here: right after the periodic checkpoint of step 4, before row 3 is written) resumes with every row."""
+    import csv
+
+    import lightning.pytorch as pl
+
+    class Killed(Exception):
+        pass
+
+    save = pl.Trainer.save_checkpoint
+
+    def save_then_die(self, *args, **kwargs):
+        save(self, *args, **kwargs)
+        if self.global_step == 4:
+            raise Killed
+
+    def rows() -> list[int]:
+        return [
+            int(r["step"]) for r in csv.DictReader(open(tmp_path / "a" / "logs" / "metrics.csv")) if r.get("train/loss")
+        ]
+
+    run = ["stage_only=a", "schedule.stages.0.steps=6", "trainer.log_every=1", "trainer.checkpoint_every=4"]
+    with monkeypatch.context() as patch:
+        patch.setattr(pl.Trainer, "save_checkpoint", save_then_die)
+        code, text = main(patch, capsys, tmp_path, *run)  # Hydra reports the exception, status 1
+    assert code == 1 and "Killed" in text, text[-3000:]
+    assert rows() == [0, 1, 2]  # the checkpoint of step 4 is whole, the row of its last batch not written
+    code, text = main(monkeypatch, capsys, tmp_path, *run)
+    assert code == 0 and "(resuming from" in text, text[-3000:]
+    assert rows() == [0, 1, 2, 3, 4, 5]

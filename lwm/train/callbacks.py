@@ -120,10 +120,56 @@ KEPT_METRICS = "metrics.kept.csv"  # a resumed stage's rows until it finishes
 
 class MetricHistory(L.Callback):
     """Puts a stopped stage's metric rows back into its CSV log on resume (Lightning's CSV logger
-    starts the file anew). Rows from steps after the checkpoint are dropped: they are run again."""
+    starts the file anew). Rows from steps after the checkpoint are dropped: they are run again.
+
+    A checkpoint written at a step's end comes before that step's row: Lightning logs it once the
+    batch's hooks (the checkpoint's among them) are done, so a kill between the two would lose the row.
+    The checkpoint carries the row it is about to be followed by (this callback's state), and a resume
+    puts it back with the others."""
 
     def __init__(self, rows: list[dict[str, str]]):
         self.rows = rows
+        self._trainer = None
+        self._in_batch_end = False  # between this step's on_train_batch_end and the next batch
+
+    def setup(self, trainer, pl_module, stage=None) -> None:
+        self._trainer = trainer
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._in_batch_end = False
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self._in_batch_end = True  # checkpoint callbacks run after the others: a save now precedes the row
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._in_batch_end = False  # the stop's checkpoint comes after every row
+
+    def pending_row(self) -> dict[str, str] | None:
+        """The row Lightning logs after the hooks of the step that just ended, if it logs one (its
+        logger connector has no public API for it)."""
+        trainer = self._trainer
+        if trainer is None or not self._in_batch_end:
+            return None
+        connector = trainer._logger_connector
+        if not connector.should_update_logs:
+            return None
+        values = {k: float(v) for k, v in connector.metrics["log"].items()}
+        if not values:
+            return None
+        step = trainer.fit_loop.epoch_loop._batches_that_stepped  # the step Lightning will log the row at
+        return {"step": str(step), "epoch": str(trainer.current_epoch), **{k: repr(v) for k, v in values.items()}}
+
+    def state_dict(self) -> dict:
+        row = self.pending_row()
+        return {"pending_row": row} if row else {}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        row = state_dict.get("pending_row")
+        if not isinstance(row, dict) or not all(isinstance(v, str) and _is_number(v) for v in row.values()):
+            return
+        keys = {(r["step"], *sorted(k for k, v in r.items() if v != "")) for r in self.rows}
+        if (row["step"], *sorted(row)) not in keys:  # metrics.csv has it when the run lived to write it
+            self.rows = sorted([*self.rows, row], key=lambda r: int(r["step"]))
 
     @staticmethod
     def read(path) -> list[dict[str, str]]:
