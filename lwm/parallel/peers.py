@@ -21,9 +21,10 @@ _peers: dict[int, dict] = {}  # rank -> {"pid", "host"}, this process's view aft
 _KEY = "lwm/peer/{}"
 
 
-def register(timeout_s: float = 60.0) -> None:
-    """Post this rank's pid and host, and read every rank's (all ranks call it once the default group is
-    up). Backends without a real store (the planner's fake group) are skipped."""
+def register(timeout_s: float = 600.0) -> None:
+    """Post this rank's pid and host, and read every rank's, waiting up to timeout_s for the last one (all
+    ranks call it once the default group is up). Backends without a real store (the planner's fake group)
+    are skipped."""
     if not dist.is_available() or not dist.is_initialized() or dist.get_backend() not in ("gloo", "nccl"):
         return
     store = dist.distributed_c10d._get_default_store()
