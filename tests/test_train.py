@@ -541,3 +541,12 @@ def test_mostly_bad_data_stops_the_run_with_exit_2(tmp_path, monkeypatch, capsys
         r"first reasons: .*docs\.jsonl:\d: unknown field 'text'",
         err,
     ), err[-3000:]
+
+
+def test_too_little_data_for_one_batch_exits_2_naming_the_sources(tmp_path, monkeypatch, capsys):
+    """One short example cannot fill stage a's global batch of 2 sequences: exit 2 naming the source, no
+    traceback (it was a bare ValueError, exit 1)."""
+    data = _text_source(tmp_path / "docs.jsonl", {}, 1)
+    code, out, err = main_in_process(monkeypatch, capsys, tmp_path / "run", *data)
+    assert code == 2 and "Traceback" not in err, err[-3000:]
+    assert f"error: the sources ({tmp_path / 'docs.jsonl'}) yield fewer than one global batch" in err, err[-3000:]

@@ -3,7 +3,7 @@ rank (no Lightning here: the datamodule that serves them is lwm.train.datamodule
 
 from lwm.data.batches import DataConfig, ShardedBatches, Sharding, shard_batch
 from lwm.data.codes import CodeStore
-from lwm.data.dataset import PackedStream, SkippedTooMany, Source, StreamState, to_tensors
+from lwm.data.dataset import PackedStream, SkippedTooMany, Source, StreamState, TooLittleData, to_tensors
 from lwm.data.example import Encoded, ExampleError, encode_example, parse_fields
 from lwm.data.packing import Packed, Packer
 from lwm.data.text_tokenizer import TextTokenizer
@@ -21,6 +21,7 @@ __all__ = [
     "ShardedBatches",
     "Sharding",
     "SkippedTooMany",
+    "TooLittleData",
     "Source",
     "StreamState",
     "TextTokenizer",

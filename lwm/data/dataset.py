@@ -44,6 +44,10 @@ class SkippedTooMany(ValueError):
     fraction, the counts and the first reasons."""
 
 
+class TooLittleData(ValueError):
+    """A whole epoch of the sources does not fill one global batch: the message names the sources."""
+
+
 @dataclass
 class Source:
     path: str
@@ -238,8 +242,11 @@ class PackedStream:
                     yield buf, StreamState(epoch, g + 1, total["skipped"], total["read"])
                     buf, produced = [], produced + 1
             if produced == 0 and done == 0:
-                raise ValueError(
-                    f"an epoch yields fewer than one global batch ({per_global} sequences of {self.seq_len + 1} tokens)"
+                names = ", ".join(str(source.path) for source in self.sources)
+                raise TooLittleData(
+                    f"the sources ({names}) yield fewer than one global batch in a whole epoch ({per_global} "
+                    f"sequences of {self.seq_len + 1} tokens, {self.tally['skipped']} of {self.tally['read']} "
+                    "examples skipped): add data, or lower the stage's batch or seq_len"
                 )
             epoch, done = epoch + 1, 0  # an incomplete last global batch is dropped on every rank
             before = before + self.tally  # the whole pass, the dropped batch's examples included
