@@ -67,6 +67,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from lwm.arg_types import from_args
+from lwm.configs import from_dict
 from lwm.data import SkippedTooMany, Vocab
 from lwm.eval import needle
 from lwm.eval.needle import NeedleConfig, NeedleGrid
@@ -638,6 +639,8 @@ def test_rope_scaling_from_the_model_group_and_kept_by_the_stages(tmp_path):
     stage = StageConfig("long", seq_len=200_000, rope_theta=5e7, steps=1, lr=1e-5)
     staged = stage_model_config(run.model, stage)
     assert (staged.rope_theta, staged.rope_scaling, staged.max_seq_len) == (5e7, run.model.rope_scaling, 200_000)
+    saved = json.loads(json.dumps(dataclasses.asdict(staged)))  # a stage folder's model_config.json
+    assert from_dict(ModelConfig, saved) == staged
 
 
 def test_holdout_and_val_every_give_validation_losses(sample, tmp_path):
