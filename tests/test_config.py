@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from lwm.data import Vocab
-from lwm.model import PRESETS, ModelConfig, Transformer
+from lwm.model import PRESETS, ModelConfig, RopeScaling, Transformer
 
 
 def test_presets_match_the_issue():
@@ -12,9 +12,16 @@ def test_presets_match_the_issue():
     assert (b7.dim, b7.n_layers, b7.n_heads, b7.n_kv_heads, b7.ffn_dim, b7.norm_eps) == (4096, 32, 32, 32, 11008, 1e-6)
     tiny = ModelConfig.from_preset("tiny")
     assert 1e6 < tiny.num_params() < 2e7
+    l3 = ModelConfig.from_preset("llama3_8b")
+    assert (l3.dim, l3.n_layers, l3.n_heads, l3.n_kv_heads, l3.ffn_dim, l3.norm_eps, l3.rope_theta) == (
+        4096, 32, 32, 8, 14336, 1e-5, 500000.0,
+    )  # fmt: skip
+    assert l3.rope_scaling == RopeScaling(
+        factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_seq_len=8192
+    )
 
 
-@pytest.mark.parametrize("name,text_size", [("debug", 256), ("tiny", 4096), ("7b", 32000)])
+@pytest.mark.parametrize("name,text_size", [("debug", 256), ("tiny", 4096), ("7b", 32000), ("llama3_8b", 128256)])
 def test_preset_vocab_is_the_vocab_layout(name, text_size):
     assert PRESETS[name].vocab_size == Vocab(text_size).size
 
@@ -27,6 +34,29 @@ def test_7b_on_meta_device_without_allocating():
     assert n == model.config.num_params()
     # LLaMA-2 7B has 6.74B parameters with 32000 rows; ours adds 8256 rows to embed and output.
     assert n == 6_738_415_616 + 2 * 8256 * 4096
+
+
+def test_llama3_8b_on_meta_device_is_llama_3_1_8b_plus_the_vision_rows():
+    """Parameter for parameter the shapes of transformers' Llama-3.1-8B (on the meta device), and
+    the rows of the vision codes and specials in embedding and output."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = ModelConfig.from_preset("llama3_8b")
+    with torch.device("meta"):
+        ours = Transformer(config)
+        theirs = LlamaForCausalLM(
+            LlamaConfig(
+                vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131072, rms_norm_eps=1e-5,
+                rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+                tie_word_embeddings=False,
+            )
+        )  # fmt: skip
+    n = sum(p.numel() for p in ours.parameters())
+    vision_rows = config.vocab_size - 128256  # 8192 vision codes, 4 specials, padding to 64
+    assert vision_rows == 8256 and n == config.num_params()
+    assert n == sum(p.numel() for p in theirs.parameters()) + 2 * vision_rows * 4096 == 8_030_261_248 + 2 * 8256 * 4096
 
 
 def test_preset_overrides_and_unknown_name():
@@ -44,11 +74,26 @@ def test_preset_overrides_and_unknown_name():
         (dict(vocab_size=0), "vocab_size must be a positive integer, got 0"),
         (dict(rope_theta=-1.0), "rope_theta must be > 0, got -1.0"),
         (dict(mlp_chunk_size=-2), "mlp_chunk_size must be >= 0"),
+        (dict(rope_scaling={"factor": 8.0}), r"rope_scaling must be a RopeScaling or None, got \{'factor': 8.0\}"),
     ],
 )
 def test_validation_names_the_values(changes, message):
     with pytest.raises(ValueError, match=message):
         ModelConfig.from_preset("debug", **changes)
+
+
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        (dict(factor=0.5), "factor must be >= 1, got 0.5"),
+        (dict(low_freq_factor=4.0), "low_freq_factor 4.0 and high_freq_factor 4.0"),
+        (dict(low_freq_factor=0.0), "0 < low_freq_factor < high_freq_factor, got low_freq_factor 0.0"),
+        (dict(original_max_seq_len=0), "original_max_seq_len must be a positive integer, got 0"),
+    ],
+)
+def test_rope_scaling_validation_names_the_values(changes, message):
+    with pytest.raises(ValueError, match=message):
+        RopeScaling(**changes)
 
 
 def test_vocab_layout():

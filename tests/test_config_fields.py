@@ -24,6 +24,9 @@ Shown elsewhere (tests/test_train.py and tests/test_train_parallel.py unless nam
   trainer.timeout_s      test_a_dead_rank_stops_the_others
   trainer.out_dir        every run
   model.*                test_model_fields_and_schedule_name, test_conf_models_are_the_presets
+  model.rope_scaling.*   tests/test_model.py::test_rope_scaling_and_each_of_its_fields_take_effect (the angles
+                         and logits), tests/test_hf.py (equal to transformers' "llama3" RoPE, import and
+                         export); here: from conf/model and the command line, and kept by each stage
   probe.path, probe.examples  tests/test_learning.py (200 held-out answers scored at the stage's start and end)
   evaluate.*             tests/test_learning.py (lwm/eval/needle.py after the run, every field in its needle.json);
                          evaluate.lengths=null in every other test run (no needle/ folder); here: every
@@ -64,6 +67,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from lwm.arg_types import from_args
+from lwm.configs import from_dict
 from lwm.data import SkippedTooMany, Vocab
 from lwm.eval import needle
 from lwm.eval.needle import NeedleConfig, NeedleGrid
@@ -615,6 +619,28 @@ def test_model_fields_and_schedule_name(tmp_path):
     run = run_config(tmp_path, "stage_only=zz", "schedule.name=mine")
     with pytest.raises(ValueError, match="stage_only 'zz' is not a stage of schedule 'mine'"):
         validate(run)
+
+
+def test_rope_scaling_from_the_model_group_and_kept_by_the_stages(tmp_path):
+    """model.rope_scaling (conf/model/llama3_8b.yaml; null elsewhere) reaches the run's ModelConfig
+    as a RopeScaling, each of its fields can be set from the command line, and a stage replaces only
+    the base theta (tests/test_model.py: each field changes the angles; tests/test_hf.py: the
+    logits equal transformers' "llama3" RoPE)."""
+    from lwm.model import RopeScaling
+
+    run = run_config(
+        tmp_path, "model=llama3_8b", "model.rope_scaling.factor=4", "model.rope_scaling.original_max_seq_len=64"
+    )
+    assert run.model.rope_scaling == RopeScaling(factor=4.0, original_max_seq_len=64)
+    assert run.model.n_kv_heads == 8 and run.model.rope_theta == 5e5
+    assert run_config(tmp_path).model.rope_scaling is None
+    debug = run_config(tmp_path, "model.rope_scaling={low_freq_factor:2.0,high_freq_factor:3.0}").model.rope_scaling
+    assert debug == RopeScaling(low_freq_factor=2.0, high_freq_factor=3.0)
+    stage = StageConfig("long", seq_len=200_000, rope_theta=5e7, steps=1, lr=1e-5)
+    staged = stage_model_config(run.model, stage)
+    assert (staged.rope_theta, staged.rope_scaling, staged.max_seq_len) == (5e7, run.model.rope_scaling, 200_000)
+    saved = json.loads(json.dumps(dataclasses.asdict(staged)))  # a stage folder's model_config.json
+    assert from_dict(ModelConfig, saved) == staged
 
 
 def test_holdout_and_val_every_give_validation_losses(sample, tmp_path):

@@ -1,9 +1,11 @@
+import dataclasses
 import math
 
 import pytest
 import torch
 
-from lwm.model import ModelConfig, Transformer, sdpa_attention
+from lwm.model import ModelConfig, RopeScaling, Transformer, sdpa_attention
+from lwm.model.rope import rope_angles
 
 
 def reference_attention(q, k, v, causal):
@@ -51,6 +53,29 @@ def test_rope_uses_the_given_positions(debug_model):
     both = debug_model(tokens.expand(2, 32), torch.stack([torch.arange(32), torch.arange(32) * 2]))
     torch.testing.assert_close(both[0], base[0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(both[1], debug_model(tokens, torch.arange(32) * 2)[0], atol=1e-5, rtol=1e-5)
+
+
+def test_rope_scaling_and_each_of_its_fields_take_effect(debug_model):
+    """ModelConfig.rope_scaling (Llama 3.1's scaling) changes the angles and the logits, and so does
+    each of its fields. head_dim 16, theta 1e4: wavelengths 6.3, 20, 63, 199, 628 ... tokens; with
+    original 256, low 1 and high 4 the first three are kept, 199 is blended and the rest stretched,
+    so each field below moves a band's edge past one of them. factor 1 is plain RoPE."""
+    positions = torch.arange(0, 4096, 7)
+    base = RopeScaling(factor=4.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_seq_len=256)
+    cos, _ = rope_angles(positions, 16, 1e4, base)
+    plain, _ = rope_angles(positions, 16, 1e4)
+    assert torch.equal(cos[:, :3], plain[:, :3]) and not torch.equal(cos[:, 3:], plain[:, 3:])
+    changed = dict(factor=8.0, low_freq_factor=2.0, high_freq_factor=8.0, original_max_seq_len=512)
+    for field, value in changed.items():
+        other, _ = rope_angles(positions, 16, 1e4, dataclasses.replace(base, **{field: value}))
+        assert not torch.equal(other, cos), field
+    assert torch.equal(rope_angles(positions, 16, 1e4, dataclasses.replace(base, factor=1.0))[0], plain)
+
+    scaled = Transformer(debug_model.config.replace(rope_scaling=base)).eval()
+    scaled.load_state_dict(debug_model.state_dict())
+    tokens = torch.randint(0, debug_model.config.vocab_size, (1, 300))
+    with torch.no_grad():
+        assert (scaled(tokens) - debug_model(tokens)).abs().max() > 1e-3
 
 
 def test_attention_function_is_replaceable(debug_model):

@@ -277,6 +277,20 @@ def test_ulysses_all_to_alls_are_counted_and_timed():
     assert time.seconds >= sum(time.parts[k] for k in ("matmul", "attention", "hbm", "all-to-all (NVLink)"))
 
 
+def test_the_llama3_8b_preset_is_planned(tmp_path):
+    """model=llama3_8b (GQA, Llama 3.1's RoPE scaling, 136512 rows) through the real step under
+    fake tensors, 2 of its 32 layers to keep it quick (docs/planning.md has the whole model's line)."""
+    plan = command.run(
+        command.PlanConfig(
+            ["model=llama3_8b", "model.n_layers=2"], seq_len=4096, cp=2, dp=1, gpu="h100-80g", out=str(tmp_path)
+        )
+    )
+    model = plan["model"]
+    assert (model["n_kv_heads"], model["vocab_size"], model["rope_scaling"]["factor"]) == (8, 136512, 8.0)
+    row = plan["stages"][0]
+    assert (row["seq_len"], row["cp"]) == (4096, 2) and row["verdict"].startswith("fits") and row["peak_bytes"] > 0
+
+
 @pytest.mark.parametrize("schedule", sorted(p.stem for p in (REPO / "conf" / "schedule").glob("*.yaml")))
 def test_every_shipped_schedule_is_planned(monkeypatch, tmp_path, schedule):
     """Each schedule in conf/schedule, every stage, on the world its stages' cps need (the steps

@@ -17,7 +17,7 @@ import torch
 from lwm.data.vocab import SPECIAL_TOKENS, Vocab
 from lwm.interop.hf_files import CONFIG, Shapes, header_shapes, read_hf_config, read_hf_weights, shard_files
 from lwm.interop.keymap import KeyMap
-from lwm.model import ModelConfig, Transformer
+from lwm.model import ModelConfig, RopeScaling, Transformer
 
 # ours -> transformers' LlamaForCausalLM; "{i}" is the layer index.
 KEY_MAP = {
@@ -51,15 +51,50 @@ def from_hf_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.T
 # ---------------------------------------------------------------------------------------- config
 
 
-def _rope_theta(hf_config) -> float:
+_LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+def _rope(hf_config) -> tuple[float, RopeScaling | None]:
+    """(rope_theta, rope_scaling) of a transformers config: plain RoPE ("default") or Llama 3.1's
+    frequency scaling ("llama3"); transformers 5 reads an older config.json's rope_scaling into
+    rope_parameters."""
     params = getattr(hf_config, "rope_parameters", None) or {}
     rope_type = params.get("rope_type", "default")
-    if rope_type != "default":
-        raise ValueError(f"RoPE type {rope_type!r} is not supported; expected 'default' (plain theta) RoPE")
+    if rope_type not in ("default", "llama3"):
+        raise ValueError(
+            f"RoPE type {rope_type!r} is not supported; expected 'default' (plain theta) or 'llama3' (Llama 3.1's scaling)"
+        )
     theta = params.get("rope_theta", getattr(hf_config, "rope_theta", None))
     if theta is None:
         raise ValueError("the Hugging Face config has no rope_theta (in rope_parameters or at the top level)")
-    return float(theta)
+    if rope_type == "default":
+        return float(theta), None
+    missing = [k for k in _LLAMA3_KEYS if params.get(k) is None]
+    if missing:
+        raise ValueError(f"RoPE type 'llama3' needs {list(_LLAMA3_KEYS)} in rope_parameters; missing {missing}")
+    scaling = RopeScaling(
+        factor=float(params["factor"]),
+        low_freq_factor=float(params["low_freq_factor"]),
+        high_freq_factor=float(params["high_freq_factor"]),
+        original_max_seq_len=params["original_max_position_embeddings"],
+    )
+    return float(theta), scaling
+
+
+def _rope_parameters(config: ModelConfig) -> dict:
+    """transformers' rope_parameters of `config`: the inverse of _rope."""
+    theta = float(config.rope_theta)
+    scaling = config.rope_scaling
+    if scaling is None:
+        return {"rope_type": "default", "rope_theta": theta}
+    return {
+        "rope_type": "llama3",
+        "rope_theta": theta,
+        "factor": scaling.factor,
+        "low_freq_factor": scaling.low_freq_factor,
+        "high_freq_factor": scaling.high_freq_factor,
+        "original_max_position_embeddings": scaling.original_max_seq_len,
+    }
 
 
 def config_from_hf(hf_config, **overrides) -> ModelConfig:
@@ -82,6 +117,7 @@ def config_from_hf(hf_config, **overrides) -> ModelConfig:
         raise ValueError(
             f"head_dim {head_dim} x num_attention_heads {hf_config.num_attention_heads} != hidden_size {hf_config.hidden_size}"
         )
+    theta, scaling = _rope(hf_config)
     fields = dict(
         dim=hf_config.hidden_size,
         n_layers=hf_config.num_hidden_layers,
@@ -90,7 +126,8 @@ def config_from_hf(hf_config, **overrides) -> ModelConfig:
         ffn_dim=hf_config.intermediate_size,
         vocab_size=hf_config.vocab_size,
         norm_eps=hf_config.rms_norm_eps,
-        rope_theta=_rope_theta(hf_config),
+        rope_theta=theta,
+        rope_scaling=scaling,
         max_seq_len=hf_config.max_position_embeddings,
     )
     fields.update(overrides)
@@ -118,7 +155,7 @@ def config_to_hf(config: ModelConfig, dtype: torch.dtype = torch.float32):
         hidden_act="silu",
         rms_norm_eps=config.norm_eps,
         max_position_embeddings=config.max_seq_len,
-        rope_parameters={"rope_type": "default", "rope_theta": float(config.rope_theta)},
+        rope_parameters=_rope_parameters(config),
         tie_word_embeddings=False,
         attention_bias=False,
         mlp_bias=False,

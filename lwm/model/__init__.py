@@ -1,7 +1,7 @@
 """The plain LLaMA-architecture model. Single-process: it knows nothing of other processes."""
 
 from lwm.model.attention import AttentionFn, sdpa_attention
-from lwm.model.config import PRESETS, ModelConfig
+from lwm.model.config import PRESETS, ModelConfig, RopeScaling
 from lwm.model.loss import IGNORE_INDEX, LossOutput, chunked_cross_entropy, group_counts, token_coefficients
 from lwm.model.transformer import Transformer
 
@@ -11,6 +11,7 @@ __all__ = [
     "LossOutput",
     "ModelConfig",
     "PRESETS",
+    "RopeScaling",
     "Transformer",
     "chunked_cross_entropy",
     "group_counts",

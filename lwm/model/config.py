@@ -6,6 +6,32 @@ import dataclasses
 from dataclasses import dataclass
 
 
+@dataclass(frozen=True)
+class RopeScaling:
+    """Llama 3.1's RoPE frequency scaling (Hugging Face rope_type "llama3"): wavelengths longer than
+    original_max_seq_len / low_freq_factor are stretched by `factor`, those shorter than
+    original_max_seq_len / high_freq_factor kept, and those between blended smoothly. Llama-3.1
+    ships factor 8, low 1, high 4, original 8192."""
+
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_seq_len: int = 8192
+
+    def __post_init__(self) -> None:
+        if not self.factor >= 1:
+            raise ValueError(f"RopeScaling.factor must be >= 1, got {self.factor}")
+        if not 0 < self.low_freq_factor < self.high_freq_factor:
+            raise ValueError(
+                f"RopeScaling needs 0 < low_freq_factor < high_freq_factor, got low_freq_factor "
+                f"{self.low_freq_factor} and high_freq_factor {self.high_freq_factor}"
+            )
+        if not isinstance(self.original_max_seq_len, int) or self.original_max_seq_len <= 0:
+            raise ValueError(
+                f"RopeScaling.original_max_seq_len must be a positive integer, got {self.original_max_seq_len!r}"
+            )
+
+
 @dataclass
 class ModelConfig:
     dim: int = 4096
@@ -16,6 +42,8 @@ class ModelConfig:
     vocab_size: int = 40256
     norm_eps: float = 1e-6
     rope_theta: float = 10000.0
+    # Llama 3.1's frequency scaling of RoPE (lwm.model.rope); None: plain RoPE of rope_theta.
+    rope_scaling: RopeScaling | None = None
     max_seq_len: int = 4096
     # Blockwise MLP: run the MLP over sequence chunks of this size, recomputed in backward (0: off).
     mlp_chunk_size: int = 0
@@ -43,6 +71,8 @@ class ModelConfig:
             raise ValueError(f"ModelConfig.norm_eps must be > 0, got {self.norm_eps}")
         if self.rope_theta <= 0:
             raise ValueError(f"ModelConfig.rope_theta must be > 0, got {self.rope_theta}")
+        if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
+            raise ValueError(f"ModelConfig.rope_scaling must be a RopeScaling or None, got {self.rope_scaling!r}")
         if self.dim % self.n_heads:
             raise ValueError(f"dim {self.dim} is not divisible by n_heads {self.n_heads}")
         if self.n_heads % self.n_kv_heads:
@@ -101,5 +131,21 @@ PRESETS: dict[str, ModelConfig] = {
         vocab_size=40256,
         norm_eps=1e-6,
         max_seq_len=4096,
+    ),
+    # Llama-3.1-8B shapes (grouped-query attention, 8 kv heads; its RoPE scaling) with the vision
+    # rows after its 128256 text ids: the model ALST's long-sequence runs train, and the shapes of
+    # a start from Llama-3.1 weights (lwm.interop.hf.from_hf(..., extend_vocab=True)).
+    "llama3_8b": ModelConfig(
+        dim=4096,
+        n_layers=32,
+        n_heads=32,
+        n_kv_heads=8,
+        ffn_dim=14336,
+        vocab_size=136512,
+        norm_eps=1e-5,
+        rope_theta=500000.0,
+        rope_scaling=RopeScaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_seq_len=8192),
+        max_seq_len=131072,  # Llama-3.1's trained context (max_position_embeddings)
+        loss_chunk_size=1024,  # 1024 x 136512 fp32 logits: 0.56 GB a chunk
     ),
 }

@@ -89,7 +89,8 @@ class Transformer(nn.Module):
             )
         if segment_ids is not None:
             check_segment_ids(segment_ids, B, S)
-        cos, sin = rope_angles(positions, self.config.head_dim, self.config.rope_theta)  # (S, D) or (B, S, D)
+        c = self.config
+        cos, sin = rope_angles(positions, c.head_dim, c.rope_theta, c.rope_scaling)  # (S, D/2) or (B, S, D/2)
         h = self.embed(tokens)  # (B, S) -> (B, S, dim)
         for layer in self.layers:
             h = layer(h, cos, sin, segment_ids)
