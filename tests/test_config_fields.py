@@ -73,8 +73,9 @@ from lwm.train import evaluate
 from lwm.train.config import OptimConfig, ParallelConfig, StageConfig, TrainerConfig, validate
 from lwm.train.datamodule import LWMDataModule
 from lwm.train.entry import ensure_sample_data, to_run_config
-from lwm.train.module import LWMModule, clip_grad_norm, lr_lambda
+from lwm.train.module import LWMModule
 from lwm.train.run import run_schedule, stage_model_config
+from lwm.train.step import clip_grad_norm, lr_lambda
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
