@@ -32,7 +32,7 @@ from lwm.train.lr import lr_factor
 
 
 class StepMetrics(NamedTuple):
-    loss: torch.Tensor  # the whole sequence's loss, detached (mean over nothing: this rank's sequences)
+    loss: torch.Tensor  # the whole sequence's loss (the cp group's shares summed), detached
     grad_norm: torch.Tensor  # the total gradient norm before clipping
     lr: float  # the learning rate the optimizer step used (the first parameter group's)
 
