@@ -8,7 +8,7 @@ Ring: the 7b attention shapes (32 q heads, 32 or 8 k/v heads, head dim 128, bf16
 cuda_flash), S tokens over cp = 8 ranks (striped), one sequence packed from documents of
 LOW-HIGH tokens (bench.attention.document_lengths). `lwm.parallel.simulate_ring` runs all 8
 ranks' forward+backward under FakeTensorMode (shapes only: the aten ops' meta kernels), its ops
-counted by lwm.train.fake_step's OpCounter; per step = over the 8 x 8 rank-steps. A host sync
+counted by lwm.train.plan.fake's OpCounter; per step = over the 8 x 8 rank-steps. A host sync
 under fake tensors cannot happen unseen: a read of a value raises. Rank 0's step loops alone
 (ring_forward / ring_backward) also run on real CPU tensors (4 q heads, 1 kv head, head dim 8,
 bf16) through the CUDA kernels' CPU stand-ins (tests/cuda_standins.py): the counts code that reads
@@ -33,7 +33,7 @@ from lwm.model.documents import Documents
 from lwm.parallel import simulate_ring
 from lwm.parallel.documents import step_planner
 from lwm.parallel.ring import ring_backward, ring_forward
-from lwm.train.fake_step import OpCounter
+from lwm.train.plan.fake import OpCounter
 
 N = 8
 

@@ -22,7 +22,7 @@ from lwm.model import ModelConfig
 from lwm.parallel import ParallelDims, build_meshes, build_parallel_model, compute_settings
 from lwm.parallel.launch import run_distributed
 from lwm.train.config import OptimConfig, StageConfig
-from lwm.train.fake_step import make_batch
+from lwm.train.plan.fake import make_batch
 from lwm.train.plan.memory import tracked_step
 
 PARTS = ("parameters", "gradients", "optimizer", "activations", "temporaries")

@@ -33,11 +33,11 @@ from bench.report import command_line, host_line, peak_mib, peak_tflops, publish
 from lwm.model import ModelConfig, Transformer
 from lwm.parallel import build_parallel_model, compute_settings
 from lwm.train.config import OptimConfig, ParallelConfig, StageConfig
-from lwm.train.fake_step import make_batch, place, train_step
-from lwm.train.module import build_optimizer
 from lwm.train.plan.devices import DEVICES
+from lwm.train.plan.fake import make_batch, place
 from lwm.train.plan.memory import Mesh, plan_step
 from lwm.train.plan.time import step_time, step_work
+from lwm.train.step import build_optimizer, train_step
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -80,9 +80,9 @@ def model_flops_per_token(config, seq_len: int) -> float:
 
 
 def layer_step(preset: str, layers: int, seq_len: int, steps: int, device_type: str) -> dict:
-    """In a one-rank process group: the planner's training step (lwm.train.fake_step.train_step:
-    LWMModule's objective, clipping, AdamW) on real tensors; times `steps` steps after one warm-up
-    step, the device's peak allocation over them."""
+    """In a one-rank process group: the training step LWMModule and lwm-plan run
+    (lwm.train.step.train_step: the objective, backward, clipping, AdamW, the schedule) on real
+    tensors; times `steps` steps after one warm-up step, the device's peak allocation over them."""
     device = torch.device(device_type, 0) if device_type == "cuda" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -94,11 +94,11 @@ def layer_step(preset: str, layers: int, seq_len: int, steps: int, device_type: 
     settings = compute_settings(device, config.head_dim)
     model = build_parallel_model(config, where, settings, device, init_state, activation_checkpointing=True)
     del init_state
-    optimizer, _ = build_optimizer(model, stage, OPTIM)
+    optimizer, scheduler = build_optimizer(model, stage, OPTIM)
     batch = make_batch(config, seq_len, where, 1, LAYERS_PARALLEL.layout, device)
 
     def step():
-        train_step(model, batch, optimizer, OPTIM, where.cp_group, False)
+        train_step(model, batch, optimizer, OPTIM, where.cp_group, False, scheduler)
 
     step()  # warm-up: kernels chosen, optimizer state made
     sync(device)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -24,6 +23,7 @@ from lwm.parallel.layout import shard
 from lwm.train.config import OptimConfig, ParallelConfig, StageConfig
 from lwm.train.entry import to_run_config
 from lwm.train.module import LWMModule
+from lwm.train.step import training_objective
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -192,14 +192,12 @@ def test_bad_segment_ids_are_named():
 
 
 def _step(module, batch):
-    """The LightningModule's training step outside a Trainer (loss and parameter gradients)."""
-    module._trainer = SimpleNamespace(world_size=1)
-    module.log = lambda *a, **k: None
-    module.lr_schedulers = lambda: SimpleNamespace(get_last_lr=lambda: [0.0])
+    """What the training step (lwm.train.step.train_step) runs backward on, and the parameter
+    gradients, without its optimizer step."""
     module.model.zero_grad()
-    loss = module.training_step(batch, 0)
-    loss.backward()
-    return loss.detach(), {n: p.grad.clone() for n, p in module.model.named_parameters()}
+    objective, _ = training_objective(module.model, batch, module.optim, None, module.parallel.document_mask)
+    objective.backward()
+    return objective.detach(), {n: p.grad.clone() for n, p in module.model.named_parameters()}
 
 
 def _module(parallel: ParallelConfig) -> LWMModule:

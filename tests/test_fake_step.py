@@ -1,6 +1,6 @@
-"""The training step as a GPU would run it, checked without one (lwm/train/fake_step.py): rank 0 of
-dp 2 x cp 2 under fake tensors with the GPU's settings forced, the same step on the meta device, and
-its host syncs at a small real shape on gloo. Also two defects of that path: FSDP2's mixed
+"""The training step as a GPU would run it, checked without one (lwm/train/fake_step.py over
+lwm/train/plan/fake.py): rank 0 of dp 2 x cp 2 under fake tensors with the GPU's settings forced,
+the same step on the meta device, and its host syncs at a small real shape on gloo. Also two defects of that path: FSDP2's mixed
 precision casting the blocks' RoPE angles to bf16, and every rank reading the starting weights."""
 
 from __future__ import annotations
@@ -17,18 +17,10 @@ from lwm.parallel.launch import run_distributed
 from lwm.train import module as module_file
 from lwm.train import run as run_module
 from lwm.train.config import OptimConfig, ParallelConfig, StageConfig
-from lwm.train.fake_step import (
-    FakeStepConfig,
-    make_batch,
-    place,
-    run,
-    run_prefill,
-    run_step,
-    shard_rows,
-    start_fake_group,
-    train_step,
-)
-from lwm.train.module import LWMModule, build_optimizer
+from lwm.train.fake_step import FakeStepConfig, run
+from lwm.train.module import LWMModule
+from lwm.train.plan.fake import make_batch, place, run_prefill, run_step, shard_rows, start_fake_group
+from lwm.train.step import build_optimizer, train_step
 
 DEBUG = ModelConfig.from_preset("debug")
 STAGE = StageConfig("a", seq_len=64, rope_theta=1e4, steps=1, lr=1e-3, cp=2)
@@ -131,7 +123,7 @@ def test_the_meta_device_catches_a_tensor_made_on_the_wrong_device(fake_group):
     apply_context_parallel(model, where.cp_group, backend="cuda_flash")
     batch = make_batch(DEBUG, 64, where, 1, "striped", "meta")
     optimizer, _ = build_optimizer(model, STAGE, OptimConfig())
-    loss, _ = train_step(model, batch, optimizer, OptimConfig(), where.cp_group, document_mask=False)
+    loss = train_step(model, batch, optimizer, OptimConfig(), where.cp_group, document_mask=False).loss
     assert loss.device.type == "meta" and optimizer.state[model.embed.weight]["exp_avg"].is_meta
 
     ring = model.layers[0].attn.attn_fn

@@ -11,7 +11,7 @@ import pytest
 
 from lwm.train.config import StageConfig
 from lwm.train.lr import lr_factor
-from lwm.train.module import lr_lambda
+from lwm.train.step import lr_lambda
 from lwm.train.vqgan.config import VQGANTrainConfig
 from lwm.train.vqgan.lit_vqgan import LitVQGAN
 from lwm.vision import VQGANConfig

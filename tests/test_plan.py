@@ -16,11 +16,11 @@ from lwm.parallel import compute_settings
 from lwm.parallel.launch import run_distributed
 from lwm.paths import REPO
 from lwm.train.config import OptimConfig
-from lwm.train.fake_step import GPU_SETTINGS
 from lwm.train.plan import command
 from lwm.train.plan.accuracy import PARALLEL, _setup, real_step
 from lwm.train.plan.config import compose_run
 from lwm.train.plan.devices import DEVICES, GIB, parse_device
+from lwm.train.plan.fake import GPU_SETTINGS
 from lwm.train.plan.memory import Mesh, StepMemory, plan_step
 from lwm.train.plan.search import longest_sequence
 from lwm.train.plan.time import block_params, step_time, step_work

@@ -19,8 +19,7 @@ from lwm.model import ModelConfig, Transformer
 from lwm.parallel import ParallelDims, build_meshes, build_parallel_model, compute_settings
 from lwm.parallel.launch import run_distributed
 from lwm.train.config import OptimConfig
-from lwm.train.fake_step import train_step
-from lwm.train.module import batch_loss, clip_grad_norm
+from lwm.train.step import batch_loss, clip_grad_norm, train_step
 
 CFG = ModelConfig.from_preset("debug")
 SEQ, STEPS, DOCS = 64, 5, 4
@@ -64,7 +63,7 @@ def _worker(rank, world, dims: ParallelDims, layout: str):
     for step in range(STEPS):
         whole = sequences(dims.dp, step)[dp_rank]
         batch = with_documents(shard_batch(whole, where, "document"))
-        loss, _ = train_step(model, batch, optimizer, OPTIM, meshes.cp_group, document_mask=True)
+        loss = train_step(model, batch, optimizer, OPTIM, meshes.cp_group, document_mask=True).loss
         losses.append(loss.item())
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     local_heads = model.layers[0].attn.n_heads

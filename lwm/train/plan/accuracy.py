@@ -25,12 +25,12 @@ from lwm.model.config import PRESETS
 from lwm.parallel import build_parallel_model, compute_settings
 from lwm.parallel.launch import run_distributed
 from lwm.train.config import OptimConfig, ParallelConfig, StageConfig
-from lwm.train.fake_step import make_batch, place, train_step
-from lwm.train.module import build_optimizer
 from lwm.train.plan.devices import cpu_device
+from lwm.train.plan.fake import make_batch, place
 from lwm.train.plan.memory import Mesh, plan_step, tracked_step
 from lwm.train.plan.time import step_time, step_work
 from lwm.train.run import stage_model_config
+from lwm.train.step import build_optimizer, train_step
 
 MALLOC = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
 PARALLEL = ParallelConfig(document_mask=False)  # as planned: document runs are read on the host
@@ -80,10 +80,10 @@ def real_step(rank: int, world: int, preset: str, seq_len: int, cp: int, tp: int
             p.to_local().normal_(0, 0.02)
     mem = tracked_step(model, batch, optim, stage, where, PARALLEL.document_mask)
     grown = _hwm() - before
-    optimizer, _ = build_optimizer(model, stage, optim)
-    train_step(model, batch, optimizer, optim, where.cp_group, False)
+    optimizer, scheduler = build_optimizer(model, stage, optim)
+    train_step(model, batch, optimizer, optim, where.cp_group, False, scheduler)
     start = time.perf_counter()
-    train_step(model, batch, optimizer, optim, where.cp_group, False)
+    train_step(model, batch, optimizer, optim, where.cp_group, False, scheduler)
     return {"peak": mem.peak, "rss_growth": grown, "seconds": time.perf_counter() - start}
 
 

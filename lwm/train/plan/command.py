@@ -14,10 +14,10 @@ from dataclasses import asdict, fields
 from pathlib import Path
 
 from lwm.train.config import ParallelConfig, StageConfig
-from lwm.train.fake_step import GPU_SETTINGS
 from lwm.train.plan import report
 from lwm.train.plan.config import PlanConfig, compose_run
 from lwm.train.plan.devices import parse_device
+from lwm.train.plan.fake import GPU_SETTINGS
 from lwm.train.plan.infer import plan_inference
 from lwm.train.plan.memory import Mesh, plan_step
 from lwm.train.plan.search import (

@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from lwm.model import ModelConfig
-from lwm.train.fake_step import GPU_SETTINGS
 from lwm.train.plan.devices import Device
+from lwm.train.plan.fake import GPU_SETTINGS
 from lwm.train.plan.memory import plan_prefill
 from lwm.train.plan.time import matmul_params
 

@@ -2,9 +2,9 @@
 FSDP2 tracker, a step measured once AdamW's state exists) and the bytes the step moves. Under fake tensors with a fake process
 group this is the plan; with real tensors in a gloo run it is what the plan is checked against.
 
-The step is lwm.train.fake_step's (the model built on meta, parallelize, FSDP2 through
-meta_parallel_model, LWMModule's objective, clipping, AdamW); only the batch is widened to the stage's
-sequences per rank.
+The step is lwm.train.step.train_step, the one LWMModule runs (the model built on meta, parallelize,
+FSDP2 through meta_parallel_model, then the objective, backward, clipping, AdamW and the schedule);
+only the batch is widened to the stage's sequences per rank.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from lwm.model import ModelConfig
 from lwm.parallel import ComputeSettings, Meshes, ParallelDims, meta_parallel_model
 from lwm.train.config import OptimConfig, ParallelConfig, StageConfig
-from lwm.train.fake_step import fake, fake_allocate, make_batch, place, run_prefill, start_fake_group, train_step
-from lwm.train.module import build_optimizer
+from lwm.train.plan.fake import fake, fake_allocate, make_batch, place, run_prefill, start_fake_group
 from lwm.train.plan.tracker import PeakTracker, PlanTracker, WorkCounter
+from lwm.train.step import build_optimizer, train_step
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ def tracked_step(model, batch: dict, optim: OptimConfig, stage: StageConfig, whe
     those of a second real step (checked on debug, tiny and 7b steps, GPU and CPU settings, with and
     without checkpointing); the HBM bytes written include FSDP2's one-off lazy initialisation in the
     first forward (1-2% more)."""
-    optimizer, _ = build_optimizer(model, stage, optim)
+    optimizer, scheduler = build_optimizer(model, stage, optim)
     tracker = PlanTracker(model, optimizer)
     tracker.track_inputs((batch,))
     counter = WorkCounter()
@@ -92,7 +92,7 @@ def tracked_step(model, batch: dict, optim: OptimConfig, stage: StageConfig, whe
         tracker.restart_peak()
         start = time.perf_counter()
         with counter:
-            train_step(model, batch, optimizer, optim, where.cp_group, document_mask)
+            train_step(model, batch, optimizer, optim, where.cp_group, document_mask, scheduler)
         seconds = time.perf_counter() - start
     peak, parts = tracker.peak()
     return StepMemory(peak, parts, dict(counter.sent), counter.written, seconds)

@@ -17,8 +17,8 @@ import torch
 
 from lwm.configs import from_dict
 from lwm.parallel import compute_settings
-from lwm.train.fake_step import GPU_SETTINGS
 from lwm.train.plan.devices import GIB, Device
+from lwm.train.plan.fake import GPU_SETTINGS
 from lwm.train.plan.memory import Mesh, plan_step
 from lwm.train.plan.preflight import PreflightJob, StagePlan, size
 from lwm.train.plan.search import check_mesh, no_fit, smallest_fitting_cp, stage_dp, stage_meshes

@@ -1,0 +1,91 @@
+"""One training step (lwm/train/step.py): Lightning's LWMModule.training_step and lwm-plan's tracked
+step (the preflight's, the fake step command's, bench/'s) run the same function, so what changes the
+step changes what the plan measures."""
+
+from __future__ import annotations
+
+import sys
+
+import lightning as L
+import torch
+
+from lwm.data.batches import Sharding, shard_batch
+from lwm.model import ModelConfig
+from lwm.parallel import compute_settings
+from lwm.train import step as step_file
+from lwm.train.config import OptimConfig, ParallelConfig, StageConfig
+from lwm.train.module import LWMModule
+from lwm.train.plan.memory import Mesh, plan_step
+
+DEBUG = ModelConfig.from_preset("debug")
+SEQ = 64
+
+
+def _loader(steps: int):
+    torch.manual_seed(0)
+    tokens = torch.randint(0, DEBUG.vocab_size, (1, SEQ + 1))
+    full = {
+        "tokens": tokens[:, :-1],
+        "targets": tokens[:, 1:],
+        "loss_weight": torch.ones(1, SEQ),
+        "vision_mask": torch.zeros(1, SEQ, dtype=torch.bool),
+        "segment_ids": torch.zeros(1, SEQ, dtype=torch.long),
+    }
+    batches = [shard_batch(full, Sharding(), "sequence")] * steps  # one process: the whole sequence
+    return torch.utils.data.DataLoader(batches, batch_size=None)
+
+
+def test_lightning_and_the_planner_run_one_step_function(monkeypatch):
+    """The objective is computed inside lwm.train.step.train_step, called from both: a step
+    re-assembled anywhere else (a copy in module.py, in the planner) calls it from another function
+    and fails here. Lightning drives it by manual optimization: it counts the optimizer's steps and
+    the step function steps the schedule."""
+    objective, callers = step_file.training_objective, []
+
+    def recording(*args, **kwargs):
+        callers.append(sys._getframe(1).f_code)  # the function that computed the objective
+        return objective(*args, **kwargs)
+
+    monkeypatch.setattr(step_file, "training_objective", recording)
+    stage = StageConfig("a", seq_len=SEQ, rope_theta=1e4, steps=4, lr=1e-3, warmup_steps=2)
+    parallel = ParallelConfig(document_mask=False)
+    module = LWMModule(DEBUG, stage, OptimConfig(), parallel)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_steps=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(module, _loader(2))
+    lightning, callers[:] = list(callers), []
+    assert trainer.global_step == 2 and module.lr_schedulers().last_epoch == 2
+    assert set(trainer.callback_metrics) >= {"train/loss", "train/grad_norm", "train/lr"}
+
+    settings = compute_settings(torch.device("cpu"), DEBUG.head_dim)
+    plan_step(DEBUG, stage, Mesh(SEQ, 1, 1), parallel, OptimConfig(), settings)
+    planned = list(callers)
+    assert lightning == [step_file.train_step.__code__] * 2, lightning
+    assert planned == [step_file.train_step.__code__], planned
+
+
+def test_a_checkpoint_from_automatic_optimization_resumes_at_its_step():
+    """Checkpoints written before the module drove the step by manual optimization count their
+    steps in the automatic loop (checked: such a last.ckpt of step 5 resumes by the new code to the
+    old uninterrupted run's losses and weights, bit for bit)."""
+    from lwm.train.module import steps_from_automatic_optimization
+
+    def progress(n):
+        return {"total": {"ready": n, "completed": n}, "current": {"ready": n, "completed": n}}
+
+    fit = {
+        "epoch_loop.automatic_optimization.optim_progress": {"optimizer": {"step": progress(5)}},
+        "epoch_loop.manual_optimization.optim_step_progress": progress(0),
+    }
+    checkpoint = {"loops": {"fit_loop": fit}}
+    steps_from_automatic_optimization(checkpoint)
+    assert fit["epoch_loop.manual_optimization.optim_step_progress"] == progress(5)
+    fit["epoch_loop.manual_optimization.optim_step_progress"] = progress(7)  # a new checkpoint: left as it is
+    steps_from_automatic_optimization(checkpoint)
+    assert fit["epoch_loop.manual_optimization.optim_step_progress"] == progress(7)
