@@ -23,5 +23,8 @@ def quiet_lightning() -> None:
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
     # on a machine with SLURM installed, every run not started by srun (torchrun, a local run) is told to use it
     warnings.filterwarnings("ignore", message=r".*The `srun` command is available on your system but is not used.*")
+    # the step is one function under manual optimization (lwm.train.step): a checkpoint at a step's end holds
+    # the state after that step's optimizer step, as resuming wants
+    warnings.filterwarnings("ignore", message=r".*ModelCheckpoint with manual optimization and every_n_train_steps.*")
     # a resumed stage writes into its own folders on purpose
     warnings.filterwarnings("ignore", message=r".*(Checkpoint|Experiment logs) directory .* exists and is not empty.*")
