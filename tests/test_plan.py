@@ -94,11 +94,15 @@ def _real_step(cp: int, tp: int = 1) -> dict:
 @pytest.mark.parametrize("cp, tp", [(1, 1), (2, 1), (1, 2)])
 def test_the_planned_peak_equals_the_real_runs(cp, tp):
     """Fake tensors on the CPU settings against the same step for real over gloo: the tracker's
-    peak byte for byte, with tensor parallelism too."""
+    peak byte for byte, with tensor parallelism too, and where it is: the live tensors grouped by
+    what made them, equal group for group, adding up to the peak."""
     config, stage = _setup("debug", 512, cp)
     settings = compute_settings(torch.device("cpu"), config.head_dim)
     plan = plan_step(config, stage, Mesh(512, cp, 1, 1, tp), PARALLEL, OptimConfig(), settings)
-    assert plan.peak == _real_step(cp, tp)["peak"]
+    real = _real_step(cp, tp)
+    assert plan.peak == real["peak"]
+    assert plan.breakdown == real["breakdown"] and sum(b["bytes"] for b in plan.breakdown) == plan.peak
+    assert {b["phase"] for b in plan.breakdown} >= {"held", "forward"}
 
 
 @pytest.mark.parametrize(

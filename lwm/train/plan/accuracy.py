@@ -84,7 +84,7 @@ def real_step(rank: int, world: int, preset: str, seq_len: int, cp: int, tp: int
     train_step(model, batch, optimizer, optim, where.cp_group, False, scheduler)
     start = time.perf_counter()
     train_step(model, batch, optimizer, optim, where.cp_group, False, scheduler)
-    return {"peak": mem.peak, "rss_growth": grown, "seconds": time.perf_counter() - start}
+    return {"peak": mem.peak, "breakdown": mem.breakdown, "rss_growth": grown, "seconds": time.perf_counter() - start}
 
 
 def cpu_rates(threads: int = 1) -> tuple[float, float]:

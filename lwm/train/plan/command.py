@@ -118,7 +118,9 @@ def run(config: PlanConfig) -> dict:
     for stage, mesh in planned:
         mem = plan_step(stage_model_config(model, stage), stage, mesh, parallel, run_cfg.optim, GPU_SETTINGS)
         row = {"stage": stage.name, **asdict(mesh), "peak_bytes": mem.peak, "needs_bytes": device.needs(mem.peak)}
-        row.update(parts=mem.parts, sent=mem.sent, written=mem.written, **timed(stage, mesh, mem))
+        row.update(
+            parts=mem.parts, breakdown=mem.breakdown, sent=mem.sent, written=mem.written, **timed(stage, mesh, mem)
+        )
         if device.fits(mem.peak):
             row["verdict"] = f"fits, {device.headroom_gib(mem.peak):.1f} GiB free"
         else:

@@ -58,6 +58,8 @@ class StepMemory:
     sent: dict[str, int] = field(default_factory=dict)  # bytes per kind of communication, measured step
     written: int = 0  # bytes written by ops other than matmuls and attention, measured step
     seconds: float = 0.0  # wall time of the measured step
+    # The tensors live at the peak by what made them (PlanTracker.breakdown): add up to peak.
+    breakdown: list[dict] = field(default_factory=list)
 
 
 def widen(batch: dict, sequences: int) -> dict:
@@ -95,7 +97,7 @@ def tracked_step(model, batch: dict, optim: OptimConfig, stage: StageConfig, whe
             train_step(model, batch, optimizer, optim, where.cp_group, document_mask, scheduler)
         seconds = time.perf_counter() - start
     peak, parts = tracker.peak()
-    return StepMemory(peak, parts, dict(counter.sent), counter.written, seconds)
+    return StepMemory(peak, parts, dict(counter.sent), counter.written, seconds, tracker.breakdown())
 
 
 def plan_step(

@@ -9,7 +9,10 @@ from pathlib import Path
 from matplotlib.figure import Figure  # not pyplot: no display, no global figure state
 from tabulate import tabulate
 
+from lwm.train.plan import tracker
 from lwm.train.plan.devices import GIB, Device
+
+AT_THE_PEAK = 3  # the breakdown's largest groups a stage's table line names (plan.json has them all)
 
 
 def gib(n: float) -> str:
@@ -48,6 +51,9 @@ def parts_lines(rows: list[dict]) -> list[str]:
         lines.append(
             f"  {r['stage']}: " + ", ".join(f"{k} {gib(v)}" for k, v in r["parts"].items() if v) + " GiB at the peak"
         )
+        if r.get("breakdown"):
+            top = ", ".join(f"{tracker.label(b)} {gib(b['bytes'])}" for b in r["breakdown"][:AT_THE_PEAK])
+            lines.append(f"    largest at the peak (GiB): {top}")
         if "why" in r:
             searched = ", ".join(f"cp {cp}: {gib(peak)}" for cp, peak in r["searched"].items())
             lines.append(f"    {r['why']}" + (f" (planned peaks {searched} GiB)" if searched else ""))

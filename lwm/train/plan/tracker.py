@@ -9,7 +9,7 @@ from copy import deepcopy
 
 import torch
 from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPRefType
-from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker
+from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _UpdateType
 from torch.distributed.tensor._sharding_prop import ShardingPropagator
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -23,6 +23,8 @@ PARTS = {
     "communication": (_FSDPRefType.ALL_GATHER, _FSDPRefType.REDUCE_SCATTER),
     "inputs": (_FSDPRefType.INP,),
 }
+CATEGORY = {kind: name for name, kinds in PARTS.items() for kind in kinds}
+SHORT_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64"}
 
 
 class PlanTracker(FSDPMemTracker):
@@ -37,11 +39,100 @@ class PlanTracker(FSDPMemTracker):
     def __init__(self, module, optimizer=None):
         super().__init__(module, optimizer)
         self._propagating = 0
+        # Where the peak is: each storage stamped with what made it when first counted, and a log of
+        # (origin, kind, bytes) changes whose prefix up to the peak's index is the peak's live set.
+        self._op: str | None = None  # the op being dispatched
+        self._dtype: torch.dtype | None = None  # the tensor whose storage is being counted
+        self._log: list[tuple[tuple, object, int]] = []
+        self._peak_at = 0
+        self._stepping = False  # from restart_peak on: what the measured step makes
+        self._entered: dict[str, int] = {}  # module -> when its forward or backward last began
+        self._recomputing: set[str] = set()  # modules whose forward runs inside backward
+
+    def __enter__(self):
+        if self._depth == 0:
+            self._mod_tracker.register_user_hooks(self._on_forward, self._on_forward_end, self._on_backward)
+        return super().__enter__()
+
+    def __exit__(self, *args) -> None:
+        super().__exit__(*args)
+        if self._depth == 0:
+            self._mod_tracker.clear_user_hooks()
+
+    def _on_forward(self, module, inputs) -> None:
+        name = self._mod_tracker.get_known_fqn(module)
+        self._entered[name] = len(self._entered) + len(self._log)
+        if self._mod_tracker.is_bw:  # activation checkpointing reruns it
+            self._recomputing.add(name)
+
+    def _on_forward_end(self, module, inputs, outputs) -> None:
+        self._recomputing.discard(self._mod_tracker.get_known_fqn(module))
+
+    def _on_backward(self, module, grad_outputs) -> None:
+        self._entered[self._mod_tracker.get_known_fqn(module)] = len(self._entered) + len(self._log)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if self._propagating:
             return func(*args, **(kwargs or {}))
-        return super().__torch_dispatch__(func, types, args, kwargs)
+        outer, self._op = self._op, func.overloadpacket.__name__
+        try:
+            return super().__torch_dispatch__(func, types, args, kwargs)
+        finally:
+            self._op = outer
+
+    def _track(self, reftype, t) -> None:
+        self._dtype = t.dtype
+        super()._track(reftype, t)
+
+    def _update_and_maybe_create_winfos(self, t, reftype, update_existing=False):
+        self._dtype = t.dtype
+        return super()._update_and_maybe_create_winfos(t, reftype, update_existing)
+
+    def _origin(self) -> tuple[str, str, str, str]:
+        """(module, phase, op, dtype) of what is running now: the module the step entered last of
+        those it is in (its path in the model), forward, backward, recompute (a checkpointed block's forward
+        rerun in backward) or optimizer; the op; the dtype of the tensor being counted. What exists
+        before the measured step (parameters, AdamW's state) is "held"."""
+        dtype = SHORT_DTYPES.get(self._dtype, str(self._dtype).removeprefix("torch."))
+        if not self._stepping:  # parameters, optimizer state: made before the measured step
+            return "model", "held", "-", dtype
+        inside = [n for n in self._mod_tracker.parents if "." in n]  # not Global, not the root
+        module = _readable(max(inside, key=lambda n: self._entered.get(n, -1)).split(".", 1)[1]) if inside else "model"
+        if self._in_opt:
+            phase = "optimizer"
+        elif self._mod_tracker.is_bw:
+            phase = "recompute" if self._recomputing else "backward"
+        else:
+            phase = "forward"
+        return module, phase, self._op or "-", dtype
+
+    def _update_snap(self, u_type, winfo, old_mem_consumed=None, old_reftype=None) -> None:
+        super()._update_snap(u_type, winfo, old_mem_consumed, old_reftype)
+        origin = getattr(winfo, "origin", None)
+        if origin is None:
+            origin = winfo.origin = self._origin()
+        if u_type == _UpdateType.ADD:
+            self._log.append((origin, winfo.reftype, winfo.mem_consumed))
+        elif u_type == _UpdateType.DEL:
+            self._log.append((origin, winfo.reftype, -winfo.mem_consumed))
+        elif u_type == _UpdateType.REF:
+            self._log.append((origin, old_reftype, -winfo.mem_consumed))
+            self._log.append((origin, winfo.reftype, winfo.mem_consumed))
+        elif u_type == _UpdateType.SIZE:
+            self._log.append((origin, winfo.reftype, winfo.mem_consumed - old_mem_consumed))
+
+    def breakdown(self) -> list[dict]:
+        """The tensors live at the peak, grouped by what made them (module, phase, op, dtype) and by
+        the tracker's category, largest first; their bytes add up to the peak."""
+        groups: Counter = Counter()
+        for origin, kind, nbytes in self._log[: self._peak_at]:
+            groups[(*origin, CATEGORY[kind])] += nbytes
+        rows = [
+            {"module": m, "phase": p, "op": o, "dtype": d, "category": c, "bytes": n}
+            for (m, p, o, d, c), n in groups.items()
+            if n
+        ]
+        return sorted(rows, key=lambda r: (-r["bytes"], r["module"], r["phase"], r["op"], r["category"]))
 
     @contextmanager
     def skipping_propagation(self):
@@ -69,12 +160,15 @@ class PlanTracker(FSDPMemTracker):
             if self._peak_mem.get(dev, 0) < snap[_TOTAL_KEY]:
                 self._peak_mem[dev] = snap[_TOTAL_KEY]
                 self._peak_mem_snap[dev] = dict(snap)
+                self._peak_at = len(self._log)
 
     def restart_peak(self) -> None:
         """The peak from now on (the tracker has no public reset of it; module stats reset too)."""
         self.reset_mod_stats()
         self._peak_mem_snap = deepcopy(self.get_tracker_snapshot("current"))
         self._peak_mem = {dev: snap["Total"] for dev, snap in self._peak_mem_snap.items()}
+        self._peak_at = len(self._log)
+        self._stepping = True
 
     def peak(self) -> tuple[int, dict[str, int]]:
         """(peak bytes, its parts) on the one device the step ran on."""
@@ -84,6 +178,17 @@ class PlanTracker(FSDPMemTracker):
         (snap,) = snaps.values()
         parts = {name: sum(snap.get(k, 0) for k in kinds) for name, kinds in PARTS.items()}
         return snap["Total"], parts
+
+
+def _readable(path: str) -> str:
+    """A module's path as the model names it: `layers.1._checkpoint_wrapped_module.attention` ->
+    `layers.1.attention`."""
+    return ".".join(p for p in path.split(".") if p not in ("_checkpoint_wrapped_module", "_fsdp_wrapped_module"))
+
+
+def label(row: dict) -> str:
+    """One breakdown row in words: `layers.1.attention backward: mm fp32 temporaries`."""
+    return f"{row['module']} {row['phase']}: {row['op']} {row['dtype']} {row['category']}"
 
 
 class PeakTracker(MemTracker):
