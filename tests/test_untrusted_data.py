@@ -117,6 +117,29 @@ def test_a_changed_codes_file_is_refused_naming_it(store, tok):
     assert (CodeStore(store).load("good") == before).all()
 
 
+def test_a_store_hashes_a_file_once_and_still_sees_it_change(store, monkeypatch):
+    """Sampled every epoch, a video's file is hashed once per store while it is unchanged; a change
+    (new bytes, a new mtime) is hashed and refused."""
+    import os
+
+    from lwm.data import codes as codes_module
+
+    hashed = []
+    real = codes_module.file_sha256
+    monkeypatch.setattr(codes_module, "file_sha256", lambda path: hashed.append(path) or real(path))
+    codes = CodeStore(store)
+    for _ in range(3):
+        codes.load("good")
+    assert len(hashed) == 1
+    good = store / "tokens" / "good.npy"
+    flip_a_byte(good)
+    stat = good.stat()
+    os.utime(good, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))  # a later write, also within one tick
+    with pytest.raises(CodesError, match="are not the file lwm-tokenize wrote"):
+        codes.load("good")
+    flip_a_byte(good)
+
+
 def test_a_manifest_without_checksums_is_read_unverified(store):
     """Manifests written before checksums have no sha256: their files are read as before."""
     (store / "manifest.jsonl").write_text(json.dumps({"id": "good", "timestamps": [0.0, 1.0]}) + "\n")

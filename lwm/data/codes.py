@@ -57,8 +57,11 @@ def save_codes(f: BinaryIO, codes: np.ndarray) -> str:
 
 
 def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()  # read in pieces (hashlib.file_digest is Python 3.11+; 3.10 is supported)
     with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+        while piece := f.read(1 << 20):
+            digest.update(piece)
+    return digest.hexdigest()
 
 
 class CodeStore:
@@ -72,6 +75,8 @@ class CodeStore:
             raise FileNotFoundError(f"{self.root} has no tokens/ folder; expected the output of lwm-tokenize")
         self.meta: dict[str, dict] = {}
         self.where: dict[str, str] = {}  # id -> "manifest:line" of the record that counts (the last)
+        # files already verified, by (size, mtime): a video sampled every epoch is hashed once, not each time
+        self._verified: dict[Path, tuple[int, int]] = {}
         for manifest in sorted(self.root.glob("manifest*.jsonl")):
             # a line a killed lwm-tokenize cut short is skipped: its video was never finished
             for n, entry in records(manifest):
@@ -92,6 +97,9 @@ class CodeStore:
                 f"{where}: the record of video {video_id!r} has sha256 {recorded!r}; expected 64 hex digits "
                 f"(the checksum of {path})"
             )
+        stat = path.stat()
+        if self._verified.get(path) == (stat.st_size, stat.st_mtime_ns):
+            return
         actual = file_sha256(path)
         if actual != recorded:
             raise CodesError(
@@ -99,6 +107,7 @@ class CodeStore:
                 f"the manifest ({where}) records {recorded[:16]}... (the file was changed or corrupted since); "
                 "delete the file and rerun lwm-tokenize with the same --out to make it again"
             )
+        self._verified[path] = (stat.st_size, stat.st_mtime_ns)
 
     def path(self, video_id: str) -> Path:
         """tokens/<id>.npy; an id that leads out of tokens/ (a path, `..`, a symlink) is refused."""
