@@ -73,7 +73,9 @@ def test_preset_overrides_and_unknown_name():
         (dict(dim=12, n_heads=4, n_kv_heads=2), "head_dim 3 .* must be even"),
         (dict(vocab_size=0), "vocab_size must be a positive integer, got 0"),
         (dict(rope_theta=-1.0), "rope_theta must be > 0, got -1.0"),
-        (dict(mlp_chunk_size=-2), "mlp_chunk_size must be >= 0"),
+        (dict(mlp_chunk_size=-2), "mlp_chunk_size must be an integer >= 0"),
+        (dict(norm_chunk_size=-1), "norm_chunk_size must be an integer >= 0"),
+        (dict(attn_head_groups=3), "attn_head_groups 3 does not divide n_kv_heads"),
         (dict(rope_scaling={"factor": 8.0}), r"rope_scaling must be a RopeScaling or None, got \{'factor': 8.0\}"),
     ],
 )

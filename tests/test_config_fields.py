@@ -24,6 +24,10 @@ Shown elsewhere (tests/test_train.py and tests/test_train_parallel.py unless nam
   trainer.timeout_s      test_a_dead_rank_stops_the_others
   trainer.out_dir        every run
   model.*                test_model_fields_and_schedule_name, test_conf_models_are_the_presets
+  model.attn_head_groups, model.norm_chunk_size
+                         tests/test_model.py (the plain model's logits and gradients; the attention sees one
+                         group's heads per call), tests/test_parallel_dist.py (cp 2, ring and Ulysses, packed
+                         documents), tests/test_plan.py (each lowers the planned peak; recompute charged)
   model.rope_scaling.*   tests/test_model.py::test_rope_scaling_and_each_of_its_fields_take_effect (the angles
                          and logits), tests/test_hf.py (equal to transformers' "llama3" RoPE, import and
                          export); here: from conf/model and the command line, and kept by each stage

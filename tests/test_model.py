@@ -141,3 +141,44 @@ def test_chunked_mlp_matches_plain_path():
         torch.testing.assert_close(c.grad, p.grad, atol=1e-6, rtol=1e-5, msg=name)
     with torch.no_grad():  # inference path (no recomputation)
         torch.testing.assert_close(chunked(tokens), out_p.detach(), atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "tiling", [dict(attn_head_groups=2), dict(norm_chunk_size=7), dict(attn_head_groups=2, norm_chunk_size=7)]
+)
+def test_tiled_attention_and_norms_match_the_plain_model(tiling):
+    """Head groups (each group's projections, RoPE, attention and output share, recomputed in
+    backward) and sequence-tiled norms compute the plain model's logits and gradients: fp32, the
+    tolerance of summing the groups' output shares in another order."""
+    torch.manual_seed(0)
+    cfg = ModelConfig.from_preset("debug")
+    plain = Transformer(cfg)
+    tiled = Transformer(cfg.replace(**tiling))
+    tiled.load_state_dict(plain.state_dict())
+    tokens = torch.randint(0, cfg.vocab_size, (2, 30))  # 30 is not a multiple of 7
+    segments = torch.tensor([[0] * 12 + [1] * 18, [0] * 30])  # packed documents on the grouped path too
+    out_p, out_t = plain(tokens, segment_ids=segments), tiled(tokens, segment_ids=segments)
+    torch.testing.assert_close(out_t, out_p, atol=1e-6, rtol=1e-6)
+    out_p.square().mean().backward()
+    out_t.square().mean().backward()
+    for (name, p), t in zip(plain.named_parameters(), tiled.parameters()):
+        torch.testing.assert_close(t.grad, p.grad, atol=1e-7, rtol=1e-5, msg=name)
+    with torch.no_grad():  # inference: no recomputation
+        torch.testing.assert_close(tiled(tokens, segment_ids=segments), out_p.detach(), atol=1e-6, rtol=1e-6)
+
+
+def test_head_groups_split_the_attention_calls_and_keep_one_group_live():
+    """With 2 head groups the attention function sees half the heads per call, and the grouped
+    forward keeps no group's q/k/v for backward (each group is recomputed)."""
+    cfg = ModelConfig.from_preset("debug", n_layers=1, attn_head_groups=2)
+    model = Transformer(cfg)
+    seen = []
+
+    def attend(q, k, v, causal=True, segment_ids=None):
+        seen.append((q.shape[1], k.shape[1]))
+        return sdpa_attention(q, k, v, causal, segment_ids)
+
+    model.set_attention(attend)
+    model(torch.randint(0, cfg.vocab_size, (1, 16))).sum().backward()
+    # forward: 2 calls of (2 q heads, 1 kv head); backward: each group's forward again
+    assert seen == [(2, 1)] * 4

@@ -152,8 +152,8 @@ def _packed_errors(rank, world, cases):
     batch, examples = packed_pair(cfg, 32)
     ref_loss, ref_grads = one_by_one_grads(cfg, state, batch, examples)
     results = {}
-    for mode, layout in cases:
-        model = Transformer(cfg)
+    for mode, layout, *tiled in cases:  # tiled: head groups and sequence-tiled norms on
+        model = Transformer(cfg.replace(attn_head_groups=2, norm_chunk_size=5) if tiled else cfg)
         model.load_state_dict(state)
         apply_context_parallel(model, None, layout=layout, mode=mode)
         local = shard_batch(batch, Sharding(cp_rank=rank, cp_size=world, layout=layout), "document")
@@ -173,7 +173,7 @@ def _packed_errors(rank, world, cases):
         for name, p in model.named_parameters():
             torch.distributed.all_reduce(p.grad)
             worst = max(worst, (p.grad - ref_grads[name]).abs().max().item())
-        results[(mode, layout)] = ((total - ref_loss).abs().item() / ref_loss.abs().item(), worst)
+        results[(mode, layout, *tiled)] = ((total - ref_loss).abs().item() / ref_loss.abs().item(), worst)
     return results
 
 
@@ -181,13 +181,14 @@ STEP_CASES = {
     2: [("ring", "striped"), ("ring", "zigzag"), ("ulysses", "striped")],
     4: [("ring", "striped"), ("ring", "contiguous"), ("ring", "zigzag"), ("hybrid", "zigzag")],
 }
-PACKED_CASES = [("ring", "striped"), ("ring", "zigzag"), ("ulysses", "striped")]
+PACKED = [("ring", "striped"), ("ring", "zigzag"), ("ulysses", "striped"), ("ring", "striped", "tiled")]
+PACKED_CASES = {2: PACKED + [("ulysses", "striped", "tiled")], 4: PACKED}  # 2 q heads a group: Ulysses of 2
 
 
 def _training_worker(rank, world):
     hybrid = hybrid_groups(world // 2, 2) if world == 4 else None  # every rank creates every group, once
     steps = {case: _train_step_errors(rank, world, *case, hybrid) for case in STEP_CASES[world]}
-    return steps, _packed_errors(rank, world, PACKED_CASES)
+    return steps, _packed_errors(rank, world, PACKED_CASES[world])
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=lambda n: f"cp{n}")
@@ -211,7 +212,7 @@ def test_packed_batch_equals_its_examples_one_by_one(training_errors):
     rtol 1e-6, gradients atol 1e-6)."""
     world, per_rank = training_errors
     for _, packed in per_rank:
-        assert set(packed) == set(PACKED_CASES)
+        assert set(packed) == set(PACKED_CASES[world])
         for case, (loss_err, grad_err) in packed.items():
             assert loss_err < 1e-6 and grad_err < 1e-6, f"cp={world} {case}: loss {loss_err:.2e}, grads {grad_err:.2e}"
 

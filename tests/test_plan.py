@@ -319,3 +319,24 @@ def test_a_cp_1_stage_of_a_hybrid_run_is_planned_as_train_py_runs_it(monkeypatch
     assert [(r["cp"], r["dp"]) for r in plan["stages"]] == [(1, 2)]
     plan = command.run(command.PlanConfig(hybrid, seq_len=512, cp=4, dp=1, out=str(tmp_path)))
     assert [(r["cp"], r["dp"]) for r in plan["stages"]] == [(4, 1)]
+
+
+def test_each_tiling_lowers_the_planned_peak_and_is_charged_its_recompute():
+    """Head groups and sequence-tiled norms, planned by running them: each lowers the peak of the
+    debug model's checkpointed step at 2048 tokens over cp 2 (one group's q/k/v and ring sums, one
+    chunk's fp32 norm work), and the time model charges the head groups' second recompute: the
+    attention projections' matmuls and 2 more attention products."""
+    config, stage = _setup("debug", 2048, 2)
+    mesh = Mesh(2048, 2, 1)
+    configs = {
+        "plain": config,
+        "heads": config.replace(attn_head_groups=2),
+        "norms": config.replace(norm_chunk_size=128),
+    }
+    steps = {k: plan_step(c, stage, mesh, PARALLEL, OptimConfig(), GPU_SETTINGS) for k, c in configs.items()}
+    assert steps["heads"].peak < steps["plain"].peak and steps["norms"].peak < steps["plain"].peak
+    work = {k: step_work(configs[k], mesh, steps[k], "striped", "ring", True) for k in ("plain", "heads")}
+    tokens = 1024
+    attn_params = config.n_layers * config.dim * config.head_dim * (2 * config.n_heads + 2 * config.n_kv_heads)
+    assert work["heads"].matmul_flops - work["plain"].matmul_flops == 2 * attn_params * tokens
+    assert work["heads"].attention_flops * 9 == work["plain"].attention_flops * 11  # 2 + 5 + 2 -> + 2

@@ -86,6 +86,11 @@ class KVCache:
     """The cache of every layer of a model on this rank; `attach` swaps the model's attention."""
 
     def __init__(self, model, group=None, layout: str = "striped", backend: str = "auto"):
+        if model.config.attn_head_groups != 1:
+            raise ValueError(
+                f"the KV cache attends whole layers: model.attn_head_groups must be 1 for generation, "
+                f"got {model.config.attn_head_groups}"
+            )
         self.group, self.layout, self.backend = group, layout, backend
         self.world_size, self.rank = group_size_and_rank(group)
         self.layers = [CachedLayer(self) for _ in model.layers]

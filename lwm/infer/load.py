@@ -52,6 +52,7 @@ def load_model(source, tokenizer=None, device="cpu", dtype: torch.dtype | None =
         model = from_hf(source, dtype=dtype)
     else:
         weights, config = load_stage(source)
+        config = config.replace(attn_head_groups=1)  # a training memory setting; the KV cache takes whole layers
         with torch.device("meta"):
             model = Transformer(config)
         model.load_state_dict(weights, strict=True, assign=True)

@@ -13,6 +13,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from lwm.model.config import ModelConfig
 from lwm.model.documents import document_attention
@@ -39,6 +40,7 @@ class Attention(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.n_kv_heads, config.head_dim
+        self.head_groups = config.attn_head_groups
         self.wq = nn.Linear(config.dim, config.n_heads * config.head_dim, bias=False)
         self.wk = nn.Linear(config.dim, config.n_kv_heads * config.head_dim, bias=False)
         self.wv = nn.Linear(config.dim, config.n_kv_heads * config.head_dim, bias=False)
@@ -48,10 +50,36 @@ class Attention(nn.Module):
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, segment_ids: torch.Tensor | None = None
     ) -> torch.Tensor:
-        B, S, _ = x.shape
-        q = self.wq(x).view(B, S, self.n_heads, self.head_dim).transpose(1, 2)  # (B, S, H*D) -> (B, H, S, D)
-        k = self.wk(x).view(B, S, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, S, D)
-        v = self.wv(x).view(B, S, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, S, D)
+        if self.head_groups == 1:
+            q, k, v = self.wq(x), self.wk(x), self.wv(x)
+            return self.wo(self._attend(q, k, v, cos, sin, segment_ids))
+        # Head-tiled: one group of heads at a time, each recomputed in backward, so only one group's
+        # q/k/v, attention output and the attention's scratch (a ring's fp32 sums) live at once.
+        out = None
+        for g in range(self.head_groups):
+            if torch.is_grad_enabled():
+                part = checkpoint(self._group, x, cos, sin, segment_ids, g, use_reentrant=False)
+            else:
+                part = self._group(x, cos, sin, segment_ids, g)
+            out = part if out is None else out + part
+        return out
+
+    def _group(self, x, cos, sin, segment_ids, g: int) -> torch.Tensor:
+        """Group g's share of the output: its heads' attention through their rows of wq/wk/wv and
+        columns of wo. (B, S, dim) -> (B, S, dim)"""
+        q_rows = self.n_heads // self.head_groups * self.head_dim
+        kv_rows = self.n_kv_heads // self.head_groups * self.head_dim
+        qs, kvs = slice(g * q_rows, (g + 1) * q_rows), slice(g * kv_rows, (g + 1) * kv_rows)
+        q = F.linear(x, self.wq.weight[qs])
+        k, v = F.linear(x, self.wk.weight[kvs]), F.linear(x, self.wv.weight[kvs])
+        return F.linear(self._attend(q, k, v, cos, sin, segment_ids), self.wo.weight[:, qs])
+
+    def _attend(self, q, k, v, cos, sin, segment_ids) -> torch.Tensor:
+        """Projected q (B, S, Hq*D), k/v (B, S, Hkv*D) -> attention output (B, S, Hq*D)."""
+        B, S, _ = q.shape
+        q = q.view(B, S, -1, self.head_dim).transpose(1, 2)  # (B, S, H*D) -> (B, H, S, D)
+        k = k.view(B, S, -1, self.head_dim).transpose(1, 2)  # (B, Hkv, S, D)
+        v = v.view(B, S, -1, self.head_dim).transpose(1, 2)  # (B, Hkv, S, D)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         # Without segment ids the call is the plain one, so attention functions that know no
         # documents (the KV-cache paths of generation) keep working.
@@ -60,7 +88,7 @@ class Attention(nn.Module):
             if segment_ids is None
             else self.attn_fn(q, k, v, causal=True, segment_ids=segment_ids)
         )  # (B, H, S, D)
-        return self.wo(out.transpose(1, 2).reshape(B, S, -1))  # (B, H, S, D) -> (B, S, H*D) -> (B, S, dim)
+        return out.transpose(1, 2).reshape(B, S, -1)  # (B, H, S, D) -> (B, S, H*D)
 
     def init_weights(self, std: float, out_std: float) -> None:
         for linear in (self.wq, self.wk, self.wv):

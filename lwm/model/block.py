@@ -14,9 +14,9 @@ from lwm.model.norm import RMSNorm
 class Block(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.attn_norm = RMSNorm(config.dim, config.norm_eps)
+        self.attn_norm = RMSNorm(config.dim, config.norm_eps, config.norm_chunk_size)
         self.attn = Attention(config)
-        self.mlp_norm = RMSNorm(config.dim, config.norm_eps)
+        self.mlp_norm = RMSNorm(config.dim, config.norm_eps, config.norm_chunk_size)
         self.mlp = FeedForward(config.dim, config.ffn_dim, config.mlp_chunk_size)
 
     def forward(

@@ -47,6 +47,12 @@ class ModelConfig:
     max_seq_len: int = 4096
     # Blockwise MLP: run the MLP over sequence chunks of this size, recomputed in backward (0: off).
     mlp_chunk_size: int = 0
+    # Head-tiled attention: the attention (projections, RoPE, attention, output projection) runs over
+    # this many groups of heads, one at a time, each recomputed in backward (1: off; divides n_kv_heads).
+    attn_head_groups: int = 1
+    # Sequence-tiled RMSNorm: the norms run over chunks of this many tokens, each recomputed in
+    # backward, so their fp32 work lives for one chunk at a time (0: off).
+    norm_chunk_size: int = 0
     # Tokens per chunk in the chunked cross entropy; the (B, S, V) logits never exist at once.
     loss_chunk_size: int = 1024
 
@@ -60,13 +66,15 @@ class ModelConfig:
             "vocab_size",
             "max_seq_len",
             "loss_chunk_size",
+            "attn_head_groups",
         )
         for name in positive:
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"ModelConfig.{name} must be a positive integer, got {value!r}")
-        if self.mlp_chunk_size < 0:
-            raise ValueError(f"ModelConfig.mlp_chunk_size must be >= 0 (0 = off), got {self.mlp_chunk_size}")
+        for name in ("mlp_chunk_size", "norm_chunk_size"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
+                raise ValueError(f"ModelConfig.{name} must be an integer >= 0 (0 = off), got {getattr(self, name)!r}")
         if self.norm_eps <= 0:
             raise ValueError(f"ModelConfig.norm_eps must be > 0, got {self.norm_eps}")
         if self.rope_theta <= 0:
@@ -77,6 +85,11 @@ class ModelConfig:
             raise ValueError(f"dim {self.dim} is not divisible by n_heads {self.n_heads}")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
+        if self.n_kv_heads % self.attn_head_groups:
+            raise ValueError(
+                f"attn_head_groups {self.attn_head_groups} does not divide n_kv_heads {self.n_kv_heads} "
+                f"(each group takes whole kv heads and their queries)"
+            )
         if self.head_dim % 2:
             raise ValueError(
                 f"head_dim {self.head_dim} (dim {self.dim} / n_heads {self.n_heads}) must be even for RoPE"

@@ -26,7 +26,7 @@ class Transformer(nn.Module):
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.dim)
         self.layers = nn.ModuleList(Block(config) for _ in range(config.n_layers))
-        self.norm = RMSNorm(config.dim, config.norm_eps)
+        self.norm = RMSNorm(config.dim, config.norm_eps, config.norm_chunk_size)
         self.output = nn.Linear(config.dim, config.vocab_size, bias=False)
         if not self.output.weight.is_meta:
             self.init_weights()

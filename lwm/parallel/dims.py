@@ -83,16 +83,21 @@ class ParallelDims:
         if world != self.world:
             raise ValueError(f"world size {world} != dp {self.dp} x cp {self.cp} x tp {self.tp} = {self.world}")
 
-    def check_model(self, n_heads: int, n_kv_heads: int) -> None:
+    def check_model(self, n_heads: int, n_kv_heads: int, head_groups: int = 1) -> None:
         """tp splits the q and kv heads; the all-to-all splits each tp rank's q heads (its kv heads
-        are repeated where they do not split, lwm.parallel.ulysses.replicate_kv)."""
+        are repeated where they do not split, lwm.parallel.ulysses.replicate_kv), one head group's
+        at a time under head-tiled attention (model.attn_head_groups)."""
         if n_heads % self.tp or n_kv_heads % self.tp:
             raise ValueError(f"tp {self.tp} must divide the q heads ({n_heads}) and the kv heads ({n_kv_heads})")
-        local = n_heads // self.tp
+        if head_groups > 1 and self.tp > 1:
+            # The groups slice the projections' weights, which tensor parallelism has already split.
+            raise ValueError(f"model.attn_head_groups {head_groups} needs tp 1, got tp {self.tp}")
+        local = n_heads // self.tp // head_groups
         if local % self.all_to_all:
+            groups = f" in each of {head_groups} head groups" if head_groups > 1 else " per tp rank"
             raise ValueError(
-                f"mode {self.mode}: the {local} q heads per tp rank (heads {n_heads} / tp {self.tp}) are not "
-                f"divisible by the Ulysses size {self.all_to_all}"
+                f"mode {self.mode}: the {local} q heads{groups} (heads {n_heads} / tp {self.tp}"
+                f"{f' / {head_groups}' if head_groups > 1 else ''}) are not divisible by the Ulysses size {self.all_to_all}"
             )
 
     def check_seq(self, seq_len: int, layout: str) -> None:

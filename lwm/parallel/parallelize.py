@@ -101,7 +101,7 @@ def parallelize(
     """Apply meshes.dims to `model` (best built on the meta device): tp, cp attention, activation
     checkpointing, FSDP2 over dp x cp with settings' mixed precision."""
     dims = meshes.dims
-    dims.check_model(model.config.n_heads, model.config.n_kv_heads)
+    dims.check_model(model.config.n_heads, model.config.n_kv_heads, model.config.attn_head_groups)
     apply_tensor_parallel(model, meshes.tp)
     apply_context_parallel(model, meshes.attention_group, layout, dims.mode, meshes.ulysses_group, settings.backend)
     if activation_checkpointing:

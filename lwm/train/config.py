@@ -257,7 +257,7 @@ def stage_dims(cfg: RunConfig, stage: StageConfig) -> ParallelDims:
     length; raises naming the stage and the values."""
     try:
         dims = cfg.parallel.dims(cfg.trainer.world_size, stage.cp)
-        dims.check_model(cfg.model.n_heads, cfg.model.n_kv_heads)
+        dims.check_model(cfg.model.n_heads, cfg.model.n_kv_heads, cfg.model.attn_head_groups)
         dims.check_seq(stage.seq_len, cfg.parallel.layout)
     except ValueError as e:
         raise ValueError(f"stage {stage.name!r} (seq_len {stage.seq_len}, cp {stage.cp}): {e}") from None

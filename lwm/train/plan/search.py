@@ -20,7 +20,7 @@ def check_mesh(mesh: Mesh, model: ModelConfig, parallel: ParallelConfig, what: s
             raise ValueError(f"{what}: {name} must be >= 1, got {getattr(mesh, name)}")
     try:
         dims = mesh_dims(mesh, parallel)
-        dims.check_model(model.n_heads, model.n_kv_heads)
+        dims.check_model(model.n_heads, model.n_kv_heads, model.attn_head_groups)
         dims.check_seq(mesh.seq_len, parallel.layout)
     except ValueError as e:
         raise ValueError(f"{what}: {e}") from None

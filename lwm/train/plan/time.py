@@ -3,10 +3,13 @@
 Work, per rank and step (rank 0; with striped or zigzag every rank does the same):
   matmuls     2 x (the blocks' and the output head's parameters) x tokens, three times (forward,
               and backward's two products), once more with activation checkpointing (recompute);
-              the chunked loss computes its head gradients in its forward, which this counts.
+              the chunked loss computes its head gradients in its forward, which this counts. The
+              tilings that recompute in backward add theirs: the attention's projections once more
+              under head groups (model.attn_head_groups), the MLP's under model.mlp_chunk_size.
   attention   the score entries the ring schedule computes (lwm.parallel.schedule.block_work over
               every ring step) x heads x head_dim x 2 flops, for 2 products in forward, 5 in
-              backward (FlashAttention's recomputed scores, dV, dP, dQ, dK), 2 more with recompute.
+              backward (FlashAttention's recomputed scores, dV, dP, dQ, dK), 2 more with recompute,
+              2 more again under head groups (each group's forward is recomputed in its backward).
   memory      twice the bytes the step's other ops write (each written once, read once): norms,
               RoPE, activations' casts, the loss's softmax, AdamW (counted on the fake step).
   links       what the step sent: the ring's key/value blocks and dK/dV, Ulysses' all-to-alls,
@@ -44,6 +47,17 @@ def matmul_params(config: ModelConfig, tp: int = 1) -> int:
     """Parameters that take part in one tp rank's matmuls: its share of the blocks' projections and
     the whole output head (the embedding is a lookup, norms are elementwise)."""
     return block_params(config) // tp + config.vocab_size * config.dim
+
+
+def tiling_recompute(config: ModelConfig, local_len: int, tp: int = 1) -> tuple[int, int]:
+    """(matmul parameters recomputed once more per token, extra attention forwards) of the model's
+    tilings in training: head groups rerun the attention's projections and forward in backward,
+    the blockwise MLP its projections (when a rank's slice is longer than one chunk)."""
+    attn = config.n_layers * config.dim * config.head_dim * (2 * config.n_heads + 2 * config.n_kv_heads) // tp
+    mlp = config.n_layers * 3 * config.dim * config.ffn_dim // tp
+    grouped = config.attn_head_groups > 1
+    chunked = 0 < config.mlp_chunk_size < local_len
+    return (attn if grouped else 0) + (mlp if chunked else 0), int(grouped)
 
 
 def attention_entries(seq_len: int, cp: int, layout: str, mode: str, rank: int = 0) -> int:
@@ -84,11 +98,13 @@ def step_work(
     entries = max(attention_entries(mesh.seq_len, mesh.cp, layout, mode, r) for r in range(mesh.cp))
     attn_model = 7 * per_product * entries
     recompute = 2 * matmul_params(config, mesh.tp) * tokens, 2 * per_product * entries
+    tiled_params, tiled_forwards = tiling_recompute(config, mesh.seq_len // mesh.cp, mesh.tp)
+    tiled = 2 * tiled_params * tokens, tiled_forwards * 2 * per_product * entries
     fsdp = mesh.world // mesh.tp  # FSDP2 shards over dp x cp; a collective's own shard does not travel
     sent = memory.sent
     return Work(
-        matmul_flops=executed + (recompute[0] if checkpointing else 0),
-        attention_flops=attn_model + (recompute[1] if checkpointing else 0),
+        matmul_flops=executed + (recompute[0] if checkpointing else 0) + tiled[0],
+        attention_flops=attn_model + (recompute[1] if checkpointing else 0) + tiled[1],
         model_flops=useful + attn_model,
         hbm_bytes=2 * memory.written,
         ring_bytes=sent.get("p2p", 0),
