@@ -15,8 +15,9 @@ from pathlib import Path
 
 from lwm.train.config import ParallelConfig, StageConfig
 from lwm.train.plan import report
+from lwm.train.plan.advice import cheapest_fit
 from lwm.train.plan.config import PlanConfig, compose_run
-from lwm.train.plan.devices import parse_device
+from lwm.train.plan.devices import GIB, parse_device
 from lwm.train.plan.fake import GPU_SETTINGS
 from lwm.train.plan.infer import plan_inference
 from lwm.train.plan.memory import Mesh, plan_step
@@ -108,21 +109,50 @@ def run(config: PlanConfig) -> dict:
 
         return peak
 
-    def timed(stage: StageConfig, mesh: Mesh, mem) -> dict:
+    def timed(stage: StageConfig, mesh: Mesh, mem, model=model, parallel=parallel) -> dict:
         mc = stage_model_config(model, stage)
         a2a = parallel.ulysses if parallel.mode == "hybrid" else 0
         work = step_work(mc, mesh, mem, parallel.layout, parallel.mode, parallel.activation_checkpointing, a2a)
         return {"time": asdict(step_time(work, mesh, device, node)), "work": asdict(work)}
 
+    def memory(mesh: Mesh, mem) -> dict:
+        ranks = min(mesh.world, node)  # ranks of this run on one node: they share its host memory
+        return {
+            "peak_bytes": mem.peak,
+            "needs_bytes": device.needs(mem.peak),
+            "host_peak_bytes": mem.host_peak,
+            "host_needs_per_node": device.host_needs(mem.host_peak, ranks),
+        }
+
+    def advise(stage: StageConfig, mesh: Mesh) -> dict:
+        """The cheapest memory feature (or set of them) that makes the mesh fit, planned and timed."""
+
+        def plan(m, p):
+            return plan_step(stage_model_config(m, stage), stage, mesh, p, run_cfg.optim, GPU_SETTINGS)
+
+        found = cheapest_fit(model, parallel, mesh, plan, device, min(mesh.world, node))
+        result = {"tried": found.tried, "overrides": None}
+        if found.change is not None:
+            result.update(overrides=list(found.change.overrides), **memory(mesh, found.memory))
+            result.update(timed(stage, mesh, found.memory, found.change.model, found.change.parallel))
+        return result
+
     rows, curves = [], {}
     for stage, mesh in planned:
         mem = plan_step(stage_model_config(model, stage), stage, mesh, parallel, run_cfg.optim, GPU_SETTINGS)
-        row = {"stage": stage.name, **asdict(mesh), "peak_bytes": mem.peak, "needs_bytes": device.needs(mem.peak)}
+        row = {"stage": stage.name, **asdict(mesh), **memory(mesh, mem)}
         row.update(
             parts=mem.parts, breakdown=mem.breakdown, sent=mem.sent, written=mem.written, **timed(stage, mesh, mem)
         )
-        if device.fits(mem.peak):
+        host_ok = device.host_fits(mem.host_peak, min(mesh.world, node))
+        if device.fits(mem.peak) and host_ok:
             row["verdict"] = f"fits, {device.headroom_gib(mem.peak):.1f} GiB free"
+        elif device.fits(mem.peak):
+            row["verdict"] = "host memory does not fit"
+            row["why"] = (
+                f"the node's host holds {row['host_needs_per_node'] / GIB:.0f} GiB with margins "
+                f"({min(mesh.world, node)} ranks offloading {mem.host_peak / GIB:.1f} GiB each) of {device.host_gib:.0f}"
+            )
         else:
             mesh_for = stage_meshes(stage, mesh.world, model, parallel)
             probes: dict = {}
@@ -134,6 +164,8 @@ def run(config: PlanConfig) -> dict:
                 probe, fitted = probes[search.fits], dataclasses.replace(stage, cp=search.fits.cp)
                 row["fits_with"] = {**asdict(search.fits), "peak_bytes": probe.peak}
                 row["fits_with"].update(needs_bytes=device.needs(probe.peak), **timed(fitted, search.fits, probe))
+            else:  # no cp does: the cheapest memory feature that makes this mesh fit
+                row["advice"] = advise(stage, mesh)
         rows.append(row)
         curves.setdefault(report.mesh_label(mesh.cp, mesh.dp, mesh.tp), {})[mesh.seq_len] = mem.peak
     plan = {"device": asdict(device), "model": asdict(model), "parallel": asdict(parallel), "stages": rows}
@@ -143,7 +175,13 @@ def run(config: PlanConfig) -> dict:
         ranks = planned[0][1].world // tp  # what cp x dp can take
         found = []
         for cp in [c for c in (2**i for i in range(ranks.bit_length())) if ranks % c == 0]:
-            found.append(longest_sequence(cp, ranks // cp, peak_of(first), device, granule=1024 * cp, tp=tp))
+            kept: dict = {}
+
+            def host_fits(mesh: Mesh, kept=kept) -> bool:
+                return device.host_fits(kept[mesh].host_peak, min(mesh.world, node))
+
+            search = longest_sequence(cp, ranks // cp, peak_of(first, kept), device, 1024 * cp, tp, host_fits)
+            found.append(search)
         plan["longest"] = [asdict(f) for f in found]
         curves = {report.mesh_label(f.cp, f.dp, f.tp): f.points for f in found}
     if config.infer:

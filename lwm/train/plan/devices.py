@@ -3,7 +3,9 @@
 Vendor figures (dense bf16, no sparsity; SXM parts). Memory is what `torch.cuda.mem_get_info` reports
 as the device's total, not the marketing number (an "80GB" H100 shows 79.1 GiB). Links are per GPU,
 one direction: NVLink inside a node, the node's InfiniBand share per GPU (one 400 Gb/s NIC per GPU,
-200 Gb/s on A100 systems) across nodes.
+200 Gb/s on A100 systems) across nodes. Host memory is a DGX node's (2 TiB on DGX A100/H100/H200/B200),
+shared by its 8 GPUs; host copies run at a pinned PCIe copy's typical rate (about 50 GB/s one way on
+PCIe Gen5 x16, 25 on Gen4), an assumption until scripts/gpu_check.sh measures it.
 """
 
 from __future__ import annotations
@@ -29,6 +31,18 @@ class Device:
     # forward + backward about 50% (its published H100 figures); 1.0 where the peak is measured.
     matmul_efficiency: float = 0.7
     attention_efficiency: float = 0.5
+    host_gib: float = 2048.0  # host memory of one node (shared by its GPUs)
+    pcie_gbps: float = 50.0  # GB/s per GPU, one direction, device <-> pinned host memory
+    # What a rank's process holds in host memory beside the offloaded tensors (Python, torch, CUDA's
+    # host side, the data loader): an assumption, not measured.
+    host_reserved_gib: float = 16.0
+
+    def host_needs(self, host_peak_bytes: int, ranks_per_node: int) -> float:
+        """Bytes a node's host holds when each of its ranks offloads host_peak_bytes, margins included."""
+        return ranks_per_node * (host_peak_bytes * (1 + self.fragmentation) + self.host_reserved_gib * GIB)
+
+    def host_fits(self, host_peak_bytes: int, ranks_per_node: int) -> bool:
+        return self.host_needs(host_peak_bytes, ranks_per_node) <= self.host_gib * GIB
 
     def needs(self, peak_bytes: int) -> float:
         """Bytes a step with this tracked peak holds on the device, margins included."""
@@ -44,7 +58,7 @@ class Device:
 DEVICES = {
     "h100-80g": Device("h100-80g", 79.1, 989.0, 3.35, 450.0, 50.0),
     "h200-141g": Device("h200-141g", 139.8, 989.0, 4.8, 450.0, 50.0),
-    "a100-80g": Device("a100-80g", 79.1, 312.0, 2.04, 300.0, 25.0),
+    "a100-80g": Device("a100-80g", 79.1, 312.0, 2.04, 300.0, 25.0, pcie_gbps=25.0),
     "b200-192g": Device("b200-192g", 178.4, 2250.0, 8.0, 900.0, 50.0),
 }
 

@@ -60,6 +60,7 @@ class StepMemory:
     seconds: float = 0.0  # wall time of the measured step
     # The tensors live at the peak by what made them (PlanTracker.breakdown): add up to peak.
     breakdown: list[dict] = field(default_factory=list)
+    host_peak: int = 0  # bytes the step holds in host memory at its host peak (activation offload)
 
 
 def widen(batch: dict, sequences: int) -> dict:

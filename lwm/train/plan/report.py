@@ -54,8 +54,13 @@ def parts_lines(rows: list[dict]) -> list[str]:
         if r.get("breakdown"):
             top = ", ".join(f"{tracker.label(b)} {gib(b['bytes'])}" for b in r["breakdown"][:AT_THE_PEAK])
             lines.append(f"    largest at the peak (GiB): {top}")
+        if r.get("host_peak_bytes"):
+            lines.append(
+                f"    host: {gib(r['host_peak_bytes'])} GiB a rank, {gib(r['host_needs_per_node'])} GiB a node with margins"
+                + (f"; copies {r['time']['host_hidden']:.0%} hidden by compute" if "time" in r else "")
+            )
         if "why" in r:
-            searched = ", ".join(f"cp {cp}: {gib(peak)}" for cp, peak in r["searched"].items())
+            searched = ", ".join(f"cp {cp}: {gib(peak)}" for cp, peak in r.get("searched", {}).items())
             lines.append(f"    {r['why']}" + (f" (planned peaks {searched} GiB)" if searched else ""))
         if r.get("fits_with"):
             f, t = r["fits_with"], r["fits_with"]["time"]
@@ -64,7 +69,23 @@ def parts_lines(rows: list[dict]) -> list[str]:
                 f"({gib(f['needs_bytes'])} with margins), "
                 f"step {t['seconds']:.3g} s, {t['tokens_per_s_per_gpu']:.4g} tok/s/GPU, MFU {t['mfu']:.0%}, bound {t['bound']}"
             )
+        if r.get("advice"):
+            lines.append(f"    {advice_line(r['advice'])}")
     return lines
+
+
+def advice_line(advice: dict) -> str:
+    """The cheapest memory feature that makes a stage fit, in words, or what was tried."""
+    if advice["overrides"] is None:
+        tried = "; ".join(f"{o}: {gib(peak)}" for o, peak in advice["tried"].items())
+        return f"no memory feature makes it fit (planned peaks, each with those before it: {tried} GiB)"
+    t = advice["time"]
+    host = f", host {gib(advice['host_peak_bytes'])} GiB a rank" if advice["host_peak_bytes"] else ""
+    return (
+        f"fits with {' '.join(advice['overrides'])}: peak {gib(advice['peak_bytes'])} GiB "
+        f"({gib(advice['needs_bytes'])} with margins){host}, step {t['seconds']:.3g} s, "
+        f"{t['tokens_per_s_per_gpu']:.4g} tok/s/GPU"
+    )
 
 
 def longest_table(found: list[dict]) -> str:

@@ -133,14 +133,21 @@ class Longest:
 
 
 def longest_sequence(
-    cp: int, dp: int, peak_of: Callable[[Mesh], int], device: Device, granule: int, tp: int = 1
+    cp: int,
+    dp: int,
+    peak_of: Callable[[Mesh], int],
+    device: Device,
+    granule: int,
+    tp: int = 1,
+    host_fits: Callable[[Mesh], bool] | None = None,
 ) -> Longest:
     """The longest multiple of `granule` whose step fits on a (dp, cp, tp) mesh. The peak is flat while
     the optimizer step sets it (short lengths), then grows about linearly with the length (flash
     attention, chunked loss). Bracket: extrapolate along the line through the two longest lengths
     that fit, at most 8 times the last, until one does not; narrow: false position between the
     longest that fits and the shortest that does not, bisecting when the same end moves twice.
-    Ends when a length fits and the next one up does not."""
+    Ends when a length fits and the next one up does not. host_fits(mesh), asked after its peak is
+    planned: whether the node's host memory holds the mesh's offloaded tensors too (None: yes)."""
     points: dict[int, int] = {}
 
     def peak(n: int) -> int:
@@ -150,7 +157,7 @@ def longest_sequence(
         return points[s]
 
     def fits(n: int) -> bool:
-        return device.fits(peak(n))
+        return device.fits(peak(n)) and (host_fits is None or host_fits(Mesh(n * granule, cp, dp, 1, tp)))
 
     if not fits(1):
         return Longest(cp, dp, None, granule, points, tp)

@@ -17,6 +17,7 @@ import torch
 
 from lwm.configs import from_dict
 from lwm.parallel import compute_settings
+from lwm.train.plan.advice import cheapest_fit
 from lwm.train.plan.devices import GIB, Device
 from lwm.train.plan.fake import GPU_SETTINGS
 from lwm.train.plan.memory import Mesh, plan_step
@@ -59,6 +60,15 @@ def plan_stage(job: PreflightJob) -> StagePlan:
             m = search.fits
             plan.fits_with = {"cp": m.cp, "dp": m.dp, "batch": m.batch, "peak_bytes": search.peaks[m.cp]}
             plan.why += f" (planned peak {size(search.peaks[m.cp])})"
+        else:  # no cp does: the cheapest memory feature that makes this mesh fit, as lwm-plan says
+
+            def plan_with(model, par):
+                return plan_step(stage_model_config(model, stage), stage, mesh, par, job.optim, settings)
+
+            advice = cheapest_fit(job.model, parallel, mesh, plan_with, device, min(job.world, 8))
+            if advice.change is not None:
+                overrides = " ".join(advice.change.overrides)
+                plan.why += f"; it fits with {overrides} (planned peak {size(advice.memory.peak)})"
     return plan
 
 

@@ -15,6 +15,8 @@ Work, per rank and step (rank 0; with striped or zigzag every rank does the same
   links       what the step sent: the ring's key/value blocks and dK/dV, Ulysses' all-to-alls,
               tensor parallelism's all-reduces, FSDP's all-gathers and reduce-scatters (counted on
               the fake step).
+  host        the bytes activation offload copies to the host and back (counted on the fake step),
+              over the GPU's PCIe link.
 
 Tensor parallelism splits the blocks' projections and the heads over tp ranks; the embedding and
 output head are whole on each (lwm.parallel.tensor), so each tp rank computes the head's matmuls
@@ -22,7 +24,9 @@ for all its tokens.
 
 Overlap, as the code does it: the ring sends the next block while the current one is computed, so
 attention takes the longer of the two; FSDP2 prefetches the next layer's gather and reduces the
-last one's gradients during compute, so the step takes the longer of compute and FSDP traffic.
+last one's gradients during compute, so the step takes the longer of compute and FSDP traffic;
+activation offload copies on a side stream while the next layer computes, so the step takes the
+longer of compute and the host copies too (the part of the copies compute hides is reported).
 Ulysses' all-to-alls and tensor parallelism's all-reduces sit between the ops that need them (no
 overlap): they add to compute.
 """
@@ -78,6 +82,7 @@ class Work:
     fsdp_bytes: float  # all-gathers and reduce-scatters arriving at this rank
     tp_bytes: float = 0.0  # tensor parallelism's all-reduces, sent per rank (a ring all-reduce's 2 (tp - 1) / tp)
     a2a_bytes: float = 0.0  # Ulysses' all-to-alls, sent per rank
+    host_bytes: float = 0.0  # activation offload: copied to the host and back, per rank
 
 
 def step_work(
@@ -111,6 +116,7 @@ def step_work(
         fsdp_bytes=(fsdp - 1) / fsdp * (sent.get("all_gather", 0) + sent.get("reduce_scatter", 0)),
         tp_bytes=2 * (mesh.tp - 1) / mesh.tp * sent.get("all_reduce", 0),
         a2a_bytes=(1 - 1 / (all_to_all or mesh.cp)) * sent.get("all_to_all", 0),
+        host_bytes=sent.get("host", 0),
     )
 
 
@@ -121,6 +127,7 @@ class StepTime:
     mfu: float
     bound: str  # what sets the pace: compute | HBM | ring, fsdp, all-to-all or tp over NVLink/IB
     parts: dict[str, float]  # seconds of each resource alone
+    host_hidden: float = 1.0  # the share of the host copies' time that compute hides (1: all, or none made)
 
 
 def step_time(work: Work, mesh: Mesh, device: Device, node_size: int) -> StepTime:
@@ -147,11 +154,16 @@ def step_time(work: Work, mesh: Mesh, device: Device, node_size: int) -> StepTim
     if work.tp_bytes:
         serial[f"tp ({link(mesh.tp)})"] = work.tp_bytes / rate[link(mesh.tp)]
     parts.update(serial)
+    if work.host_bytes:
+        parts["host (PCIe)"] = work.host_bytes / (device.pcie_gbps * 1e9)
+    host = parts.get("host (PCIe)", 0.0)
     attention = max(parts["attention"], parts[ring_key])
     compute = parts["matmul"] + attention + parts["hbm"] + sum(serial.values())
-    seconds = max(compute, parts[fsdp_key])
+    seconds = max(compute, parts[fsdp_key], host)
     slowest_link = max(serial, key=serial.get, default=None)
-    if seconds == parts[fsdp_key] and parts[fsdp_key] > compute:
+    if host > max(compute, parts[fsdp_key]):
+        bound = "host (PCIe)"
+    elif seconds == parts[fsdp_key] and parts[fsdp_key] > compute:
         bound = fsdp_key
     elif parts[ring_key] > parts["attention"] and parts[ring_key] > parts["matmul"]:
         bound = ring_key
@@ -161,4 +173,5 @@ def step_time(work: Work, mesh: Mesh, device: Device, node_size: int) -> StepTim
         bound = max(("compute", parts["matmul"] + parts["attention"]), ("HBM", parts["hbm"]), key=lambda kv: kv[1])[0]
     tokens = mesh.batch * mesh.seq_len / (mesh.cp * mesh.tp)  # a tp group's ranks share their tokens
     mfu = work.model_flops / (seconds * device.tflops * 1e12)
-    return StepTime(seconds, tokens / seconds, mfu, bound, parts)
+    hidden = min(host, compute) / host if host else 1.0
+    return StepTime(seconds, tokens / seconds, mfu, bound, parts, hidden)

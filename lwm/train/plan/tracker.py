@@ -213,13 +213,15 @@ COMPUTE_OPS = ("mm", "addmm", "bmm", "matmul", "linear", "_scaled_dot_product")
 
 
 class WorkCounter(TorchDispatchMode):
-    """Bytes a step moves: per rank, out of each collective and point-to-point send, and written to
+    """Bytes a step moves: per rank, out of each collective and point-to-point send, between the
+    device and the host (a copy from one device to another: activation offload), and written to
     memory by every op that is not a matmul, attention kernel, view or collective (elementwise,
     reductions, copies, the optimizer): the HBM traffic the roofline charges."""
 
     def __init__(self):
         super().__init__()
-        self.sent: Counter = Counter()  # "all_gather" | "reduce_scatter" | "all_reduce" | "all_to_all" | "p2p" -> bytes
+        # "all_gather" | "reduce_scatter" | "all_reduce" | "all_to_all" | "p2p" | "host" -> bytes
+        self.sent: Counter = Counter()
         self.written = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -227,6 +229,8 @@ class WorkCounter(TorchDispatchMode):
         name = func.overloadpacket.__name__
         if func.namespace in ("c10d", "_c10d_functional"):  # functional: DTensor's (tensor parallelism)
             self._count_comm(name, args)
+        elif name == "copy_" and args[0].device != args[1].device:  # offload: to the host and back
+            self.sent["host"] += args[0].nbytes
         elif not name.startswith(COMPUTE_OPS):
             self.written += sum(_written(func, i, t) for i, t in enumerate(_tensors(out)))
         return out

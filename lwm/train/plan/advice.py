@@ -1,0 +1,102 @@
+"""The cheapest change that makes a stage fit where no larger cp does: the memory features a run
+can turn on, tried one more at a time, cheapest first, each planned by running it (memory.plan_step).
+
+The ladder, by what each costs at long context:
+  1. activation checkpointing: the blocks' forward again in backward (a third more matmuls), and
+     the saved activations fall from a layer's every tensor to its input;
+  2. sequence-tiled norms (model.norm_chunk_size): the norms again, elementwise, nearly free;
+  3. the blockwise MLP (model.mlp_chunk_size): the MLP's matmuls again;
+  4. activation offload (parallel.activation_offload): each block's input to host memory and back,
+     on a side stream, hidden by compute while the PCIe link keeps up;
+  5. head groups (model.attn_head_groups): the attention's forward once more in backward (2 of its
+     9 products), the dearest at long context, where attention is nearly all of the step.
+A step of the ladder that changes nothing at this length (chunks longer than a rank's slice, a
+setting already on, head groups under tensor parallelism) is skipped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable
+
+from lwm.model import ModelConfig
+from lwm.train.config import ParallelConfig
+from lwm.train.plan.devices import Device
+from lwm.train.plan.memory import Mesh, StepMemory, mesh_dims
+
+CHUNK = 16384  # tokens per chunk of the tiled norms and MLP: fp32 work of 256 MiB at dim 4096
+
+
+@dataclass(frozen=True)
+class Change:
+    overrides: tuple[str, ...]  # what to add to the command line, all of them
+    model: ModelConfig
+    parallel: ParallelConfig
+
+
+def ladder(model: ModelConfig, parallel: ParallelConfig, mesh: Mesh) -> list[Change]:
+    """The cumulative changes for this mesh, cheapest first (the module docstring)."""
+    local = mesh.seq_len // mesh.cp
+    steps: list[tuple[str, dict, dict]] = []
+    if not parallel.activation_checkpointing:
+        steps.append(("parallel.activation_checkpointing=true", {}, {"activation_checkpointing": True}))
+    if not model.norm_chunk_size and local > CHUNK:
+        steps.append((f"model.norm_chunk_size={CHUNK}", {"norm_chunk_size": CHUNK}, {}))
+    if not model.mlp_chunk_size and local > CHUNK:
+        steps.append((f"model.mlp_chunk_size={CHUNK}", {"mlp_chunk_size": CHUNK}, {}))
+    if not parallel.activation_offload:
+        steps.append(("parallel.activation_offload=true", {}, {"activation_offload": True}))
+    groups = head_groups(model, parallel, mesh)
+    if groups > 1:
+        steps.append((f"model.attn_head_groups={groups}", {"attn_head_groups": groups}, {}))
+    changes, overrides = [], ()
+    for override, model_fields, parallel_fields in steps:
+        overrides += (override,)
+        model = model.replace(**model_fields)
+        parallel = dataclasses.replace(parallel, **parallel_fields)
+        changes.append(Change(overrides, model, parallel))
+    return changes
+
+
+def head_groups(model: ModelConfig, parallel: ParallelConfig, mesh: Mesh) -> int:
+    """The most head groups (up to 8) the mesh runs: they divide the kv heads, need tp 1, and keep
+    each group's heads divisible by Ulysses' all-to-all; 1 where none do."""
+    if model.attn_head_groups > 1:
+        return 1  # already on
+    for groups in (8, 4, 2):
+        if model.n_kv_heads % groups:
+            continue
+        try:
+            mesh_dims(mesh, parallel).check_model(model.n_heads, model.n_kv_heads, groups)
+        except ValueError:
+            continue
+        return groups
+    return 1
+
+
+@dataclass
+class Advice:
+    change: Change | None  # the first of the ladder that fits (None: none does)
+    memory: StepMemory | None  # its planned step
+    tried: dict[str, int]  # the overrides of each step planned -> its planned peak
+
+
+def cheapest_fit(
+    model: ModelConfig,
+    parallel: ParallelConfig,
+    mesh: Mesh,
+    plan: Callable[[ModelConfig, ParallelConfig], StepMemory],
+    device: Device,
+    ranks_per_node: int,
+) -> Advice:
+    """Plan the ladder's steps in order until one fits on `device`, and on its node's host memory
+    with `ranks_per_node` ranks offloading."""
+    advice = Advice(None, None, {})
+    for change in ladder(model, parallel, mesh):
+        memory = plan(change.model, change.parallel)
+        advice.tried[" ".join(change.overrides)] = memory.peak
+        if device.fits(memory.peak) and device.host_fits(memory.host_peak, ranks_per_node):
+            advice.change, advice.memory = change, memory
+            break
+    return advice
