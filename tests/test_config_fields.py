@@ -43,6 +43,10 @@ Shown elsewhere (tests/test_train.py and tests/test_train_parallel.py unless nam
                          tests/test_data.py (a long line skipped unread, strict raises; 0.5 stops, 0.7 and 1 do not;
                          judged after JUDGED_AFTER examples); tests/test_io.py (read in pieces, never held);
                          here: they reach the stream from conf/data without a '+'
+  parallel.activation_offload
+                         tests/test_offload.py (bit-exact in one process, on gloo cp 2 and across a resume;
+                         the planner's host memory; LWMModule offloads; refused without checkpointing, there
+                         and from train.py: tests/test_train.py::test_bad_input_is_refused_before_the_run)
   parallel.document_mask, data.positions
                          tests/test_documents.py (the packed batch equals its examples one by one;
                          off, it does not; positions restart per example; their default follows the mask)

@@ -100,6 +100,10 @@ def test_default_run_config_is_valid():
             ["trainer.devices=4", "+schedule.stages.0.cp=4", "parallel.mode=hybrid", "parallel.ulysses=3"],
             r"ulysses 3 must divide cp",
         ),
+        (
+            ["parallel.activation_offload=true"],
+            r"parallel.activation_offload=true needs parallel.activation_checkpointing=true",
+        ),
         (["stop_at_step=-1"], r"stop_at_step must be >= 1 \(null: run each stage to its end\), got -1"),
         (["stop_at_step=0"], r"stop_at_step must be >= 1 .*, got 0"),
         (["trainer.out_dir=README.md"], r"trainer.out_dir README.md is a file; name a folder"),

@@ -1,6 +1,6 @@
 """Everything that talks across processes: the parallel sizes (ParallelDims) and their meshes, layouts,
-comm, block kernels, ring / Ulysses / hybrid attention, tensor parallelism, and `parallelize`, which
-applies them all to a model from outside."""
+comm, block kernels, ring / Ulysses / hybrid attention, tensor parallelism, activation offload, and
+`parallelize`, which applies them all to a model from outside."""
 
 from lwm.parallel.comm import RingComm
 from lwm.parallel.dims import ParallelDims
@@ -8,6 +8,7 @@ from lwm.parallel.hybrid import hybrid_attention, hybrid_groups
 from lwm.parallel.kernels import block_backward, block_forward
 from lwm.parallel.layout import LAYOUTS, check_divisible, positions, shard, unshard
 from lwm.parallel.mesh import Meshes, build_meshes
+from lwm.parallel.offload import ActivationOffload, CudaCopyEngine, SyncCopyEngine, apply_activation_offload
 from lwm.parallel.parallelize import (
     ComputeSettings,
     allocate,
@@ -25,6 +26,10 @@ from lwm.parallel.ulysses import ulysses_attention
 
 __all__ = [
     "LAYOUTS",
+    "ActivationOffload",
+    "CudaCopyEngine",
+    "SyncCopyEngine",
+    "apply_activation_offload",
     "ComputeSettings",
     "allocate",
     "Meshes",

@@ -1,7 +1,8 @@
 """Every kind of parallelism applied to a plain Transformer from outside, in one order:
 
     tensor parallelism (tp group) -> context-parallel attention (cp group) -> activation
-    checkpointing (PyTorch's checkpoint wrapper) -> FSDP2 over dp x cp
+    checkpointing (PyTorch's checkpoint wrapper) -> activation offload (lwm/parallel/offload.py)
+    -> FSDP2 over dp x cp
 
 The model itself stays single-process. Context parallelism only swaps its attention function; the
 caller feeds each rank its slice of the tokens (lwm.parallel.layout.shard) with their global
@@ -32,6 +33,7 @@ from lwm.parallel.hybrid import hybrid_attention
 from lwm.parallel.kernels import auto_backend
 from lwm.parallel.layout import check_layout
 from lwm.parallel.mesh import Meshes
+from lwm.parallel.offload import ActivationOffload, apply_activation_offload
 from lwm.parallel.ring import ring_attention
 from lwm.parallel.tensor import apply_tensor_parallel
 from lwm.parallel.ulysses import ulysses_attention
@@ -97,15 +99,19 @@ def parallelize(
     settings: ComputeSettings,
     layout: str = "striped",
     activation_checkpointing: bool = False,
+    offload: ActivationOffload | None = None,
 ) -> Transformer:
     """Apply meshes.dims to `model` (best built on the meta device): tp, cp attention, activation
-    checkpointing, FSDP2 over dp x cp with settings' mixed precision."""
+    checkpointing, activation offload (`offload`, None: off; needs checkpointing), FSDP2 over
+    dp x cp with settings' mixed precision."""
     dims = meshes.dims
     dims.check_model(model.config.n_heads, model.config.n_kv_heads, model.config.attn_head_groups)
     apply_tensor_parallel(model, meshes.tp)
     apply_context_parallel(model, meshes.attention_group, layout, dims.mode, meshes.ulysses_group, settings.backend)
     if activation_checkpointing:
         apply_activation_checkpointing(model)
+    if offload is not None:
+        apply_activation_offload(model, offload)
     policy = settings.mp_policy()
     for layer in model.layers:
         fully_shard(layer, mesh=meshes.fsdp, mp_policy=policy)
@@ -119,12 +125,13 @@ def meta_parallel_model(
     settings: ComputeSettings,
     layout: str = "striped",
     activation_checkpointing: bool = False,
+    offload: ActivationOffload | None = None,
 ) -> Transformer:
     """The model built on the meta device and parallelized, not yet allocated. Under fake tensors,
     call it outside FakeTensorMode: FSDP2 over a tp mesh makes DeviceMeshes from real rank tensors."""
     with torch.device("meta"):
         model = Transformer(config)
-    return parallelize(model, meshes, settings, layout, activation_checkpointing)
+    return parallelize(model, meshes, settings, layout, activation_checkpointing, offload)
 
 
 def allocate(model: Transformer, device: torch.device | str, init_state: dict | None) -> Transformer:
@@ -146,9 +153,11 @@ def build_parallel_model(
     init_state: dict | None,
     layout: str = "striped",
     activation_checkpointing: bool = False,
+    offload: ActivationOffload | None = None,
 ) -> Transformer:
     """meta_parallel_model, then allocate: the parallelized model on `device` with init_state's weights."""
-    return allocate(meta_parallel_model(config, meshes, settings, layout, activation_checkpointing), device, init_state)
+    model = meta_parallel_model(config, meshes, settings, layout, activation_checkpointing, offload)
+    return allocate(model, device, init_state)
 
 
 def global_group_counts(loss_mask: torch.Tensor, vision_mask: torch.Tensor, group=None) -> GroupCounts:

@@ -87,11 +87,18 @@ class ParallelConfig:
     ulysses: int = 1  # hybrid's all-to-all size (divides each stage's cp)
     tp: int = 1  # tensor-parallel degree (divides the q and kv heads)
     activation_checkpointing: bool = False  # recompute each block in backward
+    # move each checkpointed block's input to host memory between forward and backward
+    activation_offload: bool = False
     document_mask: bool = True  # packed examples attend only within themselves (segment ids)
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
             raise ValueError(f"parallel.layout must be one of {LAYOUTS}, got {self.layout!r}")
+        if self.activation_offload and not self.activation_checkpointing:
+            raise ValueError(
+                "parallel.activation_offload=true needs parallel.activation_checkpointing=true: offload moves "
+                "the checkpointed blocks' inputs (got activation_checkpointing=false)"
+            )
         # mode, ulysses and tp on their own (the stage's cp and the world are checked in stage_dims)
         ParallelDims(1, self.ulysses if self.mode == "hybrid" else 1, self.tp, self.mode, self.ulysses)
 

@@ -18,7 +18,17 @@ import torch
 import torch.distributed as dist
 
 from lwm.model import ModelConfig, Transformer
-from lwm.parallel import apply_activation_checkpointing, build_meshes, build_parallel_model, compute_settings, peers
+from lwm.parallel import (
+    ActivationOffload,
+    CudaCopyEngine,
+    SyncCopyEngine,
+    apply_activation_checkpointing,
+    apply_activation_offload,
+    build_meshes,
+    build_parallel_model,
+    compute_settings,
+    peers,
+)
 from lwm.ranks import is_rank0
 from lwm.train import rng
 from lwm.train.config import OptimConfig, ParallelConfig, StageConfig
@@ -27,6 +37,15 @@ from lwm.train.step import batch_loss, build_optimizer, train_step
 Weights = dict[str, torch.Tensor]
 
 _LOOP = "epoch_loop.automatic_optimization.optim_progress", "epoch_loop.manual_optimization.optim_step_progress"
+
+
+def activation_offload(parallel: ParallelConfig, device: torch.device) -> ActivationOffload | None:
+    """The offload the run's device asks for (None: parallel.activation_offload is off): pinned host
+    memory on a side stream on a GPU, plain copies into CPU tensors on a CPU."""
+    if not parallel.activation_offload:
+        return None
+    engine = CudaCopyEngine(device) if device.type == "cuda" else SyncCopyEngine("cpu")
+    return ActivationOffload(engine)
 
 
 def steps_from_automatic_optimization(checkpoint: dict) -> None:
@@ -67,6 +86,7 @@ class LWMModule(L.LightningModule):
         if self.model is not None:
             return
         mesh = getattr(self, "_device_mesh", None)
+        offload = activation_offload(self.parallel, self.device)  # from the accelerator, once
         if mesh is None:  # one process: a plain model
             self.model = self._fresh_model()
             state = self._read_init_state()
@@ -74,6 +94,8 @@ class LWMModule(L.LightningModule):
                 self.model.load_state_dict(state)
             if self.parallel.activation_checkpointing:
                 apply_activation_checkpointing(self.model)
+            if offload is not None:
+                apply_activation_offload(self.model, offload)
             return
 
         # Lightning's mesh only says how many ranks there are; lwm.parallel builds the run's own.
@@ -94,6 +116,7 @@ class LWMModule(L.LightningModule):
             init,
             self.parallel.layout,
             self.parallel.activation_checkpointing,
+            offload,
         )
 
     def _read_init_state(self) -> Weights | None:

@@ -23,7 +23,8 @@ from omegaconf import OmegaConf
 
 CONFIG = "config.yaml"
 # The keys that do not change what a run trains: where it runs and on how many processes, how often it
-# logs and saves, how it splits the work (exact on any layout), and what it does around the stages.
+# logs and saves, how it splits the work (exact on any layout), where it keeps activations (checkpointing
+# and offload are exact), and what it does around the stages.
 RUN_ONLY = (
     "resume",
     "stage_only",
@@ -48,6 +49,7 @@ RUN_ONLY = (
     "parallel.ulysses",
     "parallel.tp",
     "parallel.activation_checkpointing",
+    "parallel.activation_offload",
     "data.strict",
     "data.max_skipped_fraction",
 )

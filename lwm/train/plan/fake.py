@@ -27,7 +27,15 @@ from lwm.data.batches import Sharding, shard_batch, with_documents
 from lwm.data.vocab import Vocab
 from lwm.infer.generator import Generator
 from lwm.model import ModelConfig, Transformer
-from lwm.parallel import ComputeSettings, Meshes, ParallelDims, allocate, build_meshes, build_parallel_model
+from lwm.parallel import (
+    ActivationOffload,
+    ComputeSettings,
+    Meshes,
+    ParallelDims,
+    allocate,
+    build_meshes,
+    build_parallel_model,
+)
 from lwm.parallel.layout import ring_parts
 from lwm.parallel.tensor import BLOCK_PLAN
 from lwm.train.config import OptimConfig, ParallelConfig, StageConfig
@@ -197,13 +205,16 @@ def run_step(
     batch: dict,
     optim: OptimConfig | None = None,
     model: Transformer | None = None,
+    offload: ActivationOffload | None = None,
 ) -> StepResult:
     """Build the sharded model (no starting weights: fake and meta tensors have no values), or take
-    the one given (fake_allocate's), then one training step, its ops counted."""
+    the one given (fake_allocate's), then one training step, its ops counted. `offload`: the
+    activation offload the model is built with (under fake tensors the planner's:
+    SyncCopyEngine("meta")); None: off."""
     optim = optim or OptimConfig()
     if model is None:
         model = build_parallel_model(
-            model_config, where, settings, device, None, parallel.layout, parallel.activation_checkpointing
+            model_config, where, settings, device, None, parallel.layout, parallel.activation_checkpointing, offload
         )
     optimizer, scheduler = build_optimizer(model, stage, optim)
     seen: dict = {}

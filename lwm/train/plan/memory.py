@@ -18,11 +18,13 @@ import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from lwm.model import ModelConfig
-from lwm.parallel import ComputeSettings, Meshes, ParallelDims, meta_parallel_model
+from lwm.parallel import ActivationOffload, ComputeSettings, Meshes, ParallelDims, SyncCopyEngine, meta_parallel_model
 from lwm.train.config import OptimConfig, ParallelConfig, StageConfig
 from lwm.train.plan.fake import fake, fake_allocate, make_batch, place, run_prefill, start_fake_group
 from lwm.train.plan.tracker import PeakTracker, PlanTracker, WorkCounter
 from lwm.train.step import build_optimizer, train_step
+
+HOST = torch.device("meta")  # the host memory of a planned step: what activation offload copies to
 
 
 @dataclass(frozen=True)
@@ -60,7 +62,7 @@ class StepMemory:
     seconds: float = 0.0  # wall time of the measured step
     # The tensors live at the peak by what made them (PlanTracker.breakdown): add up to peak.
     breakdown: list[dict] = field(default_factory=list)
-    host_peak: int = 0  # bytes the step holds in host memory at its host peak (activation offload)
+    host_peak: int = 0  # peak bytes in host memory (activation offload's copies), measured step
 
 
 def widen(batch: dict, sequences: int) -> dict:
@@ -85,7 +87,7 @@ def tracked_step(model, batch: dict, optim: OptimConfig, stage: StageConfig, whe
     without checkpointing); the HBM bytes written include FSDP2's one-off lazy initialisation in the
     first forward (1-2% more)."""
     optimizer, scheduler = build_optimizer(model, stage, optim)
-    tracker = PlanTracker(model, optimizer)
+    tracker = PlanTracker(model, optimizer, next(model.parameters()).device)  # the compute device
     tracker.track_inputs((batch,))
     counter = WorkCounter()
     with tracker.skipping_propagation():
@@ -98,7 +100,8 @@ def tracked_step(model, batch: dict, optim: OptimConfig, stage: StageConfig, whe
             train_step(model, batch, optimizer, optim, where.cp_group, document_mask, scheduler)
         seconds = time.perf_counter() - start
     peak, parts = tracker.peak()
-    return StepMemory(peak, parts, dict(counter.sent), counter.written, seconds, tracker.breakdown())
+    host = tracker.host_peak(HOST)
+    return StepMemory(peak, parts, dict(counter.sent), counter.written, seconds, tracker.breakdown(), host)
 
 
 def plan_step(
@@ -117,13 +120,21 @@ def plan_step(
         where = place(dims.dp, dims.cp, tp=dims.tp, mode=dims.mode, ulysses=dims.ulysses)
         host = make_batch(model_config, mesh.seq_len, where, 1, parallel.layout, "cpu")  # cut on the host
         # Built outside the fake mode (FSDP2 over a tp mesh reads real rank tensors), then allocated fake.
-        model = meta_parallel_model(model_config, where, settings, parallel.layout, parallel.activation_checkpointing)
+        model = meta_parallel_model(
+            model_config, where, settings, parallel.layout, parallel.activation_checkpointing, planned_offload(parallel)
+        )
         with FakeTensorMode() as mode:
             batch = widen(fake(host, mode), mesh.batch)
             model = fake_allocate(model, mode)
             return tracked_step(model, batch, optim, stage, where, parallel.document_mask)
     finally:
         dist.destroy_process_group()
+
+
+def planned_offload(parallel: ParallelConfig) -> ActivationOffload | None:
+    """The run's activation offload as the planner runs it: plain copies at the GPU engine's program
+    points, into HOST (the device tensors are fake CPU ones; the tracker counts the meta device apart)."""
+    return ActivationOffload(SyncCopyEngine(HOST)) if parallel.activation_offload else None
 
 
 @dataclass

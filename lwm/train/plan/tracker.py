@@ -29,15 +29,18 @@ SHORT_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "f
 
 class PlanTracker(FSDPMemTracker):
     """FSDPMemTracker that leaves out DTensor's shape propagation, keeps only the device totals'
-    peak, and can restart it.
+    peak, and can restart it. `device` is the compute device (where the model's parameters are):
+    its peak is the plan's peak; another device (the host that activation offload copies to: the
+    meta device under the planner) has its own peak, host_peak.
 
     DTensor computes an op's output metadata by running it on global-shape tensors under the
     active fake mode; the tracker skips those only when they run under another fake mode than the
     one it was entered in, so under the planner's FakeTensorMode it counted them: in gradient
     clipping a phantom of the whole unsharded fp32 gradient (25 GiB at 7b)."""
 
-    def __init__(self, module, optimizer=None):
+    def __init__(self, module, optimizer, device: torch.device | str):
         super().__init__(module, optimizer)
+        self.device = torch.device(device)
         self._propagating = 0
         # Where the peak is: each storage stamped with what made it when first counted, and a log of
         # (origin, kind, bytes) changes whose prefix up to the peak's index is the peak's live set.
@@ -111,6 +114,8 @@ class PlanTracker(FSDPMemTracker):
         origin = getattr(winfo, "origin", None)
         if origin is None:
             origin = winfo.origin = self._origin()
+        if winfo.device != self.device:  # the breakdown is the compute device's
+            return
         if u_type == _UpdateType.ADD:
             self._log.append((origin, winfo.reftype, winfo.mem_consumed))
         elif u_type == _UpdateType.DEL:
@@ -160,7 +165,8 @@ class PlanTracker(FSDPMemTracker):
             if self._peak_mem.get(dev, 0) < snap[_TOTAL_KEY]:
                 self._peak_mem[dev] = snap[_TOTAL_KEY]
                 self._peak_mem_snap[dev] = dict(snap)
-                self._peak_at = len(self._log)
+                if dev == self.device:
+                    self._peak_at = len(self._log)
 
     def restart_peak(self) -> None:
         """The peak from now on (the tracker has no public reset of it; module stats reset too)."""
@@ -171,13 +177,17 @@ class PlanTracker(FSDPMemTracker):
         self._stepping = True
 
     def peak(self) -> tuple[int, dict[str, int]]:
-        """(peak bytes, its parts) on the one device the step ran on."""
+        """(peak bytes, its parts) on the compute device."""
         snaps = self.get_tracker_snapshot("peak")
-        if len(snaps) != 1:
-            raise RuntimeError(f"expected one device in the tracker's peak, got {list(snaps)}")
-        (snap,) = snaps.values()
+        if self.device not in snaps:
+            raise RuntimeError(f"the tracker saw nothing on the compute device {self.device}, only on {list(snaps)}")
+        snap = snaps[self.device]
         parts = {name: sum(snap.get(k, 0) for k in kinds) for name, kinds in PARTS.items()}
         return snap["Total"], parts
+
+    def host_peak(self, host: torch.device | str) -> int:
+        """Peak bytes on `host` (0: nothing was put there)."""
+        return self.get_tracker_snapshot("peak").get(torch.device(host), {}).get(_TOTAL_KEY, 0)
 
 
 def _readable(path: str) -> str:
