@@ -195,7 +195,39 @@ def test_a_stage_that_does_not_fit_is_searched_and_timed_at_the_cp_that_does(mon
     calls.clear()  # a global batch puts the same tokens on a rank at every cp: nothing to search
     plan = command.run(command.PlanConfig(SMALL + ["trainer.devices=4", "+schedule.stages.1.global_batch=4"],
                                           stage="b", gpu="custom:0.0001,10,100,10", out=str(tmp_path)))  # fmt: skip
-    assert len(calls) == 1 and "puts 128 tokens on each rank" in plan["stages"][0]["why"]
+    assert "puts 128 tokens on each rank" in plan["stages"][0]["why"]
+    # then the memory features, one more at a time (the stub's peak does not move: none fits)
+    advice = plan["stages"][0]["advice"]
+    assert [c[3].activation_offload for c in calls] == [False, True, True] and calls[2][0].attn_head_groups == 2
+    assert advice["overrides"] is None and list(advice["tried"]) == [
+        "parallel.activation_offload=true",
+        "parallel.activation_offload=true model.attn_head_groups=2",
+    ]
+
+
+def test_a_stage_no_cp_fits_is_told_the_cheapest_memory_feature_that_does(monkeypatch, tmp_path, capsys):
+    """Where no cp fits, the ladder (checkpointing, tiled norms, blockwise MLP, offload, head groups:
+    lwm/train/plan/advice.py) is planned one more feature at a time and the first that fits is named,
+    with its peak and time; the preflight says the same."""
+    calls = []
+
+    def plan_step(config, stage, mesh, parallel, optim, settings):
+        calls.append((config, parallel))
+        tokens = mesh.batch * mesh.seq_len // mesh.cp
+        per_token = 256 if parallel.activation_offload else 1024  # offload: a quarter stays on the device
+        host = tokens * 768 if parallel.activation_offload else 0
+        return StepMemory(tokens * per_token, {"activations": 1}, {"p2p": 1}, 1, host_peak=host)
+
+    monkeypatch.setattr(command, "plan_step", plan_step)
+    overrides = ["model=debug", "schedule=debug"]  # checkpointing off
+    plan = command.run(
+        command.PlanConfig(overrides, seq_len=2**14, cp=1, dp=1, gpu="custom:0.01,10,100,10", out=str(tmp_path))
+    )
+    advice = plan["stages"][0]["advice"]
+    assert advice["overrides"] == ["parallel.activation_checkpointing=true", "parallel.activation_offload=true"]
+    assert advice["peak_bytes"] == 2**14 * 256 and advice["host_peak_bytes"] == 2**14 * 768
+    assert [p.activation_checkpointing for _, p in calls] == [False, True, True]
+    assert "fits with parallel.activation_checkpointing=true parallel.activation_offload=true" in capsys.readouterr().out
 
 
 def test_batch_and_a_world_from_the_schedule(monkeypatch, tmp_path, capsys):
