@@ -160,11 +160,13 @@ def test_a_host_buffer_is_reused_only_after_its_copy_ends():
         _interleaved(_EarlyRelease(standin_engine(StandInCuda())))
 
 
-def test_offload_needs_checkpointed_blocks_and_one_backward():
+def test_offload_needs_checkpointed_blocks_and_one_backward_and_leaves_small_tensors():
     with pytest.raises(ValueError, match="block 0 is not checkpointed"):
         apply_activation_offload(Transformer(CFG), ActivationOffload(SyncCopyEngine("cpu")))
+    small = torch.ones(2, requires_grad=True)  # 8 bytes
+    assert ActivationOffload(SyncCopyEngine("cpu"), min_bytes=9).pack(small) is small
     offload = ActivationOffload(SyncCopyEngine("cpu"))
-    saved = offload.pack(torch.ones(2, requires_grad=True))
+    saved = offload.pack(small)
     offload.unpack(saved)
     with pytest.raises(RuntimeError, match="unpacked twice"):
         offload.unpack(saved)

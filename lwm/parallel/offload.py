@@ -28,7 +28,9 @@ fake tensors to plan what CudaCopyEngine's run holds, so nothing may depend on w
       fetched ahead (another order) fetches it there and waits.
 
 Host buffers come from a pool keyed by (shape, dtype), kept across steps (pinned allocation is
-slow). A buffer goes back to the pool only after every copy that touched it has been waited on.
+slow). A buffer goes back to the pool only after the compute stream has waited for every copy that
+touched it; the host does not wait, and the next copy into the buffer runs on the same side stream,
+after them.
 """
 
 from __future__ import annotations
