@@ -9,10 +9,14 @@ of a large preset on one GPU (tokens/s, TFLOP/s, MFU, peak memory).
    AdamW (lwm-plan's step), beside lwm-plan's plan of it (peak memory, and step time on a GPU
    lwm-plan lists). FLOPs are model FLOPs (6 x matmul parameters per token + causal attention once;
    the recomputation of checkpointing is not counted), MFU against the device's dense bf16 peak.
+   With --features: the same step under each memory configuration of bench/memory_features.py
+   (offload, head groups, tiled norms, blockwise MLP), peak and time as ratios to checkpointing alone.
 
     python -m bench.train            # writes docs/benchmarks.md
     python -m bench.train --steps 4 --no-write
     python -m bench.train --part layers --device cuda --preset 7b --layers 4 --lengths 8192 32768
+    python -m bench.train --part layers --device cuda --preset 7b --layers 4 --lengths 32768 131072 \
+        --steps 1 --features checkpointing offload tiled --head-groups 4 --chunk 16384
 """
 
 from __future__ import annotations
@@ -25,14 +29,17 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from bench.memory_features import FEATURES, Feature
 from bench.report import command_line, host_line, peak_mib, peak_tflops, publish, sync
 from lwm.model import ModelConfig, Transformer
 from lwm.parallel import build_parallel_model, compute_settings
-from lwm.train.config import OptimConfig, ParallelConfig, StageConfig
+from lwm.train.config import OptimConfig, StageConfig
+from lwm.train.module import activation_offload
 from lwm.train.plan.devices import DEVICES
 from lwm.train.plan.fake import make_batch, place
 from lwm.train.plan.memory import Mesh, plan_step
@@ -79,23 +86,31 @@ def model_flops_per_token(config, seq_len: int) -> float:
     return 6 * matmul + 3 * c.n_layers * 2 * 2 * (seq_len / 2) * c.dim
 
 
-def layer_step(preset: str, layers: int, seq_len: int, steps: int, device_type: str) -> dict:
+def layer_step(
+    preset: str, layers: int, seq_len: int, steps: int, device_type: str, memory: Memory | None = None
+) -> dict:
     """In a one-rank process group: the training step LWMModule and lwm-plan run
     (lwm.train.step.train_step: the objective, backward, clipping, AdamW, the schedule) on real
-    tensors; times `steps` steps after one warm-up step, the device's peak allocation over them."""
+    tensors, under `memory`'s features (None: checkpointing alone); times `steps` steps after one
+    warm-up step, the device's peak allocation over them, and offload's host buffers."""
+    memory = memory or Memory()
     device = torch.device(device_type, 0) if device_type == "cuda" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    config, stage = layer_setup(preset, layers, seq_len, steps)
+    config, stage = layer_setup(preset, layers, seq_len, steps, memory)
+    parallel = memory.feature.parallel()
     torch.manual_seed(0)
     with device:
         init_state = Transformer(config).state_dict()
     where = place(1, 1, device.type)
     settings = compute_settings(device, config.head_dim)
-    model = build_parallel_model(config, where, settings, device, init_state, activation_checkpointing=True)
+    offload = activation_offload(parallel, device)
+    model = build_parallel_model(
+        config, where, settings, device, init_state, parallel.layout, parallel.activation_checkpointing, offload
+    )
     del init_state
     optimizer, scheduler = build_optimizer(model, stage, OPTIM)
-    batch = make_batch(config, seq_len, where, 1, LAYERS_PARALLEL.layout, device)
+    batch = make_batch(config, seq_len, where, 1, parallel.layout, device)
 
     def step():
         train_step(model, batch, optimizer, OPTIM, where.cp_group, False, scheduler)
@@ -114,31 +129,49 @@ def layer_step(preset: str, layers: int, seq_len: int, steps: int, device_type: 
         "peak_mib": peak_mib(device),
         "flops_per_token": model_flops_per_token(config, seq_len),
         "params": sum(p.numel() for p in model.parameters()),
+        "host_mib": offload.host_bytes / 2**20 if offload is not None else 0.0,
     }
 
 
 OPTIM = OptimConfig()
-LAYERS_PARALLEL = ParallelConfig(activation_checkpointing=True, document_mask=False)  # one document
 
 
-def layer_setup(preset: str, layers: int, seq_len: int, steps: int) -> tuple[ModelConfig, StageConfig]:
+@dataclass(frozen=True)
+class Memory:
+    """A memory configuration of the step: bench/memory_features.py's feature with its sizes."""
+
+    feature: Feature = FEATURES["checkpointing"]
+    head_groups: int = 1
+    chunk: int = 0
+
+    def label(self) -> str:
+        return self.feature.label(self.head_groups, self.chunk)
+
+
+def layer_setup(
+    preset: str, layers: int, seq_len: int, steps: int, memory: Memory | None = None
+) -> tuple[ModelConfig, StageConfig]:
+    memory = memory or Memory()
     config = ModelConfig.from_preset(preset, n_layers=layers, max_seq_len=seq_len)
+    config = memory.feature.model(config, memory.head_groups, memory.chunk)
     return config, StageConfig("layers", seq_len, rope_theta=config.rope_theta, steps=steps + 1, lr=1e-5)
 
 
-def planned_step(preset: str, layers: int, seq_len: int, device: torch.device) -> dict:
-    """lwm-plan's plan of the same step (fake tensors, the device's settings): the tracked peak, and
-    the step time on the device's roofline where lwm.train.plan.devices knows the GPU."""
-    config, stage = layer_setup(preset, layers, seq_len, 1)
+def planned_step(preset: str, layers: int, seq_len: int, device: torch.device, memory: Memory | None = None) -> dict:
+    """lwm-plan's plan of the same step (fake tensors, the device's settings): the tracked peak and
+    host peak, and the step time on the device's roofline where lwm.train.plan.devices knows the GPU."""
+    memory = memory or Memory()
+    config, stage = layer_setup(preset, layers, seq_len, 1, memory)
+    parallel = memory.feature.parallel()
     settings = compute_settings(device, config.head_dim)
     mesh = Mesh(seq_len, 1, 1)
-    mem = plan_step(config, stage, mesh, LAYERS_PARALLEL, OPTIM, settings)
+    mem = plan_step(config, stage, mesh, parallel, OPTIM, settings)
     gpu = known_gpu(device)
+    plan = {"peak_mib": mem.peak / 2**20, "host_mib": mem.host_peak / 2**20, "step_s": None}
     if gpu is None:
-        return {"peak_mib": mem.peak / 2**20, "step_s": None}
-    layout, mode = LAYERS_PARALLEL.layout, LAYERS_PARALLEL.mode
-    work = step_work(config, mesh, mem, layout, mode, LAYERS_PARALLEL.activation_checkpointing)
-    return {"peak_mib": mem.peak / 2**20, "step_s": step_time(work, mesh, DEVICES[gpu], 8).seconds}
+        return plan
+    work = step_work(config, mesh, mem, parallel.layout, parallel.mode, parallel.activation_checkpointing)
+    return {**plan, "step_s": step_time(work, mesh, DEVICES[gpu], 8).seconds}
 
 
 def known_gpu(device: torch.device) -> str | None:
@@ -194,12 +227,72 @@ def layers_part(args) -> str:
             "warm-up. Model FLOPs per token = 6 x matmul parameters + causal attention (each score once); peak memory "
             "= the device's peak allocation (CPU: the process's peak RSS, interpreter and libraries included, so the "
             "ratio to the plan means something on a GPU only). Planned: lwm-plan's tracked peak of the same step "
-            "(no margins) and its roofline time for this GPU (docs/plan.md; n/a for a device it does not list).",
+            "(no margins) and its roofline time for this GPU (docs/planning.md; n/a for a device it does not list).",
             "",
             "| tokens per sequence | s/step | tokens/s | TFLOP/s | MFU | peak memory (GiB) | planned peak (GiB) "
             "| measured / planned | planned s/step | measured / planned |",
             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
             *rows,
+        ]
+    )
+
+
+def features_part(args) -> None:
+    """The step under each of --features (the first is the baseline) at each length, one at a time:
+    planned (a fake process group), then run in a one-rank group of its own; the section is published
+    after each, so a run cut off by its time cap keeps every row it measured."""
+    import torch.distributed as dist
+
+    device = torch.device(args.device)
+    memories = [Memory(FEATURES[name], args.head_groups, args.chunk) for name in args.features]
+    todo = [(n, m) for n in args.lengths for m in memories]
+    rows, base = [], {}
+    for i, (seq_len, memory) in enumerate(todo):
+        plan = planned_step(args.preset, args.layers, seq_len, device, memory)  # outside the real group
+        dist.init_process_group(
+            "nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1, store=dist.HashStore()
+        )
+        try:
+            r = layer_step(args.preset, args.layers, seq_len, args.steps, args.device, memory)
+        finally:
+            dist.destroy_process_group()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        b = base.setdefault(seq_len, r)
+        rows.append(
+            f"| {seq_len} | {memory.label()} | {r['step_s']:.3f} | {r['step_s'] / b['step_s']:.2f}x | "
+            f"{r['peak_mib'] / 1024:.2f} | {r['peak_mib'] / b['peak_mib']:.2f}x | {plan['peak_mib'] / 1024:.2f} | "
+            f"{ratio(r['peak_mib'], plan['peak_mib'])} | {r['host_mib'] / 1024:.2f} | {plan['host_mib'] / 1024:.2f} |"
+        )
+        print(
+            f"features {args.preset} x{args.layers} S={seq_len} {memory.label()}: {r['step_s']:.3f} s/step, "
+            f"peak {r['peak_mib'] / 1024:.2f} GiB (planned {plan['peak_mib'] / 1024:.2f}), host "
+            f"{r['host_mib'] / 1024:.2f} GiB (planned {plan['host_mib'] / 1024:.2f})",
+            flush=True,
+        )
+        left = [f"{n} {m.feature.name}" for n, m in todo[i + 1 :]]
+        publish(f"train-features-{args.device}", features_section(args, rows, left), write=not args.no_write)
+
+
+def features_section(args, rows: list[str], left: list[str]) -> str:
+    base = Memory(FEATURES[args.features[0]], args.head_groups, args.chunk).label()
+    pending = f"Not measured (the run was still going, or stopped, when this was written): {', '.join(left)}."
+    return "\n".join(
+        [
+            f"Command: `{command_line()}`  ",
+            f"Host: {host_line()}  ",
+            f"`{args.preset}` shapes with {args.layers} layers, batch 1, {args.device}; the step of the "
+            "train-layers section under each memory configuration (bench/memory_features.py; docs/planning.md), "
+            f"mean of {args.steps} steps after a warm-up, ratios to `{base}` at the same length. Peak memory = "
+            "the device's peak allocation (CPU: the process's peak RSS; offload's host buffers are then in it); "
+            "host = offload's host buffers (pinned memory on a GPU, not in the device's peak). Planned: lwm-plan's "
+            "tracked peak and host peak of the same step (no margins).",
+            "",
+            "| tokens | configuration | s/step | vs baseline | peak (GiB) | vs baseline | planned peak (GiB) "
+            "| measured / planned | host (GiB) | planned host (GiB) |",
+            "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+            *rows,
+            *(["", pending] if left else []),
         ]
     )
 
@@ -212,10 +305,21 @@ def main():
     parser.add_argument("--preset", default="7b", help="layers: the model preset whose shapes are used")
     parser.add_argument("--layers", type=int, default=4, help="layers: how many of its layers")
     parser.add_argument("--lengths", type=int, nargs="+", default=[8192, 32768], help="layers: tokens per sequence")
+    parser.add_argument(
+        "--features",
+        nargs="+",
+        choices=list(FEATURES),
+        help="layers: memory configurations to compare (bench/memory_features.py), the first the baseline",
+    )
+    parser.add_argument("--head-groups", type=int, default=4, help="layers --features: attn_head_groups where on")
+    parser.add_argument("--chunk", type=int, default=16384, help="layers --features: norm and MLP chunk where on")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device here")
+    if args.part == "layers" and args.features:
+        features_part(args)
+        return
     if args.part == "layers":
         publish(f"train-layers-{args.device}", layers_part(args), write=not args.no_write)
         return

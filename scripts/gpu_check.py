@@ -54,7 +54,7 @@ TAIL_LINES = 60  # of each part's output in the reports
 LINE_CHARS = 500  # a longer line is cut in the reports (parts.log keeps it)
 LOG = "parts.log"
 LOG_HEAD_BYTES = 2**20  # per part: the first MiB of output goes to parts.log as it comes,
-LOG_TAIL_BYTES = 2**18  # then only the last 256 KiB, appended when the part ends (5 parts < 7 MiB)
+LOG_TAIL_BYTES = 2**18  # then only the last 256 KiB, appended when the part ends (6 parts < 8 MiB)
 PUBLISH_EVERY_S = 5.0  # the reports show a running part's output this often
 # What the device tool brings back from $OUT: at most 8 files, 16 MiB each, 64 MiB together, two
 # folders deep, named in letters, digits, '.', '_' and '-' (the device tool's README, Limits).
@@ -65,7 +65,7 @@ FILE_NAME = re.compile(r"[A-Za-z0-9._-]+")
 @dataclass
 class Part:
     name: str
-    cap_s: int  # the GPU run's caps add up to 8 minutes with the preflight
+    cap_s: int  # the GPU run's caps add up to 470 s: 8 minutes with the preflight
     gpu: list[str]  # arguments after the interpreter
     dry: list[str]  # the same entry point on CPU with tiny shapes
     env: dict[str, str] = field(default_factory=dict)  # set for this part alone
@@ -91,11 +91,11 @@ TESTS = [
 NO_PLUGIN_AUTOLOAD = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
 PARTS = [
     # ring / Ulysses / hybrid and document masks on CUDA, a one-GPU bf16 training step, the KV cache
-    Part("tests", 110, TESTS, TESTS, NO_PLUGIN_AUTOLOAD),
+    Part("tests", 95, TESTS, TESTS, NO_PLUGIN_AUTOLOAD),
     # the ring schedule over simulated ranks vs one fused SDPA flash call, bf16, fwd+bwd
     Part(
         "attention",
-        100,
+        75,
         [
             "-m",
             "bench.attention",
@@ -137,7 +137,7 @@ PARTS = [
     # a few layers of the 7b preset: FSDP2 bf16, activation checkpointing, 8K and 32K tokens, beside lwm-plan's plan
     Part(
         "train",
-        100,
+        70,
         [
             "-m",
             "bench.train",
@@ -172,17 +172,72 @@ PARTS = [
             "1",
         ],
     ),
+    # the same 4 layers at 32K and 128K: checkpointing alone, + offload, + tiling (head groups, norm and MLP
+    # chunks); peak, host bytes and step time as ratios, beside the plan (each row published as it ends)
+    Part(
+        "memory",
+        100,
+        [
+            "-m",
+            "bench.train",
+            "--part",
+            "layers",
+            "--device",
+            "cuda",
+            "--preset",
+            "7b",
+            "--layers",
+            "4",
+            "--lengths",
+            "32768",
+            "131072",
+            "--steps",
+            "1",
+            "--features",
+            "checkpointing",
+            "offload",
+            "tiled",
+            "--head-groups",
+            "4",
+            "--chunk",
+            "16384",
+        ],
+        [
+            "-m",
+            "bench.train",
+            "--part",
+            "layers",
+            "--device",
+            "cpu",
+            "--preset",
+            "debug",
+            "--layers",
+            "2",
+            "--lengths",
+            "128",
+            "--steps",
+            "1",
+            "--features",
+            "checkpointing",
+            "offload",
+            "tiled",
+            "--head-groups",
+            "2",
+            "--chunk",
+            "64",
+        ],
+    ),
     # the longest prompt the tiny model prefills on one GPU (an hour of video is 925,200 tokens)
     Part(
         "infer",
-        110,
+        90,
         ["-m", "bench.infer", "--parts", "longest", "--device", "cuda"],
         ["-m", "bench.infer", "--parts", "longest", "--device", "cpu", "--longest-lengths", "512", "--chunk", "256"],
     ),
     # the lwm VQGAN's encode frames/s in bf16 (target >= 2000 on an H200)
     Part(
         "vqgan",
-        50,
+        40,
         [
             "-m",
             "bench.vqgan",

@@ -66,7 +66,7 @@ def test_dry_run_runs_every_part_and_writes_the_report(tmp_path):
     assert all(size <= DEVICE_MAX_FILE_BYTES for size in files.values()), files
     assert all(re.fullmatch(r"[A-Za-z0-9._-]+", name) for name in files), files
     report = json.loads((out / "report.json").read_text())
-    assert [p["name"] for p in report["parts"]] == ["tests", "attention", "train", "infer", "vqgan"]
+    assert [p["name"] for p in report["parts"]] == ["tests", "attention", "train", "memory", "infer", "vqgan"]
     assert all(p["status"] == "ok" for p in report["parts"]), report
     assert report["preflight"]["missing"] == [] and report["done"] and report["pending"] == []
     tests = report["parts"][0]
@@ -74,9 +74,11 @@ def test_dry_run_runs_every_part_and_writes_the_report(tmp_path):
     assert tests["env"].get("PYTEST_DISABLE_PLUGIN_AUTOLOAD") == "1"
     assert tests["tests"]["failed"] == 0 and tests["tests"]["skipped"] >= 20
     bench = (out / "benchmarks.md").read_text()
-    for section in ("train-layers-cpu", "infer-longest-cpu"):  # the benchmarks wrote into the run's copy
+    for section in ("train-layers-cpu", "train-features-cpu", "infer-longest-cpu"):  # written into the run's copy
         assert f"<!-- bench:{section} -->" in bench
     assert "| 128 |" in bench.split("<!-- bench:train-layers-cpu -->")[1]
+    features = bench.split("<!-- bench:train-features-cpu -->")[1].split("<!-- /bench:train-features-cpu -->")[0]
+    assert features.count("| 128 | checkpointing") == 3 and "Not measured" not in features
     md = (out / "report.md").read_text()
     assert "# GPU check (dry run on CPU)" in md and "| vqgan | ok |" in md
     log = (out / "parts.log").read_text()  # every part's whole output, in one file
@@ -94,6 +96,11 @@ def test_without_a_gpu_the_real_run_refuses_to_start(tmp_path):
     )
     assert proc.returncode == 2 and "no CUDA device here" in proc.stderr
     assert not (tmp_path / "report.json").exists()
+
+
+def test_the_gpu_run_fits_its_budget():
+    """The parts' caps add up to 470 s: with the preflight, 8 minutes of the device tool's 10 per call."""
+    assert sum(p.cap_s for p in _module().PARTS) <= 470
 
 
 def test_a_failing_or_slow_part_is_recorded(tmp_path):

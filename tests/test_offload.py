@@ -94,6 +94,7 @@ def test_one_process_with_offload_equals_checkpointing_bitwise(reference, monkey
     assert_bitwise(one_process(offload), reference)
     ((key, buffers),) = offload._pool.items()
     assert key == (torch.Size([1, SEQ, CFG.dim]), torch.float32) and len(buffers) == CFG.n_layers
+    assert offload.host_bytes == CFG.n_layers * SEQ * CFG.dim * 4
     # per step: each block's input out; back in for all but the last, used in place
     out, back = CFG.n_layers, CFG.n_layers - 1
     assert copies == ([torch.device("cpu")] * (out + back)) * STEPS

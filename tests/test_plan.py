@@ -227,7 +227,9 @@ def test_a_stage_no_cp_fits_is_told_the_cheapest_memory_feature_that_does(monkey
     assert advice["overrides"] == ["parallel.activation_checkpointing=true", "parallel.activation_offload=true"]
     assert advice["peak_bytes"] == 2**14 * 256 and advice["host_peak_bytes"] == 2**14 * 768
     assert [p.activation_checkpointing for _, p in calls] == [False, True, True]
-    assert "fits with parallel.activation_checkpointing=true parallel.activation_offload=true" in capsys.readouterr().out
+    assert (
+        "fits with parallel.activation_checkpointing=true parallel.activation_offload=true" in capsys.readouterr().out
+    )
 
 
 def test_batch_and_a_world_from_the_schedule(monkeypatch, tmp_path, capsys):

@@ -134,6 +134,7 @@ class ActivationOffload:
     def __init__(self, engine: CopyEngine, min_bytes: int = 0):
         self.engine, self.min_bytes = engine, min_bytes
         self._pool: dict[tuple[torch.Size, torch.dtype], list[torch.Tensor]] = {}
+        self.host_bytes = 0  # host memory its buffers hold: made as needed, kept in the pool, never freed
         self._last: _Saved | None = None  # the latest input packed in this forward
         self._hooks: list[saved_tensors_hooks] = []
 
@@ -192,7 +193,11 @@ class ActivationOffload:
 
     def _take(self, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
         free = self._pool.get((shape, dtype))
-        return free.pop() if free else self.engine.host_buffer(shape, dtype)
+        if free:
+            return free.pop()
+        buffer = self.engine.host_buffer(shape, dtype)
+        self.host_bytes += buffer.nbytes
+        return buffer
 
     def _give(self, saved: _Saved) -> None:
         """The host buffer back to the pool: its copy in (or out) has been waited on."""
