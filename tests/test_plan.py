@@ -376,14 +376,16 @@ def test_each_tiling_lowers_the_planned_peak_and_is_charged_its_recompute():
     assert work["heads"].attention_flops * 9 == work["plain"].attention_flops * 11  # 2 + 5 + 2 -> + 2
 
 
-def test_the_prefills_temporaries_stay_a_segments_size_as_the_prompt_grows():
-    """The chunked ring prefill passes the earlier segments' cache around the ring a segment's length
-    at a time, so its buffers do not grow with the cache: at 4x the prompt (same 64-token segments a
-    rank) the planned temporaries grow by under a quarter (they grew 3.2x when the whole cache slice
-    travelled at once, with two sets of receive buffers its size)."""
+def test_the_prefills_cache_pass_holds_half_the_cache_slice():
+    """The chunked ring prefill passes the earlier segments' cache around the ring in two halves
+    (lwm.parallel.cached.PAST_PASSES), so its send copies and two sets of receive buffers grow with
+    the cache at half the rate: from 512 to 2048 prompt tokens (64-token segments a rank) the
+    planned temporaries grow by 0.78x the cache's growth (1.56x when the whole slice travelled at
+    once: 5.5 GiB at an hour of video over 8 GPUs, which missed 8 H100-80G by half a GiB)."""
     from lwm.train.plan.memory import plan_prefill
 
     config = ModelConfig.from_preset("debug", max_seq_len=8192)
     short, long = (plan_prefill(config, n, 2, 64, GPU_SETTINGS) for n in (512, 2048))
-    assert long.parts["kv_cache"] == 4 * short.parts["kv_cache"]
-    assert long.parts["temporaries"] < 1.25 * short.parts["temporaries"]
+    cache = long.parts["kv_cache"] - short.parts["kv_cache"]
+    assert cache == 3 * short.parts["kv_cache"]
+    assert long.parts["temporaries"] - short.parts["temporaries"] <= 0.8 * cache

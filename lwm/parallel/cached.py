@@ -40,13 +40,16 @@ def cached_attention(q, k_new, v_new, k_cache=None, v_cache=None, group=None, ba
     return merge_stack(outs, lses)[0].to(q.dtype)
 
 
+PAST_PASSES = 2  # ring passes over the cache per prefill segment: the buffers halve, the passes double
+
+
 def ring_prefill_attention(q, k, v, k_cache, v_cache, group=None, layout: str = "striped", backend: str = "auto"):
     """One segment of a chunked ring prefill: q, k, v (B, H(kv), L, D) this rank's slice (layout)
     of the segment; k_cache, v_cache (B, Hkv, C, D) this rank's slices of all earlier segments (C
     equal on every rank) -> (B, H, L, D). Causal ring attention within the segment, merged with
-    non-causal ring passes over the earlier segments' cache slices (all of them come before), L
-    cached tokens a rank at a time: what travels, and its receive buffers, stay a segment's size
-    however long the cache grows."""
+    non-causal ring passes over the earlier segments' cache slices (all of them come before), in
+    PAST_PASSES passes of half the slice each (at least L tokens): what travels and its two sets of
+    receive buffers are half the cache slice's size, not all of it, for one more ring pass."""
     comm = RingComm(group)
     L = q.shape[2]
     out, lse = ring_forward(
@@ -56,8 +59,10 @@ def ring_prefill_attention(q, k, v, k_cache, v_cache, group=None, layout: str = 
         return out
     out = out.to(acc_dtype(q.dtype))
     past = StepPlanner(layout, comm.rank, comm.world_size, L, False)
-    for start in range(0, k_cache.shape[2], L):  # the same chunks on every rank: C is equal
-        chunk = slice(start, start + L)
+    C = k_cache.shape[2]
+    size = max(L, -(-C // PAST_PASSES))
+    for start in range(0, C, size):  # the same chunks on every rank: C is equal
+        chunk = slice(start, start + size)
         blocks = ring_blocks(RingComm(group), k_cache[:, :, chunk], v_cache[:, :, chunk])
         past_out, past_lse = ring_forward(q, blocks, past, None, backend)
         merge_(out, lse, past_out, past_lse)
