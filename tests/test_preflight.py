@@ -108,3 +108,19 @@ def test_a_cpu_run_is_planned_with_the_cpus_settings_on_its_share_of_memory(run,
     plan = plan_stage(dataclasses.replace(_job(run, 64 * GIB), device="cpu"))
     assert plan.fits and plan.peak_bytes != roomy.peak_bytes
     assert 0 < device_memory("cpu", 2) <= device_memory("cpu", 1) // 2
+
+
+def test_when_no_cp_fits_the_refusal_names_the_cheapest_memory_feature_that_does(run):
+    """Checkpointing off, on a device between the checkpointed and the plain step's needs: no cp of
+    the world fits (cp 2's half of the tokens neither), and the refusal names the feature that does."""
+    plain = dataclasses.replace(run.parallel, activation_checkpointing=False)
+    stage = dataclasses.replace(run.schedule.stages[0], cp=2)
+
+    def job(parallel, device_bytes):
+        return PreflightJob(run.model, stage, parallel, run.optim, WORLD, device_bytes, 0.0)
+
+    checkpointed, full = plan_stage(job(run.parallel, 64 * GIB)), plan_stage(job(plain, 64 * GIB))
+    assert checkpointed.needs_bytes < full.needs_bytes
+    plan = plan_stage(job(plain, int(checkpointed.needs_bytes) + 1))
+    with pytest.raises(WillNotFit, match=r"it fits with parallel.activation_checkpointing=true \(planned peak"):
+        check(plan)
