@@ -77,9 +77,11 @@ def test_the_fake_step_and_prefill_make_no_host_syncs(fake):
     # which rank 0 keeps position 254: 127 + 1 keys per layer
     assert fake.prefill.ring_tokens == 254 and fake.prefill.cache == ((1, 2, 128, 16), torch.bfloat16)
     assert fake.prefill.counter.syncs() == {}
-    # prefill_chunk 32 per rank: 4 segments of 64 tokens, per layer 2 ring steps each plus 2 over the
-    # earlier segments' cache for the last 3 (14), then the extend's 2 (cache, own): 2 layers x 16
-    assert fake.prefill.counter.attention() == {"_scaled_dot_product_flash_attention": 32}
+    # prefill_chunk 32 per rank: 4 segments of 64 tokens, per layer 2 ring steps each (8), plus 2 per
+    # pass over the earlier segments' cache: one pass for the second segment (32 cached tokens a rank),
+    # two halves for the third and fourth (64, 96: lwm.parallel.cached.PAST_PASSES) (10), then the
+    # extend's 2 (cache, own): 2 layers x 20
+    assert fake.prefill.counter.attention() == {"_scaled_dot_product_flash_attention": 40}
 
 
 def _real_syncs(rank, world):
