@@ -389,3 +389,23 @@ def test_the_prefills_cache_pass_holds_half_the_cache_slice():
     cache = long.parts["kv_cache"] - short.parts["kv_cache"]
     assert cache == 3 * short.parts["kv_cache"]
     assert long.parts["temporaries"] - short.parts["temporaries"] <= 0.8 * cache
+
+
+def test_longest_stops_where_the_nodes_host_memory_is_full(monkeypatch, tmp_path):
+    """--longest with offload on: the device would hold far more, the host does not. A stub step puts
+    1 MiB a token a rank on the host; a custom device's node has 2 TiB of host memory (1 rank here:
+    16 GiB for the process, 5% margin), so the longest is where 1 MiB x tokens x 1.05 + 16 GiB reaches
+    2 TiB, to the search's 1024-token granule."""
+
+    def plan_step(config, stage, mesh, parallel, optim, settings):
+        tokens = mesh.batch * mesh.seq_len // mesh.cp
+        return StepMemory(2**20, {"activations": 1}, {"p2p": 1}, 1, host_peak=tokens * 2**20)
+
+    monkeypatch.setattr(command, "plan_step", plan_step)
+    overrides = SMALL + ["parallel.activation_offload=true"]
+    plan = command.run(
+        command.PlanConfig(overrides, seq_len=1024, longest=True, gpu="custom:40,10,100,10", out=str(tmp_path))
+    )
+    limit = (2048 - 16) / 1.05 * 1024  # tokens: GiB of host a rank / 1 MiB a token
+    (found,) = plan["longest"]
+    assert found["longest"] == int(limit) // 1024 * 1024 and found["next_up"] == found["longest"] + 1024

@@ -178,7 +178,8 @@ def longest_sequence(
             hi = n
     moved = 0  # +k: lo moved k times running, -k: hi did
     while hi - lo > 1:  # narrow
-        n = (lo + hi) // 2 if abs(moved) >= 2 else int(toward_limit(lo, hi))
+        guess = toward_limit(lo, hi)  # inf where the device's peak is flat (the host's limit binds)
+        n = (lo + hi) // 2 if abs(moved) >= 2 or guess == float("inf") else int(guess)
         n = min(max(n, lo + 1), hi - 1)
         if fits(n):
             lo, moved = n, max(moved, 0) + 1
