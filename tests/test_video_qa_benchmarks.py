@@ -168,14 +168,25 @@ PHRASES = [  # Video-MME's scorer's list of answer phrases, entries as they run 
 ]
 
 
-def videomme_scorer(results: list[dict], durations: list[str]) -> dict:
-    """Video-MME's scoring rules, written from its published description and script: for each chosen duration,
-    its videos (those marked missing skipped), each question's response stripped, the phrases deleted, the
-    first capital A-D that remains is the answer; a question with none is not answered; accuracy = correct /
-    answered, per duration, video category, video subcategory, task type, and over all."""
+# The video keys of each form of Video-MME's results file: (duration, domain, sub-category). The template
+# its maintainers ask for (evaluation/output_test_template.json) and the last published scorer
+# (evaluation/eval_your_results.py) name them differently.
+FORMS = {
+    "template": ("duration", "domain", "sub_category"),
+    "published scorer": ("duration_category", "video_category", "video_subcategory"),
+}
+
+
+def videomme_scorer(results: list[dict], durations: list[str], form: str = "published scorer") -> dict:
+    """Video-MME's scoring rules, written from its published description and script, reading the keys of
+    `form`: for each chosen duration, its videos (those marked missing skipped), each question's response
+    stripped, the phrases deleted, the first capital A-D that remains is the answer; a question with none is
+    not answered; accuracy = correct / answered, per duration, video category, video subcategory, task type,
+    and over all."""
+    duration, domain, sub = FORMS[form]
     tally = defaultdict(lambda: [0, 0])  # (key, value) -> [correct, answered]
     for video in results:
-        if video["duration_category"] not in durations or video["missing"]:
+        if video[duration] not in durations or video.get("missing"):
             continue
         for q in video["questions"]:
             s = q["response"].strip()
@@ -184,8 +195,8 @@ def videomme_scorer(results: list[dict], durations: list[str]) -> dict:
             m = re.search("[ABCD]", s)
             if m is None:
                 continue
-            keys = [("duration", video["duration_category"]), ("domain", video["video_category"]),
-                    ("sub_category", video["video_subcategory"]), ("task_type", q["task_type"]), ("all", "all")]  # fmt: skip
+            keys = [("duration", video[duration]), ("domain", video[domain]),
+                    ("sub_category", video[sub]), ("task_type", q["task_type"]), ("all", "all")]  # fmt: skip
             for key in keys:
                 tally[key][0] += m.group(0) == q["answer"]
                 tally[key][1] += 1
@@ -235,8 +246,14 @@ def test_videomme_parquet_scored_as_its_scorer_does(tmp_path):
     assert written[-1].name == "videomme_results.json" and results == videomme_results(recs)
     assert [v["video_id"] for v in results] == ["001", "301", "601", "602"] and results[3]["missing"] is True
     assert results[0]["questions"][2]["response"] == "Best answer: D" and results[3]["questions"][0]["response"] == ""
-    # Video-MME's scorer, re-implemented from its rules, gives the harness's numbers, key by key.
+    # Both forms of the file in one: the template's keys and the published scorer's, equal values.
+    for video in results:
+        assert (video["duration"], video["domain"], video["sub_category"]) == (
+            video["duration_category"], video["video_category"], video["video_subcategory"])  # fmt: skip
+        assert all(q["options"] == q["choices"] and len(q["options"]) == 4 for q in video["questions"])
+    # Video-MME's scorer, re-implemented from its rules, gives the harness's numbers, key by key, in either form.
     scored = videomme_scorer(results, ["short", "medium", "long"])
+    assert videomme_scorer(results, ["short", "medium", "long"], "template") == scored
     assert scored["all", "all"] == pytest.approx(mme["overall"])
     for key, groups in mme["breakdowns"].items():
         for value, st in groups.items():

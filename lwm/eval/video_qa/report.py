@@ -1,9 +1,12 @@
 """Video QA outputs: video_qa.json (config, summary, records), video_qa.md (the summary as tables by
 duration bucket and by task, and each benchmark's own table), video_qa.records.jsonl (records appended
-as items finish), and for Video-MME's questions videomme_results.json, the file Video-MME's scorer
-(eval_your_results.py) reads: its videos, each with duration_category, video_category,
-video_subcategory, url, videoID, `missing` (its video could not be read) and its questions, each with
-the model's raw `response` to the benchmark's prompt ("" where none was generated)."""
+as items finish), and for Video-MME's questions videomme_results.json, the results file Video-MME
+asks for: its videos, each with the keys of its current template (evaluation/output_test_template.json:
+duration, domain, sub_category; `options` per question) and, beside them with the same values, those
+its last published scorer (evaluation/eval_your_results.py) reads (duration_category, video_category,
+video_subcategory; `choices`), so a scorer of either form reads it; url, videoID, `missing` (its video
+could not be read) and its questions, each with the model's raw `response` to the benchmark's prompt
+("" where none was generated)."""
 
 from __future__ import annotations
 
@@ -115,7 +118,10 @@ def videomme_results(records: list[dict]) -> list[dict]:
             key,
             {
                 "video_id": m.get("video_id") or key,
-                "duration_category": m.get("duration"),
+                "duration": m.get("duration"),
+                "domain": m.get("domain"),
+                "sub_category": m.get("sub_category"),
+                "duration_category": m.get("duration"),  # the published scorer's names, same values
                 "video_category": m.get("domain"),
                 "video_subcategory": m.get("sub_category"),
                 "url": m.get("url"),
@@ -130,7 +136,8 @@ def videomme_results(records: list[dict]) -> list[dict]:
                 "question_id": m.get("question_id") or r["id"],
                 "task_type": m.get("task_type"),
                 "question": m.get("question"),
-                "choices": m.get("options"),
+                "options": m.get("options"),
+                "choices": m.get("options"),  # the published scorer's name
                 "answer": m.get("answer"),
                 "response": (r.get("letter") or {}).get("output", "") if r.get("error") is None else "",
             }
