@@ -151,6 +151,13 @@ def test_options_and_answers():
     assert letter_question("What color is the circle?", ["Red", "Cyan.", "Green", "White"]) == (
         "What color is the circle? A. Red. B. Cyan. C. Green. D. White. Answer with the letter."
     )
+    # one home (lwm.data.choices): the synthetic data's questions are written by the same function
+    from lwm.synth.language import QA, multiple_choice
+
+    mc = multiple_choice(QA("What color is the circle?", "Red.", "color"), np.random.default_rng(0))
+    assert mc.question == letter_question("What color is the circle?", [o[3:] for o in mc.options])
+    with pytest.raises(ValueError, match="27 options: at most 26 have letters"):
+        letter_question("?", ["x"] * 27)
     assert first_letter("B.", 4) == 1
     assert first_letter("Answer: C", 4) == 2
     assert first_letter("(D) white", 4) == 3

@@ -11,6 +11,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from lwm.data.choices import LETTERS, letter_question, lettered
+
 from .scene import COLORS, DIRECTIONS, Event, Scene
 
 NUMBER_WORDS = (
@@ -138,8 +140,7 @@ CHOICES = {
     "digit": tuple(f"{d}." for d in range(10)),
 }
 CHOICES["color_start"] = CHOICES["color_end"] = CHOICES["color"]
-LETTERS = "ABCD"
-CHOICE_INSTRUCTION = "Answer with the letter."
+OPTIONS = 4  # options of a multiple-choice question (Video-MME's count)
 
 
 def questions(scene: Scene) -> list[QA]:
@@ -179,11 +180,6 @@ class Choice(NamedTuple):
     letter: str  # "B": the option that is the answer
 
 
-def choice_question(question: str, options: list[str]) -> str:
-    """The text of a multiple-choice question: the question, its options, the instruction."""
-    return " ".join([question, *options, CHOICE_INSTRUCTION])
-
-
 def multiple_choice(qa: QA, rng: np.random.Generator) -> Choice | None:
     """A four-option variant of a question with a closed answer set (None for the others): three
     distractors drawn from the same set, the answer at a random letter."""
@@ -193,10 +189,9 @@ def multiple_choice(qa: QA, rng: np.random.Generator) -> Choice | None:
     if qa.answer not in answers:
         raise ValueError(f"answer {qa.answer!r} of {qa.question!r} is not in the {qa.kind!r} set {answers}")
     others = [a for a in answers if a != qa.answer]
-    picked = [others[int(k)] for k in rng.choice(len(others), size=len(LETTERS) - 1, replace=False)] + [qa.answer]
+    picked = [others[int(k)] for k in rng.choice(len(others), size=OPTIONS - 1, replace=False)] + [qa.answer]
     texts = [picked[int(k)] for k in rng.permutation(len(picked))]
-    options = [f"{letter}. {text}" for letter, text in zip(LETTERS, texts)]
-    return Choice(choice_question(qa.question, options), options, LETTERS[texts.index(qa.answer)])
+    return Choice(letter_question(qa.question, texts), lettered(texts), LETTERS[texts.index(qa.answer)])
 
 
 # --- documents -----------------------------------------------------------------------------------

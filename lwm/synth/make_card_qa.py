@@ -36,8 +36,9 @@ from pathlib import Path
 import numpy as np
 
 from lwm.data.chat import CHAT_SPEC, chat_fields
+from lwm.data.choices import LETTERS, letter_question, lettered
 from lwm.interop.vqgan_sources import load_vqgan
-from lwm.synth.language import LETTERS, choice_question
+from lwm.synth.language import OPTIONS
 from lwm.synth.make_vniah import (
     DEFAULT_CHECKPOINT,
     NEEDLE_COLORS,
@@ -53,7 +54,7 @@ HELDOUT_SEED = 10**6  # held-out videos and their frame pools use seeds from her
 
 
 def questions(cards: list[str], rng: np.random.Generator) -> list[tuple[str, list[str], str]]:
-    """(task, options ["A. ...", ...], answer letter) of each question about a video's cards."""
+    """(task, options ["Red.", ...], answer letter) of each question about a video's cards."""
     pool = [f"{c.capitalize()}." for c in NEEDLE_COLORS]
     out = []
     for task, answer in (
@@ -61,9 +62,9 @@ def questions(cards: list[str], rng: np.random.Generator) -> list[tuple[str, lis
         ("last", pool[NEEDLE_COLORS.index(cards[-1])]),
     ):
         others = [a for a in pool if a != answer]
-        picked = [others[int(k)] for k in rng.choice(len(others), len(LETTERS) - 1, replace=False)] + [answer]
+        picked = [others[int(k)] for k in rng.choice(len(others), OPTIONS - 1, replace=False)] + [answer]
         texts = [picked[int(k)] for k in rng.permutation(len(picked))]
-        out.append((task, [f"{letter}. {t}" for letter, t in zip(LETTERS, texts)], LETTERS[texts.index(answer)]))
+        out.append((task, texts, LETTERS[texts.index(answer)]))
     return out
 
 
@@ -106,10 +107,10 @@ def write(
     with open(out / "train.jsonl", "w") as f:
         for vid, cards, _, _, rng in videos(codes, labels, n, frames, seed, f"cardqa_{out.name}_train", codes_dir):
             for task, options, letter in questions(cards, rng):
-                answer = options[LETTERS.index(letter)][3:]
+                answer = options[LETTERS.index(letter)]
                 for question, reply in (
                     (QUESTIONS[task], answer),
-                    (choice_question(QUESTIONS[task], options), f"{letter}."),
+                    (letter_question(QUESTIONS[task], options), f"{letter}."),
                 ):
                     f.write(
                         json.dumps(
@@ -135,7 +136,7 @@ def write(
                             "vision": vid,
                             "id": f"{vid}_{task}",
                             "question": QUESTIONS[task],
-                            "options": options,
+                            "options": lettered(options),
                             "answer": letter,
                             "duration": count,
                             "task_type": task,

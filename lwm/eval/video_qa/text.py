@@ -1,14 +1,24 @@
-"""Multiple choice as text: how an option and a question with its options are written (the training
-form, "What color? A. Red. B. Cyan. Answer with the letter."), how an answer is normalized for exact
-match, and how the letter is read back from generated text."""
+"""Multiple choice as text in evaluation: how an answer is normalized for exact match, and how the
+letter is read back from generated text. How a question with its options is written is
+lwm.data.choices' (the training form the synthetic data writes too)."""
 
 from __future__ import annotations
 
 import re
 import unicodedata
 
-LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
-LETTER_INSTRUCTION = "Answer with the letter."
+from lwm.data.choices import LETTER_INSTRUCTION, LETTERS, letter_question, option_text
+
+__all__ = [
+    "LETTERS",
+    "LETTER_INSTRUCTION",
+    "bare_question",
+    "first_letter",
+    "letter_question",
+    "light",
+    "normalize",
+    "option_text",
+]
 
 
 def normalize(text: str) -> str:
@@ -21,18 +31,6 @@ def light(text: str) -> str:
     """Case, runs of whitespace and trailing punctuation ignored, articles kept: two options are the same
     option when these agree ("Red" and "red."), and differ when only an article does ("a dog", "the dog")."""
     return " ".join(str(text).casefold().split()).rstrip(".!?;:, ")
-
-
-def option_text(text: str) -> str:
-    """An option as an answer is written in training: stripped, ending with a full stop."""
-    text = text.strip()
-    return text if text[-1:] in (".", "?", "!") else text + "."
-
-
-def letter_question(question: str, options: list[str]) -> str:
-    """'What color? A. Red. B. Cyan. Answer with the letter.' (the training form of multiple choice)."""
-    listed = " ".join(f"{LETTERS[i]}. {option_text(o)}" for i, o in enumerate(options))
-    return f"{question.strip()} {listed} {LETTER_INSTRUCTION}"
 
 
 def bare_question(question: str, options: list[str]) -> str:
