@@ -22,11 +22,10 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-from bench.report import command_line, host_line, publish
+from bench.report import command_line, host_line, publish, reset_peak_rss, status_kib
 from lwm.interop.hf import config_to_hf, to_hf_state_dict
 from lwm.model import ModelConfig, Transformer
 from lwm.paths import REPO
@@ -73,22 +72,14 @@ def time_both(preset: str, seq_len: int, repeats: int) -> dict[str, float]:
     return {impl: statistics.median(t) for impl, t in times.items()}
 
 
-def _status_kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
 def measure_memory_here(impl: str, preset: str, seq_len: int) -> float:
     """Rise of the peak RSS during one forward+backward, in MiB (run in a fresh process)."""
     model = build(impl, preset)
     step = step_fn(impl, model, seq_len, ModelConfig.from_preset(preset).vocab_size)
     gc.collect()
-    Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
-    base = _status_kib("VmRSS")
+    base = reset_peak_rss()
     step()
-    return (_status_kib("VmHWM") - base) / 1024
+    return (status_kib("VmHWM") - base) / 1024
 
 
 def measure_memory(impl: str, preset: str, seq_len: int) -> float:

@@ -28,6 +28,22 @@ def peak_mib(device="cpu") -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def status_kib(field: str) -> int:
+    """A field of this process's /proc/self/status in KiB (VmRSS: resident now, VmHWM: its peak)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise KeyError(f"{field} not in /proc/self/status")
+
+
+def reset_peak_rss() -> int:
+    """VmHWM back to the current RSS (Linux's clear_refs 5); returns that RSS in KiB."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return status_kib("VmRSS")
+
+
 def peak_tflops(device) -> float | None:
     """The device's dense bf16 peak, or None when it is not a GPU in the table."""
     if torch.device(device).type != "cuda":

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from bench.report import command_line, host_line, publish
+from bench.report import command_line, host_line, publish, reset_peak_rss, status_kib
 from bench.vqgan import cached_videos
 from lwm.paths import REPO
 
@@ -49,14 +49,6 @@ WIDTH, HEIGHT, SOURCE_FPS = 160, 120, 5
 # ------------------------------------------------------------------------------------ the child: one run, measured
 
 
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise KeyError(field)
-
-
 class Stages:
     """Time and peak RSS rise per stage; a stage may be entered many times (time adds up, the peak is the max)."""
 
@@ -65,14 +57,12 @@ class Stages:
         self.peak_mib: dict[str, float] = {}
 
     def reset_peak(self) -> int:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # VmHWM back to the current RSS
-        return _status_kib("VmRSS")
+        return reset_peak_rss()
 
     def add(self, name: str, seconds: float, base_kib: int | None = None) -> None:
         self.seconds[name] = self.seconds.get(name, 0.0) + seconds
         if base_kib is not None:
-            rise = (_status_kib("VmHWM") - base_kib) / 1024
+            rise = (status_kib("VmHWM") - base_kib) / 1024
             self.peak_mib[name] = max(self.peak_mib.get(name, 0.0), rise)
 
 
@@ -96,7 +86,7 @@ def child(args) -> None:
     def progress(**kw) -> None:  # what is done so far, for a run stopped before its end (--report-only reads it)
         if args.progress:
             with open(args.progress, "a") as f:
-                f.write(json.dumps({**kw, "rss_mib": _status_kib("VmRSS") / 1024}) + "\n")
+                f.write(json.dumps({**kw, "rss_mib": status_kib("VmRSS") / 1024}) + "\n")
 
     def measured_load(self, item):
         base = stages.reset_peak()
@@ -149,7 +139,7 @@ def child(args) -> None:
         out=args.out,
         progress=False,
     )
-    started_rss = _status_kib("VmRSS") / 1024
+    started_rss = status_kib("VmRSS") / 1024
     t = time.perf_counter()
     status = run(config)
     total = time.perf_counter() - t
@@ -170,7 +160,7 @@ def child(args) -> None:
                 "peak_rise_mib": stages.peak_mib,
                 "total_seconds": total,
                 "rss_before_mib": started_rss,
-                "peak_rss_mib": _status_kib("VmHWM") / 1024,
+                "peak_rss_mib": status_kib("VmHWM") / 1024,
             }
         ),
         flush=True,

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bench.report import command_line, host_line, write_section
+from bench.report import command_line, host_line, reset_peak_rss, status_kib, write_section
 from lwm.paths import REPO
 from lwm.video.reader import stream_video
 from lwm.vision.vqgan import VQGAN
@@ -182,13 +182,6 @@ def tokenize_video(model, device: str, path: Path, fps: float, batch_size: int) 
 # ------------------------------------------------------------------------------------ part 2: stream
 
 
-def _status_kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
 def _bytes_read() -> int:
     """Bytes this process has read through read() and friends, from the page cache or the disk."""
     for line in Path("/proc/self/io").read_text().splitlines():
@@ -203,8 +196,7 @@ def stream_here(path: str, fps: float, resolution: int, chunk_size: int) -> dict
     import decord  # noqa: F401
 
     gc.collect()
-    Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
-    base = _status_kib("VmRSS")
+    base = reset_peak_rss()
     read0 = _bytes_read()
     start = time.perf_counter()
     first_s = None
@@ -213,7 +205,7 @@ def stream_here(path: str, fps: float, resolution: int, chunk_size: int) -> dict
     for chunk, _ in stream_video(path, fps=fps, resolution=resolution, chunk_size=chunk_size):
         assert chunk.shape[1:] == (resolution, resolution, 3), chunk.shape
         frames += len(chunk)
-        rss_last = _status_kib("VmRSS")
+        rss_last = status_kib("VmRSS")
         if first_s is None:
             first_s, rss_first = time.perf_counter() - start, rss_last
     total = time.perf_counter() - start
@@ -223,7 +215,7 @@ def stream_here(path: str, fps: float, resolution: int, chunk_size: int) -> dict
         first_s=first_s,
         base_mib=base / 1024,
         read_x=(_bytes_read() - read0) / os.path.getsize(path),
-        peak_rise_mib=(_status_kib("VmHWM") - base) / 1024,
+        peak_rise_mib=(status_kib("VmHWM") - base) / 1024,
         drift_mib=(rss_last - rss_first) / 1024,
     )
 
