@@ -15,7 +15,7 @@ import importlib
 import json
 import subprocess
 import sys
-from typing import Callable, Mapping
+from typing import BinaryIO, Callable, Mapping
 
 from lwm.configs import from_dict
 
@@ -32,12 +32,15 @@ def _resolve(name: str):
     return getattr(importlib.import_module(module), qualname)
 
 
-def run_in_child(run: Callable[[object], int], config, env: Mapping[str, str] | None = None) -> int:
+def run_in_child(
+    run: Callable[[object], int], config, env: Mapping[str, str] | None = None, stderr: BinaryIO | None = None
+) -> int:
     """run(config) in `python -m lwm.child` with environment `env` (None: this one's) -> its exit status.
-    run must be a module-level function of lwm and config one of lwm's config dataclasses."""
+    run must be a module-level function of lwm and config one of lwm's config dataclasses. stderr: a
+    binary file the child's standard error goes to (None: this process's)."""
     message = {"run": _name(run), "config": _name(type(config)), "values": dataclasses.asdict(config)}
     payload = json.dumps(message, default=str).encode()  # paths as text, as from_dict reads them
-    return subprocess.run([sys.executable, "-m", "lwm.child"], input=payload, env=env).returncode
+    return subprocess.run([sys.executable, "-m", "lwm.child"], input=payload, env=env, stderr=stderr).returncode
 
 
 def main() -> int:

@@ -150,7 +150,7 @@ def test_the_child_reads_json_and_runs_only_lwms_own_functions(monkeypatch):
 
     given = []
     monkeypatch.setattr(
-        child.subprocess, "run", lambda cmd, input, env: given.append(input) or type("P", (), {"returncode": 0})
+        child.subprocess, "run", lambda cmd, input, env, stderr: given.append(input) or type("P", (), {"returncode": 0})
     )
     config = RetrievalConfig(out="unused", n=3)
     assert run_in_child(make_retrieval.run, config) == 0

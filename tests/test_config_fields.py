@@ -81,11 +81,11 @@ from lwm.eval.needle import NeedleConfig, NeedleGrid
 from lwm.infer.runtime import ModelOptions
 from lwm.model import ModelConfig, Transformer, token_coefficients
 from lwm.train import evaluate
-from lwm.train.config import OptimConfig, ParallelConfig, StageConfig, TrainerConfig, validate
+from lwm.train.config import OptimConfig, ParallelConfig, StageConfig, TrainerConfig, stage_model_config, validate
 from lwm.train.datamodule import LWMDataModule
 from lwm.train.entry import ensure_sample_data, to_run_config
 from lwm.train.module import LWMModule
-from lwm.train.run import run_schedule, stage_model_config
+from lwm.train.run import run_schedule
 from lwm.train.step import clip_grad_norm, lr_lambda, training_objective
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -290,3 +290,12 @@ def check_data_files(data: DataSpec) -> None:
     for name, source in data.sources.items():
         if not Path(source.path).is_file():
             raise FileNotFoundError(f"data.sources.{name}.path {source.path} does not exist")
+
+
+def stage_model_config(model_config: ModelConfig, stage: StageConfig) -> ModelConfig:
+    """The model of a stage: its RoPE theta, and a max_seq_len that covers its sequences. The stage's
+    theta replaces the base theta; a Llama-3 rope_scaling stays as it is and applies to the new
+    theta's frequencies (its original_max_seq_len is the pretrained context, which a stage does not
+    change), as transformers computes a "llama3" config with that rope_theta, so an export of the
+    stage loads with the angles it trained with."""
+    return model_config.replace(rope_theta=stage.rope_theta, max_seq_len=max(model_config.max_seq_len, stage.seq_len))

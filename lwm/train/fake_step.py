@@ -28,7 +28,7 @@ from lwm.model import ModelConfig
 from lwm.model.config import PRESETS
 from lwm.parallel import ParallelDims, meta_parallel_model
 from lwm.parallel.layout import check_divisible
-from lwm.train.config import ParallelConfig, StageConfig
+from lwm.train.config import ParallelConfig, StageConfig, stage_model_config
 from lwm.train.plan.fake import (
     GPU_SETTINGS,
     PrefillResult,
@@ -42,7 +42,6 @@ from lwm.train.plan.fake import (
     run_step,
     start_fake_group,
 )
-from lwm.train.run import stage_model_config
 
 
 @dataclass

@@ -75,7 +75,7 @@ class LWMModule(L.LightningModule):
     ):
         super().__init__()
         self.automatic_optimization = False  # the step is lwm.train.step.train_step, as the planner runs it
-        self.model_config = model_config  # with the stage's RoPE theta (lwm.train.run.stage_model_config)
+        self.model_config = model_config  # with the stage's RoPE theta (lwm.train.config.stage_model_config)
         self.stage, self.optim, self.parallel = stage, optim, parallel
         self.init_state = init_state
         self.seed = seed  # of the initial weights when there is no init_state (trainer.seed)

@@ -27,7 +27,7 @@ from lwm.model import ModelConfig
 from lwm.ranks import is_rank0
 from lwm.train.callbacks import KEPT_METRICS, MetricHistory
 from lwm.train.checkpointing import recover
-from lwm.train.config import RunConfig, StageConfig, stage_dims
+from lwm.train.config import RunConfig, StageConfig, stage_dims, stage_model_config
 from lwm.train.console import say
 from lwm.train.datamodule import LWMDataModule
 from lwm.train.evaluate import evaluate_needles
@@ -61,15 +61,6 @@ def stage_weights(final: Path) -> Callable[[], dict]:
     global rank 0 only (the others receive the weights by broadcast), so a node does not hold
     a full fp32 copy per rank (8 x 27 GB at 7b)."""
     return partial(read_weights, final)
-
-
-def stage_model_config(model_config: ModelConfig, stage: StageConfig) -> ModelConfig:
-    """The model of a stage: its RoPE theta, and a max_seq_len that covers its sequences. The stage's
-    theta replaces the base theta; a Llama-3 rope_scaling stays as it is and applies to the new
-    theta's frequencies (its original_max_seq_len is the pretrained context, which a stage does not
-    change), as transformers computes a "llama3" config with that rope_theta, so an export of the
-    stage loads with the angles it trained with."""
-    return model_config.replace(rope_theta=stage.rope_theta, max_seq_len=max(model_config.max_seq_len, stage.seq_len))
 
 
 def run_stage(cfg: RunConfig, stage: StageConfig, model_config: ModelConfig, init: Callable | None) -> Path | None:

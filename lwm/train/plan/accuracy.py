@@ -24,12 +24,11 @@ from lwm.model import ModelConfig
 from lwm.model.config import PRESETS
 from lwm.parallel import build_parallel_model, compute_settings
 from lwm.parallel.launch import run_distributed
-from lwm.train.config import OptimConfig, ParallelConfig, StageConfig
+from lwm.train.config import OptimConfig, ParallelConfig, StageConfig, stage_model_config
 from lwm.train.plan.devices import cpu_device
 from lwm.train.plan.fake import make_batch, place
 from lwm.train.plan.memory import Mesh, plan_step, tracked_step
 from lwm.train.plan.time import step_time, step_work
-from lwm.train.run import stage_model_config
 from lwm.train.step import build_optimizer, train_step
 
 MALLOC = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}

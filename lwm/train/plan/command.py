@@ -13,7 +13,7 @@ import sys
 from dataclasses import asdict, fields
 from pathlib import Path
 
-from lwm.train.config import ParallelConfig, StageConfig
+from lwm.train.config import ParallelConfig, StageConfig, stage_model_config
 from lwm.train.plan import report
 from lwm.train.plan.advice import cheapest_fit
 from lwm.train.plan.config import PlanConfig, compose_run
@@ -30,7 +30,7 @@ from lwm.train.plan.search import (
     stage_meshes,
 )
 from lwm.train.plan.time import step_time, step_work
-from lwm.train.run import hf_start, stage_model_config
+from lwm.train.run import hf_start
 
 NODE = 8  # GPUs per node when --cp/--dp give the world directly (an HGX node)
 

@@ -8,7 +8,7 @@ step's peak; lwm/train/plan/memory.py) with the same margins: the caching alloca
 for the CUDA context and NCCL's buffers. Every rank of a striped or zigzag run holds the same
 memory; rank 0 also holds the largest FSDP shards (torch.chunk puts the remainder first).
 
-It runs in a child process (python -m lwm.train.plan.stage_plan, the job as JSON on stdin): a
+It runs in a child process (lwm.child runs lwm.train.plan.stage_plan.run, the job as JSON on stdin): a
 fake process group and FakeTensorMode cannot share a process with a run's real process group
 (the second stage of a schedule already has one), and the child leaves no global state behind.
 It sees no GPU (CUDA_VISIBLE_DEVICES is empty), so it allocates nothing on the device. It takes
@@ -24,74 +24,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import subprocess
-import sys
 import tempfile
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from lwm.child import run_in_child
 from lwm.configs import from_dict
 from lwm.model import ModelConfig
 from lwm.parallel.launch import single_process_env
-from lwm.train.config import OptimConfig, ParallelConfig, RunConfig, StageConfig
-from lwm.train.plan.devices import GIB
-
-
-@dataclass
-class PreflightJob:
-    """What the child plans: the stage's step of `model` (before the stage's RoPE theta and length,
-    which the child applies) on `world` GPUs of `device_bytes` each."""
-
-    model: ModelConfig
-    stage: StageConfig
-    parallel: ParallelConfig
-    optim: OptimConfig
-    world: int
-    device_bytes: int
-    reserved_gib: float = 1.5  # the CUDA context and NCCL's buffers (lwm.train.plan.devices.Device)
-    fragmentation: float = 0.05  # the caching allocator's rounding and fragmentation
-    device: str = "cuda"  # cuda: bf16 compute on fp32 shards, the CUDA flash kernel; cpu: fp32, the CPU kernel
-
-
-@dataclass
-class StagePlan:
-    """The preflight's answer: the stage's mesh, rank 0's planned peak and what it needs with the
-    margins, on a device of device_bytes."""
-
-    stage: str
-    seq_len: int
-    cp: int
-    dp: int
-    batch: int  # sequences per data-parallel rank
-    peak_bytes: int
-    needs_bytes: float
-    device_bytes: int
-    reserved_gib: float
-    fragmentation: float
-    parts: dict[str, int] = field(default_factory=dict)
-    tp: int = 1
-    fits_with: dict | None = None  # when it does not fit: the smallest larger cp that does ({"cp", "dp", "batch"})
-    why: str = ""  # when it does not fit: the search's answer in full
-
-    @property
-    def fits(self) -> bool:
-        return self.needs_bytes <= self.device_bytes
-
-    def summary(self) -> str:
-        margins = f"{self.fragmentation:.0%} for the allocator"
-        if self.reserved_gib:
-            margins += f" and {self.reserved_gib:.2f} GiB for the CUDA context and NCCL"
-        return (
-            f"stage {self.stage!r} (seq_len {self.seq_len}, cp {self.cp}, dp {self.dp}"
-            + (f", tp {self.tp}" if self.tp > 1 else "")
-            + f", {self.batch} sequence(s) per "
-            f"data-parallel rank): planned peak {size(self.peak_bytes)} per rank, {size(self.needs_bytes)} with "
-            f"{margins}, on a device of {size(self.device_bytes)}"
-        )
-
-
-def size(n: float) -> str:
-    return f"{n / GIB:.2f} GiB" if n >= GIB / 10 else f"{n / 2**20:.2f} MiB"
+from lwm.train.config import RunConfig, StageConfig
+from lwm.train.plan.job import PreflightJob, StagePlan, size  # noqa: F401  (PreflightJob: the callers')
 
 
 class WillNotFit(RuntimeError):
@@ -158,17 +99,16 @@ def preflight(
 
 
 def plan_in_child(job: PreflightJob) -> StagePlan:
-    """python -m lwm.train.plan.stage_plan with the job on stdin -> its StagePlan (written to a file)."""
+    """lwm.train.plan.stage_plan.run(job) in a process of its own (lwm.child) -> its StagePlan (written to
+    a file), with no GPU visible to it."""
+    from lwm.train.plan import stage_plan  # the planner's modules load only when a stage is planned
+
     with tempfile.TemporaryDirectory(prefix="lwm-preflight-") as tmp:
-        out = Path(tmp) / "plan.json"
+        out, err = Path(tmp) / "plan.json", Path(tmp) / "stderr"
         env = single_process_env() | {"CUDA_VISIBLE_DEVICES": ""}
-        message = json.dumps({"job": asdict(job), "out": str(out)})
-        done = subprocess.run(
-            [sys.executable, "-m", "lwm.train.plan.stage_plan"], input=message.encode(), env=env, capture_output=True
-        )
-        if done.returncode != 0 or not out.is_file():
-            tail = done.stderr.decode(errors="replace").strip().splitlines()[-3:]
-            raise RuntimeError(
-                f"preflight could not plan stage {job.stage.name!r} (exit {done.returncode}): " + " | ".join(tail)
-            )
+        with open(err, "w+b") as stderr:
+            code = run_in_child(stage_plan.run, dataclasses.replace(job, out=str(out)), env=env, stderr=stderr)
+        if code != 0 or not out.is_file():
+            tail = err.read_text(errors="replace").strip().splitlines()[-3:]
+            raise RuntimeError(f"preflight could not plan stage {job.stage.name!r} (exit {code}): " + " | ".join(tail))
         return from_dict(StagePlan, json.loads(out.read_text()), "preflight plan")

@@ -1,29 +1,25 @@
-"""The preflight's planning (lwm.train.plan.preflight runs it as a child process): one stage of a
-run on a device of given memory, as lwm-plan plans it; when it does not fit, the smallest larger cp
-of the same world that does.
-
-    python -m lwm.train.plan.stage_plan < {"job": {...PreflightJob...}, "out": "plan.json"}
+"""The preflight's planning (lwm.train.plan.preflight runs `run` in a process of its own through
+lwm.child): one stage of a run on a device of given memory, as lwm-plan plans it; when it does not
+fit, the smallest larger cp of the same world that does, or the cheapest memory feature that does.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
-from lwm.configs import from_dict
 from lwm.parallel import compute_settings
+from lwm.train.config import stage_model_config
 from lwm.train.plan.advice import cheapest_fit
 from lwm.train.plan.devices import GIB, Device
 from lwm.train.plan.fake import GPU_SETTINGS
+from lwm.train.plan.job import PreflightJob, StagePlan, size
 from lwm.train.plan.memory import Mesh, plan_step
-from lwm.train.plan.preflight import PreflightJob, StagePlan, size
 from lwm.train.plan.search import check_mesh, no_fit, smallest_fitting_cp, stage_dp, stage_meshes
-from lwm.train.run import stage_model_config
 
 
 def plan_stage(job: PreflightJob) -> StagePlan:
@@ -72,13 +68,7 @@ def plan_stage(job: PreflightJob) -> StagePlan:
     return plan
 
 
-def main() -> int:
-    message = json.loads(sys.stdin.buffer.read())
-    job = from_dict(PreflightJob, message["job"], "preflight job")
-    plan = plan_stage(job)
-    Path(message["out"]).write_text(json.dumps(asdict(plan)))
+def run(job: PreflightJob) -> int:
+    """The preflight's child (lwm.child runs it): the job's StagePlan written as JSON to job.out."""
+    Path(job.out).write_text(json.dumps(asdict(plan_stage(job))))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
