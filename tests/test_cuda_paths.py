@@ -209,10 +209,12 @@ def test_ring_on_the_meta_device_with_cuda_kernels():
         ]
 
 
-def test_training_step_on_cuda_flash_matches_cpu_flash():
+@pytest.mark.parametrize("tiling", [{}, {"attn_head_groups": 2, "norm_chunk_size": 16}], ids=["plain", "tiled"])
+def test_training_step_on_cuda_flash_matches_cpu_flash(tiling):
     """A bf16 model's loss and gradients through the ring at cp 1 with packed documents (what every
-    GPU training run computes): the CUDA flash path against the CPU flash kernel."""
-    cfg = ModelConfig.from_preset("debug")
+    GPU training run computes): the CUDA flash path against the CPU flash kernel; tiled too (each head
+    group's q/k/v, sliced from the projections, reach the kernel with their head dim contiguous)."""
+    cfg = ModelConfig.from_preset("debug", **tiling)
     tokens = torch.randint(0, cfg.vocab_size, (2, 65))
     seg = packings(2, 64, seed=2)
     results = []

@@ -25,6 +25,7 @@ class PreflightJob:
     fragmentation: float = 0.05  # the caching allocator's rounding and fragmentation
     device: str = "cuda"  # cuda: bf16 compute on fp32 shards, the CUDA flash kernel; cpu: fp32, the CPU kernel
     out: str = ""  # where the child writes its StagePlan as JSON (plan_in_child sets it)
+    ranks_per_node: int = 8  # the run's ranks on one node (trainer.devices): they share its host memory
 
 
 @dataclass

@@ -95,6 +95,7 @@ def preflight(
         reserved_gib = 1.5 if device == "cuda" else 0.0
     world = run.trainer.world_size
     job = PreflightJob(model or run.model, stage, run.parallel, run.optim, world, device_bytes, reserved_gib)
+    job.ranks_per_node = min(world, run.trainer.devices)
     return check(plan_in_child(dataclasses.replace(job, device=device)))
 
 

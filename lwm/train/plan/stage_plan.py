@@ -61,7 +61,7 @@ def plan_stage(job: PreflightJob) -> StagePlan:
             def plan_with(model, par):
                 return plan_step(stage_model_config(model, stage), stage, mesh, par, job.optim, settings)
 
-            advice = cheapest_fit(job.model, parallel, mesh, plan_with, device, min(job.world, 8))
+            advice = cheapest_fit(job.model, parallel, mesh, plan_with, device, job.ranks_per_node)
             if advice.change is not None:
                 overrides = " ".join(advice.change.overrides)
                 plan.why += f"; it fits with {overrides} (planned peak {size(advice.memory.peak)})"

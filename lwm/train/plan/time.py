@@ -41,10 +41,19 @@ from lwm.train.plan.devices import Device
 from lwm.train.plan.memory import Mesh, StepMemory
 
 
+def attention_params(config: ModelConfig) -> int:
+    """The blocks' attention projections (wq, wk, wv, wo)."""
+    return config.n_layers * config.dim * config.head_dim * (2 * config.n_heads + 2 * config.n_kv_heads)
+
+
+def mlp_params(config: ModelConfig) -> int:
+    """The blocks' MLP projections (w1, w3, w2)."""
+    return config.n_layers * 3 * config.dim * config.ffn_dim
+
+
 def block_params(config: ModelConfig) -> int:
     """The blocks' projections: what tensor parallelism splits."""
-    attn = config.dim * config.head_dim * (2 * config.n_heads + 2 * config.n_kv_heads)
-    return config.n_layers * (attn + 3 * config.dim * config.ffn_dim)
+    return attention_params(config) + mlp_params(config)
 
 
 def matmul_params(config: ModelConfig, tp: int = 1) -> int:
@@ -57,8 +66,7 @@ def tiling_recompute(config: ModelConfig, local_len: int, tp: int = 1) -> tuple[
     """(matmul parameters recomputed once more per token, extra attention forwards) of the model's
     tilings in training: head groups rerun the attention's projections and forward in backward,
     the blockwise MLP its projections (when a rank's slice is longer than one chunk)."""
-    attn = config.n_layers * config.dim * config.head_dim * (2 * config.n_heads + 2 * config.n_kv_heads) // tp
-    mlp = config.n_layers * 3 * config.dim * config.ffn_dim // tp
+    attn, mlp = attention_params(config) // tp, mlp_params(config) // tp
     grouped = config.attn_head_groups > 1
     chunked = 0 < config.mlp_chunk_size < local_len
     return (attn if grouped else 0) + (mlp if chunked else 0), int(grouped)
