@@ -41,7 +41,7 @@ Shown elsewhere (tests/test_train.py and tests/test_train_parallel.py unless nam
                          max_line_bytes skipped, in data/skipped and the summary; strict=true: exit 2 at the first
                          bad line), test_mostly_bad_data_stops_the_run_with_exit_2 (0.5: 4 of 6 bad stops);
                          tests/test_data.py (a long line skipped unread, strict raises; 0.5 stops, 0.7 and 1 do not;
-                         judged after JUDGED_AFTER examples); tests/test_io.py (read in pieces, never held);
+                         judged on the whole epoch before its first batch); tests/test_io.py (read in pieces, never held);
                          here: they reach the stream from conf/data without a '+'
   parallel.activation_offload
                          tests/test_offload.py (bit-exact in one process, on gloo cp 2 and across a resume;
@@ -475,7 +475,11 @@ def test_strict_max_line_bytes_and_max_skipped_fraction_reach_the_stream(tmp_pat
     """conf/data has the three (no '+'); each reaches the stage's PackedStream, which applies them."""
     src = tmp_path / "docs.jsonl"
     src.write_text(json.dumps({"text": "red circle"}) + "\n")
-    custom = ["data=custom", "data.tokenizer=data/sample/tokenizer.model", f"data.sources={{text: {{path: {src}}}}}"]
+    custom = [
+        "data=custom",
+        "data.tokenizer=data/sample/tokenizer.model",
+        f"data.sources={{text: {{path: {src}, fields: text}}}}",
+    ]
     default = run_config(tmp_path, *custom).data
     assert (default.strict, default.max_line_bytes, default.max_skipped_fraction) == (False, 64 * 2**20, 0.5)
     spec = run_config(
@@ -486,7 +490,7 @@ def test_strict_max_line_bytes_and_max_skipped_fraction_reach_the_stream(tmp_pat
     dm.setup()
     stream = dm.stream
     assert (stream.strict, stream.max_line_bytes, stream.max_skipped_fraction) == (True, 100, 0.25)
-    assert stream.lines[0].max_line_bytes == 100  # the source's reader has the limit
+    assert stream.indexes[0].reader.max_line_bytes == 100  # the source's reader has the limit
 
 
 def first_sequences(spec, seq_len=64, sources=("text",), n=2):
@@ -542,7 +546,7 @@ def test_max_frames_and_fps(sample, tmp_path):
     # fps takes effect too: the sample's codes were tokenized by count, so a rate is refused for every
     # caption (lwm.data.sampling: the frames on screen at the ticks are not in such a cache)
     spec.max_frames, spec.fps = None, 0.01
-    with pytest.raises(SkippedTooMany, match=r"(\d+) of the \1 examples epoch 0 read were skipped \(100%\)"):
+    with pytest.raises(SkippedTooMany, match=r"(\d+) of the \1 examples of an epoch are skipped \(100%\)"):
         first_sequences(spec, seq_len=2048, sources=["captions"], n=1)  # data.max_skipped_fraction 0.5
     spec.max_skipped_fraction = 1.0  # never stop
     assert first_sequences(spec, seq_len=2048, sources=["captions"], n=1)[1] == []

@@ -123,11 +123,10 @@ def test_stream_drops_a_partial_last_line(tok, vocab, tmp_path):
         json.dumps({"text": "red circle"}) + "\n{oops\n" + json.dumps({"text": "blue square"}) + '\n{"text": "gre'
     )
     stream = PackedStream([Source(str(src), fields="text")], vocab, tok, seq_len=64, batch_size=1)
-    list(stream.sequences(0))
-    assert stream.stats["skipped"] == 1 and stream.errors[0].startswith(f"{src}:2: not JSON")  # not the last line
-    strict = PackedStream([Source(str(src), fields="text")], vocab, tok, seq_len=64, batch_size=1, strict=True)
-    with pytest.raises(ExampleError, match=r"docs\.jsonl:2: not JSON"):
-        list(strict.sequences(0))
+    assert len(list(stream.sequences(0))) == 1 and len(stream.indexes[0]) == 3
+    assert stream.skipped == 1 and stream.errors[0].startswith(f"{src}:2: not JSON")  # not the last line
+    with pytest.raises(ExampleError, match=r"docs\.jsonl:2: not JSON"):  # before the first sequence
+        PackedStream([Source(str(src), fields="text")], vocab, tok, seq_len=64, batch_size=1, strict=True)
 
 
 def test_a_line_over_max_line_bytes_is_skipped_unread(tok, vocab, tmp_path, monkeypatch):
@@ -140,25 +139,24 @@ def test_a_line_over_max_line_bytes_is_skipped_unread(tok, vocab, tmp_path, monk
     src = tmp_path / "docs.jsonl"
     long = json.dumps({"text": "red " * 2**19})
     src.write_text("\n".join([json.dumps({"text": "red circle"}), long, json.dumps({"text": "blue square"})]) + "\n")
-    stream = PackedStream([Source(str(src), fields="text")], vocab, tok, seq_len=16, batch_size=1, max_line_bytes=1024)
     tracemalloc.start()
-    try:
+    try:  # indexing reads every line; packing reads those of the sequences
+        stream = PackedStream([Source(str(src), fields="text")], vocab, tok, 16, 1, max_line_bytes=1024)
         seqs = list(stream.sequences(0))
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
     assert seqs and peak < 2**20, peak  # the line is 2 MiB
-    assert stream.stats["skipped"] == 1 and stream.tally == {"read": 3, "skipped": 1}
+    assert stream.skipped == 1 and stream.plan(0).total_skipped == 1 and len(stream.plan(0).src) == 3
     assert stream.errors == [f"{src}:2: a line of {len(long)} bytes, longer than max_line_bytes 1024: not read"]
-    strict = PackedStream([Source(str(src), fields="text")], vocab, tok, 16, 1, max_line_bytes=1024, strict=True)
     with pytest.raises(ExampleError, match=rf"docs\.jsonl:2: a line of {len(long)} bytes, .*data\.strict=true"):
-        list(strict.sequences(0))
+        PackedStream([Source(str(src), fields="text")], vocab, tok, 16, 1, max_line_bytes=1024, strict=True)
 
 
-def test_mostly_bad_data_stops_the_stream(tok, vocab, tmp_path, monkeypatch):
-    """max_skipped_fraction: judged at the end of an epoch's pass (4 of 6 bad: stops at 0.5, not at
-    0.7 or 1), and once JUDGED_AFTER examples are read, before the pass ends; the message has the
-    fraction, the counts and the first reasons."""
+def test_mostly_bad_data_stops_the_stream(tok, vocab, tmp_path):
+    """max_skipped_fraction: judged on the whole epoch from the index, before the first batch (4 of 6
+    bad: stops at 0.5, not at 0.7 or 1, repeats counted); the message has the fraction, the counts and
+    the first reasons."""
     from itertools import islice
 
     from lwm.data import PackedStream, SkippedTooMany, StreamState
@@ -168,26 +166,22 @@ def test_mostly_bad_data_stops_the_stream(tok, vocab, tmp_path, monkeypatch):
         "".join(json.dumps({"text": f"red circle {i}"} if i in (1, 4) else {"txt": i}) + "\n" for i in range(6))
     )
 
-    def stream(fraction, path=src):
-        return PackedStream([Source(str(path), fields="text")], vocab, tok, 4, 1, max_skipped_fraction=fraction)
+    def stream(fraction, repeat=1):
+        source = Source(str(src), fields="text", repeat=repeat)
+        return PackedStream([source], vocab, tok, 4, 1, max_skipped_fraction=fraction)
 
     message = (
-        r"4 of the 6 examples epoch 0 read were skipped \(67%\), more than data.max_skipped_fraction 0.5; "
-        rf"first reasons: {src}:\d: unknown field 'text'.*; {src}:\d: .* \(and 1 more\)"
+        r"4 of the 6 examples of an epoch are skipped \(67%\), more than data.max_skipped_fraction 0.5; "
+        rf"first reasons: {src}:1: unknown field 'text'.*; {src}:3: .* \(and 1 more\)"
     )
     with pytest.raises(SkippedTooMany, match=message):
-        list(islice(stream(0.5).batches(StreamState()), 100))  # a batch or two come before the pass ends
+        stream(0.5)
+    with pytest.raises(SkippedTooMany, match=r"8 of the 12 examples"):
+        stream(0.5, repeat=2)
     for fraction in (0.7, 1.0):
         ok = stream(fraction)
-        batches = ok.batches(StreamState())
-        states = [next(batches)[1] for _ in range(12)]
-        assert states[-1].epoch >= 1 and states[-1].skipped >= 4 and ok.stats["skipped"] >= 4
-    monkeypatch.setattr("lwm.data.dataset.JUDGED_AFTER", 10)
-    many = tmp_path / "many.jsonl"
-    many.write_text(src.read_text() * 10)  # 40 of 60 bad: stopped after 10 read
-    with pytest.raises(SkippedTooMany, match=r"of the first 10 examples epoch 0 read were skipped") as e:
-        list(islice(stream(0.5, many).batches(StreamState()), 100))
-    assert int(str(e.value).split()[0]) > 5
+        states = [state for _, state in islice(ok.batches(StreamState()), 12)]
+        assert states[-1].epoch >= 1 and states[-1].skipped >= 4 and ok.skipped == 4
 
 
 def test_a_source_costs_bytes_a_line_not_objects(tok, vocab, tmp_path):
@@ -207,7 +201,7 @@ def test_a_source_costs_bytes_a_line_not_objects(tok, vocab, tmp_path):
         tracemalloc.stop()
     assert retained < 48 * n and peak < 96 * n, f"{retained / n:.0f} bytes a line retained, {peak / n:.0f} at peak"
     s, i = order[0][0], order[1][0]
-    assert stream.lines[s][i].parse() == {"text": f"a red circle {i}"}
+    assert stream.indexes[s].reader.example(i) == {"text": f"a red circle {i}"}
 
 
 @pytest.mark.parametrize(
@@ -298,8 +292,7 @@ def take(dm, n):
 
 def test_bad_example_is_skipped_and_counted_with_file_and_line(spm_model, codes_dir, sources, caplog):
     dm = make_dm(spm_model, codes_dir, sources)
-    list(dm.stream.sequences(0))
-    assert dm.stream.stats["skipped"] == 1
+    assert dm.stream.skipped == 1
     assert dm.stream.errors[0].startswith(f"{sources[0].path}:6: no cached codes for video 'missing_clip'")
     assert "missing_clip" in caplog.text
 

@@ -541,7 +541,7 @@ def test_mostly_bad_data_stops_the_run_with_exit_2(tmp_path, monkeypatch, capsys
     code, out, err = main_in_process(monkeypatch, capsys, tmp_path / "run", *data)
     assert code == 2 and "Traceback" not in err, err[-3000:]
     assert re.search(
-        r"error: 4 of the \d+ examples epoch 0 read were skipped \(67%\), more than data.max_skipped_fraction 0.5; "
+        r"error: 4 of the \d+ examples of an epoch are skipped \(67%\), more than data.max_skipped_fraction 0.5; "
         r"first reasons: .*docs\.jsonl:\d: unknown field 'text'",
         err,
     ), err[-3000:]

@@ -98,7 +98,7 @@ def test_a_dead_rank_stops_the_others(tmp_path, how):
     import time
 
     timeout_s = 16  # the first collectives wait for the slower rank's start-up: 2 cores, 2 test workers
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "LWM_TEST_RUN": str(tmp_path)}
     cmd = [
         sys.executable,
         "train.py",
@@ -115,12 +115,13 @@ def test_a_dead_rank_stops_the_others(tmp_path, how):
     try:
         children: list[int] = []
         deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and not (children and list((tmp_path / "a" / "tb").glob("events*"))):
+        while time.monotonic() < deadline and not (children and "train/loss=" in log.read_text()):  # in the loop
             time.sleep(0.5)
             assert proc.poll() is None, log.read_text()[-3000:]
-            children = [
+            children = [  # rank 1, not rank 0's loader fork server (the same environment, but LOCAL_RANK)
                 int(p)
                 for p in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+                if b"LOCAL_RANK=1\0" in _environ(int(p))
             ]
         assert children, "rank 1 never started"
         time.sleep(3)  # inside the training loop
@@ -135,8 +136,23 @@ def test_a_dead_rank_stops_the_others(tmp_path, how):
         if proc.poll() is None:
             proc.kill()
     print(f"rank 0 exited {proc.returncode} {waited:.1f} s after rank 1 was killed")
+    # nothing of the run is left: the ranks' loader workers and their fork servers end with their rank
+    tag = f"LWM_TEST_RUN={tmp_path}\0".encode()
+    left = time.monotonic() + 20
+    while (
+        rest := [p for p in os.listdir("/proc") if p.isdigit() and tag in _environ(int(p))]
+    ) and time.monotonic() < left:
+        time.sleep(0.5)
+    assert not rest, [Path(f"/proc/{p}/cmdline").read_bytes()[:120] for p in rest if Path(f"/proc/{p}").exists()]
     assert proc.returncode != 0, out[-3000:]
     assert waited < timeout_s + 60, (waited, out[-3000:])
     # the survivor names the rank it lost, not just the backend's error
     what = "has died" if how == "killed" else "is stopped (SIGSTOP)"
     assert f"error: rank 0 lost another rank: rank 1 (pid {children[0]} on" in out and what in out, out[-3000:]
+
+
+def _environ(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:  # gone already
+        return b""

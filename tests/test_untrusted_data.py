@@ -62,7 +62,7 @@ def test_a_vision_field_that_leaves_the_folder_names_the_data_file_and_line(tmp_
         [Source(str(src), fields="[vision],caption")], Vocab(tok.vocab_size), tok, 4096, 1, codes=CodeStore(store)
     )
     list(stream.sequences(0))
-    assert stream.stats["skipped"] == 3  # the good example is trained on; the run goes on
+    assert stream.skipped == 3  # the good example is trained on; the run goes on
     for n, vid in enumerate(vids, 2):
         assert any(e.startswith(f"{src}:{n}: video id '{vid}' names") and "outside" in e for e in stream.errors)
 
@@ -110,7 +110,7 @@ def test_a_changed_codes_file_is_refused_naming_it(store, tok):
         [Source(str(src), fields="[vision],caption")], Vocab(tok.vocab_size), tok, 4096, 1, codes=CodeStore(store)
     )
     list(stream.sequences(0))
-    assert stream.stats["skipped"] == 1
+    assert stream.skipped == 1
     assert stream.errors[0].startswith(f"{src}:1: cached codes {good} are not the file")
 
     flip_a_byte(good)  # the bytes back as written: accepted again

@@ -7,11 +7,14 @@ positions of its tokens, or each token's position within its example.
 
 from __future__ import annotations
 
+import os
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import Iterator
 
 import torch
-from torch.utils.data import IterableDataset
+from torch.utils.data import IterableDataset, get_worker_info
 
 from lwm.data.dataset import PackedStream, Source, StreamState, to_tensors
 from lwm.model.documents import Documents
@@ -37,12 +40,22 @@ class StreamOptions:
     # a longer line (bytes, its newline not counted) is skipped and counted without ever being read whole
     # (read 1 MiB at a time), or stops the run under strict; 64 MiB by default
     max_line_bytes: int = 64 * 2**20
-    # stop (train.py exits 2) when more than this fraction of the examples an epoch read were skipped;
-    # checked once an epoch has read 1000 examples (lwm.data.dataset.JUDGED_AFTER) and at the end of
-    # each epoch's pass (a smaller source: on all of it). 1: never stop
+    # stop (train.py exits 2) when more than this fraction of an epoch's examples are skipped; judged from
+    # the sources' indexes before the first batch. 1: never stop
     max_skipped_fraction: float = 0.5
+    # where each source's index (every example's token count: lwm.data.index) is kept; None: beside the source
+    index_dir: str | None = None
+    index_workers: int = 8  # processes that make the index of a source of 20000 or more examples
+    # loader worker processes per rank that encode and pack its batches while it trains (0: in the training
+    # process); 2 keep up with a GPU step at every stage (docs/benchmarks.md, bench.data)
+    num_workers: int = 2
 
     def __post_init__(self) -> None:
+        for name in ("index_workers", "num_workers"):
+            if getattr(self, name) < (1 if name == "index_workers" else 0):
+                raise ValueError(
+                    f"data.{name} must be >= {1 if name == 'index_workers' else 0}, got {getattr(self, name)}"
+                )
         if self.max_line_bytes < 1:
             raise ValueError(f"data.max_line_bytes must be >= 1, got {self.max_line_bytes}")
         if not 0 <= self.max_skipped_fraction <= 1:
@@ -117,13 +130,48 @@ def with_documents(batch: dict) -> dict:
 
 
 class ShardedBatches(IterableDataset):
-    """The stream's batches from `state` on, sharded for this rank; each carries the stream state after it."""
+    """The stream's batches from `state` on, sharded for this rank; each carries the stream state after it.
+    In a loader's worker w of W it makes batches w, w + W, ...: the loader takes them from its workers in
+    turn, so the batches come in the stream's order."""
 
     def __init__(self, stream: PackedStream, state: StreamState, sharding: Sharding, position_mode: str):
         self.stream, self.state, self.sharding, self.position_mode = stream, state, sharding, position_mode
+        self.owner = os.getpid()  # the rank's process
 
     def __iter__(self) -> Iterator[dict]:
-        for seqs, after in self.stream.batches(self.state):
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        if info is not None:
+            exit_with(self.owner)
+        for seqs, after in self.stream.batches(self.state, worker, workers):
             batch = shard_batch(to_tensors(seqs), self.sharding, self.position_mode)
             batch["data_state"] = torch.tensor([after.epoch, after.batches, after.skipped, after.read])
             yield batch
+
+
+def exit_with(owner: int, every_s: float = 1.0) -> None:
+    """In a loader worker: end this process once the rank's process `owner` is gone. A worker forked from a
+    fork server outlives a killed rank otherwise (torch's own watchdog watches the worker's parent, the
+    server, which lives as long as its workers do)."""
+
+    def watch():
+        while alive(owner):
+            time.sleep(every_s)
+        os._exit(0)
+
+    threading.Thread(target=watch, daemon=True, name="rank-watchdog").start()
+
+
+def alive(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie, dead and not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: whether the pid exists at all
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True

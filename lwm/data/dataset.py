@@ -1,18 +1,22 @@
-"""A deterministic, resumable stream of packed sequences from JSON-lines sources.
+"""A deterministic, resumable stream of packed sequences from JSON-lines and parquet sources.
 
-Each epoch shuffles all examples of all sources with a seed derived from (seed, epoch), encodes
-them, and packs them. Global batch g is made of sequences [g*B*D, (g+1)*B*D) of that stream
-(B sequences per data-parallel rank, D ranks); data-parallel rank r takes its B of them, so ranks
-read different samples, and every rank of a context-parallel group (same r) reads the same ones.
-The state is (epoch, global batches done): resuming re-packs the epoch and skips what was done.
-Bad examples (a line that is not JSON, or longer than `max_line_bytes`, which is never read whole; an
-example that does not encode) are skipped with a warning naming file and line, and counted: `stats`,
-the first reasons in `errors`, and the stream state's totals (a run logs them as data/skipped);
-`strict` raises instead. Once an epoch has read JUDGED_AFTER examples, and again at the end of each
-epoch's pass (so a small source is judged on all of it), more than `max_skipped_fraction` of the
-examples read in that epoch skipped stops the stream (SkippedTooMany).
-With `holdout` H, the last H examples of every source are never trained on: they are packed once,
-in file order, for the validation loss (`validation_batches`).
+Each source is read through its index (lwm.data.index: every example's token count, made once and
+kept). Each epoch orders all examples of all sources with a seed derived from (seed, epoch), and the
+epoch's plan (lwm.data.plan) says from token counts alone which pieces of which examples make each
+packed sequence. Global batch g is made of sequences [g*B*D, (g+1)*B*D) of that stream (B sequences
+per data-parallel rank, D ranks); data-parallel rank r takes its B of them and encodes only their
+examples, so ranks read different samples, and every rank of a context-parallel group (same r) reads
+the same ones. The stream depends on (seed, epoch, sequence length) and not on D, so a run resumes onto
+another data-parallel degree at the same global batch. The state is (epoch, global batches done): a
+resume starts at its next batch directly, and with loader workers each worker makes every W-th batch.
+
+Bad examples (a line that is not JSON, or longer than `max_line_bytes`, which is never read whole; a
+parquet row or an example that does not encode) are found when the index is made: each is warned about
+once naming its file and line or row, the first reasons are in `errors`, and the stream state counts
+them as the epoch's order reaches them (a run logs them as data/skipped); `strict` raises instead. More
+than `max_skipped_fraction` of an epoch's examples skipped stops the stream before its first batch
+(SkippedTooMany). With `holdout` H, the last H examples of every source are never trained on: they are
+packed once, in file order, for the validation loss (`validation_batches`).
 """
 
 from __future__ import annotations
@@ -20,37 +24,43 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 import torch
 
 from lwm.data.codes import CodeStore
-from lwm.data.example import ExampleError, encode_example
-from lwm.data.packing import Packed, Packer
+from lwm.data.example import Encoded, Encoder, ExampleError
+from lwm.data.index import SourceIndex, example_key, source_index
+from lwm.data.packing import WEIGHTING, Packed, assemble, example_weights
+from lwm.data.plan import Plan, plan
+from lwm.data.sources import SourceError
 from lwm.data.text_tokenizer import TextTokenizer
 from lwm.data.vocab import Vocab
-from lwm.io import JsonlError, LineIndex, read_lines
 
 log = logging.getLogger(__name__)
 
-JUDGED_AFTER = 1000  # examples an epoch has read when max_skipped_fraction is first checked (then at its end)
-REASONS = 100  # distinct reasons kept in `errors`
+REASONS = 100  # reasons kept in `errors`
+PLANS_KEPT = 2  # epochs whose plan a stream keeps (the one under way and the next)
 
 
 class SkippedTooMany(ValueError):
-    """More than max_skipped_fraction of the examples an epoch read were skipped: the message has the
-    fraction, the counts and the first reasons."""
+    """More than max_skipped_fraction of an epoch's examples are skipped: the message has the fraction,
+    the counts and the first reasons."""
 
 
 class TooLittleData(ValueError):
     """A whole epoch of the sources does not fill one global batch: the message names the sources."""
 
 
+class StaleIndex(ValueError):
+    """An example reads or encodes differently from what its source's index says: the source or the codes
+    changed while the run read them. The next start remakes the index."""
+
+
 @dataclass
 class Source:
-    path: str
+    path: str  # a JSON-lines (.jsonl, .json) or parquet (.parquet) file
     fields: str | list | None = None  # default spec for examples without their own "fields"
     overflow: str = "truncate"  # examples longer than the sequence: truncate | drop | window
     repeat: int = 1  # times each example appears per epoch (mixing weights)
@@ -86,176 +96,171 @@ class PackedStream:
         holdout: int = 0,
         max_line_bytes: int | None = None,
         max_skipped_fraction: float | None = None,
+        index_dir: str | None = None,
+        index_workers: int = 1,
     ):
         vocab.check_tokenizer(text_tokenizer)
         if not 0 <= dp_rank < dp_size:
             raise ValueError(f"dp_rank {dp_rank} is outside [0, dp_size {dp_size})")
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
-        self.sources, self.vocab, self.text_tokenizer, self.codes = sources, vocab, text_tokenizer, codes
-        self.seq_len, self.batch_size, self.seed = seq_len, batch_size, seed
-        self.dp_rank, self.dp_size = dp_rank, dp_size
-        self.max_frames, self.fps, self.weighting, self.strict = max_frames, fps, weighting, strict
-        self.max_line_bytes, self.max_skipped_fraction = max_line_bytes, max_skipped_fraction
+        if weighting not in WEIGHTING:
+            raise ValueError(f"loss weighting must be one of {WEIGHTING}, got {weighting!r}")
         if holdout < 0:
             raise ValueError(f"data.holdout must be >= 0, got {holdout}")
-        self.lines, self.heldout = [], []
-        for source in sources:
-            lines = self._read(source)
-            if holdout and len(lines) <= holdout:
+        self.sources, self.vocab, self.seq_len, self.batch_size, self.seed = sources, vocab, seq_len, batch_size, seed
+        self.dp_rank, self.dp_size, self.weighting, self.strict = dp_rank, dp_size, weighting, strict
+        self.max_line_bytes, self.max_skipped_fraction = max_line_bytes, max_skipped_fraction
+        self.encoder = Encoder(vocab, text_tokenizer, codes, max_frames, fps, seed)
+        self.indexes: list[SourceIndex] = [
+            source_index(s.path, self.encoder, s.fields, max_line_bytes, index_dir, index_workers) for s in sources
+        ]
+        self.trained: list[int] = []  # examples of each source trained on (the rest are held out)
+        for source, index in zip(sources, self.indexes):
+            if holdout and len(index) <= holdout:
                 raise ValueError(
-                    f"data source {source.path} has {len(lines)} examples: data.holdout {holdout} leaves none to train on"
+                    f"data source {source.path} has {len(index)} examples: data.holdout {holdout} leaves none to train on"
                 )
-            self.lines.append(lines[: len(lines) - holdout])
-            self.heldout.append(lines[len(lines) - holdout :])
-        self.stats: Counter = Counter()  # "skipped": training examples, every pass; "heldout_skipped"; the packers'
-        self.errors: list[str] = []  # the first REASONS distinct "file:line: why" of skipped examples
-        self.tally: Counter = Counter()  # the training pass under way: examples "read" and "skipped" so far
+            self.trained.append(len(index) - holdout)
+        self.errors: list[str] = [  # the first REASONS "file:line: why" of skipped examples
+            why for index in self.indexes for why in index.reasons.values()
+        ][:REASONS]
+        if strict and self.errors:
+            raise ExampleError(f"{self.errors[0]} (data.strict=true: a bad example stops the run)")
+        self.skipped = sum(  # training examples an epoch skips, repeats counted
+            source.repeat * int(np.count_nonzero(index.lengths[:n] < 0))
+            for source, index, n in zip(sources, self.indexes, self.trained)
+        )
+        self._judge()
+        self.encoded: Counter = Counter()  # what this process encoded: "examples", "tokens"
+        self._plans: dict[int, Plan] = {}
+        self._last: tuple | None = None  # ((source, example), Encoded): a windowed example spans sequences
 
-    def _read(self, source: Source) -> LineIndex:
-        path = Path(source.path)
-        if not path.is_file():
-            raise FileNotFoundError(f"data source {path} does not exist")
-        # byte offsets: parsed when an epoch reaches them; a partial last line is dropped; a line over
-        # max_line_bytes is indexed without being held, and skipped when an epoch reaches it
-        return read_lines(path, self.max_line_bytes)
+    def _judge(self) -> None:
+        """Stop (SkippedTooMany) when more than max_skipped_fraction of an epoch's examples are skipped."""
+        limit = self.max_skipped_fraction
+        total = sum(source.repeat * n for source, n in zip(self.sources, self.trained))
+        if limit is None or not total or self.skipped <= limit * total:
+            return
+        raise SkippedTooMany(
+            f"{self.skipped} of the {total} examples of an epoch are skipped ({self.skipped / total:.0%}), more "
+            f"than data.max_skipped_fraction {limit:g}; first reasons: {first_reasons(self.errors)}. Fix or "
+            "remove those examples, or raise data.max_skipped_fraction (1: never stop)"
+        )
 
     def _order(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
-        """(source, line index) of every example of one epoch, shuffled by (seed, epoch): two arrays, not
+        """(source, example) of every example of one epoch, shuffled by (seed, epoch): two arrays, not
         a Python object per example."""
-        src, idx = _items(self.lines, [source.repeat for source in self.sources])
+        src, idx = _items(self.trained, [source.repeat for source in self.sources])
         perm = np.random.default_rng([self.seed, epoch]).permutation(len(src))
         return src[perm], idx[perm]
 
-    def _encoded(
-        self, order: tuple[np.ndarray, np.ndarray], lines: list[LineIndex], epoch: int | None
-    ) -> Iterator[tuple]:
-        """(source, encoded example) of `order`, bad ones skipped; `epoch`: a training pass (counted in
-        `tally` and judged by max_skipped_fraction), None: the held-out examples."""
-        tally = Counter()
-        if epoch is not None:
-            self.tally = tally
-        for s, i in zip(*(a.tolist() for a in order)):
-            enc = self._encode(s, lines[s][i], epoch is not None)
-            tally["read"] += 1
-            tally["skipped"] += enc is None
-            if epoch is not None and tally["read"] == JUDGED_AFTER:
-                self._judge(tally, f"the first {JUDGED_AFTER} examples epoch {epoch} read")
-            if enc is not None:
-                yield s, enc
-        if epoch is not None:
-            self._judge(tally, f"the {tally['read']} examples epoch {epoch} read")
+    def plan(self, epoch: int) -> Plan:
+        """The packing plan of an epoch (kept for the epoch under way and the next)."""
+        if epoch not in self._plans:
+            lengths = [index.lengths for index in self.indexes]
+            self._plans[epoch] = plan(*self._order(epoch), lengths, [s.overflow for s in self.sources], self.seq_len)
+            for old in sorted(self._plans)[:-PLANS_KEPT]:
+                del self._plans[old]
+        return self._plans[epoch]
 
-    def _encode(self, s: int, line, training: bool):
-        """The encoded example of a line of source s, None when it is skipped (counted, its reason kept)."""
-        where = f"{self.sources[s].path}:{line.number}"
+    def _example(self, s: int, i: int) -> Encoded:
+        """Example i of source s, encoded; it must be what the index measured."""
+        if self._last is not None and self._last[0] == (s, i):
+            return self._last[1]
+        index, source = self.indexes[s], self.sources[s]
         try:
-            return encode_example(
-                line.parse(),
-                self.vocab,
-                self.text_tokenizer,
-                self.codes,
-                self.sources[s].fields,
-                self.max_frames,
-                self.fps,
-                self.seed,
-                key=where,
+            enc = self.encoder(index.reader.example(i), source.fields, example_key(source.path, i))
+        except (ExampleError, SourceError) as e:
+            index.file.unlink(missing_ok=True)
+            raise StaleIndex(
+                f"{index.reader.where(i)} encoded when its index {index.file} was made, and now does not ({e}): "
+                "the source or the codes changed during the run; the index is removed, and the next start makes it again"
+            ) from None
+        if len(enc) != index.lengths[i]:
+            index.file.unlink(missing_ok=True)
+            raise StaleIndex(
+                f"{index.reader.where(i)} has {len(enc)} tokens, its index {index.file} says {index.lengths[i]}: the "
+                "source or the codes changed during the run; the index is removed, and the next start makes it again"
             )
-        except (ExampleError, JsonlError) as e:
-            why = e.reason if isinstance(e, JsonlError) else e  # a JsonlError names the place itself
-            if self.strict:
-                raise ExampleError(f"{where}: {why} (data.strict=true: a bad example stops the run)") from e
-            self.stats["skipped" if training else "heldout_skipped"] += 1
-            reason = f"{where}: {why}"
-            if len(self.errors) < REASONS and reason not in self.errors:  # each epoch meets them again
-                self.errors.append(reason)
-            log.warning("skipping example %s: %s", where, why)
-            return None
+        self.encoded["examples"] += 1
+        self.encoded["tokens"] += len(enc)
+        self._last = ((s, i), enc)
+        return enc
 
-    def _judge(self, tally: Counter, what: str) -> None:
-        """Stop (SkippedTooMany) when more than max_skipped_fraction of the examples read were skipped."""
-        limit = self.max_skipped_fraction
-        if limit is None or not tally["read"] or tally["skipped"] <= limit * tally["read"]:
-            return
-        raise SkippedTooMany(
-            f"{tally['skipped']} of {what} were skipped ({tally['skipped'] / tally['read']:.0%}), more than "
-            f"data.max_skipped_fraction {limit:g}; first reasons: {first_reasons(self.errors)}. Fix or remove "
-            "those examples, or raise data.max_skipped_fraction (1: never stop)"
-        )
+    def packed(self, pieces: list[tuple[int, int, int, int]]) -> Packed:
+        """A planned sequence, encoded: its (source, example, start, length) pieces, then padding."""
+        parts = []
+        for s, i, start, size in pieces:
+            piece = self._example(s, i).slice(start, start + size)
+            parts.append((piece, example_weights(piece, self.weighting)))
+        return assemble(parts, self.seq_len + 1, self.vocab.pad_id)
 
     def sequences(self, epoch: int) -> Iterator[Packed]:
-        """All packed sequences of an epoch (every rank computes the same stream)."""
-        yield from self._packed(self._order(epoch), self.lines, epoch)
+        """All packed sequences of an epoch, every one encoded (the global stream; a rank takes `batches`)."""
+        p = self.plan(epoch)
+        for n in range(len(p)):
+            yield self.packed(p.sequence(n))
 
     def validation_batches(self) -> list[list[Packed]]:
         """This rank's share of the held-out examples' sequences, as whole global batches (every
         rank gets the same number of batches; a last incomplete global batch is dropped)."""
-        order = _items(self.heldout, [1] * len(self.heldout))  # in file order
-        seqs = list(self._packed(order, self.heldout, None))
+        src, idx = [], []
+        for s, (index, n) in enumerate(zip(self.indexes, self.trained)):  # in file order
+            src.append(np.full(len(index) - n, s, np.int64))
+            idx.append(np.arange(n, len(index), dtype=np.int64))
+        lengths = [index.lengths for index in self.indexes]
+        held = plan(np.concatenate(src), np.concatenate(idx), lengths, [s.overflow for s in self.sources], self.seq_len)
         per_global, B = self.batch_size * self.dp_size, self.batch_size
+        first = self.dp_rank * B
         return [
-            seqs[g * per_global + self.dp_rank * B : g * per_global + (self.dp_rank + 1) * B]
-            for g in range(len(seqs) // per_global)
+            [self.packed(held.sequence(g * per_global + first + b)) for b in range(B)]
+            for g in range(len(held) // per_global)
         ]
 
-    def _packed(self, order, lines, epoch: int | None) -> Iterator[Packed]:
-        """Pack the examples `order` names; `epoch`: a training pass (counted in the stats), None: held out."""
-        packers = {}  # one per overflow policy, so documents are windowed and examples not
-
-        def pack_all():
-            for s, enc in self._encoded(order, lines, epoch):
-                policy = self.sources[s].overflow
-                packer = packers.setdefault(
-                    policy, Packer(self.seq_len, policy, self.weighting, pad_id=self.vocab.pad_id)
-                )
-                yield from packer.add(enc)
-            for packer in packers.values():
-                yield from packer.flush()
-
-        yield from pack_all()
-        if epoch is not None:
-            for packer in packers.values():
-                self.stats.update(packer.stats)
-
-    def batches(self, state: StreamState) -> Iterator[tuple[list[Packed], StreamState]]:
-        """This rank's batches from `state` on, forever (epoch after epoch), each with the state
-        after it. The state's skipped and read count the whole stream through its batch (the same on
-        every rank, each of which reads every example): the epochs before plus the pass so far. On a
-        resume the epoch is read again up to `state`, which gives the same pass counts, and so the
-        epochs before."""
+    def batches(
+        self, state: StreamState, worker: int = 0, workers: int = 1
+    ) -> Iterator[tuple[list[Packed], StreamState]]:
+        """This rank's batches from `state` on, forever (epoch after epoch), each with the state after
+        it; with loader workers, worker w of W makes the batches w, w + W, ... of them. The state's skipped
+        and read count the whole stream through its batch, the same on every rank: the epochs before plus
+        the epoch's order up to where its plan completed the batch."""
         epoch, done = state.epoch, state.batches
-        before = Counter({"skipped": state.skipped, "read": state.read} if done == 0 else {})
-        per_global = self.batch_size * self.dp_size
+        per_global, B = self.batch_size * self.dp_size, self.batch_size
+        p = self.plan(epoch)
+        if done == 0:
+            before = (state.skipped, state.read)
+        else:  # what the state counted, less what its epoch counted through its batch
+            last = done * per_global - 1
+            before = (state.skipped - int(p.skipped[last]), state.read - int(p.read[last]))
+        turn = 0  # this rank's batches from `state` on, across epochs
         while True:
-            produced = 0
-            buf: list[Packed] = []
-            for n, seq in enumerate(self.sequences(epoch)):
-                g, k = divmod(n, per_global)
-                if g < done:
-                    if g == done - 1 and k == per_global - 1:  # the batch `state` ends with: so the epochs before
-                        before = Counter({c: max(0, getattr(state, c) - self.tally[c]) for c in ("skipped", "read")})
-                    continue
-                if self.dp_rank * self.batch_size <= k < (self.dp_rank + 1) * self.batch_size:
-                    buf.append(seq)
-                if k == per_global - 1:  # global batch g complete
-                    total = before + self.tally
-                    yield buf, StreamState(epoch, g + 1, total["skipped"], total["read"])
-                    buf, produced = [], produced + 1
-            if produced == 0 and done == 0:
+            n_batches = len(p) // per_global  # an incomplete last global batch is dropped on every rank
+            if n_batches == 0:
                 names = ", ".join(str(source.path) for source in self.sources)
                 raise TooLittleData(
                     f"the sources ({names}) yield fewer than one global batch in a whole epoch ({per_global} "
-                    f"sequences of {self.seq_len + 1} tokens, {self.tally['skipped']} of {self.tally['read']} "
-                    "examples skipped): add data, or lower the stage's batch or seq_len"
+                    f"sequences of {self.seq_len + 1} tokens, {p.total_skipped} of {len(p.src)} examples "
+                    "skipped): add data, or lower the stage's batch or seq_len"
                 )
-            epoch, done = epoch + 1, 0  # an incomplete last global batch is dropped on every rank
-            before = before + self.tally  # the whole pass, the dropped batch's examples included
+            for g in range(done, n_batches):
+                turn += 1
+                if (turn - 1) % workers != worker:
+                    continue
+                first = g * per_global + self.dp_rank * B
+                seqs = [self.packed(p.sequence(first + b)) for b in range(B)]
+                last = (g + 1) * per_global - 1
+                after = StreamState(epoch, g + 1, before[0] + int(p.skipped[last]), before[1] + int(p.read[last]))
+                yield seqs, after
+            before = (before[0] + p.total_skipped, before[1] + len(p.src))  # the whole pass, dropped batch included
+            epoch, done = epoch + 1, 0
+            p = self.plan(epoch)
 
 
-def _items(lines: list[LineIndex], repeats: list[int]) -> tuple[np.ndarray, np.ndarray]:
-    """(source, line index) of every line of every source, each `repeats[source]` times in a row."""
-    counts = [len(index) for index in lines]
-    src = np.repeat(np.arange(len(lines)), counts)
+def _items(counts: list[int], repeats: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """(source, example) of the first counts[source] examples of every source, each `repeats[source]`
+    times in a row."""
+    src = np.repeat(np.arange(len(counts)), counts)
     idx = np.concatenate([np.arange(n) for n in counts]) if counts else np.zeros(0, np.int64)
     times = np.repeat(np.asarray(repeats, np.int64), counts)
     return np.repeat(src, times), np.repeat(idx, times)

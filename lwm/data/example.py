@@ -45,6 +45,9 @@ class Encoded:
     def __len__(self) -> int:
         return len(self.tokens)
 
+    def slice(self, start: int, stop: int) -> "Encoded":
+        return Encoded(self.tokens[start:stop], self.loss_mask[start:stop], self.vision_mask[start:stop])
+
 
 def parse_fields(spec: str) -> list[Group]:
     groups = []
@@ -128,3 +131,57 @@ def encode_example(
     loss.append(np.ones(1, bool))
     vis.append(np.zeros(1, bool))
     return Encoded(np.concatenate(ids).astype(np.int64), np.concatenate(loss), np.concatenate(vis))
+
+
+class Encoder:
+    """encode_example with a run's settings bound: what a source's index measures and a rank packs. It
+    pickles as its settings (the tokenizer and code store are opened again), so index workers get one."""
+
+    def __init__(
+        self,
+        vocab: Vocab,
+        text_tokenizer: TextTokenizer,
+        codes: CodeStore | None = None,
+        max_frames: int | None = None,
+        fps: float | None = None,
+        seed: int = 0,
+    ):
+        self.vocab, self.text_tokenizer, self.codes = vocab, text_tokenizer, codes
+        self.max_frames, self.fps, self.seed = max_frames, fps, seed
+
+    def __call__(self, example, fields: str | list | None, key: str) -> Encoded:
+        return encode_example(
+            example, self.vocab, self.text_tokenizer, self.codes, fields, self.max_frames, self.fps, self.seed, key
+        )
+
+    def __getstate__(self) -> dict:
+        codes = None if self.codes is None else (str(self.codes.root), self.codes.n_codes)
+        return {
+            "vocab": self.vocab,
+            "tokenizer": str(self.text_tokenizer.path),
+            "codes": codes,
+            "max_frames": self.max_frames,
+            "fps": self.fps,
+            "seed": self.seed,
+        }
+
+    def __setstate__(self, state: dict) -> None:
+        codes = None if state["codes"] is None else CodeStore(*state["codes"])
+        self.__init__(
+            state["vocab"], TextTokenizer(state["tokenizer"]), codes, state["max_frames"], state["fps"], state["seed"]
+        )
+
+    def signature(self) -> dict:
+        """What the encoded examples depend on besides the source: a change makes an index stale."""
+        codes = None
+        if self.codes is not None:  # the manifests, and tokens/ (a file written, replaced or removed in it)
+            files = [*sorted(self.codes.root.glob("manifest*.jsonl")), self.codes.root / "tokens"]
+            codes = [[f.name, f.stat().st_size if f.is_file() else 0, f.stat().st_mtime_ns] for f in files]
+        return {
+            "tokenizer_sha256": hashlib.sha256(self.text_tokenizer.path.read_bytes()).hexdigest(),
+            "vocab": [self.vocab.text_size, self.vocab.n_vision_codes, self.vocab.pad_multiple],
+            "codes": codes,
+            "max_frames": self.max_frames,
+            "fps": self.fps,
+            "seed": self.seed,
+        }

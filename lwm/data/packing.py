@@ -46,6 +46,32 @@ def example_weights(enc: Encoded, weighting: str) -> np.ndarray:
     return w
 
 
+def pieces(n: int, length: int, overflow: str) -> tuple[list[tuple[int, int]], str]:
+    """An example of n tokens as the (start, size) pieces packed from it into sequences of `length`
+    tokens, and what its overflow policy did ("truncated", "windowed", "dropped_too_long", or "")."""
+    if n <= length:
+        return [(0, n)], ""
+    if overflow == "drop":
+        return [], "dropped_too_long"
+    if overflow == "truncate":
+        return [(0, length)], "truncated"
+    return [(s, min(length, n - s)) for s in range(0, n, length)], "windowed"
+
+
+def assemble(parts: list[tuple[Encoded, np.ndarray]], length: int, pad_id: int) -> Packed:
+    """One packed sequence of `length` tokens from (piece, its loss weights) parts, in order, then padding."""
+    tokens = np.full(length, pad_id, dtype=np.int64)
+    weight = np.zeros(length, dtype=np.float32)
+    vision = np.zeros(length, dtype=bool)
+    segments = np.zeros(length, dtype=np.int32)
+    pos = 0
+    for seg, (enc, w) in enumerate(parts, start=1):
+        end = pos + len(enc)
+        tokens[pos:end], weight[pos:end], vision[pos:end], segments[pos:end] = enc.tokens, w, enc.vision_mask, seg
+        pos = end
+    return Packed(tokens, weight, vision, segments)
+
+
 class Packer:
     def __init__(self, seq_len: int, overflow: str = "truncate", weighting: str = "example", pad_id: int = 0):
         if seq_len <= 0:
@@ -60,39 +86,17 @@ class Packer:
         self._used = 0
 
     def _pieces(self, enc: Encoded) -> list[Encoded]:
-        if len(enc) <= self.length:
-            return [enc]
-        if self.overflow == "drop":
-            self.stats["dropped_too_long"] += 1
-            return []
-        if self.overflow == "truncate":
-            self.stats["truncated"] += 1
-            return [Encoded(enc.tokens[: self.length], enc.loss_mask[: self.length], enc.vision_mask[: self.length])]
-        self.stats["windowed"] += 1
-        starts = range(0, len(enc), self.length)
-        return [
-            Encoded(
-                enc.tokens[s : s + self.length],
-                enc.loss_mask[s : s + self.length],
-                enc.vision_mask[s : s + self.length],
-            )
-            for s in starts
-        ]
+        cut, kind = pieces(len(enc), self.length, self.overflow)
+        if kind:
+            self.stats[kind] += 1
+        return [enc.slice(start, start + size) for start, size in cut]
 
     def _emit(self) -> Packed:
-        tokens = np.full(self.length, self.pad_id, dtype=np.int64)
-        weight = np.zeros(self.length, dtype=np.float32)
-        vision = np.zeros(self.length, dtype=bool)
-        segments = np.zeros(self.length, dtype=np.int32)
-        pos = 0
-        for seg, (enc, w) in enumerate(self._parts, start=1):
-            end = pos + len(enc)
-            tokens[pos:end], weight[pos:end], vision[pos:end], segments[pos:end] = enc.tokens, w, enc.vision_mask, seg
-            pos = end
-        self._parts, self._used = [], 0
+        packed = assemble(self._parts, self.length, self.pad_id)
         self.stats["sequences"] += 1
-        self.stats["padding_tokens"] += self.length - pos
-        return Packed(tokens, weight, vision, segments)
+        self.stats["padding_tokens"] += self.length - self._used
+        self._parts, self._used = [], 0
+        return packed
 
     def add(self, enc: Encoded) -> Iterator[Packed]:
         """Add one example; yields the sequences it completes."""

@@ -8,6 +8,8 @@ a resumed run continues with the very next batch.
 
 from __future__ import annotations
 
+import multiprocessing
+
 import lightning as L
 from torch.utils.data import DataLoader
 
@@ -15,6 +17,16 @@ from lwm.data import CodeStore, PackedStream, StreamState, TextTokenizer, Vocab,
 from lwm.data.batches import DataConfig, ShardedBatches, Sharding, shard_batch, with_documents
 from lwm.parallel.dims import ParallelDims
 from lwm.parallel.layout import check_divisible
+
+
+def worker_context():
+    """Loader workers forked from a fresh server process with lwm.data imported, not from this rank: a
+    worker forked from the rank would hold the rank's sockets open after it died, and its peers would wait
+    in their collectives until the timeout instead of failing at once (and spawning each worker would
+    import torch again, seconds a stage)."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["lwm.data.batches"])
+    return context
 
 
 class LWMDataModule(L.LightningDataModule):
@@ -76,14 +88,20 @@ class LWMDataModule(L.LightningDataModule):
             holdout=c.holdout,
             max_line_bytes=c.max_line_bytes,
             max_skipped_fraction=c.max_skipped_fraction,
+            index_dir=c.index_dir,
+            index_workers=c.index_workers,
         )
 
     def train_dataloader(self) -> DataLoader:
         self.setup()
-        # batch_size=None: the stream already yields whole batches; one process keeps the state exact
+        # batch_size=None: the stream already yields whole batches. Workers make them ahead of the step; each
+        # batch carries its stream state, which becomes the datamodule's only when the loop takes it
+        workers = self.config.num_workers
         return DataLoader(
             ShardedBatches(self.stream, StreamState(**self.state.as_dict()), self.sharding, self.config.positions),
             batch_size=None,
+            num_workers=workers,
+            multiprocessing_context=worker_context() if workers else None,
         )
 
     def val_dataloader(self) -> DataLoader:

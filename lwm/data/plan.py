@@ -1,0 +1,112 @@
+"""Which pieces of which examples make each packed sequence of an epoch, from token counts alone.
+
+The packing rule is lwm.data.packing's (examples placed whole and in order, one that does not fit
+starting the next sequence; one packer per overflow policy; an example longer than a sequence dropped,
+truncated or cut into windows). Run on the token counts of a source's index instead of on encoded
+examples, it gives the same sequences without tokenizing anything, so a rank encodes only the examples
+of its own sequences and a resumed run starts at its next sequence directly. A plan also knows, for each
+sequence, how many examples of the epoch's order were read when it was complete and how many of those
+were skipped: the stream state's counts (data/skipped) without reading the examples before it.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+
+from lwm.data.packing import OVERFLOW, pieces
+
+
+@dataclass
+class Plan:
+    src: np.ndarray  # (M,) the source of each example of the order
+    idx: np.ndarray  # (M,) its number in the source
+    piece_pos: np.ndarray  # (P,) int64: the order position each piece comes from
+    piece_start: np.ndarray  # (P,) int64: where in its example the piece starts
+    piece_len: np.ndarray  # (P,) int64
+    seq_start: np.ndarray  # (n + 1,) int64: sequence s is pieces [seq_start[s], seq_start[s + 1])
+    read: np.ndarray  # (n,) int64: examples of the order read when sequence s was complete
+    skipped: np.ndarray  # (n,) int64: how many of those were skipped
+    stats: Counter  # the packers' counts: sequences, padding_tokens, examples, truncated, windowed, dropped_too_long
+    total_skipped: int  # skipped examples in the whole order
+
+    def __len__(self) -> int:
+        return len(self.read)
+
+    def sequence(self, s: int) -> list[tuple[int, int, int, int]]:
+        """Sequence s as (source, example, start, length) pieces, in order."""
+        a, b = int(self.seq_start[s]), int(self.seq_start[s + 1])
+        pos = self.piece_pos[a:b]
+        return list(
+            zip(
+                self.src[pos].tolist(),
+                self.idx[pos].tolist(),
+                self.piece_start[a:b].tolist(),
+                self.piece_len[a:b].tolist(),
+            )
+        )
+
+
+def plan(src: np.ndarray, idx: np.ndarray, lengths: list[np.ndarray], overflow: list[str], seq_len: int) -> Plan:
+    """Pack the examples (src[k], idx[k]) in order, as packing.Packer does (one packer per overflow policy,
+    flushed at the end in the order the policies first appear), from `lengths[source][example]` (negative:
+    skipped) into sequences of seq_len + 1 tokens."""
+    if seq_len <= 0:
+        raise ValueError(f"seq_len must be positive, got {seq_len}")
+    bad = [p for p in overflow if p not in OVERFLOW]
+    if bad:
+        raise ValueError(f"overflow must be one of {OVERFLOW}, got {bad[0]!r}")
+    length = seq_len + 1
+    starts = np.concatenate([[0], np.cumsum([len(x) for x in lengths], dtype=np.int64)])
+    flat = np.concatenate(lengths) if lengths else np.zeros(0, np.int32)
+    lens = flat[starts[src] + idx] if len(src) else np.zeros(0, np.int32)  # (M,) each example's tokens
+    policy_of = np.asarray([OVERFLOW.index(p) for p in overflow], np.int64)[src] if len(src) else src
+    piece_pos, piece_start, piece_len = array("q"), array("q"), array("q")
+    seq_start, read, skipped = array("q", [0]), array("q"), array("q")
+    stats: Counter = Counter()
+    packers: dict[int, list] = {}  # policy -> [tokens used, [(pos, start, len), ...]], in order of first use
+    nbad = 0
+
+    def emit(packer: list, at: int) -> None:
+        for pos, start, n in packer[1]:
+            piece_pos.append(pos), piece_start.append(start), piece_len.append(n)
+        seq_start.append(len(piece_pos)), read.append(at), skipped.append(nbad)
+        stats["sequences"] += 1
+        stats["padding_tokens"] += length - packer[0]
+        packer[0], packer[1] = 0, []
+
+    for k, (n, p) in enumerate(zip(lens.tolist(), policy_of.tolist())):
+        if n < 0:
+            nbad += 1
+            continue
+        packer = packers.setdefault(p, [0, []])
+        stats["examples"] += 1
+        cut, kind = pieces(n, length, OVERFLOW[p])
+        if kind:
+            stats[kind] += 1
+        for start, size in cut:
+            if packer[0] + size > length:
+                emit(packer, k + 1)
+            packer[1].append((k, start, size))
+            packer[0] += size
+            if packer[0] == length:
+                emit(packer, k + 1)
+    for packer in packers.values():
+        if packer[1]:
+            emit(packer, len(lens))
+    as_np = lambda a: np.frombuffer(a, np.int64).copy() if len(a) else np.zeros(0, np.int64)  # noqa: E731
+    return Plan(
+        src,
+        idx,
+        as_np(piece_pos),
+        as_np(piece_start),
+        as_np(piece_len),
+        as_np(seq_start),
+        as_np(read),
+        as_np(skipped),
+        stats,
+        nbad,
+    )

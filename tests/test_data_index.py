@@ -1,0 +1,331 @@
+"""Data at scale: a source's index (made once, remade when stale), the epoch's packing plan from token
+counts (the same sequences as packing the encoded examples), a rank that encodes only its own examples,
+resume as a seek with loader workers, and parquet sources read by row groups."""
+
+import json
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from lwm.data import CodeStore, DataConfig, PackedStream, Packer, Sharding, Source, TextTokenizer, Vocab
+from lwm.data.dataset import StaleIndex
+from lwm.data.example import Encoder, ExampleError
+from lwm.data.index import IndexNotWritable, example_key, source_index
+from lwm.train.datamodule import LWMDataModule
+
+WORDS = "the red green blue circle square moves left right up down frame".split()
+T_FRAMES = {"clip_a": 4, "clip_b": 6, "clip_c": 3}
+
+
+@pytest.fixture(scope="module")
+def tok(spm_model):
+    return TextTokenizer(spm_model)
+
+
+@pytest.fixture(scope="module")
+def vocab(tok):
+    return Vocab(tok.vocab_size)
+
+
+@pytest.fixture(scope="module")
+def codes_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("codes")
+    (root / "tokens").mkdir()
+    rng = np.random.default_rng(0)
+    with open(root / "manifest.jsonl", "w") as f:
+        for vid, t in T_FRAMES.items():
+            np.save(root / "tokens" / f"{vid}.npy", rng.integers(0, 8192, (t, 256)).astype(np.uint16))
+            f.write(json.dumps({"id": vid, "timestamps": [i * 0.5 for i in range(t)]}) + "\n")
+    return root
+
+
+def examples(n: int, seed: int) -> list[dict]:
+    """Question-answer examples over cached videos, short and long texts, and some that do not encode."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        kind = i % 5
+        if kind == 0:
+            out.append(
+                {
+                    "vision": list(T_FRAMES)[i % 3],
+                    "question": " ".join(rng.choice(WORDS, 5)),
+                    "answer": " ".join(rng.choice(WORDS, 3)),
+                    "fields": "[vision+question],answer",
+                }
+            )
+        elif kind == 4 and i % 3 == 0:
+            out.append({"question": "no answer here", "fields": "[question],answer"})  # skipped
+        else:
+            out.append({"text": " ".join(rng.choice(WORDS, int(rng.integers(3, 400))))})
+    return out
+
+
+def write_jsonl(path, rows, bad_lines=()):
+    lines = [json.dumps(r) for r in rows]
+    for at in bad_lines:
+        lines.insert(at, "{not json")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("corpus")
+    return [
+        Source(str(write_jsonl(root / "mixed.jsonl", examples(60, 1), bad_lines=(7,))), fields="text"),
+        Source(str(write_jsonl(root / "books.jsonl", examples(12, 2))), fields="text", overflow="window", repeat=2),
+        Source(str(write_jsonl(root / "short.jsonl", examples(20, 3))), fields="text", overflow="drop"),
+    ]
+
+
+def stream_of(sources, tok, vocab, codes_dir, seq_len=256, **kw):
+    return PackedStream(sources, vocab, tok, seq_len, kw.pop("batch_size", 2), codes=CodeStore(codes_dir), seed=5, **kw)
+
+
+def reference_sequences(stream, epoch):
+    """The epoch packed the way it was before plans: every example of the order encoded and fed to one
+    Packer per overflow policy (lwm.data.packing), bad ones left out."""
+    packers, out = {}, []
+    for s, i in zip(*(a.tolist() for a in stream._order(epoch))):
+        source = stream.sources[s]
+        try:
+            enc = stream.encoder(stream.indexes[s].reader.example(i), source.fields, example_key(source.path, i))
+        except (ExampleError, ValueError):
+            continue
+        packer = packers.setdefault(
+            source.overflow, Packer(stream.seq_len, source.overflow, pad_id=stream.vocab.pad_id)
+        )
+        out += list(packer.add(enc))
+    for packer in packers.values():
+        out += list(packer.flush())
+    return out
+
+
+def same(a, b) -> bool:
+    return all(
+        np.array_equal(getattr(a, k), getattr(b, k)) for k in ("tokens", "loss_weight", "vision_mask", "segment_ids")
+    )
+
+
+def test_a_plan_packs_what_the_packer_packs(corpus, tok, vocab, codes_dir):
+    """Three policies (truncate, window, drop), repeats, a line that is not JSON and examples that do not
+    encode: the plan's sequences are the Packer's on the encoded examples, sequence for sequence."""
+    stream = stream_of(corpus, tok, vocab, codes_dir)
+    for epoch in (0, 1):
+        planned, reference = list(stream.sequences(epoch)), reference_sequences(stream, epoch)
+        assert len(planned) == len(reference) > 20
+        assert all(same(a, b) for a, b in zip(planned, reference)), epoch
+    p = stream.plan(0)
+    assert p.stats["windowed"] > 0 and p.stats["dropped_too_long"] > 0 and p.total_skipped == stream.skipped > 0
+
+
+def test_a_rank_encodes_only_the_examples_of_its_own_sequences(corpus, tok, vocab, codes_dir):
+    """dp 4: each rank encodes the examples of its sequences and no others, each once per run of its pieces
+    (a windowed example's later window may come a few sequences on), as dp 1 does over all of them."""
+    from itertools import islice
+
+    from lwm.data import StreamState
+
+    full = stream_of(corpus, tok, vocab, codes_dir, batch_size=8)
+    list(islice(full.batches(StreamState()), 3))
+    total = full.encoded["examples"]
+    counts = []
+    for r in range(4):
+        rank = stream_of(corpus, tok, vocab, codes_dir, batch_size=2, dp_rank=r, dp_size=4)
+        keys = []
+        rank.encoder = _Recording(rank.encoder, keys)
+        got = list(islice(rank.batches(StreamState()), 3))
+        p = rank.plan(0)
+        own = [piece[:2] for g in range(3) for b in range(2) for piece in p.sequence(g * 8 + r * 2 + b)]
+        assert {k for k in keys} == set(own)  # nothing that is not in its sequences
+        assert len(keys) == len([x for n, x in enumerate(own) if n == 0 or own[n - 1] != x])  # each once
+        assert len(got) == 3
+        counts.append(rank.encoded["examples"])
+    everything = [piece[:2] for n in range(24) for piece in full.plan(0).sequence(n)]
+    assert total == runs(everything) and max(counts) < 0.6 * total, (counts, total)
+
+
+def runs(keys: list) -> int:
+    """Runs of equal consecutive keys: the examples a stream encodes (it keeps the last one)."""
+    return sum(n == 0 or keys[n - 1] != k for n, k in enumerate(keys))
+
+
+class _Recording:
+    def __init__(self, encoder, keys):
+        self.encoder, self.keys = encoder, keys
+
+    def __call__(self, example, fields, key):
+        stem, i = key.rsplit(":", 1)
+        names = {"mixed": 0, "books": 1, "short": 2}
+        self.keys.append((names[stem], int(i)))
+        return self.encoder(example, fields, key)
+
+
+def make_dm(corpus, spm_model, codes_dir, seq_len=1024, batch_size=2, workers=2, **sharding):
+    cfg = DataConfig(
+        sources=corpus,
+        tokenizer=str(spm_model),
+        codes=str(codes_dir),
+        batch_size=batch_size,
+        seed=3,
+        num_workers=workers,
+    )
+    dm = LWMDataModule(cfg, seq_len=seq_len, sharding=Sharding(**sharding))
+    dm.setup()
+    return dm
+
+
+def take(dm, n):
+    it = iter(dm.train_dataloader())
+    return [dm.on_before_batch_transfer(next(it)) for _ in range(n)]
+
+
+def test_resume_with_workers_at_dp_1_and_2_and_onto_another_dp(corpus, spm_model, codes_dir):
+    """Loader workers on (2 per rank): an uninterrupted run's batches equal a run resumed mid-epoch and in the
+    next epoch, at dp 1, at dp 2, and resumed onto dp 2 from dp 1 (the same global batch of 2); the state
+    is the batch the loop took, not what a worker made ahead."""
+    corpus = corpus[:1]
+    straight = take(make_dm(corpus, spm_model, codes_dir), 32)
+    epochs = [int(b["data_state"][0]) if "data_state" in b else None for b in straight]
+    assert epochs == [None] * 32  # the loop took the state out of each batch
+    dm = make_dm(corpus, spm_model, codes_dir, workers=0)
+    per_epoch = len(dm.stream.plan(0)) // 2
+    assert 5 < per_epoch < 26, per_epoch  # 32 batches cross an epoch
+    for stop in (4, per_epoch + 2):
+        dm = make_dm(corpus, spm_model, codes_dir)
+        take(dm, stop)
+        state = dm.state_dict()
+        assert (state["epoch"], state["batches"]) == divmod(stop, per_epoch)
+        resumed = make_dm(corpus, spm_model, codes_dir)
+        resumed.load_state_dict(state)
+        for a, b in zip(straight[stop:], take(resumed, 6)):
+            assert all(torch.equal(a[k], b[k]) for k in a), stop
+        halves = []
+        for r in range(2):  # onto dp 2: rank r keeps row r of the global batch
+            rank = make_dm(corpus, spm_model, codes_dir, batch_size=1, dp_rank=r, dp_size=2)
+            rank.load_state_dict(state)
+            halves.append(take(rank, 6))
+        for a, b0, b1 in zip(straight[stop:], *halves):
+            assert all(torch.equal(a[k], torch.cat([b0[k], b1[k]])) for k in ("tokens", "targets", "loss_weight"))
+    # dp 2 resumed at dp 2
+    ranks = [take(make_dm(corpus, spm_model, codes_dir, batch_size=1, dp_rank=r, dp_size=2), 8) for r in range(2)]
+    for r in range(2):
+        dm = make_dm(corpus, spm_model, codes_dir, batch_size=1, dp_rank=r, dp_size=2)
+        take(dm, 5)
+        again = make_dm(corpus, spm_model, codes_dir, batch_size=1, dp_rank=r, dp_size=2)
+        again.load_state_dict(dm.state_dict())
+        assert all(torch.equal(a["tokens"], b["tokens"]) for a, b in zip(ranks[r][5:], take(again, 3)))
+
+
+def test_an_index_is_made_once_and_remade_when_its_source_changes(tmp_path, tok, vocab, codes_dir, monkeypatch):
+    """The second start reads the index (no example encoded at start-up); an edited source, another tokenizer
+    or new codes make it again; a damaged index file is made again, never trusted."""
+    src = write_jsonl(tmp_path / "docs.jsonl", examples(30, 4))
+    encoder = Encoder(vocab, tok, CodeStore(codes_dir))
+    first = source_index(src, encoder, "text")
+    assert first.made and first.file.parent == tmp_path and first.file.is_file()
+    calls = []
+    monkeypatch.setattr(Encoder, "__call__", lambda self, *a: calls.append(a) or pytest.fail("encoded"))
+    second = source_index(src, encoder, "text")
+    assert not second.made and not calls and np.array_equal(second.lengths, first.lengths)
+    assert second.reasons == first.reasons and len(second.reasons) == 2
+    monkeypatch.undo()
+    time.sleep(0.01)
+    write_jsonl(src, [*examples(30, 4), {"text": "one more line"}])
+    third = source_index(src, encoder, "text")
+    assert third.made and len(third) == 31 and third.file == first.file
+    first.file.write_bytes(b"not an index")
+    assert source_index(src, encoder, "text").made
+    assert not source_index(src, encoder, "text").made
+    other = source_index(src, encoder, ["text"])  # another default spec: another index, kept beside
+    assert other.made and other.file != first.file
+    (codes_dir / "tokens" / "clip_d.npy").write_bytes((codes_dir / "tokens" / "clip_a.npy").read_bytes())
+    try:
+        assert source_index(src, Encoder(vocab, tok, CodeStore(codes_dir)), "text").made  # tokens/ changed
+    finally:
+        (codes_dir / "tokens" / "clip_d.npy").unlink()
+    here = tmp_path / "indexes"
+    assert source_index(src, encoder, "text", index_dir=here).file.parent == here
+    (tmp_path / "file").write_text("")
+    with pytest.raises(
+        IndexNotWritable, match=r"cannot keep the index of data source .*docs\.jsonl in .*data\.index_dir"
+    ):
+        source_index(src, encoder, "text", index_dir=tmp_path / "file" / "sub")
+
+
+def test_a_source_changed_during_the_run_stops_it_and_drops_the_index(tmp_path, tok, vocab, codes_dir):
+    src = write_jsonl(tmp_path / "docs.jsonl", [{"text": " ".join(WORDS)}] * 12)
+    stream = stream_of([Source(str(src), fields="text")], tok, vocab, codes_dir, seq_len=32)
+    file = stream.indexes[0].file
+    write_jsonl(src, [{"text": "x" * len(" ".join(WORDS))}] * 12)  # lines of the same bytes, other tokens
+    with pytest.raises(StaleIndex, match=r"docs\.jsonl:\d+ has \d+ tokens, its index .* says \d+"):
+        list(stream.sequences(0))
+    assert not file.exists()
+    stream = stream_of([Source(str(src), fields="text")], tok, vocab, codes_dir, seq_len=32)
+    assert stream.indexes[0].made
+    write_jsonl(src, [{"text": "red"}] * 12)  # shorter lines: the offsets no longer start lines
+    with pytest.raises(StaleIndex, match=r"docs\.jsonl:\d+ encoded when its index .* was made, and now does not"):
+        list(stream.sequences(0))
+
+
+def test_a_large_source_is_indexed_by_several_processes(tmp_path, tok, vocab, codes_dir, monkeypatch):
+    """index_workers 2 on a source over PARALLEL_FROM: the same counts and reasons as one process."""
+    import lwm.data.index as index
+
+    src = write_jsonl(tmp_path / "docs.jsonl", examples(90, 5), bad_lines=(3, 50))
+    encoder = Encoder(vocab, tok, CodeStore(codes_dir))
+    alone = source_index(src, encoder, "text", index_dir=tmp_path / "one")
+    monkeypatch.setattr(index, "PARALLEL_FROM", 50)
+    monkeypatch.setattr(index, "CHUNK", 20)
+    pools = []
+    real = index.multiprocessing.get_context
+
+    def spy(method):
+        pools.append(method)
+        return real(method)
+
+    monkeypatch.setattr(index.multiprocessing, "get_context", spy)
+    parallel = source_index(src, encoder, "text", index_dir=tmp_path / "two", workers=2)
+    assert pools == ["spawn"] and parallel.made
+    assert np.array_equal(parallel.lengths, alone.lengths) and parallel.reasons == alone.reasons
+    assert len(alone.reasons) == 2 + 6 and alone.reasons[3].startswith(f"{src}:4: not JSON")  # lines, examples
+
+
+def test_parquet_and_json_lines_give_the_same_batches(tmp_path, tok, vocab, codes_dir):
+    """The same examples as JSON lines and as parquet in row groups of 7 (a null answer: a missing field,
+    skipped naming its row): the same sequences, epoch after epoch; the JSON-lines source names lines."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [
+        {
+            "text": r.get("text"),
+            "vision": r.get("vision"),
+            "question": r.get("question"),
+            "answer": r.get("answer"),
+            "fields": r.get("fields"),
+        }
+        for r in examples(40, 6)
+    ]
+    write_jsonl(tmp_path / "ex.jsonl", [{k: v for k, v in r.items() if v is not None} for r in rows])
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "ex.parquet", row_group_size=7)
+    streams = [
+        stream_of([Source(str(tmp_path / f"ex.{kind}"), fields="text", overflow="window")], tok, vocab, codes_dir)
+        for kind in ("jsonl", "parquet")
+    ]
+    assert streams[1].indexes[0].reader.format == "parquet" and len(streams[1].indexes[0]) == 40
+    for epoch in (0, 1):
+        a, b = (list(s.sequences(epoch)) for s in streams)
+        assert len(a) == len(b) > 5 and all(same(x, y) for x, y in zip(a, b))
+    bad = [i for i, r in enumerate(rows) if r["question"] == "no answer here"]
+    assert streams[1].errors[0].startswith(f"{tmp_path / 'ex.parquet'}:row {bad[0]}: unknown field 'answer'")
+    assert streams[0].errors[0].startswith(f"{tmp_path / 'ex.jsonl'}:{bad[0] + 1}: unknown field 'answer'")
+    with pytest.raises(ValueError, match=r"data source .*ex\.csv: expected a JSON-lines .* or parquet"):
+        (tmp_path / "ex.csv").write_text("a,b\n")
+        stream_of([Source(str(tmp_path / "ex.csv"))], tok, vocab, codes_dir)
+    (tmp_path / "broken.parquet").write_bytes(b"PAR1 not really")
+    with pytest.raises(ValueError, match=r"data source .*broken\.parquet cannot be read as parquet"):
+        stream_of([Source(str(tmp_path / "broken.parquet"))], tok, vocab, codes_dir)
