@@ -24,7 +24,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from lwm.checkpoint_io import CheckpointError
-from lwm.data import ExampleError, SkippedTooMany, TooLittleData
+from lwm.data import ExampleError, IndexNotWritable, SkippedTooMany, StaleIndex, TooLittleData
 from lwm.io import NoSpaceLeft, write_atomic
 from lwm.out_lock import FolderLocked, output_lock
 from lwm.parallel import peers
@@ -89,7 +89,8 @@ def main(cfg: DictConfig) -> None:
     except (FolderLocked, OtherRun, CheckpointError, WeightsError, WillNotFit) as e:  # a stage's start weights too
         print(f"error: {e}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
-    except (ExampleError, SkippedTooMany, TooLittleData) as e:  # the data: strict's bad example, mostly bad, too little
+    # the data: strict's bad example, mostly bad, too little, changed during the run, an index that cannot be kept
+    except (ExampleError, SkippedTooMany, TooLittleData, StaleIndex, IndexNotWritable) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
     except NoSpaceLeft as e:

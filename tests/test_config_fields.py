@@ -43,6 +43,10 @@ Shown elsewhere (tests/test_train.py and tests/test_train_parallel.py unless nam
                          tests/test_data.py (a long line skipped unread, strict raises; 0.5 stops, 0.7 and 1 do not;
                          judged on the whole epoch before its first batch); tests/test_io.py (read in pieces, never held);
                          here: they reach the stream from conf/data without a '+'
+  data.num_workers, data.index_dir, data.index_workers
+                         tests/test_data_index.py (resume with workers equals an uninterrupted run; an index
+                         kept in index_dir; a large source indexed by several processes); here: from conf/data
+                         each reaches the loader, the index's folder and the indexer
   parallel.activation_offload
                          tests/test_offload.py (bit-exact in one process, on gloo cp 2 and across a resume;
                          the planner's host memory; LWMModule offloads; refused without checkpointing, there
@@ -75,7 +79,7 @@ from hydra import compose, initialize_config_dir
 
 from lwm.arg_types import from_args
 from lwm.configs import from_dict
-from lwm.data import SkippedTooMany, Vocab
+from lwm.data import SkippedTooMany, TooLittleData, Vocab
 from lwm.eval import needle
 from lwm.eval.needle import NeedleConfig, NeedleGrid
 from lwm.infer.runtime import ModelOptions
@@ -493,6 +497,41 @@ def test_strict_max_line_bytes_and_max_skipped_fraction_reach_the_stream(tmp_pat
     assert stream.indexes[0].reader.max_line_bytes == 100  # the source's reader has the limit
 
 
+def test_num_workers_index_dir_and_index_workers_reach_the_loader_and_the_index(tmp_path, monkeypatch):
+    """conf/data has the three; num_workers is the training loader's, index_dir holds the sources' indexes,
+    index_workers processes index a large source."""
+    import lwm.data.index as index
+
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join(json.dumps({"text": f"red circle {i}"}) + "\n" for i in range(40)))
+    custom = [
+        "data=custom",
+        "data.tokenizer=data/sample/tokenizer.model",
+        f"data.sources={{text: {{path: {src}, fields: text}}}}",
+    ]
+    default = run_config(tmp_path, *custom).data
+    assert (default.num_workers, default.index_dir, default.index_workers) == (2, None, 8)
+    spec = run_config(
+        tmp_path, *custom, "data.num_workers=1", f"data.index_dir={tmp_path / 'idx'}", "data.index_workers=2"
+    ).data
+    monkeypatch.setattr(index, "PARALLEL_FROM", 30)
+    pools, gather = [], index._gather
+
+    def spy(results, *rest):
+        pools.append(type(results).__name__)
+        gather(results, *rest)
+
+    monkeypatch.setattr(index, "_gather", spy)
+    stage = StageConfig("s", seq_len=8, rope_theta=1e4, steps=1, lr=1e-3)
+    dm = LWMDataModule(spec.for_stage(stage, 1), seq_len=8)
+    dm.setup()
+    assert dm.stream.indexes[0].file.parent == tmp_path / "idx"
+    assert pools == ["IMapIterator"]  # the pool's results: indexed by index_workers processes
+    assert dm.train_dataloader().num_workers == 1
+    with pytest.raises(ValueError, match="data.num_workers must be >= 0, got -1"):
+        run_config(tmp_path, *custom, "data.num_workers=-1")
+
+
 def first_sequences(spec, seq_len=64, sources=("text",), n=2):
     stage = StageConfig("s", seq_len=seq_len, rope_theta=1e4, steps=1, lr=1e-3, sources=list(sources))
     dm = LWMDataModule(spec.for_stage(stage, 1), seq_len=seq_len)
@@ -523,8 +562,9 @@ def test_source_overflow_and_repeat(sample, tmp_path):
     _, twice = first_sequences(spec, n=None)
     assert abs(len(twice) - 2 * len(once)) <= 1
     spec.sources["text"] = dataclasses.replace(spec.sources["text"], repeat=1, overflow="drop")
-    _, dropped = first_sequences(spec, n=None)
-    assert len(once) > 0 and dropped == []  # every document is longer than 64 tokens
+    assert len(once) > 0
+    with pytest.raises(TooLittleData, match=r"text\.jsonl\) yield fewer than one global batch"):
+        first_sequences(spec, n=None)  # every document is longer than 64 tokens: all dropped
 
 
 def test_max_frames_and_fps(sample, tmp_path):
@@ -548,8 +588,9 @@ def test_max_frames_and_fps(sample, tmp_path):
     spec.max_frames, spec.fps = None, 0.01
     with pytest.raises(SkippedTooMany, match=r"(\d+) of the \1 examples of an epoch are skipped \(100%\)"):
         first_sequences(spec, seq_len=2048, sources=["captions"], n=1)  # data.max_skipped_fraction 0.5
-    spec.max_skipped_fraction = 1.0  # never stop
-    assert first_sequences(spec, seq_len=2048, sources=["captions"], n=1)[1] == []
+    spec.max_skipped_fraction = 1.0  # never stop: and nothing to train on
+    with pytest.raises(TooLittleData, match=r"48 of 48 examples skipped"):
+        first_sequences(spec, seq_len=2048, sources=["captions"], n=1)
 
 
 def test_sample_and_vqgan_checkpoint(tmp_path, monkeypatch):

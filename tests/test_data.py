@@ -185,8 +185,9 @@ def test_mostly_bad_data_stops_the_stream(tok, vocab, tmp_path):
 
 
 def test_a_source_costs_bytes_a_line_not_objects(tok, vocab, tmp_path):
-    """A data source of n lines is n byte offsets, and an epoch's order two arrays: no Python object per
-    line (a Line each and a list of tuples took about 270 bytes a line for these 30-byte lines)."""
+    """A data source of n lines is its index (byte offsets, line numbers, token counts) and an epoch's
+    order and plan, arrays all: no Python object per line (a Line each and a list of tuples took about
+    270 bytes a line for these 30-byte lines)."""
     from lwm.data import PackedStream
 
     n = 50_000
@@ -199,7 +200,8 @@ def test_a_source_costs_bytes_a_line_not_objects(tok, vocab, tmp_path):
         retained, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert retained < 48 * n and peak < 96 * n, f"{retained / n:.0f} bytes a line retained, {peak / n:.0f} at peak"
+    # held: the index (offsets, line numbers, token counts: 20 bytes) and epoch 0's order and plan (about 28)
+    assert retained < 64 * n and peak < 128 * n, f"{retained / n:.0f} bytes a line retained, {peak / n:.0f} at peak"
     s, i = order[0][0], order[1][0]
     assert stream.indexes[s].reader.example(i) == {"text": f"a red circle {i}"}
 

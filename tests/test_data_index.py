@@ -249,6 +249,16 @@ def test_an_index_is_made_once_and_remade_when_its_source_changes(tmp_path, tok,
         (codes_dir / "tokens" / "clip_d.npy").unlink()
     here = tmp_path / "indexes"
     assert source_index(src, encoder, "text", index_dir=here).file.parent == here
+
+    def read_only(self, *a, **k):
+        raise PermissionError("read-only file system")
+
+    source_index(src, encoder, "text")  # current again (tokens/ changed twice)
+    monkeypatch.setattr("lwm.data.index.FileLock.acquire", read_only)
+    assert not source_index(src, encoder, "text").made  # no lock to take: the current index is still read
+    with pytest.raises(IndexNotWritable, match="read-only file system"):
+        source_index(src, encoder, "question")  # none to read
+    monkeypatch.undo()
     (tmp_path / "file").write_text("")
     with pytest.raises(
         IndexNotWritable, match=r"cannot keep the index of data source .*docs\.jsonl in .*data\.index_dir"

@@ -81,6 +81,10 @@ def test_default_run_config_is_valid():
         ),
         (["stage_only=zz"], "stage_only 'zz' is not a stage"),
         (["data.sources.text.path=/no/such.jsonl"], "data.sources.text.path /no/such.jsonl does not exist"),
+        (
+            ["data.sources.text.path=README.md"],
+            r"data.sources.text.path README.md: expected a JSON-lines \(.jsonl, .json\) or parquet \(.parquet\) file",
+        ),
         (["data=custom"], r"data.sources, data.tokenizer must be given \(no default\), e.g. data.sources="),
         (
             ["data=custom", "data.tokenizer=data/sample/tokenizer.model", "data.sources={text: {pth: x}}"],
@@ -127,6 +131,7 @@ def test_default_run_config_is_valid():
             r"data.max_skipped_fraction must lie in \[0, 1\] \(1: never stop\), got 1.5",
         ),
         (["data.max_line_bytes=0"], r"data.max_line_bytes must be >= 1, got 0"),
+        (["data.index_dir=README.md/indexes"], r"data.index_dir README.md/indexes cannot be written: README.md is not"),
     ],
 )
 def test_bad_input_is_refused_before_the_run(tmp_path, overrides, message, monkeypatch, capsys):

@@ -105,7 +105,12 @@ def test_a_changed_codes_file_is_refused_naming_it(store, tok):
     assert str(good) in str(e.value) and f"{store / 'manifest.jsonl'}:1" in str(e.value)
 
     src = store.parent / "data.jsonl"
-    src.write_text(json.dumps({"vision": "good", "caption": "a red circle"}) + "\n")
+    src.write_text(
+        json.dumps({"vision": "good", "caption": "a red circle"})
+        + "\n"
+        + json.dumps({"caption": "ok", "fields": "caption"})
+        + "\n"
+    )
     stream = PackedStream(
         [Source(str(src), fields="[vision],caption")], Vocab(tok.vocab_size), tok, 4096, 1, codes=CodeStore(store)
     )

@@ -1,10 +1,11 @@
-"""Vocabulary layout, text tokenizer, examples, packing, the packed stream and its batches for one
-rank (no Lightning here: the datamodule that serves them is lwm.train.datamodule)."""
+"""Vocabulary layout, text tokenizer, examples, sources and their indexes, packing and its plan, the packed
+stream and its batches for one rank (no Lightning here: the datamodule that serves them is lwm.train.datamodule)."""
 
 from lwm.data.batches import DataConfig, ShardedBatches, Sharding, shard_batch
 from lwm.data.codes import CodeStore
-from lwm.data.dataset import PackedStream, SkippedTooMany, Source, StreamState, TooLittleData, to_tensors
+from lwm.data.dataset import PackedStream, SkippedTooMany, Source, StaleIndex, StreamState, TooLittleData, to_tensors
 from lwm.data.example import Encoded, ExampleError, encode_example, parse_fields
+from lwm.data.index import IndexNotWritable
 from lwm.data.packing import Packed, Packer
 from lwm.data.text_tokenizer import TextTokenizer
 from lwm.data.vocab import SPECIAL_TOKENS, Vocab, vision_token_name
@@ -13,6 +14,7 @@ __all__ = [
     "CodeStore",
     "DataConfig",
     "Encoded",
+    "IndexNotWritable",
     "ExampleError",
     "Packed",
     "PackedStream",
@@ -21,6 +23,7 @@ __all__ = [
     "ShardedBatches",
     "Sharding",
     "SkippedTooMany",
+    "StaleIndex",
     "TooLittleData",
     "Source",
     "StreamState",

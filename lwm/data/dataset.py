@@ -135,6 +135,7 @@ class PackedStream:
         self.encoded: Counter = Counter()  # what this process encoded: "examples", "tokens"
         self._plans: dict[int, Plan] = {}
         self._last: tuple | None = None  # ((source, example), Encoded): a windowed example spans sequences
+        self._global_batches(self.plan(0))  # too little data is said here, before any batch is made
 
     def _judge(self) -> None:
         """Stop (SkippedTooMany) when more than max_skipped_fraction of an epoch's examples are skipped."""
@@ -147,6 +148,18 @@ class PackedStream:
             f"than data.max_skipped_fraction {limit:g}; first reasons: {first_reasons(self.errors)}. Fix or "
             "remove those examples, or raise data.max_skipped_fraction (1: never stop)"
         )
+
+    def _global_batches(self, p: Plan) -> int:
+        """The whole global batches of an epoch's plan; none raises TooLittleData naming the sources."""
+        per_global = self.batch_size * self.dp_size
+        if len(p) < per_global:
+            names = ", ".join(str(source.path) for source in self.sources)
+            raise TooLittleData(
+                f"the sources ({names}) yield fewer than one global batch in a whole epoch ({per_global} "
+                f"sequences of {self.seq_len + 1} tokens, {p.total_skipped} of {len(p.src)} examples "
+                "skipped): add data, or lower the stage's batch or seq_len"
+            )
+        return len(p) // per_global
 
     def _order(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         """(source, example) of every example of one epoch, shuffled by (seed, epoch): two arrays, not
@@ -235,14 +248,7 @@ class PackedStream:
             before = (state.skipped - int(p.skipped[last]), state.read - int(p.read[last]))
         turn = 0  # this rank's batches from `state` on, across epochs
         while True:
-            n_batches = len(p) // per_global  # an incomplete last global batch is dropped on every rank
-            if n_batches == 0:
-                names = ", ".join(str(source.path) for source in self.sources)
-                raise TooLittleData(
-                    f"the sources ({names}) yield fewer than one global batch in a whole epoch ({per_global} "
-                    f"sequences of {self.seq_len + 1} tokens, {p.total_skipped} of {len(p.src)} examples "
-                    "skipped): add data, or lower the stage's batch or seq_len"
-                )
+            n_batches = self._global_batches(p)  # an incomplete last global batch is dropped on every rank
             for g in range(done, n_batches):
                 turn += 1
                 if (turn - 1) % workers != worker:
@@ -260,8 +266,8 @@ class PackedStream:
 def _items(counts: list[int], repeats: list[int]) -> tuple[np.ndarray, np.ndarray]:
     """(source, example) of the first counts[source] examples of every source, each `repeats[source]`
     times in a row."""
-    src = np.repeat(np.arange(len(counts)), counts)
-    idx = np.concatenate([np.arange(n) for n in counts]) if counts else np.zeros(0, np.int64)
+    src = np.repeat(np.arange(len(counts), dtype=np.int32), counts)
+    idx = np.concatenate([np.arange(n, dtype=np.int32) for n in counts]) if counts else np.zeros(0, np.int32)
     times = np.repeat(np.asarray(repeats, np.int64), counts)
     return np.repeat(src, times), np.repeat(idx, times)
 

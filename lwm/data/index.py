@@ -81,35 +81,40 @@ def source_index(
         raise FileNotFoundError(f"data source {path} does not exist")
     signature = {**encoder.signature(), "fields": fields, "max_line_bytes": max_line_bytes}
     file = index_file(path, signature, index_dir)
+    stat = path.stat()
+    header = {"version": VERSION, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "signature": signature}
     try:
         file.parent.mkdir(parents=True, exist_ok=True)
         lock = FileLock(str(file) + ".lock")
         lock.acquire()
     except OSError as e:
+        kept = _read(file, path, header, max_line_bytes)  # a read-only folder with a current index is fine
+        if kept is not None:
+            return _told(kept, path)
         raise IndexNotWritable(
             f"cannot keep the index of data source {path} in {file.parent} ({e}): name a writable folder "
             "in data.index_dir"
         ) from None
     try:
-        stat = path.stat()
-        header = {"version": VERSION, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "signature": signature}
         kept = _read(file, path, header, max_line_bytes)
         if kept is not None:
-            if kept.reasons:
-                log.warning(
-                    "data source %s: %d of its %d examples are skipped (its index %s found them); first: %s",
-                    path,
-                    len(kept.reasons),
-                    len(kept),
-                    file.name,
-                    next(iter(kept.reasons.values())),
-                )
-            return kept
+            return _told(kept, path)
         made = _make(path, encoder, fields, max_line_bytes, workers, file)
         _write(file, header, made)
         return made
     finally:
         lock.release()
+
+
+def _told(kept: SourceIndex, path: Path) -> SourceIndex:
+    """A kept index, its skipped examples said once more (each was warned about when it was made)."""
+    if kept.reasons:
+        first = next(iter(kept.reasons.values()))
+        log.warning(
+            "data source %s: %d of its %d examples are skipped (its index %s found them); first: %s",
+            *(path, len(kept.reasons), len(kept), kept.file.name, first),
+        )
+    return kept
 
 
 def _read(file: Path, path: Path, header: dict, max_line_bytes) -> SourceIndex | None:

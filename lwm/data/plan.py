@@ -25,8 +25,8 @@ class Plan:
     src: np.ndarray  # (M,) the source of each example of the order
     idx: np.ndarray  # (M,) its number in the source
     piece_pos: np.ndarray  # (P,) int64: the order position each piece comes from
-    piece_start: np.ndarray  # (P,) int64: where in its example the piece starts
-    piece_len: np.ndarray  # (P,) int64
+    piece_start: np.ndarray  # (P,) int32: where in its example the piece starts
+    piece_len: np.ndarray  # (P,) int32
     seq_start: np.ndarray  # (n + 1,) int64: sequence s is pieces [seq_start[s], seq_start[s + 1])
     read: np.ndarray  # (n,) int64: examples of the order read when sequence s was complete
     skipped: np.ndarray  # (n,) int64: how many of those were skipped

@@ -3,12 +3,14 @@ into its dataclass here and hands each component only its own part."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from lwm.configs import from_dict
 from lwm.data import DataConfig, Source
 from lwm.data.batches import StreamOptions
+from lwm.data.sources import source_format
 from lwm.eval.needle import NeedleGrid
 from lwm.interop.hf import check_hf_folder
 from lwm.io import FolderRefused, check_output_folder
@@ -287,9 +289,20 @@ def check_data_files(data: DataSpec) -> None:
         raise FileNotFoundError(f"data.tokenizer {data.tokenizer} does not exist")
     if data.codes is not None and not list(Path(data.codes).glob("manifest*.jsonl")):
         raise FileNotFoundError(f"data.codes {data.codes} has no manifest*.jsonl; run lwm-tokenize into it first")
+    if data.index_dir is not None:  # the sources' indexes are kept there
+        folder = Path(data.index_dir)
+        existing = next(p for p in [folder, *folder.parents] if p.exists())
+        if not existing.is_dir() or not os.access(existing, os.W_OK):
+            raise ValueError(f"data.index_dir {folder} cannot be written: {existing} is not a writable folder")
     for name, source in data.sources.items():
         if not Path(source.path).is_file():
             raise FileNotFoundError(f"data.sources.{name}.path {source.path} does not exist")
+        try:
+            source_format(source.path)
+        except ValueError:
+            raise ValueError(
+                f"data.sources.{name}.path {source.path}: expected a JSON-lines (.jsonl, .json) or parquet (.parquet) file"
+            ) from None
 
 
 def stage_model_config(model_config: ModelConfig, stage: StageConfig) -> ModelConfig:

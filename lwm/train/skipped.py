@@ -2,12 +2,13 @@
 the lines of train.py's summary that read them back.
 
 data/skipped counts the examples the stage's training stream has skipped (a line that is not JSON or is
-longer than data.max_line_bytes, an example that does not encode: lwm.data.dataset) through the batch
-of each step, cumulative over the stage's epochs: every epoch reads every example again, so one bad
-example counts once an epoch. It is the whole stream's count, the same on every rank (each rank reads
-every example and keeps its share), so it is logged as it is, never summed over ranks; it is part of
-the data state in the checkpoint, so a resumed stage goes on counting where it stopped. Held-out
-examples (data.holdout) are not in it.
+longer than data.max_line_bytes, a parquet row or an example that does not encode: found when the source's
+index is made, lwm.data.index) through the batch of each step, cumulative over the stage's epochs: every
+epoch's order holds every example again, so one bad example counts once an epoch. It is the whole
+stream's count, the same on every rank (each rank's plan of the epoch knows every example's place, though
+the rank encodes only its own), so it is logged as it is, never summed over ranks; it is part of the data
+state in the checkpoint, so a resumed stage goes on counting where it stopped. Held-out examples
+(data.holdout) are not in it.
 """
 
 from __future__ import annotations
