@@ -200,8 +200,9 @@ def test_a_source_costs_bytes_a_line_not_objects(tok, vocab, tmp_path):
         retained, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    # held: the index (offsets, line numbers, token counts: 20 bytes) and epoch 0's order and plan (about 28)
-    assert retained < 64 * n and peak < 128 * n, f"{retained / n:.0f} bytes a line retained, {peak / n:.0f} at peak"
+    # held: the index (offsets, line numbers, token counts: 20 bytes), epoch 0's plan (its order 8, pieces 16,
+    # sequences about 5) and the order made here (8)
+    assert retained < 80 * n and peak < 128 * n, f"{retained / n:.0f} bytes a line retained, {peak / n:.0f} at peak"
     s, i = order[0][0], order[1][0]
     assert stream.indexes[s].reader.example(i) == {"text": f"a red circle {i}"}
 
