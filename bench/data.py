@@ -108,7 +108,7 @@ def startup_rows(root: Path, sizes, tok, codes, seq_len: int) -> tuple[list[str]
         cold, s = timed(lambda: stream(source, tok, codes, seq_len))
         first_cold, _ = timed(lambda: next(s.batches(StreamState())))
         warm, s = timed(lambda: stream(source, tok, codes, seq_len))
-        planned, p = timed(lambda: s.plan(0))
+        planned, p = timed(lambda: s.plan(1))  # epoch 0's was made with the stream
         first_warm, _ = timed(lambda: next(s.batches(StreamState())))
         tracemalloc.start()
         held = stream(source, tok, codes, seq_len)
@@ -119,7 +119,7 @@ def startup_rows(root: Path, sizes, tok, codes, seq_len: int) -> tuple[list[str]
         per_million = retained / n * 1e6 / 2**20
         size = s.indexes[0].file.stat().st_size
         print(
-            f"{n} examples: cold {cold:.2f}s + first batch {first_cold:.2f}s; warm {warm:.2f}s (plan {planned:.2f}s) "
+            f"{n} examples: cold {cold:.2f}s + first batch {first_cold:.2f}s; warm {warm:.2f}s (a plan {planned:.2f}s) "
             f"+ first batch {first_warm:.2f}s; {len(p)} sequences; index file {size / 2**20:.1f} MiB; "
             f"{per_million:.0f} MiB held per million examples",
             flush=True,
@@ -145,20 +145,30 @@ def resume_rows(source, tok, codes, seq_len: int, points, baseline_upto: int) ->
             old_cell, ratio = f"{old:.2f}", f"{old / new:.0f}x"
         else:
             old_cell, ratio = "not run", ""
-        print(f"resume at batch {k}: {new:.3f}s; re-packing the epoch: {old_cell}s", flush=True)
+        print(f"resume at batch {k}: {new:.3f}s; re-packing the epoch: {old_cell}{'s' if ratio else ''}", flush=True)
         rows.append(f"| {k:,} | {new:.3f} | {old_cell} | {ratio} |")
     return rows
 
 
 def share_rows(source, tok, codes, seq_len: int, dps, global_batch: int, batches: int) -> list[str]:
+    """Tokens each rank encodes for the first `batches` global batches: the mean and the largest over the
+    dp ranks (a rank encodes the whole of an example of which its sequence holds a truncated piece)."""
     rows, base = [], None
     for dp in dps:
-        s = stream(source, tok, codes, seq_len, batch_size=global_batch // dp, dp_size=dp)
-        list(islice(s.batches(StreamState()), batches))
-        tokens = s.encoded["tokens"]
-        base = base or tokens
-        print(f"dp {dp}: rank 0 encoded {tokens:,} tokens ({tokens / base:.3f} of dp 1's)", flush=True)
-        rows.append(f"| {dp} | {global_batch // dp} | {tokens:,} | {tokens / base:.3f} | {1 / dp:.3f} |")
+        per_rank = []
+        for r in range(dp):
+            s = stream(source, tok, codes, seq_len, batch_size=global_batch // dp, dp_rank=r, dp_size=dp)
+            list(islice(s.batches(StreamState()), batches))
+            per_rank.append(s.encoded["tokens"])
+        mean, most = float(np.mean(per_rank)), max(per_rank)
+        base = base or mean
+        print(
+            f"dp {dp}: a rank encoded {mean:,.0f} tokens on average ({mean / base:.3f} of dp 1's), at most {most:,}",
+            flush=True,
+        )
+        rows.append(
+            f"| {dp} | {global_batch // dp} | {mean:,.0f} | {mean / base:.3f} | {most / base:.3f} | {1 / dp:.3f} |"
+        )
     return rows
 
 
@@ -199,10 +209,10 @@ def main():
         "by two processes; every stream in the training process (no loader workers).",
         "",
         "Start-up against corpus size: the stream made with no index (cold: every example encoded once, the index "
-        "kept) and again (warm: the index read, the epoch planned), the first batch after a warm start, and what a "
-        "rank holds: the index and one epoch's plan.",
+        "kept) and again (warm: the index read, epoch 0 planned), planning another epoch, the first batch after a "
+        "warm start, and what a rank holds: the index and one epoch's plan.",
         "",
-        "| examples | cold start (s) | warm start (s) | of which the plan (s) | first batch (s) | cold / warm | "
+        "| examples | cold start (s) | warm start (s) | an epoch's plan (s) | first batch (s) | cold / warm | "
         "index bytes per example | MiB held per million examples |",
         "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
         *startup,
@@ -214,11 +224,12 @@ def main():
         "| ---: | ---: | ---: | ---: |",
         *resume,
         "",
-        f"Tokens rank 0 encodes for 2 global batches of 64 sequences of 4096 tokens ({mid_n:,} examples), shared "
-        "by dp ranks (before plans every rank encoded the whole global batch: 1.000 at every dp).",
+        f"Tokens a rank encodes for 2 global batches of 64 sequences of 4096 tokens ({mid_n:,} examples), shared "
+        "by dp ranks, over every rank of each dp (before plans every rank encoded the whole global batch: 1.000 "
+        "at every dp).",
         "",
-        "| dp | sequences per rank | tokens encoded | of dp 1 | 1/dp |",
-        "| ---: | ---: | ---: | ---: | ---: |",
+        "| dp | sequences per rank | tokens encoded, mean per rank | mean, of dp 1 | largest, of dp 1 | 1/dp |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: |",
         *share,
         "",
         f"Batches per second of rank 0 (one sequence of {args.seq_len} tokens a batch, {args.batches} batches), "
