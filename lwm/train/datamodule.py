@@ -9,6 +9,8 @@ a resumed run continues with the very next batch.
 from __future__ import annotations
 
 import multiprocessing
+import sys
+import types
 
 import lightning as L
 from torch.utils.data import DataLoader
@@ -20,13 +22,27 @@ from lwm.parallel.layout import check_divisible
 
 
 def worker_context():
-    """Loader workers forked from a fresh server process with lwm.data imported, not from this rank: a
-    worker forked from the rank would hold the rank's sockets open after it died, and its peers would wait
-    in their collectives until the timeout instead of failing at once (and spawning each worker would
-    import torch again, seconds a stage)."""
+    """Loader workers forked from a fresh server process, not from this rank: a worker forked from the rank
+    would hold the rank's sockets open after it died, and its peers would wait in their collectives until
+    the timeout instead of failing at once. The server imports lwm.data and what the main script imports
+    once, so a stage's workers start in milliseconds (spawning each would import torch again)."""
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["lwm.data.batches"])
+    context.set_forkserver_preload(["lwm.data.batches", *main_imports()])
     return context
+
+
+def main_imports() -> list[str]:
+    """The modules the main script's names come from. A worker imports the main script again (as
+    __mp_main__); CPython 3.11's fork server does not import it once for all of them (it looks for a
+    "main_path" its preparation data names "init_main_from_path"), so what it imports must already be there
+    (3 s a worker for train.py otherwise)."""
+    main = sys.modules.get("__main__")
+    names = set()
+    for value in vars(main).values() if main is not None else ():
+        module = value.__name__ if isinstance(value, types.ModuleType) else getattr(value, "__module__", None)
+        if isinstance(module, str) and module.split(".")[0] not in ("__main__", "__mp_main__", "builtins"):
+            names.add(module)
+    return sorted(names)
 
 
 class LWMDataModule(L.LightningDataModule):

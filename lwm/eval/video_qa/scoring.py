@@ -28,7 +28,7 @@ METHODS = ("ll", "letter")
 
 
 @dataclass
-class _Model:
+class VideoPrompt:
     """The model as the methods ask it: a prompt of a question and codes, greedy text, log-likelihoods."""
 
     generator: object
@@ -127,7 +127,7 @@ def _record(item: Item, prepared: dict, buckets: Buckets) -> dict:
     }
 
 
-def _ll(model: _Model, prompt: list[int], item: Item) -> dict:
+def _ll(model: VideoPrompt, prompt: list[int], item: Item) -> dict:
     conts = [model.tokenizer.encode(option_text(o)) for o in item.options]
     scores = model.generator.score(prompt, conts)
     per_token = [s / len(c) for s, c in zip(scores, conts)]
@@ -142,7 +142,7 @@ def _ll(model: _Model, prompt: list[int], item: Item) -> dict:
     }
 
 
-def _letter(model: _Model, codes: np.ndarray, item: Item, letter_tokens: int, subs: dict) -> dict:
+def _letter(model: VideoPrompt, codes: np.ndarray, item: Item, letter_tokens: int, subs: dict) -> dict:
     """The benchmark's prompt, greedy text, its rule's reading of the letter. `correct` is None for an
     output the rule does not count (Video-MME's scorer skips an output with no letter)."""
     rules = rules_for(item)
@@ -162,7 +162,7 @@ def _letter(model: _Model, codes: np.ndarray, item: Item, letter_tokens: int, su
 
 
 def _score(
-    rec: dict, model: _Model, codes: np.ndarray, item: Item, methods, max_new_tokens, letter_tokens, subs: dict
+    rec: dict, model: VideoPrompt, codes: np.ndarray, item: Item, methods, max_new_tokens, letter_tokens, subs: dict
 ) -> None:
     """Fills in rec, method by method (what was scored before a failure stays)."""
     question = item.question if not subs.get("prefix") else f"{subs['prefix']}\n{item.question}"
@@ -214,7 +214,7 @@ def evaluate_item(
     rec = _record(item, prepared, buckets)
     if rec["error"] is not None:
         return rec
-    model = _Model(generator, tokenizer, vocab, prompt_style)
+    model = VideoPrompt(generator, tokenizer, vocab, prompt_style)
     subs = prepared.get("subtitles", {})
     score = partial(_score, rec, model, prepared["codes"], item, methods, max_new_tokens, letter_tokens, subs)
     _, error = run_agreed(score, *group_of(generator))

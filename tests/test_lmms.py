@@ -1,0 +1,183 @@
+"""lmms-eval runs lwm: `python -m lmms_eval --model lwm` (lwm/eval/lmms.py, found through its entry point)
+on a local copy of lmms-eval's own Video-MME task (its yaml, the dataset pointed at a local parquet in the
+release's columns; lmms-eval's prompt, answer extraction and metric), offline, with the random-weight debug
+model. Its answers are lwm's own greedy answers for the same prompt and frames (lwm.infer on the codes
+lwm.eval.video_qa reads), and its multiple-choice scores are lwm's log-likelihoods of the choices."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+from video_samples import write_video  # noqa: E402
+
+from lwm.data.chat import chat_prompt  # noqa: E402
+
+SPM = ROOT / "data" / "sample" / "tokenizer.model"
+VQGAN = ROOT / "data" / "checkpoints" / "vqgan_tiny.safetensors"
+FPS, MAX_FRAMES = 2.0, 3
+OPTIONS = ["A. A red circle.", "B. A blue square.", "C. Two shapes.", "D. Nothing moves."]
+
+
+def task_yaml(builtin: Path, name: str, parquet: Path, multiple_choice: bool) -> str:
+    """lmms-eval's videomme.yaml with its dataset pointed at a local parquet, under another name (a task
+    named videomme would be lmms-eval's own, which reads the Hub); its functions stay lmms-eval's."""
+    lines = []
+    for line in builtin.read_text().splitlines():
+        if line.startswith(("dataset_path:", "  token:", "  cache_dir:", "  video:", "task:")):
+            continue
+        if line.startswith("dataset_kwargs:"):
+            line = f"dataset_kwargs:\n  data_files:\n    test: {parquet}"
+        lines.append(line.replace("!function utils.", "!function lmms_eval.tasks.videomme.utils."))
+    text = "\n".join([f"task: {name}", "dataset_path: parquet", *lines]) + "\n"
+    if multiple_choice:  # scored by the log-likelihood of each letter
+        text = text.replace(
+            "output_type: generate_until", 'output_type: multiple_choice\ndoc_to_choice: ["A", "B", "C", "D"]'
+        )
+        head, _, rest = text.partition("process_results:")
+        _, _, tail = rest.partition("lmms_eval_specific_kwargs:")
+        acc = "metric_list:\n  - metric: acc\n    aggregation: mean\n    higher_is_better: true\n"
+        text = head + acc + "lmms_eval_specific_kwargs:" + tail
+    return text
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    import lmms_eval
+
+    from lwm.data.text_tokenizer import TextTokenizer
+    from lwm.data.vocab import Vocab
+    from lwm.interop.hf import to_hf
+    from lwm.model import ModelConfig, Transformer
+
+    root = tmp_path_factory.mktemp("lmms")
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig.from_preset("debug", vocab_size=Vocab(TextTokenizer(SPM).vocab_size).size))
+    to_hf(model, root / "hf", tokenizer_model=SPM)
+    videos = (
+        root / "hf_home" / "videomme" / "data"
+    )  # where lmms-eval's Video-MME functions look: $HF_HOME/videomme/data
+    videos.mkdir(parents=True)
+    rows = []
+    for i, vid in enumerate(["vidA", "vidB"]):
+        write_video(videos / f"{vid}.mp4", width=64, height=64, frames=12 + 6 * i, fps=6)
+        for q in range(2):
+            rows.append(
+                {
+                    "video_id": f"00{i}",
+                    "duration": "short",
+                    "domain": "Knowledge",
+                    "sub_category": "Literature & Art",
+                    "url": f"https://example.com/{vid}",
+                    "videoID": vid,
+                    "question_id": f"00{i}-{q}",
+                    "task_type": "Attribute Perception",
+                    "question": f"What is shown in the video? ({q})",
+                    "options": OPTIONS,
+                    "answer": "ABCD"[(i + q) % 4],
+                }  # fmt: skip
+            )
+    pq.write_table(pa.Table.from_pylist(rows), root / "test.parquet")
+    builtin = Path(lmms_eval.__file__).parent / "tasks" / "videomme" / "videomme.yaml"
+    (root / "tasks").mkdir()
+    for name, mc in (("lwm_videomme_local", False), ("lwm_videomme_local_mc", True)):
+        (root / "tasks" / f"{name}.yaml").write_text(task_yaml(builtin, name, root / "test.parquet", mc))
+    return {"root": root, "rows": rows, "videos": videos}
+
+
+def run_lmms_eval(setup, task: str) -> tuple[dict, list[dict]]:
+    root = setup["root"]
+    out = root / f"out_{task}"
+    env = {**os.environ, "HF_HOME": str(root / "hf_home"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    args = f"pretrained={root / 'hf'},vqgan={VQGAN},fps={FPS},max_frames={MAX_FRAMES},device=cpu"
+    cmd = [sys.executable, "-m", "lmms_eval", "--model", "lwm", "--model_args", args, "--tasks", task]
+    cmd += ["--include_path", str(root / "tasks"), "--batch_size", "1", "--output_path", str(out), "--log_samples"]
+    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    found = list(out.rglob("*_results.json"))  # lmms-eval logs an error and exits 0: no results file says it
+    assert proc.returncode == 0 and found, (proc.stdout + proc.stderr)[-4000:]
+    results = json.loads(found[0].read_text())
+    samples = [json.loads(line) for line in next(out.rglob(f"*_samples_{task}.jsonl")).read_text().splitlines()]
+    return results, sorted(samples, key=lambda s: int(s["doc_id"]))
+
+
+def lwm_reference(setup):
+    """lwm's own pieces, not the adapter: the model loaded by lwm.infer, the codes lwm.eval.video_qa reads,
+    the chat prompt; a function of (video, text) -> (prompt ids, generator, tokenizer)."""
+    from lwm.eval.video_qa.items import Item
+    from lwm.eval.video_qa.videos import VideoSource
+    from lwm.infer.generator import Generator
+    from lwm.infer.load import load_model
+
+    loaded = load_model(str(setup["root"] / "hf"), device="cpu")
+    generator = Generator(loaded.model, loaded.vocab)
+    source = VideoSource(None, VQGAN, fps=FPS, max_frames=MAX_FRAMES, n_codes=loaded.vocab.n_vision_codes)
+
+    def prompt(video: str, text: str) -> list[int]:
+        codes, _ = source.load(Item(id=video, video=str(setup["videos"] / f"{video}.mp4"), video_key=video))
+        return chat_prompt(loaded.tokenizer, loaded.vocab, text, codes, style=loaded.prompt)
+
+    return prompt, generator, loaded.tokenizer
+
+
+def test_lmms_eval_generates_what_lwm_generates(setup):
+    """generate_until: lmms-eval's Video-MME prompt and video, lwm's greedy answer (16 tokens, cut at the
+    task's stop), and lmms-eval's own score of it."""
+    from lmms_eval.tasks.videomme.utils import extract_characters_regex, videomme_doc_to_text
+
+    from lwm.infer.sampling import GenerationConfig
+
+    results, samples = run_lmms_eval(setup, "lwm_videomme_local")
+    prompt, generator, tokenizer = lwm_reference(setup)
+    kwargs = {"post_prompt": "\nAnswer with the option's letter from the given choices directly."}
+    correct = []
+    assert [int(s["doc_id"]) for s in samples] == list(range(len(setup["rows"])))
+    for sample, row in zip(samples, setup["rows"]):
+        text = videomme_doc_to_text(row, kwargs)
+        assert sample["input"] == text  # lmms-eval's own Video-MME prompt
+        ids = generator.generate(
+            prompt(row["videoID"], text),
+            GenerationConfig(max_new_tokens=16, stop_tokens=[tokenizer.eos_id], restrict="text"),
+        )
+        want = tokenizer.decode(ids).split("\n\n")[0]
+        got = sample["filtered_resps"]
+        got = got[0] if isinstance(got, list) else got
+        assert got == want and len(want) > 0, (sample["doc_id"], got, want)
+        correct.append(extract_characters_regex(want) == row["answer"])
+    score = results["results"]["lwm_videomme_local"]["videomme_perception_score,none"]
+    assert score == pytest.approx(100 * sum(correct) / len(correct))
+
+
+def test_lmms_eval_multiple_choice_scores_are_lwm_log_likelihoods(setup):
+    """loglikelihood: each letter's score is lwm's negative log-likelihood of " A", " B", ... after the
+    prompt; acc is lmms-eval's (the smallest)."""
+    from lmms_eval.tasks.videomme.utils import videomme_doc_to_text
+
+    results, samples = run_lmms_eval(setup, "lwm_videomme_local_mc")
+    prompt, generator, tokenizer = lwm_reference(setup)
+    kwargs = {"post_prompt": "\nAnswer with the option's letter from the given choices directly."}
+    hits = []
+    for sample, row in zip(samples, setup["rows"]):
+        ids = prompt(row["videoID"], videomme_doc_to_text(row, kwargs))
+        want = [-s for s in generator.score(ids, [tokenizer.encode(" " + letter) for letter in "ABCD"])]
+        assert sample["input"] == videomme_doc_to_text(row, kwargs)
+        got = [float(loss) for loss, _greedy in sample["filtered_resps"]]  # (loss, is_greedy) per letter
+        assert got == pytest.approx(want, rel=1e-5, abs=1e-5), (sample["doc_id"], got, want)
+        hits.append("ABCD"[min(range(4), key=want.__getitem__)] == row["answer"])
+    assert results["results"]["lwm_videomme_local_mc"]["acc,none"] == pytest.approx(sum(hits) / len(hits))
+
+
+def test_the_entry_point_names_the_model():
+    from importlib.metadata import entry_points
+
+    (ep,) = [ep for ep in entry_points(group="lmms_eval.models") if ep.name == "lwm"]
+    manifest = ep.load()()
+    assert (manifest.model_id, manifest.simple_class_path) == ("lwm", "lwm.eval.lmms.LWM")
