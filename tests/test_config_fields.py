@@ -94,7 +94,14 @@ from lwm.train.step import clip_grad_norm, lr_lambda, training_objective
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
-DEBUG = ["model=debug", "schedule=debug", "trainer.log_every=1", "export=false", "evaluate.lengths=null"]
+DEBUG = [  # data.num_workers=0 as in tests/train_runs.py
+    "model=debug",
+    "schedule=debug",
+    "trainer.log_every=1",
+    "export=false",
+    "evaluate.lengths=null",
+    "data.num_workers=0",
+]
 
 
 def run_config(out, *overrides):
@@ -509,8 +516,11 @@ def test_num_workers_index_dir_and_index_workers_reach_the_loader_and_the_index(
         "data.tokenizer=data/sample/tokenizer.model",
         f"data.sources={{text: {{path: {src}, fields: text}}}}",
     ]
-    default = run_config(tmp_path, *custom).data
-    assert (default.num_workers, default.index_dir, default.index_workers) == (2, None, 8)
+    from omegaconf import OmegaConf
+
+    for group in ("sample", "custom"):  # run_config's DEBUG sets num_workers 0
+        default = OmegaConf.load(CONF / "data" / f"{group}.yaml")
+        assert (default.num_workers, default.index_dir, default.index_workers) == (2, None, 8)
     spec = run_config(
         tmp_path, *custom, "data.num_workers=1", f"data.index_dir={tmp_path / 'idx'}", "data.index_workers=2"
     ).data

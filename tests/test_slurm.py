@@ -27,7 +27,7 @@ from train_runs import DEBUG, ROOT, STOPPED, losses, train
 
 CLUSTER = ROOT / "scripts" / "slurm" / "local-cluster.sh"
 STEPS = 20  # stage a: long enough to be stopped at a random step; stage b keeps its 4
-SMALL = [*DEBUG, f"schedule.stages.0.steps={STEPS}"]
+SMALL = [*DEBUG, f"schedule.stages.0.steps={STEPS}", "data.num_workers=2"]  # loader workers through requeues
 DONE = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL"}
 
 

@@ -108,6 +108,7 @@ def test_a_dead_rank_stops_the_others(tmp_path, how):
         "trainer.devices=2",
         "+schedule.stages.0.cp=2",
         "schedule.stages.0.steps=100000",
+        "data.num_workers=2",  # a dead rank's loader workers end with it
         f"trainer.timeout_s={timeout_s}",
     ]
     log = tmp_path / "log.txt"  # a file, not a pipe: a frozen rank would hold a pipe open

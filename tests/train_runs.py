@@ -10,7 +10,16 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DEBUG = ["model=debug", "schedule=debug", "trainer.log_every=1", "export=false", "evaluate.lengths=null"]
+# data.num_workers=0: a debug run's batches take microseconds, and each run's loader fork server would start in
+# seconds; the tests that stop ranks (test_train_parallel's dead rank, test_slurm) ask for workers again
+DEBUG = [
+    "model=debug",
+    "schedule=debug",
+    "trainer.log_every=1",
+    "export=false",
+    "evaluate.lengths=null",
+    "data.num_workers=0",
+]
 
 
 STOPPED = 4  # train.py's status when a stage stops before its end (stop_at_step, a signal)
