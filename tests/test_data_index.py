@@ -3,6 +3,7 @@ counts (the same sequences as packing the encoded examples), a rank that encodes
 resume as a seek with loader workers, and parquet sources read by row groups."""
 
 import json
+import os
 import time
 
 import numpy as np
@@ -339,3 +340,40 @@ def test_parquet_and_json_lines_give_the_same_batches(tmp_path, tok, vocab, code
     (tmp_path / "broken.parquet").write_bytes(b"PAR1 not really")
     with pytest.raises(ValueError, match=r"data source .*broken\.parquet cannot be read as parquet"):
         stream_of([Source(str(tmp_path / "broken.parquet"))], tok, vocab, codes_dir)
+
+
+def test_loader_workers_do_not_import_the_main_script_again(tmp_path, spm_model):
+    """A worker imports the main script again; what the script imports must be in the fork server already
+    (CPython 3.11's server never preloads the script itself), else every worker of every stage imports it
+    all again (3 s for train.py). Here the script imports a module that logs each process importing it:
+    the script's and the server's, not the 4 workers of two loaders."""
+    import subprocess
+    import sys
+
+    marker = tmp_path / "imported.txt"
+    (tmp_path / "marker_mod.py").write_text('import os\nopen(os.environ["MARKER"], "a").write(f"{os.getpid()}\\n")\n')
+    src = write_jsonl(tmp_path / "docs.jsonl", [{"text": " ".join(WORDS)}] * 40)
+    (tmp_path / "main_script.py").write_text(
+        "import marker_mod  # noqa: F401\n"
+        "from lwm.data import DataConfig, Source\n"
+        "from lwm.train.datamodule import LWMDataModule\n"
+        "if __name__ == '__main__':\n"
+        f"    cfg = DataConfig(sources=[Source({str(src)!r}, fields='text')], tokenizer={str(spm_model)!r}, num_workers=2)\n"
+        "    dm = LWMDataModule(cfg, seq_len=16)\n"
+        "    dm.setup()\n"
+        "    for _ in range(2):\n"
+        "        it = iter(dm.train_dataloader())\n"
+        "        next(it)\n"
+        "        del it\n"
+    )
+    env = {
+        **os.environ,
+        "MARKER": str(marker),
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.run(
+        [sys.executable, "main_script.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    pids = set(marker.read_text().split())
+    assert len(pids) == 2, (pids, proc.stderr[-2000:])
