@@ -93,3 +93,26 @@ def reference(tmp_path_factory):
     out = tmp_path_factory.mktemp("cp1")
     train(out, "stage_only=a")
     return losses(out)
+
+
+@pytest.fixture(scope="module")
+def tok(spm_model):
+    """The test sentencepiece model as lwm's TextTokenizer."""
+    from lwm.data import TextTokenizer
+
+    return TextTokenizer(spm_model)
+
+
+@pytest.fixture(scope="module")
+def vocab(tok):
+    from lwm.data import Vocab
+
+    return Vocab(tok.vocab_size)
+
+
+@pytest.fixture(scope="module")
+def codes_dir(tmp_path_factory):
+    """Cached codes of the videos in tests/code_samples.py's T_FRAMES."""
+    from code_samples import write_codes
+
+    return write_codes(tmp_path_factory.mktemp("codes"))

@@ -76,6 +76,7 @@ from pathlib import Path
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from train_runs import DEBUG  # noqa: E402 (the tests' debug overrides: tests/train_runs.py)
 
 from lwm.arg_types import from_args
 from lwm.configs import from_dict
@@ -94,14 +95,6 @@ from lwm.train.step import clip_grad_norm, lr_lambda, training_objective
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
-DEBUG = [  # data.num_workers=0 as in tests/train_runs.py
-    "model=debug",
-    "schedule=debug",
-    "trainer.log_every=1",
-    "export=false",
-    "evaluate.lengths=null",
-    "data.num_workers=0",
-]
 
 
 def run_config(out, *overrides):

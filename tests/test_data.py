@@ -4,6 +4,7 @@ import tracemalloc
 import numpy as np
 import pytest
 import torch
+from code_samples import T_FRAMES
 
 from lwm.data import (
     CodeStore,
@@ -13,7 +14,6 @@ from lwm.data import (
     Packer,
     Sharding,
     Source,
-    TextTokenizer,
     Vocab,
     encode_example,
     parse_fields,
@@ -21,31 +21,6 @@ from lwm.data import (
 from lwm.data.sampling import uniform_indices
 from lwm.parallel import unshard
 from lwm.train.datamodule import LWMDataModule
-
-T_FRAMES = {"clip_a": 4, "clip_b": 6, "clip_c": 3}
-
-
-@pytest.fixture(scope="module")
-def codes_dir(tmp_path_factory):
-    """Cached codes in lwm-tokenize's format: tokens/<id>.npy (uint16, (T, 256)) + manifest.jsonl."""
-    root = tmp_path_factory.mktemp("codes")
-    (root / "tokens").mkdir()
-    rng = np.random.default_rng(0)
-    with open(root / "manifest.jsonl", "w") as f:
-        for vid, t in T_FRAMES.items():
-            np.save(root / "tokens" / f"{vid}.npy", rng.integers(0, 8192, (t, 256)).astype(np.uint16))
-            f.write(json.dumps({"id": vid, "timestamps": [i * 0.5 for i in range(t)]}) + "\n")
-    return root
-
-
-@pytest.fixture(scope="module")
-def tok(spm_model):
-    return TextTokenizer(spm_model)
-
-
-@pytest.fixture(scope="module")
-def vocab(tok):
-    return Vocab(tok.vocab_size)
 
 
 def test_video_field_layout(tok, vocab, codes_dir):

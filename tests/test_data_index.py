@@ -9,37 +9,15 @@ import time
 import numpy as np
 import pytest
 import torch
+from code_samples import T_FRAMES
 
-from lwm.data import CodeStore, DataConfig, PackedStream, Packer, Sharding, Source, TextTokenizer, Vocab
+from lwm.data import CodeStore, DataConfig, PackedStream, Packer, Sharding, Source
 from lwm.data.dataset import StaleIndex
 from lwm.data.example import Encoder, ExampleError
 from lwm.data.index import IndexNotWritable, example_key, source_index
 from lwm.train.datamodule import LWMDataModule
 
 WORDS = "the red green blue circle square moves left right up down frame".split()
-T_FRAMES = {"clip_a": 4, "clip_b": 6, "clip_c": 3}
-
-
-@pytest.fixture(scope="module")
-def tok(spm_model):
-    return TextTokenizer(spm_model)
-
-
-@pytest.fixture(scope="module")
-def vocab(tok):
-    return Vocab(tok.vocab_size)
-
-
-@pytest.fixture(scope="module")
-def codes_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("codes")
-    (root / "tokens").mkdir()
-    rng = np.random.default_rng(0)
-    with open(root / "manifest.jsonl", "w") as f:
-        for vid, t in T_FRAMES.items():
-            np.save(root / "tokens" / f"{vid}.npy", rng.integers(0, 8192, (t, 256)).astype(np.uint16))
-            f.write(json.dumps({"id": vid, "timestamps": [i * 0.5 for i in range(t)]}) + "\n")
-    return root
 
 
 def examples(n: int, seed: int) -> list[dict]:

@@ -10,7 +10,7 @@ import os
 import numpy as np
 import pytest
 
-from lwm.data import CodeStore, ExampleError, PackedStream, Source, TextTokenizer, Vocab, encode_example
+from lwm.data import CodeStore, ExampleError, PackedStream, Source, Vocab, encode_example
 from lwm.data.codes import CodesError, save_codes
 
 
@@ -32,11 +32,6 @@ def flip_a_byte(path) -> None:
     data = bytearray(path.read_bytes())
     data[-5] ^= 0x02
     path.write_bytes(bytes(data))
-
-
-@pytest.fixture(scope="module")
-def tok(spm_model):
-    return TextTokenizer(spm_model)
 
 
 def escapes(tmp_path, root):
