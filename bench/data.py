@@ -5,8 +5,9 @@ A synthetic corpus of N examples is written to a temporary folder for each size 
 of 10-60 words, and one example in ten a question over a video of cached codes, 8-64 frames), with a
 sentencepiece model trained on its words. Measured in the same run:
 
-- start-up against corpus size: constructing the stream and its first batch with no index (the index
-  is made, by two processes) and again with it (read); and the memory the index and an epoch's plan hold;
+- start-up against corpus size: constructing the stream with no index (the index made, by two processes),
+  again with the index but no kept plan (epoch 0 planned), and again with both (read and mapped); and the
+  memory and files the index and an epoch's plan take;
 - resume against batches already done: the first batch after a resume at batch k, against re-packing
   the epoch from its start and skipping k batches (how the stream resumed before it had a plan);
 - tokens a rank encodes against dp (a global batch of 64 sequences of 4096 tokens shared by dp ranks);
@@ -106,9 +107,11 @@ def startup_rows(root: Path, sizes, tok, codes, seq_len: int) -> tuple[list[str]
         source = make_source(root / f"ex{n}.jsonl", n)
         sources[n] = source
         cold, s = timed(lambda: stream(source, tok, codes, seq_len))
-        first_cold, _ = timed(lambda: next(s.batches(StreamState())))
+        for kept in root.glob(f"ex{n}.jsonl.*.lwm-plan.npy"):
+            kept.unlink()
+        planning, s = timed(lambda: stream(source, tok, codes, seq_len))  # how a warm start was before kept plans
         warm, s = timed(lambda: stream(source, tok, codes, seq_len))
-        planned, p = timed(lambda: s.plan(1))  # epoch 0's was made with the stream
+        planned, p = timed(lambda: s.plan(1))  # epoch 0's was mapped with the stream
         first_warm, _ = timed(lambda: next(s.batches(StreamState())))
         tracemalloc.start()
         held = stream(source, tok, codes, seq_len)
@@ -118,15 +121,16 @@ def startup_rows(root: Path, sizes, tok, codes, seq_len: int) -> tuple[list[str]
         del held
         per_million = retained / n * 1e6 / 2**20
         size = s.indexes[0].file.stat().st_size
+        plan_size = s.plan(0).file.stat().st_size
         print(
-            f"{n} examples: cold {cold:.2f}s + first batch {first_cold:.2f}s; warm {warm:.2f}s (a plan {planned:.2f}s) "
-            f"+ first batch {first_warm:.2f}s; {len(p)} sequences; index file {size / 2**20:.1f} MiB; "
-            f"{per_million:.0f} MiB held per million examples",
+            f"{n} examples: cold {cold:.2f}s; warm {warm:.3f}s (planning epoch 0: {planning:.2f}s; another epoch "
+            f"{planned:.2f}s) + first batch {first_warm:.3f}s; {len(p)} sequences; index file {size / 2**20:.1f} MiB, "
+            f"plan file {plan_size / 2**20:.1f} MiB; {per_million:.0f} MiB held per million examples",
             flush=True,
         )
         rows.append(
-            f"| {n:,} | {cold:.2f} | {warm:.2f} | {planned:.2f} | {first_warm:.3f} | {cold / warm:.0f}x | "
-            f"{size / n:.0f} | {per_million:.0f} |"
+            f"| {n:,} | {cold:.2f} | {planning:.3f} | {warm:.3f} | {planning / warm:.0f}x | {planned:.2f} | "
+            f"{first_warm:.3f} | {size / n:.0f} | {plan_size / n:.0f} | {per_million:.0f} |"
         )
     return rows, sources
 
@@ -209,12 +213,14 @@ def main():
         "by two processes; every stream in the training process (no loader workers).",
         "",
         "Start-up against corpus size: the stream made with no index (cold: every example encoded once, the index "
-        "kept) and again (warm: the index read, epoch 0 planned), planning another epoch, the first batch after a "
-        "warm start, and what a rank holds: the index and one epoch's plan.",
+        "and epoch 0's plan kept); again without a kept plan (the index read, epoch 0 planned: every warm start "
+        "before plans were kept); and again (warm: the index read, the plan mapped); planning another epoch (once "
+        "a run, by the first rank to reach it), the first batch after a warm start, the bytes of the files, and "
+        "what a rank holds in memory (the index; the plan is mapped).",
         "",
-        "| examples | cold start (s) | warm start (s) | an epoch's plan (s) | first batch (s) | cold / warm | "
-        "index bytes per example | MiB held per million examples |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| examples | cold start (s) | start, planning (s) | warm start (s) | planning / warm | an epoch's plan (s) | "
+        "first batch (s) | index bytes per example | plan bytes per example | MiB held per million examples |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
         *startup,
         "",
         f"Resume against batches already done ({mid_n:,} examples): the first batch after resuming at batch k, "

@@ -245,6 +245,58 @@ def test_an_index_is_made_once_and_remade_when_its_source_changes(tmp_path, tok,
         source_index(src, encoder, "text", index_dir=tmp_path / "file" / "sub")
 
 
+def test_an_epochs_plan_is_kept_and_later_starts_map_it(tmp_path, tok, vocab, codes_dir, monkeypatch, caplog):
+    """The first start plans epoch 0 and keeps it beside the index; a later start (a rank, a resume, a loader
+    worker) maps the file and plans nothing, with the same sequences; planning epoch e removes the kept
+    plans before e - 1; another seq_len or an edited source plans anew; a damaged plan file is planned
+    again, never trusted; a folder that cannot be written plans in memory."""
+    import pickle
+
+    import lwm.data.dataset as dataset
+    from lwm.data.plan import ARRAYS
+
+    src = write_jsonl(tmp_path / "docs.jsonl", examples(40, 7))
+    sources = [Source(str(src), fields="text", overflow="window")]
+    first = stream_of(sources, tok, vocab, codes_dir)
+    kept = lambda: sorted(f.name.split(".")[-3] for f in tmp_path.glob("docs.jsonl.*.lwm-plan.npy"))  # noqa: E731
+    assert kept() == ["e0"]
+    monkeypatch.setattr(dataset, "plan", lambda *a: pytest.fail("planned again"))
+    second = stream_of(sources, tok, vocab, codes_dir)
+    mapped, made = second.plan(0), first.plan(0)
+    assert mapped.file is not None and isinstance(mapped.piece_pos, np.memmap) and made.file is None
+    assert all(np.array_equal(getattr(mapped, k), getattr(made, k)) for k in ARRAYS)
+    assert (mapped.stats, mapped.total_skipped) == (made.stats, made.total_skipped) and mapped.stats["windowed"]
+    reference = reference_sequences(first, 0)
+    assert len(reference) > 5 and all(same(a, b) for a, b in zip(second.sequences(0), reference, strict=True))
+    worker = pickle.loads(pickle.dumps(second))  # what a loader worker receives: no copy of the plan
+    assert worker._plans == {} and worker.plan(0).file == mapped.file
+    monkeypatch.undo()
+    for epoch in (1, 2, 3):
+        first.plan(epoch)
+    assert kept() == ["e2", "e3"]
+    shorter = stream_of(sources, tok, vocab, codes_dir, seq_len=128)
+    assert shorter.plan(0).file is None and len(list(tmp_path.glob("docs.jsonl.*.e0.lwm-plan.npy"))) == 1
+    time.sleep(0.01)
+    write_jsonl(src, examples(40, 8))
+    edited = stream_of(sources, tok, vocab, codes_dir)
+    assert edited.indexes[0].made and edited.plan(0).file is None  # planned, not read
+    assert all(same(a, b) for a, b in zip(edited.sequences(0), reference_sequences(edited, 0), strict=True))
+    file = stream_of(sources, tok, vocab, codes_dir).plan(0).file
+    np.save(file, np.arange(30))  # the header's lengths do not add up
+    caplog.set_level("WARNING")
+    again = stream_of(sources, tok, vocab, codes_dir)
+    assert again.plan(0).file is None and f"the data plan {file} cannot be read" in caplog.text
+    assert all(same(a, b) for a, b in zip(again.sequences(0), reference_sequences(edited, 0), strict=True))
+
+    def read_only(self, *a, **k):
+        raise PermissionError("read-only file system")
+
+    monkeypatch.setattr("lwm.data.plan.FileLock.acquire", read_only)
+    alone = stream_of(sources, tok, vocab, codes_dir, seq_len=64)  # a new key, nowhere to keep it
+    assert alone.plan(1).file is None and len(list(tmp_path.glob("docs.jsonl.*.lwm-plan.npy"))) == 4
+    assert all(same(a, b) for a, b in zip(alone.sequences(1), reference_sequences(alone, 1), strict=True))
+
+
 def test_a_source_changed_during_the_run_stops_it_and_drops_the_index(tmp_path, tok, vocab, codes_dir):
     src = write_jsonl(tmp_path / "docs.jsonl", [{"text": " ".join(WORDS)}] * 12)
     stream = stream_of([Source(str(src), fields="text")], tok, vocab, codes_dir, seq_len=32)

@@ -1,14 +1,16 @@
 """A deterministic, resumable stream of packed sequences from JSON-lines and parquet sources.
 
-Each source is read through its index (lwm.data.index: every example's token count, made once and
-kept). Each epoch orders all examples of all sources with a seed derived from (seed, epoch), and the
-epoch's plan (lwm.data.plan) says from token counts alone which pieces of which examples make each
-packed sequence. Global batch g is made of sequences [g*B*D, (g+1)*B*D) of that stream (B sequences
-per data-parallel rank, D ranks); data-parallel rank r takes its B of them and encodes only their
-examples, so ranks read different samples, and every rank of a context-parallel group (same r) reads
-the same ones. The stream depends on (seed, epoch, sequence length) and not on D, so a run resumes onto
-another data-parallel degree at the same global batch. The state is (epoch, global batches done): a
-resume starts at its next batch directly, and with loader workers each worker makes every W-th batch.
+Each source is read through its index (lwm.data.index: every example's token count, made once and kept).
+Each epoch orders all examples of all sources with a seed derived from (seed, epoch), and the epoch's
+plan (lwm.data.plan) says from token counts alone which pieces of which examples make each packed
+sequence; it is made once and kept in a file beside the first source's index (or in `data.index_dir`),
+which every later start, rank and loader worker maps. Global batch g is made of sequences [g*B*D,
+(g+1)*B*D) of that stream (B sequences per data-parallel rank, D ranks); data-parallel rank r takes its
+B of them and encodes only their examples, so ranks read different samples, and every rank of a context-
+parallel group (same r) reads the same ones. The stream depends on (seed, epoch, sequence length) and
+not on D, so a run resumes onto another data-parallel degree at the same global batch. The state is
+(epoch, global batches done): a resume starts at its next batch directly, and with loader workers each
+worker makes every W-th batch.
 
 Bad examples (a line that is not JSON, or longer than `max_line_bytes`, which is never read whole; a
 parquet row or an example that does not encode) are found when the index is made: each is warned about
@@ -24,6 +26,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator
 
 import numpy as np
@@ -33,7 +36,7 @@ from lwm.data.codes import CodeStore
 from lwm.data.example import Encoded, Encoder, ExampleError
 from lwm.data.index import SourceIndex, example_key, source_index
 from lwm.data.packing import WEIGHTING, Packed, assemble, example_weights
-from lwm.data.plan import Plan, plan
+from lwm.data.plan import Plan, PlanFiles, plan
 from lwm.data.sources import SourceError
 from lwm.data.text_tokenizer import TextTokenizer
 from lwm.data.vocab import Vocab
@@ -99,6 +102,8 @@ class PackedStream:
         index_dir: str | None = None,
         index_workers: int = 1,
     ):
+        if not sources:
+            raise ValueError("the packed stream has no data sources: give at least one JSON-lines or parquet file")
         vocab.check_tokenizer(text_tokenizer)
         if not 0 <= dp_rank < dp_size:
             raise ValueError(f"dp_rank {dp_rank} is outside [0, dp_size {dp_size})")
@@ -134,6 +139,7 @@ class PackedStream:
         self._judge()
         self.encoded: Counter = Counter()  # what this process encoded: "examples", "tokens"
         self._plans: dict[int, Plan] = {}
+        self._plan_files = self._plans_kept_in(index_dir)
         self._last: tuple | None = None  # ((source, example), Encoded): a windowed example spans sequences
         self._global_batches(self.plan(0))  # too little data is said here, before any batch is made
 
@@ -169,13 +175,39 @@ class PackedStream:
         return src[perm], idx[perm]
 
     def plan(self, epoch: int) -> Plan:
-        """The packing plan of an epoch (kept for the epoch under way and the next)."""
+        """The packing plan of an epoch, from its file (PlanFiles), or made and kept there (held for the
+        epoch under way and the next)."""
         if epoch not in self._plans:
-            lengths = [index.lengths for index in self.indexes]
-            self._plans[epoch] = plan(*self._order(epoch), lengths, [s.overflow for s in self.sources], self.seq_len)
+            self._plans[epoch] = self._plan_files.get(epoch, lambda: self._make_plan(epoch))
             for old in sorted(self._plans)[:-PLANS_KEPT]:
                 del self._plans[old]
         return self._plans[epoch]
+
+    def _make_plan(self, epoch: int) -> Plan:
+        lengths = [index.lengths for index in self.indexes]
+        return plan(*self._order(epoch), lengths, [s.overflow for s in self.sources], self.seq_len)
+
+    def _plans_kept_in(self, index_dir: str | None) -> PlanFiles:
+        """Where the epochs' plans are kept (data.index_dir, else beside the first source's index), keyed
+        by what a plan depends on: each index (its file's name holds the encoding's key; its header, the
+        source's size and mtime), the examples trained on, repeats, overflow policies, seed and sequence
+        length."""
+        identity = {
+            "indexes": [(index.file.name, index.header) for index in self.indexes],
+            "trained": self.trained,
+            "repeat": [s.repeat for s in self.sources],
+            "overflow": [s.overflow for s in self.sources],
+            "seed": self.seed,
+            "seq_len": self.seq_len,
+        }
+        folder = Path(index_dir) if index_dir is not None else self.indexes[0].file.parent
+        return PlanFiles(folder, Path(self.sources[0].path).name, identity)
+
+    def __getstate__(self) -> dict:
+        """A loader worker maps the kept plans from their files instead of receiving a copy of them."""
+        state = dict(self.__dict__)
+        state["_plans"] = {e: p for e, p in self._plans.items() if p.file is None}
+        return state
 
     def _example(self, s: int, i: int) -> Encoded:
         """Example i of source s, encoded; it must be what the index measured."""

@@ -50,6 +50,7 @@ class SourceIndex:
     reasons: dict[int, str]  # example -> "file:line: why" of each skipped one
     file: Path  # where the index is kept
     made: bool  # made by this call (False: read back)
+    header: dict | None = None  # what it was made from: version, the source's size and mtime, the encoding
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -90,7 +91,7 @@ def source_index(
     except OSError as e:
         kept = _read(file, path, header, max_line_bytes)  # a read-only folder with a current index is fine
         if kept is not None:
-            return _told(kept, path)
+            return _told(kept, path, header)
         raise IndexNotWritable(
             f"cannot keep the index of data source {path} in {file.parent} ({e}): name a writable folder "
             "in data.index_dir"
@@ -98,16 +99,18 @@ def source_index(
     try:
         kept = _read(file, path, header, max_line_bytes)
         if kept is not None:
-            return _told(kept, path)
+            return _told(kept, path, header)
         made = _make(path, encoder, fields, max_line_bytes, workers, file)
         _write(file, header, made)
+        made.header = header
         return made
     finally:
         lock.release()
 
 
-def _told(kept: SourceIndex, path: Path) -> SourceIndex:
+def _told(kept: SourceIndex, path: Path, header: dict) -> SourceIndex:
     """A kept index, its skipped examples said once more (each was warned about when it was made)."""
+    kept.header = header
     if kept.reasons:
         first = next(iter(kept.reasons.values()))
         log.warning(
