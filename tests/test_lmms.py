@@ -94,16 +94,18 @@ def setup(tmp_path_factory):
     return {"root": root, "rows": rows, "videos": videos}
 
 
-def run_lmms_eval(setup, task: str) -> tuple[dict, list[dict]]:
+def run_lmms_eval(setup, task: str, extra: str = "", log: list | None = None) -> tuple[dict, list[dict]]:
     root = setup["root"]
-    out = root / f"out_{task}"
+    out = root / f"out_{task}{''.join(c for c in extra if c.isalnum())}"
     env = {**os.environ, "HF_HOME": str(root / "hf_home"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    args = f"pretrained={root / 'hf'},vqgan={VQGAN},fps={FPS},max_frames={MAX_FRAMES},device=cpu"
+    args = f"pretrained={root / 'hf'},vqgan={VQGAN},fps={FPS},max_frames={MAX_FRAMES},device=cpu{extra}"
     cmd = [sys.executable, "-m", "lmms_eval", "--model", "lwm", "--model_args", args, "--tasks", task]
     cmd += ["--include_path", str(root / "tasks"), "--batch_size", "1", "--output_path", str(out), "--log_samples"]
     proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
     found = list(out.rglob("*_results.json"))  # lmms-eval logs an error and exits 0: no results file says it
     assert proc.returncode == 0 and found, (proc.stdout + proc.stderr)[-4000:]
+    if log is not None:
+        log.append(proc.stdout + proc.stderr)
     results = json.loads(found[0].read_text())
     samples = [json.loads(line) for line in next(out.rglob(f"*_samples_{task}.jsonl")).read_text().splitlines()]
     return results, sorted(samples, key=lambda s: int(s["doc_id"]))
@@ -173,6 +175,32 @@ def test_lmms_eval_multiple_choice_scores_are_lwm_log_likelihoods(setup):
         assert got == pytest.approx(want, rel=1e-5, abs=1e-5), (sample["doc_id"], got, want)
         hits.append("ABCD"[min(range(4), key=want.__getitem__)] == row["answer"])
     assert results["results"]["lwm_videomme_local_mc"]["acc,none"] == pytest.approx(sum(hits) / len(hits))
+
+
+def test_lmms_eval_with_cp_2_prefills_each_prompt_over_two_ranks(setup):
+    """model_args cp=2: lmms-eval runs as one process, the model starts two ranks, and every request's
+    prompt is prefilled over both (a ring over two ranks: both must make each call, or the run hangs); the
+    multiple-choice scores (score and generate) equal one process's within 1e-4, and the run ends with its
+    ranks (the test waits for every process holding lmms-eval's output)."""
+    log = []
+    _, one = run_lmms_eval(setup, "lwm_videomme_local_mc")
+    results, two = run_lmms_eval(setup, "lwm_videomme_local_mc", ",cp=2", log)
+    assert "context parallel over 2 ranks" in log[0]
+    for a, b in zip(one, two, strict=True):
+        got, want = ([float(x) for x, _ in s["filtered_resps"]] for s in (b, a))
+        assert got == pytest.approx(want, rel=1e-4, abs=1e-4) and [g for _, g in b["filtered_resps"]] == [
+            g for _, g in a["filtered_resps"]
+        ]
+    assert "acc,none" in results["results"]["lwm_videomme_local_mc"]
+
+
+def test_cp_ranks_are_refused_under_a_launcher(monkeypatch):
+    from lwm.infer.runtime import ModelOptions
+    from lwm.infer.spawned import start_ranks
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match="cp=2 starts its own 2 ranks from one process: run the host as one process"):
+        start_ranks(ModelOptions(model="unused"), 2, "cpu")
 
 
 def test_the_entry_point_names_the_model():

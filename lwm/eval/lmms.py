@@ -1,6 +1,6 @@
 """lwm as an lmms-eval model, so lmms-eval's video tasks run on a model trained here:
 
-    python -m lmms_eval --model lwm --model_args pretrained=runs/x/hf[,max_frames=32,fps=1,codes=DIR,vqgan=CKPT] \\
+    python -m lmms_eval --model lwm --model_args pretrained=runs/x/hf[,max_frames=32,fps=1,codes=DIR,vqgan=CKPT,cp=2] \\
         --tasks videomme --batch_size 1
 
 lmms-eval finds it through the entry point `lwm` of the group `lmms_eval.models` (pyproject.toml). Each
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
 from lmms_eval.api.instance import GenerationResult, Instance
 from lmms_eval.api.model import lmms
 from tqdm import tqdm
@@ -24,6 +25,7 @@ from lwm.eval.video_qa.scoring import VideoPrompt
 from lwm.eval.video_qa.videos import VideoSource
 from lwm.infer.runtime import ModelOptions, load_generator, start
 from lwm.infer.sampling import GenerationConfig
+from lwm.infer.spawned import start_ranks
 from lwm.paths import TINY_VQGAN
 
 
@@ -41,7 +43,9 @@ def _number(value, kind):
 class LWM(lmms):
     """`pretrained`: a folder train.py exported (or lwm-convert-lwm made); `codes`: an lwm-tokenize folder
     tried first; `vqgan`: the checkpoint that encodes videos not in it (default: the folder's own);
-    `fps` / `max_frames`: which frames (the one sampling rule); `max_new_tokens`: when the task gives none."""
+    `fps` / `max_frames`: which frames (the one sampling rule); `max_new_tokens`: when the task gives none;
+    `cp`: ranks that prefill each prompt together (context parallel: processes it starts, lwm.infer.spawned;
+    on CUDA rank r uses cuda:r), for videos whose prompt does not fit one device."""
 
     def __init__(
         self,
@@ -54,22 +58,30 @@ class LWM(lmms):
         device: str | None = None,
         dtype: str = "auto",
         max_new_tokens=32,
+        cp=1,
         **kwargs,  # lmms-eval passes batch_size and the like; one request at a time here
     ):
         super().__init__()
         if not Path(pretrained).exists():
             raise ValueError(f"model_args pretrained={pretrained}: no such folder or file")
-        self.runtime = start(device)
-        loaded, self.generator = load_generator(
-            ModelOptions(model=str(pretrained), tokenizer=tokenizer, device=device, dtype=dtype), self.runtime
-        )
+        cp = 1 if _number(cp, int) is None else int(cp)
+        if cp < 1:
+            raise ValueError(f"model_args cp={cp}: the ranks that prefill each prompt, 1 or more")
+        options = ModelOptions(model=str(pretrained), tokenizer=tokenizer, device=device, dtype=dtype)
+        if cp > 1:  # lmms-eval shards requests over torchrun's ranks itself: the model starts its own
+            loaded, self.generator = start_ranks(options, cp, device)
+            device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        else:
+            runtime = start(device)
+            loaded, self.generator = load_generator(options, runtime)
+            device = runtime.device
         self.tokenizer, self.vocab = loaded.tokenizer, loaded.vocab
         self.source = VideoSource(
             codes,
             vqgan or loaded.vqgan or TINY_VQGAN,
             fps=_number(fps, float),
             max_frames=_number(max_frames, int),
-            device=self.runtime.device,
+            device=device,
             n_codes=loaded.vocab.n_vision_codes,
         )
         self.prompts = VideoPrompt(self.generator, self.tokenizer, self.vocab, loaded.prompt)

@@ -18,7 +18,7 @@ from lwm.model import Transformer
 
 @dataclass
 class Loaded:
-    model: Transformer
+    model: Transformer | None  # None: run in other processes (lwm.infer.spawned)
     vocab: Vocab
     tokenizer: TextTokenizer
     prompt: str = "native"  # how prompts are written for this model (lwm.interop.bundle)
@@ -44,11 +44,8 @@ def load_model(source, tokenizer=None, device="cpu", dtype: torch.dtype | None =
     LLaMA (as many rows as text ids) gets zero-initialized vision rows; text generation restricted
     to text (lwm-generate's default) is unchanged by them."""
     source = Path(source)
-    if not source.exists():
-        raise FileNotFoundError(f"model {source} does not exist")
-    info = BundleInfo()
-    if source.is_dir() and (source / "config.json").exists():
-        info = read_bundle_info(source)
+    companions = model_companions(source, tokenizer)
+    if _is_hf(source):
         model = from_hf(source, dtype=dtype)
     else:
         weights, config = load_stage(source)
@@ -56,8 +53,7 @@ def load_model(source, tokenizer=None, device="cpu", dtype: torch.dtype | None =
         with torch.device("meta"):
             model = Transformer(config)
         model.load_state_dict(weights, strict=True, assign=True)
-    text = TextTokenizer(find_tokenizer(source, tokenizer))
-    vocab = Vocab(text.vocab_size)
+    text, vocab = companions.tokenizer, companions.vocab
     if model.config.vocab_size == text.vocab_size:
         model = with_vision_rows(model, vocab)
     if vocab.used_size > model.config.vocab_size:
@@ -66,7 +62,22 @@ def load_model(source, tokenizer=None, device="cpu", dtype: torch.dtype | None =
             f"specials) but the model {source} has only {model.config.vocab_size} rows"
         )
     model = model.to(device=device, dtype=dtype) if dtype is not None else model.to(device)
-    return Loaded(model.eval(), vocab, text, info.prompt, info.vqgan)
+    return Loaded(model.eval(), vocab, text, companions.prompt, companions.vqgan)
+
+
+def _is_hf(source: Path) -> bool:
+    return source.is_dir() and (source / "config.json").exists()
+
+
+def model_companions(source, tokenizer=None) -> Loaded:
+    """What comes with the model at `source` but its weights (`model` None): the tokenizer, the vocabulary,
+    the prompt style and the VQGAN folder, for a process that runs the model in others."""
+    source = Path(source)
+    if not source.exists():
+        raise FileNotFoundError(f"model {source} does not exist")
+    info = read_bundle_info(source) if _is_hf(source) else BundleInfo()
+    text = TextTokenizer(find_tokenizer(source, tokenizer))
+    return Loaded(None, Vocab(text.vocab_size), text, info.prompt, info.vqgan)
 
 
 def with_vision_rows(model: Transformer, vocab: Vocab) -> Transformer:
