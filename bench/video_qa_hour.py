@@ -18,6 +18,7 @@ the 10-minute video from the codes lwm-tokenize wrote for it (--codes): no decod
     python -m bench.video_qa_hour --no-write --minutes 1 2
     python -m bench.video_qa_hour --minutes 60 --no-cache-run     # one length again; the other rows are kept
     python -m bench.video_qa_hour --report-only   # the section from the rows so far (a stopped run: its progress)
+    python -m bench.video_qa_hour --cp 1 2 --minutes 10 60    # per-rank memory of the prefill over 1 and 2 ranks
 
 Rows are kept in the cache folder (rows.json), each with the command that measured it, so that the
 section holds every length measured, and a run stopped before its end shows how far it got.
@@ -83,8 +84,10 @@ def child(args) -> None:
         stages.add("encode", time.perf_counter() - t)
         return out
 
+    rank = int(os.environ.get("RANK", "0"))  # under torchrun (--cp): each rank measures itself
+
     def progress(**kw) -> None:  # what is done so far, for a run stopped before its end (--report-only reads it)
-        if args.progress:
+        if args.progress and rank == 0:
             with open(args.progress, "a") as f:
                 f.write(json.dumps({**kw, "rss_mib": status_kib("VmRSS") / 1024}) + "\n")
 
@@ -151,6 +154,7 @@ def child(args) -> None:
         "RESULT "
         + json.dumps(
             {
+                "rank": rank,
                 "status": status,
                 "error": rec["error"],
                 "frames": rec.get("frames"),
@@ -193,9 +197,15 @@ def question(video: Path, seconds: float, path: Path) -> Path:
     return path
 
 
-def run_child(hf: Path, data: Path, out: Path, prefill_chunk: int, codes: Path | None = None) -> dict:
+def run_child(hf: Path, data: Path, out: Path, prefill_chunk: int, codes: Path | None = None, cp: int = 1) -> dict:
+    """One measured run -> rank 0's measurements, with every rank's under "ranks" (cp > 1: under torchrun)."""
+    launch = (
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={cp}"]
+        if cp > 1
+        else [sys.executable]
+    )
     cmd = [
-        sys.executable,
+        *launch,
         "-m",
         "bench.video_qa_hour",
         "--child",
@@ -213,10 +223,13 @@ def run_child(hf: Path, data: Path, out: Path, prefill_chunk: int, codes: Path |
     cmd += ["--codes", str(codes)] if codes else []  # fmt: skip
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}  # freed buffers go back to the OS: RSS follows live memory
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
-    line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
-    if proc.returncode != 0 or line is None:
+    ranks = sorted(
+        (json.loads(x[len("RESULT ") :]) for x in proc.stdout.splitlines() if x.startswith("RESULT ")),
+        key=lambda r: r["rank"],
+    )
+    if proc.returncode != 0 or len(ranks) != cp:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
-    return json.loads(line[len("RESULT ") :])
+    return {**ranks[0], "cp": cp, "ranks": ranks}
 
 
 def tokenize(video: Path, out: Path) -> float:
@@ -262,11 +275,15 @@ def finished(row: dict) -> dict:
     return out
 
 
-def report(rows: list[dict], args, loads: tuple) -> str:
+def report(rows: list[dict], args, loads: tuple) -> tuple[str, str]:
+    """The section of the runs at cp 1 from the video and the codes, and the section of the cp runs."""
+
     def f(x, spec=".1f"):
         return "—" if x is None else format(x, spec)
 
     rows = [finished(r) for r in rows]
+    cp_rows = [r for r in rows if r.get("cp_run")]
+    rows = [r for r in rows if not r.get("cp_run")]
     commands = list(dict.fromkeys(r["command"] for r in rows))
     shared = max(loads) > (os.cpu_count() or 1)
     lines = [
@@ -342,7 +359,44 @@ def report(rows: list[dict], args, loads: tuple) -> str:
             f"- from lwm-tokenize's cache (`--codes`, tokenized in {r['tokenize_seconds']:.1f} s): no decode or "
             f"encode in the run, the same {r['prompt_tokens']:,} prompt tokens, end to end {r['total_seconds']:.1f} s."
         )
-    return "\n".join(lines)
+    return "\n".join(lines) if rows else "", "\n".join(cp_table(cp_rows, loads))
+
+
+def cp_table(rows: list[dict], loads: tuple) -> list[str]:
+    """Per-rank memory of the prefill over cp ranks (torchrun, gloo), against cp 1 of the same length."""
+    if not rows:
+        return []
+    commands = list(dict.fromkeys(r["command"] for r in rows))
+    lines = [
+        "Commands: " + "; ".join(f"`{c}`" for c in commands) + "  ",
+        f"Host: {host_line()}  ",
+        f"1-minute load average {loads[0]:.1f} at the start of the last command and {loads[1]:.1f} now on "
+        f"{os.cpu_count()} CPUs.",
+        "",
+        "The question above answered from lwm-tokenize's codes (no decode or encode), the "
+        "prompt prefilled over cp ranks (`torchrun`, gloo; ring attention, the striped layout; each rank one "
+        "thread, cp 1 two) in chunks of the same size per rank. Per rank: the largest over the ranks.",
+        "",
+        "| video | cp | prompt tokens | prefill (s) | prefill+answer peak rise per rank (MiB) | of cp 1 | KV cache "
+        "per rank (MiB) | process peak RSS per rank (MiB) | of cp 1 |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    one = {r["minutes"]: r for r in rows if r.get("cp") == 1 and not r.get("pending")}
+    for r in sorted(rows, key=lambda r: (r["minutes"], r.get("cp", 0))):
+        if r.get("pending") or "ranks" not in r:
+            lines.append(f"| {r['minutes']:g} min | {r['name'].split('cp ')[-1]} | not finished | | | | | | |")
+            continue
+        rise = max(x["peak_rise_mib"].get("answer", 0.0) for x in r["ranks"])
+        peak = max(x["peak_rss_mib"] for x in r["ranks"])
+        base = one.get(r["minutes"])
+        base_rise = base and max(x["peak_rise_mib"].get("answer", 0.0) for x in base["ranks"])
+        base_peak = base and max(x["peak_rss_mib"] for x in base["ranks"])
+        lines.append(
+            f"| {r['minutes']:g} min | {r['cp']} | {r['prompt_tokens']:,} | {r['seconds'].get('prefill', 0):.1f} | "
+            f"{rise:.1f} | {f'{rise / base_rise:.2f}x' if base else ''} | {kv_cache_mib(r['prompt_tokens']) / r['cp']:.1f} | "
+            f"{peak:.0f} | {f'{peak / base_peak:.2f}x' if base else ''} |"
+        )
+    return lines
 
 
 def main(argv=None) -> None:
@@ -351,6 +405,9 @@ def main(argv=None) -> None:
     p.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="videos, the model, and the rows measured so far")
     p.add_argument("--prefill-chunk", type=int, default=8192)
     p.add_argument("--no-cache-run", action="store_true", help="skip the run from lwm-tokenize's codes")
+    p.add_argument(
+        "--cp", type=int, nargs="+", help="instead: each length from its codes on this many ranks (torchrun, gloo)"
+    )
     p.add_argument("--report-only", action="store_true", help="write the section from the rows measured so far")
     p.add_argument("--no-write", action="store_true")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -369,8 +426,12 @@ def main(argv=None) -> None:
 
     def write() -> None:
         rows = sorted(saved.values(), key=lambda r: (r.get("minutes", 0), "codes" in r["name"]))
-        md = report(rows, args, (load0, os.getloadavg()[0]))
-        publish("video-qa-hour", "## Hour-long video QA end to end (CPU)\n\n" + md, write=not args.no_write)
+        md, cp_md = report(rows, args, (load0, os.getloadavg()[0]))
+        if md:
+            publish("video-qa-hour", "## Hour-long video QA end to end (CPU)\n\n" + md, write=not args.no_write)
+        if cp_md:
+            title = "### Hour-long video QA over context-parallel ranks (CPU)\n\n"
+            publish("video-qa-hour-cp", title + cp_md, write=not args.no_write)
 
     if args.report_only:
         return write()
@@ -390,6 +451,21 @@ def main(argv=None) -> None:
         print(f"{name}: {json.dumps(row)}", flush=True)
         write()
 
+    if args.cp:
+        for minutes, video in zip(args.minutes, videos):
+            codes = args.cache / f"codes_{minutes:g}min"
+            if not (codes / "done").exists():  # tokenized once: these runs measure the prefill over the ranks
+                tokenize(video, codes)
+                (codes / "done").write_text("")
+            data = question(video, minutes * 60, work / f"cp_{minutes:g}.jsonl")
+            for cp in args.cp:
+                out = work / f"out_{minutes:g}_cp{cp}"
+                run = lambda cp=cp, data=data, out=out, codes=codes: {  # noqa: E731
+                    "cp_run": True,
+                    **run_child(hf, data, out, args.prefill_chunk, codes, cp),
+                }
+                measure(f"{minutes:g} min, cp {cp}", minutes, out, run)
+        return
     for k, (minutes, video) in enumerate(zip(args.minutes, videos)):
         data = question(video, minutes * 60, work / f"{minutes:g}.jsonl")
         out = work / f"out_{minutes:g}"
