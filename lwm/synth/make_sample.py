@@ -11,7 +11,7 @@ From Python:
     out = make_sample.run(make_sample.SampleConfig(out=Path("/tmp/s"), n_videos=4))
 
 The pieces live beside it in lwm/synth/: scene.py (random scenes, numpy rendering), video.py (mp4 with
-PyAV), language.py (captions, questions, documents).
+PyAV), language.py (captions, questions), prose.py (documents).
 
 Layout of the output folder:
 
@@ -69,7 +69,8 @@ from filelock import FileLock
 
 from lwm.arg_types import add_options, from_args, option
 from lwm.paths import SAMPLE
-from lwm.synth.language import caption, document, event_text, multiple_choice, questions
+from lwm.synth.language import caption, event_text, multiple_choice, questions
+from lwm.synth.prose import document
 from lwm.synth.scene import FPS, random_scene, render, scene_to_json
 from lwm.synth.video import write_mp4
 
