@@ -28,6 +28,7 @@ from lwm.data import ExampleError, IndexNotWritable, SkippedTooMany, StaleIndex,
 from lwm.io import NoSpaceLeft, write_atomic
 from lwm.out_lock import FolderLocked, output_lock
 from lwm.parallel import peers
+from lwm.stage_folder import StageFolder
 from lwm.train import requeue
 from lwm.train.config import check_files, validate
 from lwm.train.console import is_rank0, quiet_lightning, say
@@ -122,7 +123,7 @@ def finished(run, out: Path) -> bool:
     """Whether every stage the command runs has its final weights in `out` (the run's own folder): then
     it says so and does nothing."""
     names = [run.stage_only] if run.stage_only else [s.name for s in run.schedule.stages]
-    if not all((out / name / "final.safetensors").is_file() for name in names):
+    if not all(StageFolder.of(out, name).final.is_file() for name in names):
         return False
     say(
         f"run {out} is finished: {', '.join(names)} {'has its' if len(names) == 1 else 'have their'} final weights "

@@ -1,6 +1,7 @@
 """Our own training outputs as weights + model config: a stage folder (final.safetensors, else
 checkpoints/last.ckpt), a final.safetensors, or a Lightning checkpoint (file or sharded folder).
-The model's shape and RoPE theta come from the stage folder's model_config.json."""
+The model's shape and RoPE theta come from the stage folder's model_config.json (lwm.stage_folder: the
+layout)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 from lwm.checkpoint_io import CheckpointError, check_sharded, load_verified, verify_folder
 from lwm.configs import from_dict
 from lwm.model import ModelConfig
+from lwm.stage_folder import StageFolder
 from lwm.weights import read_weights
 
 
@@ -39,18 +41,18 @@ def checkpoint_weights(path: Path) -> dict[str, torch.Tensor]:
 
 def resolve(source: Path) -> tuple[dict | Path, Path]:
     """(weights, stage folder) for a stage folder, a final.safetensors or a checkpoint."""
-    if source.is_dir() and (source / "model_config.json").exists():
-        final = source / "final.safetensors"
-        return (final if final.exists() else checkpoint_weights(source / "checkpoints" / "last.ckpt")), source
+    if source.is_dir() and StageFolder(source).is_stage():
+        folder = StageFolder(source)
+        return (folder.final if folder.final.exists() else checkpoint_weights(folder.last)), source
     stage_dir = source.parent if source.suffix == ".safetensors" else source.parent.parent
-    if not (stage_dir / "model_config.json").exists():
+    if not StageFolder(stage_dir).is_stage():
         raise FileNotFoundError(f"no model_config.json next to {source}; give the stage folder of a training run")
     return (source if source.suffix == ".safetensors" else checkpoint_weights(source)), stage_dir
 
 
 def read_model_config(stage_dir: Path) -> ModelConfig:
     """A stage folder's model_config.json, or a ValueError naming the file and what is wrong."""
-    path = Path(stage_dir) / "model_config.json"
+    path = StageFolder(Path(stage_dir)).model_config
     try:
         fields = json.loads(path.read_text())
     except FileNotFoundError:

@@ -1,12 +1,5 @@
-"""Running a schedule: stage after stage, each from the previous stage's final weights.
-
-out_dir/
-  <stage>/checkpoints/   Lightning checkpoints (sharded when distributed): model, optimizer,
-                         LR schedule, loop and data position; last.ckpt resumes the stage
-  <stage>/logs/          CSV metrics;  <stage>/tb/  TensorBoard
-  <stage>/final.safetensors   the stage's final weights (the next stage starts from them)
-  hf/                    the last stage exported as a Hugging Face LLaMA folder
-"""
+"""Running a schedule: stage after stage, each from the previous stage's final weights, each in its
+stage folder (lwm.stage_folder: the layout)."""
 
 from __future__ import annotations
 
@@ -25,6 +18,7 @@ from lwm.data.vocab import Vocab
 from lwm.interop.hf import check_hf_folder, from_hf
 from lwm.model import ModelConfig
 from lwm.ranks import is_rank0
+from lwm.stage_folder import StageFolder
 from lwm.train.callbacks import KEPT_METRICS, MetricHistory
 from lwm.train.checkpointing import recover
 from lwm.train.config import RunConfig, StageConfig, stage_dims, stage_model_config
@@ -64,9 +58,8 @@ def stage_weights(final: Path) -> Callable[[], dict]:
 
 
 def run_stage(cfg: RunConfig, stage: StageConfig, model_config: ModelConfig, init: Callable | None) -> Path | None:
-    out = Path(cfg.trainer.out_dir) / stage.name
-    final = out / "final.safetensors"
-    last = out / "checkpoints" / "last.ckpt"
+    folder = StageFolder.of(cfg.trainer.out_dir, stage.name)
+    final, last = folder.final, folder.last
     recover(last)  # a sharded checkpoint a kill caught between its renames
     resume_from = last if cfg.resume and last.exists() else None
     stage_model = stage_model_config(model_config, stage)
@@ -80,8 +73,8 @@ def run_stage(cfg: RunConfig, stage: StageConfig, model_config: ModelConfig, ini
         plan = preflight(cfg, stage, device_memory(kind, cfg.trainer.devices), model=model_config, device=kind)
         say(f"preflight: {plan.summary()}: fits")
     if is_rank0():
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "model_config.json").write_text(json.dumps(asdict(stage_model), indent=2))
+        folder.path.mkdir(parents=True, exist_ok=True)
+        folder.model_config.write_text(json.dumps(asdict(stage_model), indent=2))
     L.seed_everything(cfg.trainer.seed, workers=True, verbose=False)
     module = LWMModule(stage_model, stage, cfg.optim, cfg.parallel, init_state=init, seed=cfg.trainer.seed)
     datamodule = LWMDataModule(
@@ -90,17 +83,17 @@ def run_stage(cfg: RunConfig, stage: StageConfig, model_config: ModelConfig, ini
         dims=dims,
         layout=cfg.parallel.layout,
     )
-    history = MetricHistory.resumed(out / "logs", keep=is_rank0()) if resume_from else MetricHistory([])
-    trainer = build_trainer(cfg, stage, out, module, history)
+    history = MetricHistory.resumed(folder.logs, keep=is_rank0()) if resume_from else MetricHistory([])
+    trainer = build_trainer(cfg, stage, folder, module, history)
     trainer.fit(module, datamodule=datamodule, ckpt_path=str(resume_from) if resume_from else None)
     if trainer.global_step < stage.steps:  # stopped early (stop_at_step, a signal): resume later with resume=true
         return None
     state = full_state(module)
     if is_rank0():
         save_weights(state, final)
-        (out / "logs" / KEPT_METRICS).unlink(missing_ok=True)  # metrics.csv has every row now
+        (folder.logs / KEPT_METRICS).unlink(missing_ok=True)  # metrics.csv has every row now
         if not cfg.trainer.keep_checkpoints:
-            shutil.rmtree(out / "checkpoints", ignore_errors=True)
+            shutil.rmtree(folder.checkpoints, ignore_errors=True)
     if dist.is_initialized():
         dist.barrier()
     return final
@@ -117,7 +110,7 @@ def run_schedule(cfg: RunConfig) -> dict[str, Path]:
     finished: Path | None = None
     last: StageConfig | None = None
     for stage in cfg.schedule.stages:
-        final = out / stage.name / "final.safetensors"
+        final = StageFolder.of(out, stage.name).final
         if cfg.stage_only is not None and stage.name != cfg.stage_only:
             if final.exists():
                 init = stage_weights(final)
@@ -127,7 +120,7 @@ def run_schedule(cfg: RunConfig) -> dict[str, Path]:
             continue
         finished, last = run_stage(cfg, stage, model_config, init), stage
         if finished is None:
-            return {"stopped": out / stage.name / "checkpoints" / "last.ckpt"}
+            return {"stopped": StageFolder.of(out, stage.name).last}
         init = stage_weights(finished)
     where = {"run": out, "last_weights": finished}
     if cfg.export and finished is not None and is_rank0():

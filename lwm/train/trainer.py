@@ -4,7 +4,6 @@ parallelism through our ModelParallelStrategy), checkpoint IO, loggers and callb
 from __future__ import annotations
 
 from datetime import timedelta
-from pathlib import Path
 
 import lightning as L
 import torch
@@ -12,6 +11,7 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 from lwm.parallel.dims import ParallelDims
 from lwm.parallel.mesh import lightning_sizes
+from lwm.stage_folder import LOGS, TB, StageFolder
 from lwm.train.callbacks import MetricHistory, PeakMemory, StageCheckpoint, StageProgress, Throughput
 from lwm.train.checkpointing import AtomicCheckpointIO, AtomicModelParallelStrategy
 from lwm.train.config import RunConfig, StageConfig, TrainerConfig, stage_dims
@@ -33,9 +33,9 @@ def strategy(dims: ParallelDims, trainer_cfg: TrainerConfig):
 
 
 def build_trainer(
-    cfg: RunConfig, stage: StageConfig, out: Path, module: LWMModule, history: MetricHistory
+    cfg: RunConfig, stage: StageConfig, folder: StageFolder, module: LWMModule, history: MetricHistory
 ) -> L.Trainer:
-    """The stage's Trainer; `out` is the stage's folder."""
+    """The stage's Trainer, writing into its stage folder."""
     dims = stage_dims(cfg, stage)
     global_batch = stage.per_rank_batch(dims.dp) * dims.dp
     chosen = strategy(dims, cfg.trainer)
@@ -49,25 +49,25 @@ def build_trainer(
         max_steps=min(stage.steps, cfg.stop_at_step or stage.steps),  # validate: >= 1 or None
         log_every_n_steps=cfg.trainer.log_every,
         logger=[
-            CSVLogger(out.parent, name=stage.name, version="logs"),
-            TensorBoardLogger(out.parent, name=stage.name, version="tb"),
+            CSVLogger(folder.path.parent, name=folder.path.name, version=LOGS),
+            TensorBoardLogger(folder.path.parent, name=folder.path.name, version=TB),
         ],
         callbacks=[
             StageCheckpoint(
-                out / "checkpoints", cfg.trainer.checkpoint_every, stage.steps, cfg.trainer.keep_checkpoints
+                folder.checkpoints, cfg.trainer.checkpoint_every, stage.steps, cfg.trainer.keep_checkpoints
             ),
             StageProgress(stage.name, stage.steps),
             history,
             Throughput(module.model_config, stage.seq_len, global_batch, cfg.trainer.peak_tflops),
             PeakMemory(),
             StopOnSignal(),
-            SkippedExamples(out),
+            SkippedExamples(folder.path),
         ]
-        + ([AnswerProbe(cfg.probe, out, stage.name, stage.steps)] if cfg.probe.path else []),
+        + ([AnswerProbe(cfg.probe, folder.path, stage.name, stage.steps)] if cfg.probe.path else []),
         num_sanity_val_steps=0,
         use_distributed_sampler=False,
         enable_model_summary=False,
-        default_root_dir=out,
+        default_root_dir=folder.path,
         # val/loss on data.holdout every trainer.val_every steps (0: at the stage's last step)
         limit_val_batches=1.0 if cfg.data.holdout else 0,
         check_val_every_n_epoch=None,
