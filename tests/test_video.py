@@ -9,6 +9,7 @@ import decord  # noqa: E402, F401
 from video_samples import VFR_PTS_MS, make_bad, make_formats, make_good, write_video  # noqa: E402
 
 from lwm.data.sampling import Sampling  # noqa: E402
+from lwm.video.forward import ForwardDecoder  # noqa: E402
 from lwm.video.reader import Video, VideoError, read_video, stream_video  # noqa: E402
 
 
@@ -247,7 +248,7 @@ def test_streaming_decodes_forward(long_video, monkeypatch):
     """Streaming a long video decodes forward only: 1 fps touches every keyframe interval, so it never seeks; a sparse
     plan or a late start seeks, but only forward, over whole intervals. Frames are converted in increasing order."""
     seeks, converted = [], []
-    seek_time, scaler = Video._seek_time, Video._scaler
+    seek_time, scaler = ForwardDecoder.seek_time, ForwardDecoder.scaler
 
     def spy_seek_time(self, pos, target):
         t = seek_time(self, pos, target)
@@ -266,8 +267,8 @@ def test_streaming_decodes_forward(long_video, monkeypatch):
         def pull(self):
             return self.graph.pull()
 
-    monkeypatch.setattr(Video, "_seek_time", spy_seek_time)
-    monkeypatch.setattr(Video, "_scaler", lambda self, *args: SpyGraph(scaler(self, *args)))
+    monkeypatch.setattr(ForwardDecoder, "seek_time", spy_seek_time)
+    monkeypatch.setattr(ForwardDecoder, "scaler", lambda self, *args: SpyGraph(scaler(self, *args)))
     video = Video(long_video, resolution=24)
     assert video.num_frames == 750 and len(video.key_indices) == 63
 
@@ -371,10 +372,10 @@ def test_native_quiet_keeps_other_output(capfd):
     """While decord runs, only the native libraries' lines are dropped from fd 2; another writer's come out after."""
     import os
 
-    from lwm.video.reader import _NativeQuiet
+    from lwm.video.native_quiet import NativeQuiet
 
-    with _NativeQuiet():
-        with _NativeQuiet():  # nested: one redirect
+    with NativeQuiet():
+        with NativeQuiet():  # nested: one redirect
             os.write(2, b"[12:34:56] /github/workspace/src/video/video_reader.cc:83: ERROR opening: x.mp4\n")
         os.write(2, b"[h264 @ 0x55d0c0ffee00] co located POCs unavailable\nanother thread's line\n")
         assert capfd.readouterr().err == ""
