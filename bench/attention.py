@@ -31,9 +31,9 @@ import torch.nn.functional as F
 from bench.report import command_line, host_line, publish, sync
 from lwm.model.documents import Documents
 from lwm.parallel import block_backward, block_forward, block_plan, block_work, ring_attention, simulate_ring
-from lwm.parallel.documents import StepPlanner, piece_work
 from lwm.parallel.launch import run_distributed
 from lwm.parallel.layout import LAYOUTS
+from lwm.parallel.pieces import StepPlanner, piece_work
 
 
 def timed(fn, repeats: int, reduce=statistics.median, device="cpu") -> float:

@@ -31,7 +31,7 @@ from bench.attention import document_lengths
 from bench.report import command_line, host_line, publish
 from lwm.model.documents import Documents
 from lwm.parallel import simulate_ring
-from lwm.parallel.documents import step_planner
+from lwm.parallel.pieces import step_planner
 from lwm.parallel.ring import ring_backward, ring_forward
 from lwm.train.plan.fake import OpCounter
 

@@ -1,5 +1,5 @@
 """A training stage's folder: the one description of its layout, used by the run that writes it
-(lwm.train) and by what reads it back (lwm.interop.run_outputs: export, lwm-generate, evaluation).
+(lwm.train) and by what reads it back (lwm.interop.stage_outputs: export, lwm-generate, evaluation).
 
     out_dir/<stage>/
       model_config.json    the stage's model (shape, RoPE theta), written before it trains

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from lwm.checkpoint_io import CheckpointError, check_sharded, load_verified, save_verified
-from lwm.interop.run_outputs import load_stage
+from lwm.interop.stage_outputs import load_stage
 from lwm.model import ModelConfig
 from lwm.train import rng
 from lwm.train.checkpointing import AtomicCheckpointIO
@@ -271,7 +271,7 @@ def sharded_stage(tmp_path) -> pathlib.Path:
 
 
 def test_a_sharded_checkpoint_read_as_weights_is_verified(tmp_path):
-    from lwm.interop.run_outputs import checkpoint_weights
+    from lwm.interop.stage_outputs import checkpoint_weights
 
     last = sharded_stage(tmp_path) / "checkpoints" / "last.ckpt"
     assert torch.equal(checkpoint_weights(last)["w"], torch.arange(64.0))

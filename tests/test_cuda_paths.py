@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from cuda_standins import KernelContractError, installed
-from documents import masked_sdpa, packings
+from document_refs import masked_sdpa, packings
 
 from lwm.model import ModelConfig, Transformer
 from lwm.model.documents import Documents

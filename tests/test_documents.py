@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from cuda_standins import installed
-from documents import allowed, masked_sdpa, one_by_one_grads, packed_pair, packings
+from document_refs import allowed, masked_sdpa, one_by_one_grads, packed_pair, packings
 from hydra import compose, initialize_config_dir
 from lightning.fabric.utilities.apply_func import move_data_to_device
 
@@ -18,8 +18,8 @@ from lwm.data.batches import WHOLE_IDS, document_positions, with_documents
 from lwm.model import ModelConfig
 from lwm.model.documents import Documents, document_attention
 from lwm.parallel import simulate_ring
-from lwm.parallel.documents import StepPlanner, piece_work
 from lwm.parallel.layout import shard
+from lwm.parallel.pieces import StepPlanner, piece_work
 from lwm.train.config import OptimConfig, ParallelConfig, StageConfig
 from lwm.train.entry import to_run_config
 from lwm.train.module import LWMModule

@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from documents import masked_sdpa, packed_pair, packings
+from document_refs import masked_sdpa, packed_pair, packings
 
 from lwm.data.vocab import Vocab
 from lwm.model import ModelConfig, Transformer, token_coefficients

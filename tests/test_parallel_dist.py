@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
-from documents import masked_sdpa, one_by_one_grads, packed_pair, packings
+from document_refs import masked_sdpa, one_by_one_grads, packed_pair, packings
 
 from lwm.parallel import hybrid_attention, hybrid_groups, positions, ring_attention, shard, ulysses_attention
 from lwm.parallel.launch import run_distributed

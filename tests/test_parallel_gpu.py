@@ -42,7 +42,7 @@ def test_cuda_simulated_ring_bf16(layout):
 def test_cuda_document_masked_ring_bf16(layout):
     """Packed documents on CUDA: the ring's pieces run on the CUDA flash kernel in bf16; output
     and q/k/v gradients against the fp64 block-diagonal reference."""
-    from documents import masked_sdpa, packings
+    from document_refs import masked_sdpa, packings
 
     seg = packings(2, 1024, seed=0, lengths=(1, 7, 100, 300, 700)).cuda()
     full = [torch.randn(2, h, 1024, 64, device="cuda", dtype=torch.float64) for h in (8, 2, 2)]
@@ -57,7 +57,7 @@ def test_cuda_document_masked_ring_bf16(layout):
 
 
 def test_cuda_per_document_sdpa_bf16():
-    from documents import masked_sdpa, packings
+    from document_refs import masked_sdpa, packings
 
     from lwm.model.documents import document_attention
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 from cuda_standins import KernelContractError, installed
-from documents import allowed, masked_sdpa, packings
+from document_refs import allowed, masked_sdpa, packings
 
 from lwm.model.documents import Documents
 from lwm.parallel import block_plan, shard, simulate_ring
-from lwm.parallel.documents import StepPlanner
+from lwm.parallel.pieces import StepPlanner
 from lwm.parallel.varlen import VarlenPlan
 
 LAYOUTS = ("contiguous", "striped", "zigzag")

@@ -12,7 +12,7 @@ from lwm.data.text_tokenizer import TextTokenizer
 from lwm.data.vocab import Vocab
 from lwm.interop.bundle import BundleInfo, read_bundle_info
 from lwm.interop.hf import from_hf
-from lwm.interop.run_outputs import load_stage
+from lwm.interop.stage_outputs import load_stage
 from lwm.model import Transformer
 
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 import torch
 
 from lwm.parallel.comm import RingComm, all_gather_stack
-from lwm.parallel.documents import StepPlanner
 from lwm.parallel.kernels import block_forward
 from lwm.parallel.merge import acc_dtype, merge_, merge_stack
+from lwm.parallel.pieces import StepPlanner
 from lwm.parallel.ring import ring_blocks, ring_forward
 
 

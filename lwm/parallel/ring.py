@@ -3,7 +3,7 @@
 Each rank keeps its queries; K/V blocks (Hkv heads, never expanded) travel around the ring, the
 next one in flight while the current one is computed. A packed sequence's Documents (read on the
 host once per batch) say what each step computes: on CUDA flash one variable-length call per step
-(varlen.py), elsewhere the documents' rectangles one by one (documents.py; on CPU the flash kernel
+(varlen.py), elsewhere the documents' rectangles one by one (pieces.py; on CPU the flash kernel
 per piece is the fastest exact path: its varlen kernel does not exist, and a masked dense call
 would compute every entry). Partial results merge in fp32 from (out, logsumexp). Backward
 recomputes each block from the final output and logsumexp; dQ stays home, dK/dV (fp32) travel the
@@ -22,10 +22,10 @@ import torch
 
 from lwm.model.documents import Documents, check_segment_ids
 from lwm.parallel.comm import RingComm, all_gather_stack
-from lwm.parallel.documents import Piece, StepPlanner, step_planner
 from lwm.parallel.kernels import block_backward, block_forward, select_backend, softmax_scale
 from lwm.parallel.layout import check_divisible, check_layout, shard, unshard
 from lwm.parallel.merge import acc_dtype, merge_
+from lwm.parallel.pieces import Piece, StepPlanner, step_planner
 from lwm.parallel.schedule import ALL
 from lwm.parallel.varlen import VarlenPlan, packed_lse, varlen_backward, varlen_forward, varlen_plan
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from lwm.model.documents import BatchRuns, Run
-from lwm.parallel.documents import StepPlanner, pair_groups
+from lwm.parallel.pieces import StepPlanner, pair_groups
 from lwm.parallel.schedule import BlockPlan
 
 

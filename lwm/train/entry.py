@@ -17,7 +17,7 @@ from lwm.synth.make_sample import ensure_sample
 from lwm.train.config import DataSpec, RunConfig
 from lwm.train.console import say
 from lwm.train.evaluate import check as check_evaluation
-from lwm.train.run_dir import register_resolver
+from lwm.train.run_id import register_resolver
 from lwm.video import tokenize
 from lwm.video.tokenize import TokenizeConfig
 

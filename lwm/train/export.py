@@ -27,7 +27,7 @@ import torch
 from lwm.data.text_tokenizer import TextTokenizer
 from lwm.interop.bundle import write_bundle_info
 from lwm.interop.hf import to_hf
-from lwm.interop.run_outputs import read_model_config, resolve
+from lwm.interop.stage_outputs import read_model_config, resolve
 from lwm.interop.vqgan_sources import load_vqgan, open_vqgan
 from lwm.io import FolderRefused, check_output_folder, records, staged_folder
 from lwm.model import ModelConfig, Transformer

@@ -13,21 +13,21 @@ from pathlib import Path
 
 import pytest
 
-from lwm.train import run_dir
+from lwm.train import run_id
 
 ROOT = Path(__file__).resolve().parent.parent
-PRINT_ID = "from lwm.train.run_dir import run_id; print(run_id())"
+PRINT_ID = "from lwm.train.run_id import run_id; print(run_id())"
 
 
 @pytest.fixture
 def clean_env(monkeypatch):
-    for name in (run_dir.ENV, "SLURM_JOB_ID", "SLURM_STEP_ID", "TORCHELASTIC_RUN_ID", "WORLD_SIZE", "RANK"):
+    for name in (run_id.ENV, "SLURM_JOB_ID", "SLURM_STEP_ID", "TORCHELASTIC_RUN_ID", "WORLD_SIZE", "RANK"):
         monkeypatch.delenv(name, raising=False)
     return monkeypatch
 
 
 def test_a_process_started_later_with_the_environment_gets_the_same_name(clean_env):
-    name = run_dir.run_id()
+    name = run_id.run_id()
     time.sleep(1.1)  # a name from the child's own clock would differ
     child = subprocess.run(
         [sys.executable, "-c", PRINT_ID], env=dict(os.environ), capture_output=True, text=True, check=True
@@ -40,7 +40,7 @@ def test_each_composed_config_of_one_process_gets_its_own_folder(clean_env):
     and a process started after a job's config was made inherits that job's name."""
     from omegaconf import OmegaConf
 
-    run_dir.register_resolver()
+    run_id.register_resolver()
     names = [OmegaConf.create({"out": "runs/${run_id:}"}).out for _ in range(3)]
     assert len(set(names)) == 3, names
     child = subprocess.run(
@@ -52,7 +52,7 @@ def test_each_composed_config_of_one_process_gets_its_own_folder(clean_env):
 def test_slurm_job_and_step_name_the_run(clean_env):
     clean_env.setenv("SLURM_JOB_ID", "4242")
     clean_env.setenv("SLURM_STEP_ID", "3")
-    assert run_dir.run_id() == "slurm-4242.3"
+    assert run_id.run_id() == "slurm-4242.3"
 
 
 def test_torchrun_ranks_agree_although_one_starts_late(clean_env, tmp_path):
@@ -62,7 +62,7 @@ def test_torchrun_ranks_agree_although_one_starts_late(clean_env, tmp_path):
         import os, time
         if os.environ["RANK"] == "1":
             time.sleep(1.5)
-        from lwm.train.run_dir import run_id
+        from lwm.train.run_id import run_id
         open(os.path.join({str(tmp_path)!r}, "rank" + os.environ["RANK"]), "w").write(run_id())
     """)
     )
