@@ -25,8 +25,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from bench.attention import document_lengths
+from lwm.parallel.documents import StepPlanner
 from lwm.parallel.layout import shard
-from lwm.parallel.pieces import StepPlanner
 from lwm.parallel.ring import ring_backward, ring_forward
 from lwm.train.plan.fake import OpCounter
 

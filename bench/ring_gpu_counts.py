@@ -32,7 +32,7 @@ from bench.report import command_line, host_line, publish
 from lwm.model.documents import Documents
 from lwm.parallel import simulate_ring
 from lwm.parallel.pieces import step_planner
-from lwm.parallel.ring import ring_backward, ring_forward
+from lwm.parallel.ring import new_dq, ring_backward, ring_forward
 from lwm.train.plan.fake import OpCounter
 
 N = 8
@@ -90,7 +90,7 @@ def rank0_counts(S: int, ids: torch.Tensor) -> dict:
     planner = step_planner("striped", 0, N, L, True, Documents(ids, L))
     with installed(), OpCounter() as counter, KVCopies() as copies:
         out, lse = ring_forward(q, ((k, v) for _ in range(N)), planner, None, "cuda_flash")
-        for _ in ring_backward(dout, q, out, lse, ((k, v) for _ in range(N)), planner, None, "cuda_flash"):
+        for _ in ring_backward(dout, q, out, lse, ((k, v) for _ in range(N)), planner, None, "cuda_flash", new_dq(q)):
             pass
     return _per_step(counter, copies, N)
 

@@ -81,10 +81,14 @@ def ring_forward(q, kv_blocks: Iterable[tuple], planner: StepPlanner, scale, bac
     return out.to(q.dtype), lse
 
 
-def ring_backward(dout, q, out, lse, kv_blocks, planner: StepPlanner, scale, backend) -> Iterator:
-    """Yields, per step, [(piece, dk, dv)]: the gradients of that step's K/V block, rows piece.k
-    (empty for a skipped block). When exhausted, the returned dq (fp32) is in StopIteration.value."""
-    dq = torch.zeros(q.shape, dtype=acc_dtype(q.dtype), device=q.device)
+def new_dq(q: torch.Tensor) -> torch.Tensor:
+    """The fp32 (or fp64) dq that ring_backward adds each step's gradient into."""
+    return torch.zeros(q.shape, dtype=acc_dtype(q.dtype), device=q.device)
+
+
+def ring_backward(dout, q, out, lse, kv_blocks, planner: StepPlanner, scale, backend, dq: torch.Tensor) -> Iterator:
+    """Adds the queries' gradient into `dq` (new_dq) and yields, per step, [(piece, dk, dv)]: the gradients
+    of that step's K/V block, rows piece.k (empty for a skipped block)."""
     varlen = _varlen(planner, backend, q)
     whole_lse = packed_lse(lse) if varlen is not None else None  # once, in the layout the kernel reads
     for step, (k, v) in enumerate(kv_blocks):
@@ -112,7 +116,6 @@ def ring_backward(dout, q, out, lse, kv_blocks, planner: StepPlanner, scale, bac
             del dq_b
             grads.append((p, dk_b, dv_b))
         yield grads
-    return dq
 
 
 def add_block_grads(dk, dv, grads) -> None:
@@ -170,15 +173,14 @@ class _RingAttention(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         group, planner, scale, backend = ctx.args
         kv_comm, dkv_comm = RingComm(group, tag=0), RingComm(group, tag=1)
-        n = kv_comm.world_size
-        steps = ring_backward(dout.contiguous(), q, out, lse, ring_blocks(kv_comm, k, v), planner, scale, backend)
+        dq = new_dq(q)
+        steps = ring_backward(dout.contiguous(), q, out, lse, ring_blocks(kv_comm, k, v), planner, scale, backend, dq)
         # Step 0's block is this rank's own: its dK/dV stay home. The dK/dV of the block of step
         # s >= 1 travel: started here at step 1 (fp32), passed on with each rank's contribution,
         # and after the last step received by the owner (N-1 hops).
         travelling = None
         own = [torch.zeros(t.shape, dtype=acc_dtype(t.dtype), device=t.device) for t in (k, v)]
-        for step in range(n):
-            grads = next(steps)
+        for step, grads in enumerate(steps):
             if step == 0:
                 add_block_grads(*own, grads)
                 continue
@@ -189,10 +191,6 @@ class _RingAttention(torch.autograd.Function):
             add_block_grads(*travelling, grads)
             del grads
             travelling = dkv_comm.send_recv(travelling)
-        try:
-            next(steps)
-        except StopIteration as stop:
-            dq = stop.value
         if travelling is not None:
             dkv_comm.wait()  # the dK/dV of our own block, from the other ranks
             own[0] += travelling[0]
@@ -257,26 +255,12 @@ class _SimulatedRing(torch.autograd.Function):
         dqs = []
         for r in range(n):
             kv_blocks = ((ks[(r - s) % n], vs[(r - s) % n]) for s in range(n))
-            steps = ring_backward(
-                shard(dout, 2, r, n, layout).contiguous(),
-                qs[r],
-                outs[r],
-                lses[r],
-                kv_blocks,
-                planners[r],
-                scale,
-                backend,
-            )
-            step = 0
-            while True:
-                try:
-                    grads = next(steps)
-                except StopIteration as stop:
-                    dqs.append(stop.value)
-                    break
+            dqs.append(new_dq(qs[r]))
+            dout_r = shard(dout, 2, r, n, layout).contiguous()
+            steps = ring_backward(dout_r, qs[r], outs[r], lses[r], kv_blocks, planners[r], scale, backend, dqs[r])
+            for step, grads in enumerate(steps):
                 src = (r - step) % n
                 add_block_grads(dks[src], dvs[src], grads)
-                step += 1
         dq, dk, dv = (unshard(parts, 2, layout) for parts in (dqs, dks, dvs))
         return dq.to(qs[0].dtype), dk.to(ks[0].dtype), dv.to(vs[0].dtype), None, None, None, None, None, None
 
