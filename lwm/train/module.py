@@ -21,6 +21,7 @@ from lwm.model import ModelConfig, Transformer
 from lwm.parallel import (
     ActivationOffload,
     CudaCopyEngine,
+    ParallelDims,
     SyncCopyEngine,
     apply_activation_checkpointing,
     apply_activation_offload,
@@ -62,7 +63,9 @@ def steps_from_automatic_optimization(checkpoint: dict) -> None:
 
 class LWMModule(L.LightningModule):
     """init_state: the starting weights, or a function that reads them (called on global rank 0
-    only: the other ranks receive rank 0's by broadcast); None: fresh weights from `seed`."""
+    only: the other ranks receive rank 0's by broadcast); None: fresh weights from `seed`. dims: the
+    stage's ParallelDims as the run made them (lwm.train.config.stage_dims); None: from `parallel` and
+    the device mesh's size."""
 
     def __init__(
         self,
@@ -72,6 +75,7 @@ class LWMModule(L.LightningModule):
         parallel: ParallelConfig,
         init_state: Weights | Callable[[], Weights] | None = None,
         seed: int = 0,
+        dims: ParallelDims | None = None,
     ):
         super().__init__()
         self.automatic_optimization = False  # the step is lwm.train.step.train_step, as the planner runs it
@@ -79,6 +83,7 @@ class LWMModule(L.LightningModule):
         self.stage, self.optim, self.parallel = stage, optim, parallel
         self.init_state = init_state
         self.seed = seed  # of the initial weights when there is no init_state (trainer.seed)
+        self.dims = dims
         self.model: Transformer | None = None
         self.cp_group = None
 
@@ -99,7 +104,9 @@ class LWMModule(L.LightningModule):
             return
 
         # Lightning's mesh only says how many ranks there are; lwm.parallel builds the run's own.
-        dims = self.parallel.dims(mesh.size(), self.stage.cp)
+        dims = self.dims or self.parallel.dims(mesh.size(), self.stage.cp)
+        if dims.world != mesh.size():
+            raise ValueError(f"the stage's {dims.describe()} is for {dims.world} ranks, and the run has {mesh.size()}")
         peers.register()  # who the other ranks are, for the error of a rank that loses one
         meshes = build_meshes(dims, self.device.type, dist.get_rank())
         settings = compute_settings(self.device, self.model_config.head_dim)  # from the accelerator, once

@@ -76,7 +76,7 @@ def run_stage(cfg: RunConfig, stage: StageConfig, model_config: ModelConfig, ini
         folder.path.mkdir(parents=True, exist_ok=True)
         folder.model_config.write_text(json.dumps(asdict(stage_model), indent=2))
     L.seed_everything(cfg.trainer.seed, workers=True, verbose=False)
-    module = LWMModule(stage_model, stage, cfg.optim, cfg.parallel, init_state=init, seed=cfg.trainer.seed)
+    module = LWMModule(stage_model, stage, cfg.optim, cfg.parallel, init_state=init, seed=cfg.trainer.seed, dims=dims)
     datamodule = LWMDataModule(
         cfg.data.for_stage(stage, stage.per_rank_batch(dims.dp), cfg.parallel.document_mask),
         seq_len=stage.seq_len,
@@ -84,7 +84,7 @@ def run_stage(cfg: RunConfig, stage: StageConfig, model_config: ModelConfig, ini
         layout=cfg.parallel.layout,
     )
     history = MetricHistory.resumed(folder.logs, keep=is_rank0()) if resume_from else MetricHistory([])
-    trainer = build_trainer(cfg, stage, folder, module, history)
+    trainer = build_trainer(cfg, stage, dims, folder, module, history)
     trainer.fit(module, datamodule=datamodule, ckpt_path=str(resume_from) if resume_from else None)
     if trainer.global_step < stage.steps:  # stopped early (stop_at_step, a signal): resume later with resume=true
         return None

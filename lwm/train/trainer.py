@@ -14,7 +14,7 @@ from lwm.parallel.mesh import lightning_sizes
 from lwm.stage_folder import LOGS, TB, StageFolder
 from lwm.train.callbacks import MetricHistory, PeakMemory, StageCheckpoint, StageProgress, Throughput
 from lwm.train.checkpointing import AtomicCheckpointIO, AtomicModelParallelStrategy
-from lwm.train.config import RunConfig, StageConfig, TrainerConfig, stage_dims
+from lwm.train.config import RunConfig, StageConfig, TrainerConfig
 from lwm.train.module import LWMModule
 from lwm.train.probe import AnswerProbe
 from lwm.train.requeue import StopOnSignal
@@ -33,10 +33,15 @@ def strategy(dims: ParallelDims, trainer_cfg: TrainerConfig):
 
 
 def build_trainer(
-    cfg: RunConfig, stage: StageConfig, folder: StageFolder, module: LWMModule, history: MetricHistory
+    cfg: RunConfig,
+    stage: StageConfig,
+    dims: ParallelDims,
+    folder: StageFolder,
+    module: LWMModule,
+    history: MetricHistory,
 ) -> L.Trainer:
-    """The stage's Trainer, writing into its stage folder."""
-    dims = stage_dims(cfg, stage)
+    """The stage's Trainer on its ParallelDims (lwm.train.config.stage_dims, made once by run_stage), writing
+    into its stage folder."""
     global_batch = stage.per_rank_batch(dims.dp) * dims.dp
     chosen = strategy(dims, cfg.trainer)
     return L.Trainer(
