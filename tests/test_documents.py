@@ -254,3 +254,27 @@ def test_positions_follow_document_masking_unless_given(overrides, positions):
         run = to_run_config(compose("train", overrides=["model=debug", "schedule=debug", *overrides]))
     stage = run.schedule.stages[0]
     assert run.data.for_stage(stage, 1, run.parallel.document_mask).positions == positions
+
+
+def test_a_batchs_ring_plans_are_made_once_and_go_with_it():
+    """Every layer's call of a batch reuses the rank's planner (kept with the batch's Documents by the
+    parallel package: the model's Documents has no cache of its own); when the batch's Documents is gone,
+    so are they; a Documents sent to another process goes without them."""
+    import gc
+    import pickle
+    import weakref
+
+    from lwm.parallel import pieces
+
+    ids = torch.tensor([[1] * 5 + [2] * 7 + [3] * 4])
+    docs = Documents(ids, 8)
+    first = pieces.step_planner("striped", 0, 2, 8, True, docs)
+    assert pieces.step_planner("striped", 0, 2, 8, True, docs) is first
+    assert pieces.step_planner("striped", 1, 2, 8, True, docs) is not first
+    assert not [name for name in vars(Documents) if "memo" in name]
+    sent = pickle.loads(pickle.dumps(docs))
+    assert pieces.KEPT not in vars(sent) and sent.rows[0][1].tolist() == docs.rows[0][1].tolist()
+    gone = weakref.ref(first)
+    del docs, first
+    gc.collect()
+    assert gone() is None

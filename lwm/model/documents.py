@@ -34,8 +34,8 @@ def _row_runs(row: np.ndarray) -> np.ndarray:
 class Documents:
     """The documents of one batch of packed sequences, on the host (numpy: fake and meta tensors
     pass through untouched). `seq_len` is the whole sequence; `local_len` the slice this process's
-    q, k, v hold (seq_len / context-parallel size). `memo` keeps what attention derives from it
-    (ring step plans, their device copies) for the rest of the batch: every layer reuses it."""
+    q, k, v hold (seq_len / context-parallel size). What the ring derives from it (step plans, their
+    device copies) the parallel package keeps beside it for the rest of the batch (lwm.parallel.pieces.kept)."""
 
     def __init__(self, segment_ids, local_len: int | None = None):
         ids = np.asarray(segment_ids.cpu() if isinstance(segment_ids, torch.Tensor) else segment_ids)
@@ -48,19 +48,13 @@ class Documents:
         self.rows = [(slice(None) if shared else slice(b, b + 1), _row_runs(r)) for b, r in enumerate(rows)]
         # one run per id: runs are then told apart by their order, which every layout keeps
         self.unique = all(len(np.unique(r[:, 2])) == len(r) for _, r in self.rows)
-        self._memo: dict = {}
+
+    def __getstate__(self) -> dict:  # sent without what other packages derived from it and keep on it
+        return {k: self.__dict__[k] for k in ("batch", "seq_len", "local_len", "rows", "unique")}
 
     def to(self, *args, **kwargs) -> "Documents":
         """Host data: moving a batch to a device leaves it where it is (Lightning calls this)."""
         return self
-
-    def __getstate__(self) -> dict:  # a data-loading worker sends it without what was derived
-        return {**self.__dict__, "_memo": {}}
-
-    def memo(self, key, make: Callable):
-        if key not in self._memo:
-            self._memo[key] = make()
-        return self._memo[key]
 
     def runs(self, held_before: Callable[[np.ndarray], np.ndarray]) -> BatchRuns:
         """The runs in the local indices of a slice of the sequence, given `held_before(g)`: how

@@ -16,7 +16,7 @@ the plain block kernels serve them and nothing outside a document is computed:
     rows mid..a1    | full: every key of the run   |
 
 A pair of blocks with no shared document gives no pieces: it is skipped. Every rank's runs come
-from the batch's Documents (host arithmetic, no device read), and the plans of a rank are kept in
+from the batch's Documents (host arithmetic, no device read), and the plans of a rank are kept with
 them for the batch: the layers, the backward and the recompute reuse them (`step_planner`).
 """
 
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Callable
 
 import numpy as np
 
@@ -145,7 +146,7 @@ class StepPlanner:
 def step_planner(
     layout: str, rank: int, world_size: int, local_len: int, causal: bool, documents: Documents | None
 ) -> StepPlanner:
-    """The rank's planner, made once per batch: kept in the documents for every later call."""
+    """The rank's planner, made once per batch (kept with its documents) for every later call."""
     if documents is None:
         return StepPlanner(layout, rank, world_size, local_len, causal)
     if documents.seq_len != world_size * local_len:
@@ -153,7 +154,21 @@ def step_planner(
             f"documents of a {documents.seq_len}-token sequence do not match {world_size} slices of {local_len}"
         )
     key = ("ring", layout, rank, world_size, local_len, causal)
-    return documents.memo(key, lambda: StepPlanner(layout, rank, world_size, local_len, causal, documents))
+    return kept(documents, key, lambda: StepPlanner(layout, rank, world_size, local_len, causal, documents))
+
+
+KEPT = "_ring_plans"  # the attribute of a batch's Documents that holds what the ring derived from it
+
+
+def kept(documents: Documents, key: tuple, make: Callable):
+    """What the ring derives from a batch's documents (step planners, varlen plans and their device
+    copies), made once and kept with the batch's Documents (an attribute only this package reads; the
+    planners point back at it, so it lives in the Documents and goes with it): every layer's call
+    reuses it."""
+    derived = documents.__dict__.setdefault(KEPT, {})
+    if key not in derived:
+        derived[key] = make()
+    return derived[key]
 
 
 def piece_work(pieces: list[Piece], batch: int, local_len: int) -> int:

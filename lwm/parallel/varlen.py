@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from lwm.model.documents import BatchRuns, Run
-from lwm.parallel.pieces import StepPlanner, pair_groups
+from lwm.parallel.pieces import StepPlanner, kept, pair_groups
 from lwm.parallel.schedule import BlockPlan
 
 
@@ -114,10 +114,10 @@ class VarlenPlan:
 
 
 def varlen_plan(planner: StepPlanner) -> VarlenPlan:
-    """The planner's varlen plan, made once per batch (kept in its documents)."""
+    """The planner's varlen plan, made once per batch (kept with its documents)."""
     p = planner
     key = ("varlen", p.layout, p.rank, p.world_size, p.local_len, p.causal)
-    return p.documents.memo(key, lambda: VarlenPlan(p))
+    return kept(p.documents, key, lambda: VarlenPlan(p))
 
 
 # ----------------------------------------------------------------------------------------- calls
