@@ -30,6 +30,7 @@ from lwm.out_lock import FolderLocked, output_lock
 from lwm.parallel import peers
 from lwm.stage_folder import StageFolder
 from lwm.train import requeue
+from lwm.train.checkpointing import resumes
 from lwm.train.config import check_files, validate
 from lwm.train.console import is_rank0, quiet_lightning, say
 from lwm.train.entry import ensure_sample_data, to_run_config
@@ -62,7 +63,7 @@ def main(cfg: DictConfig) -> None:
         validate(run)
         # the folder's own run goes on where it is; another run there is refused (OtherRun)
         same = check(Path(run.trainer.out_dir), config, run.trainer.overwrite)
-        run.resume = requeue.resumes(run.resume, run.trainer.out_dir) or same  # a requeued SLURM job goes on too
+        run.resume = resumes(run.resume, run.trainer.out_dir) or same  # a requeued SLURM job goes on too
         if run.data.sample and is_rank0():
             ensure_sample_data(run.data)
             check_files(run)

@@ -217,7 +217,7 @@ def test_a_signal_while_starting_stops_the_run_after_its_first_step(tmp_path):
     ],
 )
 def test_only_a_restarted_job_resumes_by_itself(tmp_path, monkeypatch, restarts, folder, resume, expected):
-    from lwm.train.requeue import resumes
+    from lwm.train.checkpointing import resumes
 
     monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
     if restarts is not None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
+from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 from lightning.pytorch.loggers import CSVLogger
 
@@ -227,36 +227,3 @@ def _is_number(text: str) -> bool:
     except ValueError:
         return False
     return True
-
-
-class StageCheckpoint(ModelCheckpoint):
-    """checkpoints/last.ckpt only: every `every` steps (0: never on a schedule) and at the step a
-    stage stops before its last (stop_at_step, a stopping signal); at the end of a finished stage
-    only when it is to be kept (its final.safetensors holds the weights anyway)."""
-
-    def __init__(self, dirpath, every: int, steps: int, keep: bool):
-        super().__init__(
-            dirpath=dirpath,
-            every_n_train_steps=every or None,
-            save_last=True,
-            save_top_k=0,
-            monitor=None,
-            enable_version_counter=False,
-        )
-        self.steps, self.keep = steps, keep
-        self.saved_step: int | None = None  # the step of the last checkpoint written in this process
-
-    @property
-    def last_path(self) -> Path:
-        return Path(self.dirpath) / f"{self.CHECKPOINT_NAME_LAST}{self.FILE_EXTENSION}"
-
-    def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
-        self.saved_step = trainer.global_step
-
-    def on_train_end(self, trainer, pl_module) -> None:
-        """Written here, not by ModelCheckpoint.on_train_end, which writes last.ckpt only when the
-        callback wrote none before in the process: after a periodic checkpoint a stopped stage
-        would resume from that one. Not twice for one step (a stop right after a periodic save)."""
-        stopped_early = trainer.global_step < self.steps
-        if (stopped_early or self.keep) and self.saved_step != trainer.global_step:
-            trainer.save_checkpoint(self.last_path)

@@ -1,6 +1,14 @@
-"""The Trainer's side of stage checkpoints (lwm.checkpoint_io does the files): a CheckpointIO for
-single-file checkpoints and a ModelParallelStrategy whose sharded checkpoints are swapped in whole,
-checksummed per rank and verified before anything in them is unpickled."""
+"""A stage's checkpoints from saving to resuming, in one place (lwm.checkpoint_io does the files and
+their checksums; lwm.stage_folder says where they are):
+
+- when: StageCheckpoint writes checkpoints/last.ckpt every trainer.checkpoint_every steps and at the
+  step a stage stops before its end;
+- how: AtomicCheckpointIO for single-file checkpoints, and a ModelParallelStrategy whose sharded
+  checkpoints are swapped in whole, checksummed per rank and verified before anything in them is
+  unpickled;
+- after a kill: `recover` puts back a sharded checkpoint caught between its two renames;
+- what a run resumes from: `resumes` (told to, or a SLURM job started again) and `resume_point`.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +20,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch.distributed.checkpoint.api import CheckpointException
 
@@ -26,6 +35,9 @@ from lwm.checkpoint_io import (
     write_sums,
 )
 from lwm.io import NoSpaceLeft
+from lwm.stage_folder import StageFolder
+from lwm.train.console import say
+from lwm.train.requeue import slurm_job
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -129,3 +141,52 @@ class AtomicModelParallelStrategy(ModelParallelStrategy):
                 "or was cut short; resume from another checkpoint or delete it to start the stage again"
             )
         return super().load_checkpoint(path, weights_only=True)
+
+
+class StageCheckpoint(ModelCheckpoint):
+    """checkpoints/last.ckpt only: every `every` steps (0: never on a schedule) and at the step a
+    stage stops before its last (stop_at_step, a stopping signal); at the end of a finished stage
+    only when it is to be kept (its final.safetensors holds the weights anyway)."""
+
+    def __init__(self, dirpath, every: int, steps: int, keep: bool):
+        super().__init__(
+            dirpath=dirpath,
+            every_n_train_steps=every or None,
+            save_last=True,
+            save_top_k=0,
+            monitor=None,
+            enable_version_counter=False,
+        )
+        self.steps, self.keep = steps, keep
+        self.saved_step: int | None = None  # the step of the last checkpoint written in this process
+
+    @property
+    def last_path(self) -> Path:
+        return Path(self.dirpath) / f"{self.CHECKPOINT_NAME_LAST}{self.FILE_EXTENSION}"
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
+        self.saved_step = trainer.global_step
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        """Written here, not by ModelCheckpoint.on_train_end, which writes last.ckpt only when the
+        callback wrote none before in the process: after a periodic checkpoint a stopped stage
+        would resume from that one. Not twice for one step (a stop right after a periodic save)."""
+        stopped_early = trainer.global_step < self.steps
+        if (stopped_early or self.keep) and self.saved_step != trainer.global_step:
+            trainer.save_checkpoint(self.last_path)
+
+
+def resumes(resume: bool, out_dir: str | Path) -> bool:
+    """Whether the run resumes: when told to, or when SLURM started this job again and its folder is there."""
+    restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+    if resume or restarts == 0 or not Path(out_dir).is_dir():
+        return resume
+    say(f"SLURM job {slurm_job()} started again (restart {restarts}): resuming the run in {out_dir}")
+    return True
+
+
+def resume_point(folder: StageFolder, resume: bool) -> Path | None:
+    """The checkpoint a stage resumes from (its last.ckpt, put back first if a kill caught it between
+    renames), or None: not resuming, or nothing saved yet."""
+    recover(folder.last)
+    return folder.last if resume and folder.last.exists() else None

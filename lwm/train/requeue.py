@@ -73,15 +73,6 @@ def slurm_job() -> str | None:
     return os.environ.get("SLURM_JOB_ID")
 
 
-def resumes(resume: bool, out_dir: str | Path) -> bool:
-    """Whether the run resumes: when told to, or when SLURM started this job again and its folder is there."""
-    restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
-    if resume or restarts == 0 or not Path(out_dir).is_dir():
-        return resume
-    say(f"SLURM job {slurm_job()} started again (restart {restarts}): resuming the run in {out_dir}")
-    return True
-
-
 class StopOnSignal(L.Callback):
     """Stops the stage at the first step boundary after a stopping signal, on every rank at once
     (StageCheckpoint then saves checkpoints/last.ckpt of that step), and keeps the logs as far as

@@ -20,7 +20,7 @@ from lwm.model import ModelConfig
 from lwm.ranks import is_rank0
 from lwm.stage_folder import StageFolder
 from lwm.train.callbacks import KEPT_METRICS, MetricHistory
-from lwm.train.checkpointing import recover
+from lwm.train.checkpointing import resume_point
 from lwm.train.config import RunConfig, StageConfig, stage_dims, stage_model_config
 from lwm.train.console import say
 from lwm.train.datamodule import LWMDataModule
@@ -59,9 +59,8 @@ def stage_weights(final: Path) -> Callable[[], dict]:
 
 def run_stage(cfg: RunConfig, stage: StageConfig, model_config: ModelConfig, init: Callable | None) -> Path | None:
     folder = StageFolder.of(cfg.trainer.out_dir, stage.name)
-    final, last = folder.final, folder.last
-    recover(last)  # a sharded checkpoint a kill caught between its renames
-    resume_from = last if cfg.resume and last.exists() else None
+    final = folder.final
+    resume_from = resume_point(folder, cfg.resume)
     stage_model = stage_model_config(model_config, stage)
     dims = stage_dims(cfg, stage)
     say(

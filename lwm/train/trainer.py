@@ -12,8 +12,8 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lwm.parallel.dims import ParallelDims
 from lwm.parallel.mesh import lightning_sizes
 from lwm.stage_folder import LOGS, TB, StageFolder
-from lwm.train.callbacks import MetricHistory, PeakMemory, StageCheckpoint, StageProgress, Throughput
-from lwm.train.checkpointing import AtomicCheckpointIO, AtomicModelParallelStrategy
+from lwm.train.callbacks import MetricHistory, PeakMemory, StageProgress, Throughput
+from lwm.train.checkpointing import AtomicCheckpointIO, AtomicModelParallelStrategy, StageCheckpoint
 from lwm.train.config import RunConfig, StageConfig, TrainerConfig
 from lwm.train.module import LWMModule
 from lwm.train.probe import AnswerProbe
