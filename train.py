@@ -25,7 +25,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from lwm.checkpoint_io import CheckpointError
 from lwm.data import ExampleError, IndexNotWritable, SkippedTooMany, StaleIndex, TooLittleData
-from lwm.io import NoSpaceLeft, write_atomic
 from lwm.out_lock import FolderLocked, output_lock
 from lwm.parallel import peers
 from lwm.stage_folder import StageFolder
@@ -39,6 +38,7 @@ from lwm.train.run import run_schedule
 from lwm.train.run_folder import CONFIG, OtherRun, check, clear
 from lwm.train.skipped import summary as skipped_summary
 from lwm.weights import WeightsError
+from lwm.writes import NoSpaceLeft, write_atomic
 
 EXIT_BAD_INPUT, EXIT_NO_SPACE = 2, 3  # as lwm-tokenize: 2 is bad input, 3 a full disk
 EXIT_STOPPED = 4  # a stage stopped before its end (a signal, stop_at_step): the same command continues it

@@ -17,7 +17,7 @@ no locks (ENOLCK: NFS without a lock daemon), the file itself is the lock, creat
 a holder whose pid is dead on this host is stale and taken over, and one on another host keeps the
 folder until a person removes the file (the message says so); two runs taking over one stale file
 at the same instant can both win there, a gap flock does not have. A full disk while the holder is
-written raises lwm.io.NoSpaceLeft.
+written raises lwm.writes.NoSpaceLeft.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from lwm.io import writes_to
+from lwm.writes import writes_to
 
 log = logging.getLogger(__name__)
 

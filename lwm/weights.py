@@ -29,7 +29,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from lwm.checkpoint_io import UNREADABLE, install, sha256, verify
-from lwm.io import NoSpaceLeft
+from lwm.writes import NoSpaceLeft
 
 
 class WeightsError(ValueError):

@@ -245,7 +245,7 @@ def small_tmpfs(tmp_path):
 
 
 def test_a_full_disk_during_a_checkpoint_write_is_named_and_keeps_the_previous_one(small_tmpfs):
-    from lwm.io import NoSpaceLeft
+    from lwm.writes import NoSpaceLeft
 
     path = small_tmpfs / "last.ckpt"
     save_verified({"step": 1, "w": torch.zeros(1000)}, path)
@@ -332,7 +332,7 @@ def test_a_full_disk_during_a_sharded_checkpoint_write_is_named_and_keeps_the_pr
     import torch.distributed.checkpoint as dcp
     from lightning.pytorch.strategies import ModelParallelStrategy
 
-    from lwm.io import NoSpaceLeft
+    from lwm.writes import NoSpaceLeft
 
     def dcp_save(self, checkpoint, filepath, storage_options=None):
         dcp.save(checkpoint, checkpoint_id=filepath, no_dist=True)

@@ -156,8 +156,8 @@ def test_export_never_writes_through_a_symlink(stage, tmp_path, capsys):
 
 
 def test_export_replaces_its_own_earlier_export_exactly(stage, tmp_path, capsys):
-    from lwm.io import OWN_FILES
     from lwm.paths import TINY_VQGAN
+    from lwm.writes import OWN_FILES
 
     out = tmp_path / "hf"
     first = exported(stage, out, capsys, "--vqgan", TINY_VQGAN)

@@ -458,7 +458,7 @@ def test_init_hf_is_checked_before_anything_is_built_or_written(tmp_path, monkey
 def test_a_full_disk_is_named_with_its_own_status(tmp_path, monkeypatch, capsys):
     import errno
 
-    from lwm.io import NoSpaceLeft
+    from lwm.writes import NoSpaceLeft
 
     def full(cfg):
         raise NoSpaceLeft(tmp_path / "a" / "final.safetensors", OSError(errno.ENOSPC, "No space left on device"))

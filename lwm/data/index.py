@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from lwm.data.example import Encoder, ExampleError
 from lwm.data.sources import JsonlSource, ParquetSource, SourceError, open_source
-from lwm.io import atomic_file
+from lwm.writes import atomic_file
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,6 @@ import torch
 from lwm.eval.plots import heatmap, human_count
 from lwm.eval.trials import group_of, run_trials
 from lwm.infer import GenerationConfig
-from lwm.io import write_atomic
 from lwm.parallel.comm import run_agreed
 from lwm.synth.needle_prompts import (
     CITIES,
@@ -35,6 +34,7 @@ from lwm.synth.needle_prompts import (
     number_range,
     question_for,
 )
+from lwm.writes import write_atomic
 
 
 def found_in(number: int, answer: str) -> bool:

@@ -16,9 +16,9 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 from lightning.pytorch.loggers import CSVLogger
 
-from lwm.io import write_atomic
 from lwm.model import ModelConfig
 from lwm.ranks import is_rank0
+from lwm.writes import write_atomic
 
 
 def flops_per_token(config: ModelConfig, seq_len: int) -> float:

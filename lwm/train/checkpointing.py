@@ -34,10 +34,10 @@ from lwm.checkpoint_io import (
     sha256,
     write_sums,
 )
-from lwm.io import NoSpaceLeft
 from lwm.stage_folder import StageFolder
 from lwm.train.console import say
 from lwm.train.requeue import slurm_job
+from lwm.writes import NoSpaceLeft
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

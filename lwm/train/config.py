@@ -13,11 +13,11 @@ from lwm.data.batches import StreamOptions
 from lwm.data.sources import source_format
 from lwm.eval.needle import NeedleGrid
 from lwm.interop.hf import check_hf_folder
-from lwm.io import FolderRefused, check_output_folder
 from lwm.model import ModelConfig
 from lwm.parallel.dims import ParallelDims
 from lwm.parallel.layout import LAYOUTS
 from lwm.train.lr import SCHEDULES
+from lwm.writes import FolderRefused, check_output_folder
 
 
 @dataclass

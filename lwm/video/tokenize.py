@@ -44,12 +44,13 @@ from lwm.arg_types import add_options, device_name, from_args, option, positive_
 from lwm.data.codes import save_codes
 from lwm.data.sampling import Sampling
 from lwm.interop.vqgan_sources import open_vqgan
-from lwm.io import NoSpaceLeft, append_jsonl, atomic_file, read_jsonl, writes_to
+from lwm.io import append_jsonl, read_jsonl
 from lwm.out_lock import FolderLocked, output_lock
 from lwm.video.codes import encode_video, video_id
 from lwm.video.inputs import check_unique_ids, collect_videos
 from lwm.video.reader import VideoError, default_rate
 from lwm.vision.vqgan_config import PRESETS
+from lwm.writes import NoSpaceLeft, atomic_file, writes_to
 
 # Codes are stored as uint16.
 _MAX_CODES = 1 << 16

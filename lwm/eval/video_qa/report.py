@@ -17,7 +17,8 @@ import numpy as np
 
 from lwm.eval.plots import markdown_table
 from lwm.eval.video_qa.scoring import METHODS
-from lwm.io import JsonlAppender, write_atomic
+from lwm.io import JsonlAppender
+from lwm.writes import write_atomic
 
 
 def _pct(x) -> str:
