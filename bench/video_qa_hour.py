@@ -22,6 +22,9 @@ the 10-minute video from the codes lwm-tokenize wrote for it (--codes): no decod
 
 Rows are kept in the cache folder (rows.json), each with the command that measured it, so that the
 section holds every length measured, and a run stopped before its end shows how far it got.
+
+One file for one command (longer than most here for that reason): the measured child, the parent that
+starts it (one process, or cp ranks under torchrun) and the two sections made from the rows.
 """
 
 from __future__ import annotations

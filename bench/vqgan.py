@@ -18,6 +18,9 @@ and time linear in the number of sampled frames (time per sampled frame at 60 mi
     python -m bench.vqgan --no-write --parts stream --minutes 2 12
     python -m bench.vqgan --no-write --parts encode --batch-sizes 1 8 --rounds 1
     python -m bench.vqgan --device cuda --batch-sizes 8 32 64 --frames-per-round 64   # bf16 + channels_last
+
+One file for one command (longer than most here for that reason): both parts share the generated
+videos, the child processes that measure memory and the section they are reported in.
 """
 
 from __future__ import annotations
