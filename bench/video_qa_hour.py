@@ -285,8 +285,9 @@ def report(rows: list[dict], args, loads: tuple) -> tuple[str, str]:
         return "—" if x is None else format(x, spec)
 
     rows = [finished(r) for r in rows]
-    cp_rows = [r for r in rows if r.get("cp_run")]
-    rows = [r for r in rows if not r.get("cp_run")]
+    is_cp = lambda r: r.get("cp_run") or ", cp " in r["name"]  # noqa: E731 (a pending cp row is named so)
+    cp_rows = [r for r in rows if is_cp(r)]
+    rows = [r for r in rows if not is_cp(r)]
     commands = list(dict.fromkeys(r["command"] for r in rows))
     shared = max(loads) > (os.cpu_count() or 1)
     lines = [
@@ -386,8 +387,17 @@ def cp_table(rows: list[dict], loads: tuple) -> list[str]:
     ]
     one = {r["minutes"]: r for r in rows if r.get("cp") == 1 and not r.get("pending")}
     for r in sorted(rows, key=lambda r: (r["minutes"], r.get("cp", 0))):
-        if r.get("pending") or "ranks" not in r:
-            lines.append(f"| {r['minutes']:g} min | {r['name'].split('cp ')[-1]} | not finished | | | | | | |")
+        if r.get("pending") or "ranks" not in r:  # stopped or still running: what rank 0's progress says
+            cp = int(r["name"].split("cp ")[-1])
+            done = r.get("prefill_done")
+            fill = f"unfinished: {done[0]:,} tokens in {done[1]:.0f}" if done else "not started"
+            tokens = r.get("prompt_tokens")
+            kv = f"{kv_cache_mib(tokens) / cp:.1f}" if tokens else ""
+            rss = r.get("peak_rss_mib")
+            rss = f"rank 0 so far: {rss:.0f}" if rss else ""
+            lines.append(
+                f"| {r['minutes']:g} min | {cp} | {f'{tokens:,}' if tokens else ''} | {fill} | | | {kv} | {rss} | |"
+            )
             continue
         rise = max(x["peak_rise_mib"].get("answer", 0.0) for x in r["ranks"])
         peak = max(x["peak_rss_mib"] for x in r["ranks"])
