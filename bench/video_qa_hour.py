@@ -366,6 +366,9 @@ def report(rows: list[dict], args, loads: tuple) -> tuple[str, str]:
     return "\n".join(lines) if rows else "", "\n".join(cp_table(cp_rows, loads))
 
 
+SHARED = " (above the CPU count: other work shared the cores, and the times are inflated; the memory is not)."
+
+
 def cp_table(rows: list[dict], loads: tuple) -> list[str]:
     """Per-rank memory of the prefill over cp ranks (torchrun, gloo), against cp 1 of the same length."""
     if not rows:
@@ -375,7 +378,7 @@ def cp_table(rows: list[dict], loads: tuple) -> list[str]:
         "Commands: " + "; ".join(f"`{c}`" for c in commands) + "  ",
         f"Host: {host_line()}  ",
         f"1-minute load average {loads[0]:.1f} at the start of the last command and {loads[1]:.1f} now on "
-        f"{os.cpu_count()} CPUs.",
+        f"{os.cpu_count()} CPUs" + (SHARED if max(loads) > (os.cpu_count() or 1) else "."),
         "",
         "The question above answered from lwm-tokenize's codes (no decode or encode), the "
         "prompt prefilled over cp ranks (`torchrun`, gloo; ring attention, the striped layout; each rank one "
