@@ -393,7 +393,7 @@ def cp_table(rows: list[dict], loads: tuple) -> list[str]:
         if r.get("pending") or "ranks" not in r:  # stopped or still running: what rank 0's progress says
             cp = int(r["name"].split("cp ")[-1])
             done = r.get("prefill_done")
-            fill = f"unfinished: {done[0]:,} tokens in {done[1]:.0f}" if done else "not started"
+            fill = f"unfinished: {done[0]:,} tokens in {done[1]:.0f}" if done else "not finished"
             tokens = r.get("prompt_tokens")
             kv = f"{kv_cache_mib(tokens) / cp:.1f}" if tokens else ""
             rss = r.get("peak_rss_mib")
