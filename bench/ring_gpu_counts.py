@@ -33,6 +33,7 @@ from lwm.model.documents import Documents
 from lwm.parallel import simulate_ring
 from lwm.parallel.pieces import step_planner
 from lwm.parallel.ring import new_dq, ring_backward, ring_forward
+from lwm.parallel.steps import ring_steps
 from lwm.train.plan.fake import OpCounter
 
 N = 8
@@ -87,10 +88,10 @@ def rank0_counts(S: int, ids: torch.Tensor) -> dict:
     L = S // N
     q, dout = (torch.randn(1, 4, L, 8, dtype=torch.bfloat16) for _ in range(2))
     k, v = (torch.randn(1, 1, L, 8, dtype=torch.bfloat16) for _ in range(2))
-    planner = step_planner("striped", 0, N, L, True, Documents(ids, L))
+    steps = ring_steps(step_planner("striped", 0, N, L, True, Documents(ids, L)), q, "cuda_flash")
     with installed(), OpCounter() as counter, KVCopies() as copies:
-        out, lse = ring_forward(q, ((k, v) for _ in range(N)), planner, None, "cuda_flash")
-        for _ in ring_backward(dout, q, out, lse, ((k, v) for _ in range(N)), planner, None, "cuda_flash", new_dq(q)):
+        out, lse = ring_forward(q, ((k, v) for _ in range(N)), steps, None)
+        for _ in ring_backward(dout, q, out, lse, ((k, v) for _ in range(N)), steps, None, new_dq(q)):
             pass
     return _per_step(counter, copies, N)
 

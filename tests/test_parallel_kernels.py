@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from lwm.parallel import block_backward, block_forward, ring_attention, simulate_ring, ulysses_attention
-from lwm.parallel.merge import merge_
+from lwm.parallel.merge import Sums, merge_
 
 
 def sdpa_ref(q, k, v, causal):
@@ -50,6 +50,22 @@ def test_merge_of_two_key_halves_is_full_attention():
     o2, l2 = block_forward(q, k[:, :, 8:], v[:, :, 8:], False)
     merge_(out, lse, o2, l2)
     torch.testing.assert_close(out, sdpa_ref(q, k, v, False), atol=1e-6, rtol=1e-5)
+
+
+def test_sums_over_row_parts_and_key_parts_equal_full_attention():
+    """Parts over some rows start the sums empty (rows not reached weigh nothing); a first part over every
+    row starts them as it is; either way the result is attention over all the keys."""
+    q, k, v = qkv(S=20)
+    ALL = slice(None)
+    parts = [(slice(0, 12), slice(0, 8)), (slice(12, None), slice(0, 8)), (ALL, slice(8, None))]  # (rows, keys)
+    for order in ("rows first", "whole first"):
+        sums = Sums(q)
+        for rows, keys in parts if order == "rows first" else parts[::-1]:
+            o, l = block_forward(q[:, :, rows], k[:, :, keys], v[:, :, keys], False)
+            sums.add(ALL, rows, o, l, spans=rows == ALL)
+        out, lse = sums.result()
+        torch.testing.assert_close(out, sdpa_ref(q, k, v, False), atol=1e-6, rtol=1e-5, msg=order)
+        assert out.dtype == q.dtype and lse.shape == q.shape[:3]
 
 
 CASES = list(itertools.product(["contiguous", "striped", "zigzag"], [1, 2, 3, 4, 8], [True, False], [64, 128, 40]))

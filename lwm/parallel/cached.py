@@ -19,6 +19,7 @@ from lwm.parallel.kernels import block_forward
 from lwm.parallel.merge import acc_dtype, merge_, merge_stack
 from lwm.parallel.pieces import StepPlanner
 from lwm.parallel.ring import ring_blocks, ring_forward
+from lwm.parallel.steps import ring_steps
 
 
 def cached_attention(q, k_new, v_new, k_cache=None, v_cache=None, group=None, backend: str = "auto") -> torch.Tensor:
@@ -52,18 +53,17 @@ def ring_prefill_attention(q, k, v, k_cache, v_cache, group=None, layout: str = 
     receive buffers are half the cache slice's size, not all of it, for one more ring pass."""
     comm = RingComm(group)
     L = q.shape[2]
-    out, lse = ring_forward(
-        q, ring_blocks(comm, k, v), StepPlanner(layout, comm.rank, comm.world_size, L, True), None, backend
-    )
+    steps = ring_steps(StepPlanner(layout, comm.rank, comm.world_size, L, True), q, backend)
+    out, lse = ring_forward(q, ring_blocks(comm, k, v), steps, None)
     if k_cache is None or k_cache.shape[2] == 0:
         return out
     out = out.to(acc_dtype(q.dtype))
-    past = StepPlanner(layout, comm.rank, comm.world_size, L, False)
+    past = ring_steps(StepPlanner(layout, comm.rank, comm.world_size, L, False), q, backend)
     C = k_cache.shape[2]
     size = max(L, -(-C // PAST_PASSES))
     for start in range(0, C, size):  # the same chunks on every rank: C is equal
         chunk = slice(start, start + size)
         blocks = ring_blocks(RingComm(group), k_cache[:, :, chunk], v_cache[:, :, chunk])
-        past_out, past_lse = ring_forward(q, blocks, past, None, backend)
+        past_out, past_lse = ring_forward(q, blocks, past, None)
         merge_(out, lse, past_out, past_lse)
     return out.to(q.dtype)

@@ -35,3 +35,30 @@ def merge_stack(outs: torch.Tensor, lses: torch.Tensor) -> tuple[torch.Tensor, t
     total = w.sum(0)
     out = (outs.to(w.dtype) * w.unsqueeze(-1)).sum(0) / total.unsqueeze(-1)
     return out, top + torch.log(total)
+
+
+class Sums:
+    """The running (out, lse) of a rank's queries q (B, H, L, D) over the parts of a ring's steps.
+
+    The first part that spans every row with keys for each (step 0's own block does) starts the sums
+    as they are; a part over some rows, before that, starts them empty (out 0, lse -inf: rows no part
+    has reached weigh nothing). A part whose rows have no keys (lse -inf) must not be the first to reach
+    them: merged into empty rows it would make NaN."""
+
+    def __init__(self, q: torch.Tensor):
+        self.q = q
+        self.out = self.lse = None
+
+    def add(self, b: slice, rows: slice, out: torch.Tensor, lse: torch.Tensor, spans: bool) -> None:
+        """Fold in a part over batch rows b and query rows `rows`; spans: it covers every row with keys."""
+        if self.out is None and spans:
+            self.out, self.lse = out.to(acc_dtype(self.q.dtype)), lse.clone()
+            return
+        if self.out is None:
+            self.out = torch.zeros(self.q.shape, dtype=acc_dtype(self.q.dtype), device=self.q.device)
+            self.lse = torch.full(self.q.shape[:3], float("-inf"), dtype=lse.dtype, device=self.q.device)
+        merge_(self.out[b, :, rows], self.lse[b, :, rows], out, lse)
+
+    def result(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> out in q's dtype, lse (fp32; fp64 for fp64)."""
+        return self.out.to(self.q.dtype), self.lse

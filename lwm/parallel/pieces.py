@@ -102,8 +102,8 @@ def document_pieces(plan: BlockPlan, local_len: int, q_runs: BatchRuns, k_runs: 
 
 
 class StepPlanner:
-    """What every ring step of one rank computes: `planner(step)` its pieces (its one variable-length
-    call, where the kernel has one: lwm.parallel.varlen.varlen_plan(planner)). Host arithmetic only."""
+    """The pieces every ring step of one rank computes: `planner(step)`. Host arithmetic only; what the
+    step runs (these pieces, or one variable-length call where the kernel has one) is steps.py's."""
 
     def __init__(
         self, layout: str, rank: int, world_size: int, local_len: int, causal: bool, documents: Documents | None = None

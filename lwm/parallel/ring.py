@@ -1,13 +1,14 @@
 """Ring attention: exact attention over a sequence split across the ranks of a group.
 
 Each rank keeps its queries; K/V blocks (Hkv heads, never expanded) travel around the ring, the
-next one in flight while the current one is computed. A packed sequence's Documents (read on the
-host once per batch) say what each step computes: on CUDA flash one variable-length call per step
-(varlen.py), elsewhere the documents' rectangles one by one (pieces.py; on CPU the flash kernel
-per piece is the fastest exact path: its varlen kernel does not exist, and a masked dense call
-would compute every entry). Partial results merge in fp32 from (out, logsumexp). Backward
-recomputes each block from the final output and logsumexp; dQ stays home, dK/dV (fp32) travel the
-ring with the K/V they belong to and arrive back at their owner after the last step.
+next one in flight while the current one is computed. What each step computes, forward and
+backward, is steps.py's (the layout's block plan, cut to a packed sequence's documents: one
+variable-length call per step on CUDA flash, elsewhere the documents' rectangles one by one; on
+CPU the flash kernel per piece is the fastest exact path: its varlen kernel does not exist, and a
+masked dense call would compute every entry). Partial results merge in fp32 from (out,
+logsumexp). Backward recomputes each block from the final output and logsumexp; dQ stays home,
+dK/dV (fp32) travel the ring with the K/V they belong to and arrive back at their owner after the
+last step.
 
 The step loops (`ring_forward`, `ring_backward`) take the K/V blocks as an iterable, so the same
 code runs over a real ring (`ring_attention`) or over N virtual ranks in one process
@@ -22,14 +23,10 @@ import torch
 
 from lwm.model.documents import Documents, check_segment_ids
 from lwm.parallel.comm import RingComm, all_gather_stack
-from lwm.parallel.kernels import block_backward, block_forward, select_backend, softmax_scale
 from lwm.parallel.layout import check_divisible, check_layout, shard, unshard
-from lwm.parallel.merge import acc_dtype, merge_
-from lwm.parallel.pieces import Piece, StepPlanner, step_planner
-from lwm.parallel.schedule import ALL
-from lwm.parallel.varlen import VarlenPlan, packed_lse, varlen_backward, varlen_forward, varlen_plan
-
-WHOLE = Piece(ALL, ALL, ALL, False)  # a varlen step's gradients cover the whole block
+from lwm.parallel.merge import Sums, acc_dtype
+from lwm.parallel.pieces import step_planner
+from lwm.parallel.steps import Finals, RingSteps, ring_steps
 
 
 def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -47,38 +44,13 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
 # ----------------------------------------------------------------------------------------- step loops
 
 
-def _varlen(planner: StepPlanner, backend: str, q: torch.Tensor) -> VarlenPlan | None:
-    """The one-call-per-step plan, for packed documents on CUDA flash (other kernels: pieces)."""
-    if planner.documents is None or select_backend(q, backend) != "cuda_flash":
-        return None
-    return varlen_plan(planner)
-
-
-def ring_forward(q, kv_blocks: Iterable[tuple], planner: StepPlanner, scale, backend):
-    """-> out (q's dtype), lse (fp32). kv_blocks yields the (k, v) of step 0, 1, ..., N-1.
-
-    Step 0 is the rank's own block, where every row sees at least its own key: it starts the sums."""
-    out = lse = None
-    varlen = _varlen(planner, backend, q)
+def ring_forward(q, kv_blocks: Iterable[tuple], steps: RingSteps, scale):
+    """-> out (q's dtype), lse (fp32; fp64 for fp64). kv_blocks yields the (k, v) of step 0, 1, ..., N-1."""
+    sums = Sums(q)
     for step, (k, v) in enumerate(kv_blocks):
-        vs = varlen.steps[step] if varlen is not None else None
-        if vs is not None and (out is not None or vs.covers):
-            o, l = varlen_forward(q, k, v, vs, varlen.lengths(vs, q.device), softmax_scale(q, scale))
-            if out is None:
-                out, lse = o.to(acc_dtype(q.dtype)), l
-            else:
-                merge_(out, lse, o, l)
-            continue
-        for p in planner(step):
-            o, l = block_forward(q[p.b, :, p.q], k[p.b, :, p.k], v[p.b, :, p.k], p.causal, scale, backend)
-            if out is None and p.covers():  # the first piece spans every row: it starts the sums
-                out, lse = o.to(acc_dtype(q.dtype)), l.clone()
-                continue
-            if out is None:  # rows no piece has reached weigh nothing (every row meets its own key)
-                out = torch.zeros(q.shape, dtype=acc_dtype(q.dtype), device=q.device)
-                lse = torch.full(q.shape[:3], float("-inf"), dtype=l.dtype, device=q.device)
-            merge_(out[p.b, :, p.q], lse[p.b, :, p.q], o, l)
-    return out.to(q.dtype), lse
+        for p, o, l, spans in steps(step).forward(q, k, v, scale):
+            sums.add(p.b, p.q, o, l, spans)
+    return sums.result()
 
 
 def new_dq(q: torch.Tensor) -> torch.Tensor:
@@ -86,32 +58,13 @@ def new_dq(q: torch.Tensor) -> torch.Tensor:
     return torch.zeros(q.shape, dtype=acc_dtype(q.dtype), device=q.device)
 
 
-def ring_backward(dout, q, out, lse, kv_blocks, planner: StepPlanner, scale, backend, dq: torch.Tensor) -> Iterator:
+def ring_backward(dout, q, out, lse, kv_blocks, steps: RingSteps, scale, dq: torch.Tensor) -> Iterator:
     """Adds the queries' gradient into `dq` (new_dq) and yields, per step, [(piece, dk, dv)]: the gradients
     of that step's K/V block, rows piece.k (empty for a skipped block)."""
-    varlen = _varlen(planner, backend, q)
-    whole_lse = packed_lse(lse) if varlen is not None else None  # once, in the layout the kernel reads
+    finals = Finals(dout, q, out, lse)
     for step, (k, v) in enumerate(kv_blocks):
-        vs = varlen.steps[step] if varlen is not None else None
-        if vs is not None:
-            lengths = varlen.lengths(vs, q.device)
-            dq_b, dk_b, dv_b = varlen_backward(dout, q, k, v, out, whole_lse, vs, lengths, softmax_scale(q, scale))
-            dq += dq_b
-            yield [(WHOLE, dk_b, dv_b)]
-            continue
         grads = []
-        for p in planner(step):
-            dq_b, dk_b, dv_b = block_backward(
-                dout[p.b, :, p.q],
-                q[p.b, :, p.q],
-                k[p.b, :, p.k],
-                v[p.b, :, p.k],
-                out[p.b, :, p.q],
-                lse[p.b, :, p.q],
-                p.causal,
-                scale,
-                backend,
-            )
+        for p, dq_b, dk_b, dv_b in steps(step).backward(finals, k, v, scale):
             dq[p.b, :, p.q] += dq_b
             del dq_b
             grads.append((p, dk_b, dv_b))
@@ -163,24 +116,25 @@ class _RingAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, group, causal, layout, scale, backend, documents):
         comm = RingComm(group)
         planner = step_planner(layout, comm.rank, comm.world_size, q.shape[2], causal, documents)
-        out, lse = ring_forward(q, ring_blocks(comm, k, v), planner, scale, backend)
+        steps = ring_steps(planner, q, backend)
+        out, lse = ring_forward(q, ring_blocks(comm, k, v), steps, scale)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.args = (group, planner, scale, backend)
+        ctx.args = (group, steps, scale)
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
-        group, planner, scale, backend = ctx.args
+        group, steps, scale = ctx.args
         kv_comm, dkv_comm = RingComm(group, tag=0), RingComm(group, tag=1)
         dq = new_dq(q)
-        steps = ring_backward(dout.contiguous(), q, out, lse, ring_blocks(kv_comm, k, v), planner, scale, backend, dq)
+        grads_by_step = ring_backward(dout.contiguous(), q, out, lse, ring_blocks(kv_comm, k, v), steps, scale, dq)
         # Step 0's block is this rank's own: its dK/dV stay home. The dK/dV of the block of step
         # s >= 1 travel: started here at step 1 (fp32), passed on with each rank's contribution,
         # and after the last step received by the owner (N-1 hops).
         travelling = None
         own = [torch.zeros(t.shape, dtype=acc_dtype(t.dtype), device=t.device) for t in (k, v)]
-        for step, grads in enumerate(steps):
+        for step, grads in enumerate(grads_by_step):
             if step == 0:
                 add_block_grads(*own, grads)
                 continue
@@ -235,19 +189,21 @@ class _SimulatedRing(torch.autograd.Function):
     def forward(ctx, q, k, v, world_size, causal, layout, scale, backend, documents):
         n = world_size
         qs, ks, vs = ([shard(t, 2, r, n, layout) for r in range(n)] for t in (q, k, v))
-        planners = [step_planner(layout, r, n, qs[r].shape[2], causal, documents) for r in range(n)]
+        steps = [
+            ring_steps(step_planner(layout, r, n, qs[r].shape[2], causal, documents), qs[r], backend) for r in range(n)
+        ]
         results = []
         for r in range(n):
             blocks = ((ks[(r - s) % n], vs[(r - s) % n]) for s in range(n))
-            results.append(ring_forward(qs[r], blocks, planners[r], scale, backend))
+            results.append(ring_forward(qs[r], blocks, steps[r], scale))
         outs, lses = [o for o, _ in results], [l for _, l in results]
         ctx.save_for_backward(*qs, *ks, *vs, *outs, *lses)
-        ctx.args = (n, planners, layout, scale, backend)
+        ctx.args = (n, steps, layout, scale)
         return unshard(outs, 2, layout)
 
     @staticmethod
     def backward(ctx, dout):
-        n, planners, layout, scale, backend = ctx.args
+        n, steps, layout, scale = ctx.args
         saved = ctx.saved_tensors  # unpacked once: checkpointing allows one read
         qs, ks, vs, outs, lses = (saved[i * n : (i + 1) * n] for i in range(5))
         dks = [torch.zeros(k.shape, dtype=acc_dtype(k.dtype), device=k.device) for k in ks]
@@ -257,8 +213,8 @@ class _SimulatedRing(torch.autograd.Function):
             kv_blocks = ((ks[(r - s) % n], vs[(r - s) % n]) for s in range(n))
             dqs.append(new_dq(qs[r]))
             dout_r = shard(dout, 2, r, n, layout).contiguous()
-            steps = ring_backward(dout_r, qs[r], outs[r], lses[r], kv_blocks, planners[r], scale, backend, dqs[r])
-            for step, grads in enumerate(steps):
+            grads_by_step = ring_backward(dout_r, qs[r], outs[r], lses[r], kv_blocks, steps[r], scale, dqs[r])
+            for step, grads in enumerate(grads_by_step):
                 src = (r - step) % n
                 add_block_grads(dks[src], dvs[src], grads)
         dq, dk, dv = (unshard(parts, 2, layout) for parts in (dqs, dks, dvs))
