@@ -19,6 +19,8 @@ and failures go into the reports.
     scripts/gpu_check.sh                       # on a machine with a GPU (see that file's header)
     scripts/gpu_check.sh --dry-run --out DIR   # the same plumbing on CPU, tiny shapes, seconds
     python scripts/gpu_check.py --record DIR/benchmarks.md   # copy a run's GPU sections into docs/
+
+One file for one command (longer than most for that reason): the parts, their runner, the reports and --record.
 """
 
 from __future__ import annotations

@@ -62,6 +62,8 @@ model.overrides, parallel.mode / layout / activation_checkpointing on the sharde
 activation_checkpointing in one process, trainer.seed, accelerator, devices, num_nodes,
 precision, log_every, checkpoint_every, keep_checkpoints, peak_tflops, export=true, stage_only
 (the other stages do not run), schedule name, data.holdout with trainer.val_every.
+
+Longer than most test files: it is the one catalogue of the config's fields.
 """
 
 from __future__ import annotations

@@ -3,7 +3,10 @@ msgpack records, Flax's array encoding; scanned and unscanned layers, fp32 and b
 records, params / trainstate load strings). The reference is an independent NumPy (float64)
 forward written from LWM's lwm/llama.py and lwm/vision_llama.py: vision positions embedded with
 vte, the rest with wte, RoPE on adjacent pairs via complex numbers, text and vision logits from the
-same hidden state. Tolerances: fp32 logits atol 1e-5; greedy tokens equal."""
+same hidden state. Tolerances: fp32 logits atol 1e-5; greedy tokens equal.
+
+Longer than most test files: one subject's tests kept together, beside the helpers they share.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,9 @@
 """Data at scale: a source's index (made once, remade when stale), the epoch's packing plan from token
 counts (the same sequences as packing the encoded examples), a rank that encodes only its own examples,
-resume as a seek with loader workers, and parquet sources read by row groups."""
+resume as a seek with loader workers, and parquet sources read by row groups.
+
+Longer than most test files: one subject's tests kept together, beside the helpers they share.
+"""
 
 import json
 import os

@@ -1,7 +1,10 @@
 """lwm/eval/needle.py: needles land at sentence breaks at the requested depths, prompts have exactly the
 requested length (and equal chat_prompt of their text), scoring, multi-needle bookkeeping, stub
 generators that always / never answer, failures recorded, and the command (one process, torchrun,
-bad input) on a random-weight model exported to a Hugging Face folder."""
+bad input) on a random-weight model exported to a Hugging Face folder.
+
+Longer than most test files: one subject's tests kept together, beside the helpers they share.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
 """lwm-plan (lwm/train/plan): the command end to end at a small shape, its memory against the same
-step run for real, its refusals before any fake work, the --longest boundary, and every option."""
+step run for real, its refusals before any fake work, the --longest boundary, and every option.
+
+Longer than most test files: one subject's tests kept together, beside the helpers they share.
+"""
 
 from __future__ import annotations
 

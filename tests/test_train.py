@@ -1,6 +1,9 @@
 """train.py end to end in one process: configs, resume, stage hand-over, output, refusals and bad
 input. Runs are subprocesses or train.py's main in this process; the multi-process runs are in
-tests/test_train_parallel.py."""
+tests/test_train_parallel.py.
+
+Longer than most test files: one subject's tests kept together, beside the helpers they share.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,9 @@
 """Files from outside that reach lwm.interop, crafted here to cost memory, time or a traceback:
 each is refused quickly, before the allocation it asks for, with a message naming the file and
-the field or leaf (issue 25, items 8-12)."""
+the field or leaf (issue 25, items 8-12).
+
+Longer than most test files: one subject's tests kept together, beside the helpers they share.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
 """VQGAN training (train_vqgan.py, lwm/train/vqgan/lit_vqgan.py and helpers): losses go down, dead codes are
-revived, usage/perplexity and the adaptive GAN weight are computed right, the grid PNG, the configs."""
+revived, usage/perplexity and the adaptive GAN weight are computed right, the grid PNG, the configs.
+
+Longer than most test files: one subject's tests kept together, beside the helpers they share.
+"""
 
 from __future__ import annotations
 
