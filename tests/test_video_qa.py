@@ -21,8 +21,8 @@ from video_samples import write_video  # noqa: E402
 
 from lwm.data.chat import chat_prompt  # noqa: E402
 from lwm.eval import video_qa as vqa  # noqa: E402
-from lwm.eval.video_qa.formats import read_items  # noqa: E402
 from lwm.eval.video_qa.items import ItemError, answer_index, parse_options  # noqa: E402
+from lwm.eval.video_qa.reader import read_items  # noqa: E402
 from lwm.eval.video_qa.report import markdown  # noqa: E402
 from lwm.eval.video_qa.summary import Buckets  # noqa: E402
 from lwm.eval.video_qa.text import (  # noqa: E402

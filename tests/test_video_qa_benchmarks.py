@@ -24,9 +24,10 @@ from video_samples import write_video
 
 from lwm.data.vocab import Vocab
 from lwm.eval import video_qa as vqa
-from lwm.eval.video_qa.formats import FormatError, read_items
+from lwm.eval.video_qa.benchmarks.videomme import results as videomme_results
 from lwm.eval.video_qa.items import ItemError, answer_index, parse_options
-from lwm.eval.video_qa.report import markdown, videomme_results, write_outputs
+from lwm.eval.video_qa.reader import FormatError, read_items
+from lwm.eval.video_qa.report import markdown, write_outputs
 from lwm.eval.video_qa.videos import VideoSource
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -471,7 +472,7 @@ def test_unknown_format_refused_before_the_model_loads(tmp_path, capsys):
 
 def test_a_question_id_given_twice_is_refused_before_any_work(tmp_path, capsys):
     """A Video-MME question_id given twice was scored twice and written twice into the result files. Every
-    benchmark's items are read in one place (formats.Reader), which refuses an id given twice, naming it and
+    benchmark's items are read in one place (reader.Reader), which refuses an id given twice, naming it and
     where it appears; the command exits 2 before the model loads (--model is an empty folder)."""
     from lwm.eval.video_qa.items import DuplicateIdError
     from lwm.eval.video_qa.report import RecordLog

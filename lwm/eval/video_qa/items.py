@@ -1,6 +1,7 @@
-"""Video QA items: the one internal type every released format is read into (lwm.eval.video_qa.formats
-holds the readers), and the plain form, JSON objects `{video, question, options?, answer, duration?}`.
-A bad object is an Item with its error and what could be read of it, so the run records it and goes on.
+"""Video QA items: the one internal type every benchmark's files and the plain form are read into
+(lwm.eval.video_qa.benchmarks holds the readers), and what the readers share: options, answers,
+durations, video files, unique ids, and the Item of a bad entry, which keeps its error and what could be
+read of it, so the run records it and goes on.
 
 How an answer names its option (`answer_index`): a bare letter ("C", "c", "(C)", "C.") is the option at
 that letter, whatever the options' texts say (options "A. C.", "B. A.", "C. B.", "D. D." with answer "C"
@@ -15,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lwm.eval.video_qa.text import LETTERS, bare_question, light, normalize
+from lwm.eval.video_qa.text import LETTERS, light, normalize
 
 VIDEO_EXTENSIONS = (".mp4", ".MP4", ".mkv")  # tried in this order for a video named by its id, as lmms-eval does
 
@@ -28,6 +29,9 @@ class ItemError(ValueError):
         self.kind = kind
 
 
+VIDEO_ERRORS = ("video_missing", "video_unreadable", "codes", "vqgan")  # the kinds of a video that could not be read
+
+
 @dataclass
 class Item:
     id: str
@@ -38,12 +42,12 @@ class Item:
     video: str | None = None  # a file path, resolved
     video_key: str | None = None  # a video id (videoID / vision): cached codes, or --video-dir/<id>.mp4
     duration: float | str | None = None  # seconds, or a bucket name as given
-    task: str | None = None  # the question's kind (Video-MME's task_type, or kind), for a breakdown
-    benchmark: str | None = None  # "videomme", "longvideobench", "mlvu"; None for the plain form
+    task: str | None = None  # the question's kind (its benchmark's task field, or kind), for a breakdown
+    benchmark: str | None = None  # its benchmark's name in lwm.eval.video_qa.benchmarks; None for the plain form
     groups: dict[str, str] = field(default_factory=dict)  # the benchmark's breakdowns: {"domain": "Knowledge", ...}
     meta: dict = field(default_factory=dict)  # the released fields, echoed in records and result files
     subtitles: str | None = None  # the video's subtitle file (with --subtitles)
-    subtitle_offset: float = 0.0  # seconds to subtract from the subtitles' times (LongVideoBench's)
+    subtitle_offset: float = 0.0  # seconds to subtract from the subtitles' times, where a benchmark gives them
     error: str | None = None  # set for an item that cannot be evaluated
     error_kind: str | None = None
     where: str | None = None  # where it was read: "<file>:<row or line>" (".<k>" for a video's k-th question)
@@ -151,33 +155,6 @@ def text_field(obj: dict, key: str, required: bool = True) -> str | None:
             raise ItemError("malformed", f"{key!r} must be non-empty text, got {value!r}")
         return None
     return value.strip()
-
-
-def parse_item(obj, item_id: str, base_dir: Path, video_dir: Path | None = None) -> Item:
-    """One question in the plain form (a JSON object) -> an Item; raises ItemError saying what is wrong."""
-    if not isinstance(obj, dict):
-        raise ItemError("malformed", f"expected a JSON object, got {type(obj).__name__}")
-    item = Item(id=str(obj.get("question_id", obj.get("id", item_id))))
-    item.question, item.answer = text_field(obj, "question"), text_field(obj, "answer")
-    item.duration = duration_value(obj.get("duration"))
-    task = obj.get("task_type", obj.get("kind"))
-    item.task = str(task).strip() if isinstance(task, (str, int)) and str(task).strip() else None
-    if obj.get("options") is not None:
-        item.options = parse_options(obj["options"])
-        item.answer_index = answer_index(item.answer, item.options)
-        item.question = bare_question(item.question, item.options)
-    video = obj.get("video")
-    key = obj.get("videoID", obj.get("vision"))
-    if isinstance(video, str) and video.strip():
-        path = Path(video.strip()).expanduser()
-        item.video = str(path if path.is_absolute() else base_dir / path)
-    elif isinstance(key, str) and key.strip():
-        item.video_key = key.strip()
-        if video_dir is not None:
-            item.video = video_file(video_dir, item.video_key)
-    else:
-        raise ItemError("malformed", "no video: expected 'video' (a path) or 'videoID' (with --video-dir)")
-    return item
 
 
 class DuplicateIdError(ValueError):

@@ -1,12 +1,7 @@
 """Video QA outputs: video_qa.json (config, summary, records), video_qa.md (the summary as tables by
 duration bucket and by task, and each benchmark's own table), video_qa.records.jsonl (records appended
-as items finish), and for Video-MME's questions videomme_results.json, the results file Video-MME
-asks for: its videos, each with the keys of its current template (evaluation/output_test_template.json:
-duration, domain, sub_category; `options` per question) and, beside them with the same values, those
-its last published scorer (evaluation/eval_your_results.py) reads (duration_category, video_category,
-video_subcategory; `choices`), so a scorer of either form reads it; url, videoID, `missing` (its video
-could not be read) and its questions, each with the model's raw `response` to the benchmark's prompt
-("" where none was generated)."""
+as items finish), and a benchmark's own results file where it has one and its questions were scored by
+the letter method (lwm.eval.video_qa.benchmarks: Benchmark.results_file)."""
 
 from __future__ import annotations
 
@@ -16,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from lwm.eval.plots import markdown_table
+from lwm.eval.video_qa.benchmarks import BENCHMARKS
 from lwm.eval.video_qa.scoring import METHODS
 from lwm.io import JsonlAppender
 from lwm.writes import write_atomic
@@ -104,61 +100,20 @@ def benchmark_markdown(bench: dict) -> list[str]:
     return out
 
 
-VIDEO_ERRORS = ("video_missing", "video_unreadable", "codes", "vqgan")
-
-
-def videomme_results(records: list[dict]) -> list[dict]:
-    """Video-MME's records as its scorer's input: videos in the order first met, questions in theirs."""
-    videos: dict[str, dict] = {}
-    for r in records:
-        if r.get("benchmark") != "videomme":
-            continue
-        m = r.get("meta", {})
-        key = str(m.get("video_id") or m.get("videoID") or r["video"])
-        v = videos.setdefault(
-            key,
-            {
-                "video_id": m.get("video_id") or key,
-                "duration": m.get("duration"),
-                "domain": m.get("domain"),
-                "sub_category": m.get("sub_category"),
-                "duration_category": m.get("duration"),  # the published scorer's names, same values
-                "video_category": m.get("domain"),
-                "video_subcategory": m.get("sub_category"),
-                "url": m.get("url"),
-                "videoID": m.get("videoID"),
-                "missing": False,
-                "questions": [],
-            },
-        )
-        v["missing"] = v["missing"] or r.get("error_kind") in VIDEO_ERRORS
-        v["questions"].append(
-            {
-                "question_id": m.get("question_id") or r["id"],
-                "task_type": m.get("task_type"),
-                "question": m.get("question"),
-                "options": m.get("options"),
-                "choices": m.get("options"),  # the published scorer's name
-                "answer": m.get("answer"),
-                "response": (r.get("letter") or {}).get("output", "") if r.get("error") is None else "",
-            }
-        )
-    return list(videos.values())
-
-
 def write_outputs(result: dict, out_dir) -> tuple[Path, ...]:
-    """video_qa.json and video_qa.md, and videomme_results.json when there are Video-MME questions and
-    the letter method ran -> the paths written."""
+    """video_qa.json and video_qa.md, and each benchmark's own results file when it has questions here
+    and the letter method ran -> the paths written."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     js, md = out_dir / "video_qa.json", out_dir / "video_qa.md"
     write_atomic(js, json.dumps(result, indent=1, default=_jsonable) + "\n")
     write_atomic(md, markdown(result))
     written = [js, md]
-    mme = videomme_results(result["records"])
-    if mme and "letter" in result.get("config", {}).get("methods", METHODS):
-        written.append(out_dir / "videomme_results.json")
-        write_atomic(written[-1], json.dumps(mme, indent=1, default=_jsonable) + "\n")
+    for bench in BENCHMARKS:
+        rows = bench.results(result["records"]) if bench.results is not None else None
+        if rows and "letter" in result.get("config", {}).get("methods", METHODS):
+            written.append(out_dir / bench.results_file)
+            write_atomic(written[-1], json.dumps(rows, indent=1, default=_jsonable) + "\n")
     return tuple(written)
 
 

@@ -8,7 +8,6 @@ exact match. With subtitles, the lines at the sampled frames' times go where the
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from functools import partial
 
@@ -16,9 +15,9 @@ import numpy as np
 
 from lwm.data.chat import chat_prompt
 from lwm.eval.trials import group_of
-from lwm.eval.video_qa.benchmarks import rules_for
+from lwm.eval.video_qa.benchmarks import named, rules_for
 from lwm.eval.video_qa.items import Item, ItemError
-from lwm.eval.video_qa.subtitles import SubtitleError, at_frames, interleave, read_lvb, read_srt
+from lwm.eval.video_qa.subtitles import SubtitleError
 from lwm.eval.video_qa.summary import Buckets
 from lwm.eval.video_qa.text import LETTERS, normalize, option_text
 from lwm.infer.sampling import GenerationConfig
@@ -87,19 +86,7 @@ def _subtitles(item: Item, times, n_frames: int, fps, info: dict) -> dict:
     if times is None:
         times = np.arange(n_frames) / (fps or 1.0)
         info["subtitle_times"] = "k / fps (the cache has no timestamps)"
-    style = rules_for(item).subtitles
-    if style == "interleave":
-        duration = item.duration if isinstance(item.duration, (int, float)) else info.get("video_seconds")
-        lines = read_lvb(item.subtitles, item.subtitle_offset, duration)
-        between = interleave(lines, times)
-        info["subtitle_lines"] = len(between)
-        return {"between": between}
-    if not os.path.isfile(item.subtitles):  # Video-MME: a video without subtitles says so (as lmms-eval does)
-        info["subtitle_lines"] = 0
-        return {"prefix": ""}
-    texts = at_frames(read_srt(item.subtitles), times)
-    info["subtitle_lines"] = len(texts)
-    return {"prefix": "\n".join(texts)}
+    return named(item.benchmark).subtitles(item, times, info)
 
 
 def _record(item: Item, prepared: dict, buckets: Buckets) -> dict:

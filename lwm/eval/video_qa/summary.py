@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lwm.eval.video_qa.benchmarks import RULES
+from lwm.eval.video_qa.benchmarks import named
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ def _stats(recs: list[dict]) -> dict:
 
 def benchmark_summary(records: list[dict], name: str, methods=("ll", "letter")) -> dict:
     """One benchmark's records -> its overall number by its own rule, and its breakdowns."""
-    rules = RULES[name]
+    rules = named(name).rules
     recs = [r for r in records if r.get("benchmark") == name]
     breakdowns = {}
     for key in rules.breakdowns:
