@@ -1,6 +1,14 @@
-"""Long-video question answering (a package: formats, items, benchmarks, subtitles, text, videos,
-scoring, summary, report, the loop in evaluate, the command in cli): accuracy of a model on questions
-about videos, overall, by video duration, and as each benchmark reports it.
+"""Long-video question answering: accuracy of a model on questions about videos, overall, by video
+duration, and as each benchmark reports it. The package:
+
+  benchmarks/   one module per benchmark, each with its reader, prompt and answer rule, subtitles and
+                results file (videomme, longvideobench, mlvu; plain for JSON lines), what a benchmark
+                is (base) and the registry the rest looks them up in (__init__)
+  reader        a data file or folder -> items, each object read by its benchmark
+  items         the Item every form is read into, and what the readers share
+  text, subtitles, videos   answers as text, a subtitle line, a video's codes
+  scoring       one item -> its record; summary: the records summed up; report: the output files
+  evaluate      the loop; cli: the command
 
     python -m lwm.eval.video_qa --model M --data Video-MME/videomme/test-00000-of-00001.parquet --video-dir Video-MME/data
     python -m lwm.eval.video_qa --model M --data LongVideoBench/lvb_val.json --subtitles LongVideoBench/subtitles
@@ -8,10 +16,10 @@ about videos, overall, by video duration, and as each benchmark reports it.
     python -m lwm.eval.video_qa --model runs/X/hf --data qa.jsonl --out runs/X/eval
     torchrun --nproc_per_node 2 -m lwm.eval.video_qa --model M --data qa.jsonl     # prompts split over 2 ranks (context parallel)
 
-Data, as the benchmarks release it (lwm.eval.video_qa.formats reads each; the format is chosen by the
-file and its content, and a file in none of them is a usage error before the model loads): Video-MME's
-parquet or GitHub JSON, LongVideoBench's lvb_val.json or parquet, MLVU's task JSONs, or the plain form,
-JSON lines, one question each,
+Data, as the benchmarks release it (lwm.eval.video_qa.reader reads each through its benchmark's module;
+the format is chosen by the file and its content, and a file in none of them is a usage error before the
+model loads): Video-MME's parquet or GitHub JSON, LongVideoBench's lvb_val.json or parquet, MLVU's task
+JSONs, or the plain form, JSON lines, one question each,
 
     {"video": "clips/a.mp4", "question": "What color is the circle?", "options": ["Red.", "Cyan."],
      "answer": "Cyan.", "duration": 95}
@@ -20,7 +28,7 @@ JSON lines, one question each,
 its text (lwm.eval.video_qa.items says how it is matched); `duration` in seconds or a bucket name; `id`
 optional; `videoID` or `vision` name a video as --video-dir/<id>.mp4 or cached codes; a line may hold a
 video with a list of `questions`, and a .json file a list of such objects). With --subtitles, the
-benchmark's with-subtitles setting (lwm.eval.video_qa.subtitles).
+benchmark's with-subtitles setting (its module in lwm.eval.video_qa.benchmarks).
 
 Video: frames at --fps (1 by default), at most --max-frames spread evenly; codes come from the
 lwm-tokenize cache (--codes) when the video is there (id: its path's hashed or stem id, or its

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from lwm.eval.plots import markdown_table
-from lwm.eval.video_qa.benchmarks import BENCHMARKS
+from lwm.eval.video_qa.benchmarks import BENCHMARKS, Rules, named
 from lwm.eval.video_qa.scoring import METHODS
 from lwm.io import JsonlAppender
 from lwm.writes import write_atomic
@@ -69,19 +69,12 @@ def markdown(result: dict) -> str:
     if s["errors"]["total"]:
         kinds = ", ".join(f"{k} {v}" for k, v in sorted(s["errors"]["by_kind"].items()))
         lines.append(f"Errors by kind: {kinds} (reasons per item in video_qa.json).")
-    for bench in s.get("benchmarks", {}).values():
-        lines += ["", *benchmark_markdown(bench)]
+    for name, bench in s.get("benchmarks", {}).items():
+        lines += ["", *benchmark_markdown(bench, named(name).rules)]
     return "\n".join(lines) + "\n"
 
 
-_RULE_TEXT = {
-    "skip": "an output with no letter is not counted (Video-MME's scorer)",
-    "random": "an output with no letter is scored as a random option (LongVideoBench's authors; seeded by the question's id)",
-    "wrong": "an output with no letter is wrong",
-}
-
-
-def benchmark_markdown(bench: dict) -> list[str]:
+def benchmark_markdown(bench: dict, rules: Rules) -> list[str]:
     """A benchmark's own numbers: its overall score by its rule, then a table per breakdown."""
     method = "letter" if bench["method"] == "accuracy_letter" else "LL"
     how = "mean of the tasks' accuracies (M-Avg)" if bench["overall_rule"] == "task_mean" else "accuracy"
@@ -90,7 +83,7 @@ def benchmark_markdown(bench: dict) -> list[str]:
         f"## {bench['title']}",
         "",
         f"Overall ({how}, the benchmark's prompt and answer rule, {method}): **{_pct(bench['overall'])}** "
-        f"over {a['n']} scored questions ({a['errors']} errors); {_RULE_TEXT[bench['unparsed']]}: "
+        f"over {a['n']} scored questions ({a['errors']} errors); {rules.unparsed_text}: "
         f"{a['letter_unparsed']} outputs had none.",
     ]
     for key, groups in bench["breakdowns"].items():

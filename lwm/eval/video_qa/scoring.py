@@ -131,7 +131,7 @@ def _ll(model: VideoPrompt, prompt: list[int], item: Item) -> dict:
 
 def _letter(model: VideoPrompt, codes: np.ndarray, item: Item, letter_tokens: int, subs: dict) -> dict:
     """The benchmark's prompt, greedy text, its rule's reading of the letter. `correct` is None for an
-    output the rule does not count (Video-MME's scorer skips an output with no letter)."""
+    output the rule does not count (a benchmark's scorer may skip an output with no letter)."""
     rules = rules_for(item)
     question = rules.prompt(item, subs.get("prefix"))
     prompt = model.prompt(question, codes, subs.get("between"), rules.answer_start)

@@ -19,7 +19,7 @@ class VideoSource:
     """(T, 256) codes of an item's video: from the lwm-tokenize cache when it holds the video, else read
     and tokenized with the VQGAN (loaded at the first video that needs it). The last video read is kept
     (its codes only: 7 MiB for an hour at 1 fps), since the releases list a video's questions one after
-    another: Video-MME's three questions of an hour-long video read and encode it once. n_codes: the
+    another: a benchmark's three questions of an hour-long video read and encode it once. n_codes: the
     model's vision codes; given, codes outside them are the item's error naming the codes file (or the
     video and the VQGAN), not the model's."""
 

@@ -30,6 +30,7 @@ class Rules:
     title: str
     breakdowns: tuple[str, ...] = ()
     unparsed = "wrong"  # "wrong", "skip" (not counted) or "random"
+    unparsed_text = "an output with no letter is wrong"  # the rule in words, for its table
     overall = "micro"  # "micro" (over questions) or "task_mean" (over the `task` breakdown)
     answer_start = ""  # text that begins the model's answer (after the chat form's ASSISTANT:)
 

@@ -92,6 +92,9 @@ class LongVideoBench(Rules):
     name, title = "longvideobench", "LongVideoBench"
     breakdowns = ("duration_group", "question_category")
     unparsed = "random"
+    unparsed_text = (
+        "an output with no letter is scored as a random option (LongVideoBench's authors; seeded by the question's id)"
+    )
 
     def prompt(self, item: Item, subtitles: str | None = None) -> str:
         listed = [f"{LETTERS[i]}. {o}" for i, o in enumerate(item.options)]

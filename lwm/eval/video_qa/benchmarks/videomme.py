@@ -160,6 +160,7 @@ class VideoMME(Rules):
     name, title = "videomme", "Video-MME"
     breakdowns = ("duration", "domain", "sub_category", "task_type")
     unparsed = "skip"
+    unparsed_text = "an output with no letter is not counted (Video-MME's scorer)"
 
     def prompt(self, item: Item, subtitles: str | None = None) -> str:
         raw = item.meta.get("options") or []
