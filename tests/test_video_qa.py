@@ -1,7 +1,10 @@
 """lwm/eval/video_qa/ (the package): reading plain and Video-MME items, duration buckets,
 answer normalization, scoring with stub generators (an oracle gets 100%), bad items recorded while
 good ones are scored, and the command line end to end on a random-weight debug model (one process
-and torchrun with 2)."""
+and torchrun with 2).
+
+Longer than most test files: one subject's tests kept together, beside the helpers they share.
+"""
 
 from __future__ import annotations
 

@@ -5,7 +5,10 @@ the json/ folder). Small generated videos, laid out as each release lays them ou
 that answers each question as told, so the numbers are known. Video-MME's result file is scored by a
 re-implementation of its scorer's published rules (`videomme_scorer`, written here from the rules) and
 must agree with the harness's own table. Also: the answer-matching defects, an unknown format refused
-before any model loads, bad rows recorded with their metadata."""
+before any model loads, bad rows recorded with their metadata.
+
+Longer than most test files: one subject's tests kept together, beside the helpers they share.
+"""
 
 from __future__ import annotations
 
