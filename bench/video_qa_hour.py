@@ -74,6 +74,7 @@ def child(args) -> None:
     """Run video QA on one item with the stages instrumented; print one JSON line of measurements."""
     import lwm.eval.video_qa.videos as videos
     from lwm.eval.video_qa.cli import VideoQAConfig, run
+    from lwm.infer.cache import KVCache
     from lwm.infer.generator import Generator
     from lwm.infer.runtime import ModelOptions
     from lwm.vision.vqgan import VQGAN as VQGANModule
@@ -103,6 +104,7 @@ def child(args) -> None:
         return out
 
     fill, generate, extend = Generator._fill, Generator.generate, Generator._extend
+    start_segment = KVCache.start_prefill
 
     def logged_extend(self, ids, all_logits=False):
         out = extend(self, ids, all_logits)
@@ -112,6 +114,14 @@ def child(args) -> None:
                 stage="prefill", tokens=stages.filled, of=stages.filling, seconds=time.perf_counter() - stages.fill_t
             )
         return out
+
+    def logged_segment(self, n_new):  # a ring prefill's next segment (cp > 1): what is done before it starts
+        if stages.filling is not None:
+            progress(
+                stage="prefill", tokens=stages.filled, of=stages.filling, seconds=time.perf_counter() - stages.fill_t
+            )
+            stages.filled += n_new
+        return start_segment(self, n_new)
 
     def timed_fill(self, prompt):
         t = time.perf_counter()
@@ -132,6 +142,7 @@ def child(args) -> None:
 
     VQGANModule.encode, videos.VideoSource.load = timed_encode, measured_load
     Generator._fill, Generator.generate, Generator._extend = timed_fill, timed_generate, logged_extend
+    KVCache.start_prefill = logged_segment
     stages.filling = None
 
     config = VideoQAConfig(
