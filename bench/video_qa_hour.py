@@ -418,7 +418,7 @@ def cp_table(rows: list[dict], loads: tuple) -> list[str]:
         base = one.get(r["minutes"])
         base_rise = base and max(x["peak_rise_mib"].get("answer", 0.0) for x in base["ranks"])
         base_peak = base and max(x["peak_rss_mib"] for x in base["ranks"])
-        when = f" (measured at {r['restored']})" if r.get("restored") else ""  # a row kept from an earlier report
+        when = " (an earlier run)" if r.get("restored") else ""  # a row kept from an earlier report
         lines.append(
             f"| {r['minutes']:g} min{when} | {r['cp']} | {r['prompt_tokens']:,} | {r['seconds'].get('prefill', 0):.1f} | "
             f"{rise:.1f} | {f'{rise / base_rise:.2f}x' if base else ''} | {kv_cache_mib(r['prompt_tokens']) / r['cp']:.1f} | "

@@ -218,14 +218,16 @@ def assert_close_run(got, expected) -> None:
     shares, the chunks' gradient sums), fp32, 5 AdamW steps at lr 1e-2. One step's loss and gradients
     agree to rtol 1e-6 (tests/test_model.py, tests/test_parallel_dist.py). Over 5 steps AdamW divides
     by sqrt(v): where a gradient is nearly zero its sign is the reordering's noise and the entry moves
-    by a whole lr either way (1.3e-4 apart in one entry of 11264, measured), and the losses drift by up
-    to a few 1e-6 (5e-7 in one process, 3.4e-6 on cp 2). So: the losses to rtol 1e-5, and 99% of the
-    parameters to 1e-6, a ten-thousandth of a step (99.74-99.95% measured: the share moves with the
-    machine's summation order, as the drift does)."""
+    apart, and the losses drift by up to a few 1e-6 (5e-7 in one process, 3.4e-6 on cp 2). Which entries
+    move depends on the summation order, so on the threads the processes' OpenMP pool started with: the
+    share within 1e-6 measured 96.6% (ring, cp 2, the pool started with 2 threads) to 99.95%, the largest
+    difference 2e-5 to 1.3e-4. So: the losses to rtol 1e-5, 90% of the parameters to 1e-6, and every one
+    to 1e-3, a tenth of one step's lr (a wrong gradient moves an entry by about lr each step)."""
     (losses, params), (ref_losses, ref_params) = got, expected
     torch.testing.assert_close(torch.stack(losses), torch.stack(ref_losses), rtol=1e-5, atol=0)
     diffs = torch.cat([(a - b).abs().flatten() for a, b in zip(params, ref_params, strict=True)])
-    assert (diffs <= 1e-6).float().mean() >= 0.99, (diffs <= 1e-6).float().mean()
+    assert (diffs <= 1e-6).float().mean() >= 0.9, (diffs <= 1e-6).float().mean()
+    assert diffs.max() <= 1e-3, diffs.max()
 
 
 def test_one_process_with_each_tiling_equals_the_plain_run(reference):
