@@ -3,9 +3,13 @@ import itertools
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from lwm.parallel import block_backward, block_forward, ring_attention, simulate_ring, ulysses_attention
 from lwm.parallel.merge import Sums, merge_
+from lwm.parallel.pieces import StepPlanner
+from lwm.parallel.ring import new_dq, ring_backward, ring_forward
+from lwm.parallel.steps import ring_steps
 
 
 def sdpa_ref(q, k, v, causal):
@@ -66,6 +70,32 @@ def test_sums_over_row_parts_and_key_parts_equal_full_attention():
         out, lse = sums.result()
         torch.testing.assert_close(out, sdpa_ref(q, k, v, False), atol=1e-6, rtol=1e-5, msg=order)
         assert out.dtype == q.dtype and lse.shape == q.shape[:3]
+
+
+class _Ops(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_ring_loops_add_and_merge_in_place_without_copying_back():
+    """dq and the sums take each part in place: `dq[rows] += g` would read, add and copy the rows back (a
+    whole dq-sized copy per step for a whole-block part). Rank 1 of a striped causal ring of 2: a
+    whole-block step and a step over rows 1:."""
+    q, k, v = qkv(S=16)
+    dout = torch.randn_like(q)
+    steps = ring_steps(StepPlanner("striped", 1, 2, 16, True), q)
+    blocks = [(k, v), (k, v)]
+    with _Ops() as ops:
+        out, lse = ring_forward(q, blocks, steps, None)
+        for _ in ring_backward(dout, q, out, lse, blocks, steps, None, new_dq(q)):
+            pass
+    assert "aten.copy_.default" in ops.names  # merge_ writes the new logsumexp: the counter sees copies
+    assert ops.names.count("aten.copy_.default") == 1  # ... and that one only (step 1 merges; none in backward)
 
 
 CASES = list(itertools.product(["contiguous", "striped", "zigzag"], [1, 2, 3, 4, 8], [True, False], [64, 128, 40]))

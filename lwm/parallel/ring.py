@@ -65,8 +65,9 @@ def ring_backward(dout, q, out, lse, kv_blocks, steps: RingSteps, scale, dq: tor
     for step, (k, v) in enumerate(kv_blocks):
         grads = []
         for p, dq_b, dk_b, dv_b in steps(step).backward(finals, k, v, scale):
-            dq[p.b, :, p.q] += dq_b
-            del dq_b
+            rows = dq if p.covers() else dq[p.b, :, p.q]  # a whole-block part adds in place (no copy back)
+            rows += dq_b
+            del dq_b, rows
             grads.append((p, dk_b, dv_b))
         yield grads
 
