@@ -7,7 +7,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from lwm.parallel import block_backward, block_forward, ring_attention, simulate_ring, ulysses_attention
 from lwm.parallel.merge import Sums, merge_
-from lwm.parallel.pieces import StepPlanner
+from lwm.parallel.pieces import Piece, StepPlanner
 from lwm.parallel.ring import new_dq, ring_backward, ring_forward
 from lwm.parallel.steps import ring_steps
 
@@ -66,7 +66,7 @@ def test_sums_over_row_parts_and_key_parts_equal_full_attention():
         sums = Sums(q)
         for rows, keys in parts if order == "rows first" else parts[::-1]:
             o, l = block_forward(q[:, :, rows], k[:, :, keys], v[:, :, keys], False)
-            sums.add(ALL, rows, o, l, spans=rows == ALL)
+            sums.add(Piece(ALL, rows, ALL, False), o, l, spans=rows == ALL)
         out, lse = sums.result()
         torch.testing.assert_close(out, sdpa_ref(q, k, v, False), atol=1e-6, rtol=1e-5, msg=order)
         assert out.dtype == q.dtype and lse.shape == q.shape[:3]

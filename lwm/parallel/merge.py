@@ -49,16 +49,16 @@ class Sums:
         self.q = q
         self.out = self.lse = None
 
-    def add(self, b: slice, rows: slice, out: torch.Tensor, lse: torch.Tensor, spans: bool) -> None:
-        """Fold in a part over batch rows b and query rows `rows`; spans: it covers every row with keys."""
+    def add(self, part, out: torch.Tensor, lse: torch.Tensor, spans: bool) -> None:
+        """Fold in a part over the rows of `part` (a lwm.parallel.pieces.Piece); spans: it covers every row
+        with keys."""
         if self.out is None and spans:
             self.out, self.lse = out.to(acc_dtype(self.q.dtype)), lse  # the kernel's own: merged into in place
             return
         if self.out is None:
             self.out = torch.zeros(self.q.shape, dtype=acc_dtype(self.q.dtype), device=self.q.device)
             self.lse = torch.full(self.q.shape[:3], float("-inf"), dtype=lse.dtype, device=self.q.device)
-        whole = b == slice(None) and rows == slice(None)
-        merge_(*((self.out, self.lse) if whole else (self.out[b, :, rows], self.lse[b, :, rows])), out, lse)
+        merge_(part.rows(self.out), part.rows(self.lse), out, lse)
 
     def result(self) -> tuple[torch.Tensor, torch.Tensor]:
         """-> out in q's dtype, lse (fp32; fp64 for fp64)."""

@@ -43,6 +43,11 @@ class Piece:
         """Whether the piece spans every query row (and so may start the accumulators)."""
         return self.b == ALL and self.q == ALL
 
+    def rows(self, t):
+        """The piece's rows of t (B, H, L[, D]): t itself for the whole block, so that `+=` on it adds in place
+        (on a view of t it would copy the rows back)."""
+        return t if self.covers() else t[self.b, :, self.q]
+
 
 def held_before(layout: str, rank: int, world_size: int, local_len: int):
     """g -> how many tokens of `rank`'s slice (lwm.parallel.layout) lie before global position g."""

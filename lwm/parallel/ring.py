@@ -49,7 +49,7 @@ def ring_forward(q, kv_blocks: Iterable[tuple], steps: RingSteps, scale):
     sums = Sums(q)
     for step, (k, v) in enumerate(kv_blocks):
         for p, o, l, spans in steps(step).forward(q, k, v, scale):
-            sums.add(p.b, p.q, o, l, spans)
+            sums.add(p, o, l, spans)
     return sums.result()
 
 
@@ -65,8 +65,8 @@ def ring_backward(dout, q, out, lse, kv_blocks, steps: RingSteps, scale, dq: tor
     for step, (k, v) in enumerate(kv_blocks):
         grads = []
         for p, dq_b, dk_b, dv_b in steps(step).backward(finals, k, v, scale):
-            rows = dq if p.covers() else dq[p.b, :, p.q]  # a whole-block part adds in place (no copy back)
-            rows += dq_b
+            rows = p.rows(dq)
+            rows += dq_b  # in place, also for a whole-block part
             del dq_b, rows
             grads.append((p, dk_b, dv_b))
         yield grads

@@ -49,14 +49,13 @@ class PieceWork:
 
     def forward(self, q, k, v, scale) -> Iterator[tuple]:
         for p in self.pieces:
-            o, l = block_forward(q[p.b, :, p.q], k[p.b, :, p.k], v[p.b, :, p.k], p.causal, scale, self.kernel)
+            o, l = block_forward(p.rows(q), k[p.b, :, p.k], v[p.b, :, p.k], p.causal, scale, self.kernel)
             yield p, o, l, p.covers()  # every row of a piece sees a key
 
     def backward(self, f: Finals, k, v, scale) -> Iterator[tuple]:
         for p in self.pieces:
-            rows = lambda t, p=p: t[p.b, :, p.q]  # noqa: E731  the piece's query rows
             grads = block_backward(
-                rows(f.dout), rows(f.q), k[p.b, :, p.k], v[p.b, :, p.k], rows(f.out), rows(f.lse),
+                p.rows(f.dout), p.rows(f.q), k[p.b, :, p.k], v[p.b, :, p.k], p.rows(f.out), p.rows(f.lse),
                 p.causal, scale, self.kernel,
             )  # fmt: skip
             yield p, *grads
@@ -87,10 +86,6 @@ class RingSteps:
         self.planner, self.kernel = planner, kernel
         one_call = planner.documents is not None and kernel == "cuda_flash"
         self.varlen = varlen_plan(planner) if one_call else None
-
-    @property
-    def world_size(self) -> int:
-        return self.planner.world_size
 
     def __call__(self, step: int) -> PieceWork | VarlenWork:
         one = self.varlen.steps[step] if self.varlen is not None else None
