@@ -201,17 +201,19 @@ def test_a_stage_that_does_not_fit_is_searched_and_timed_at_the_cp_that_does(mon
     assert "puts 128 tokens on each rank" in plan["stages"][0]["why"]
     # then the memory features, one more at a time (the stub's peak does not move: none fits)
     advice = plan["stages"][0]["advice"]
-    assert [c[3].activation_offload for c in calls] == [False, True, True] and calls[2][0].attn_head_groups == 2
+    assert [c[3].activation_offload for c in calls] == [False, True, True, True]
+    assert [c[3].param_offload for c in calls] == [False, False, True, True] and calls[3][0].attn_head_groups == 2
     assert advice["overrides"] is None and list(advice["tried"]) == [
         "parallel.activation_offload=true",
-        "parallel.activation_offload=true model.attn_head_groups=2",
+        "parallel.activation_offload=true parallel.param_offload=true",
+        "parallel.activation_offload=true parallel.param_offload=true model.attn_head_groups=2",
     ]
 
 
 def test_a_stage_no_cp_fits_is_told_the_cheapest_memory_feature_that_does(monkeypatch, tmp_path, capsys):
-    """Where no cp fits, the ladder (checkpointing, tiled norms, blockwise MLP, offload, head groups:
-    lwm/train/plan/advice.py) is planned one more feature at a time and the first that fits is named,
-    with its peak and time; the preflight says the same."""
+    """Where no cp fits, the ladder (checkpointing, tiled norms, blockwise MLP, activation offload,
+    parameter offload, head groups: lwm/train/plan/advice.py) is planned one more feature at a time
+    and the first that fits is named, with its peak and time; the preflight says the same."""
     calls = []
 
     def plan_step(config, stage, mesh, parallel, optim, settings):
@@ -412,3 +414,14 @@ def test_longest_stops_where_the_nodes_host_memory_is_full(monkeypatch, tmp_path
     limit = (2048 - 16) / 1.05 * 1024  # tokens: GiB of host a rank / 1 MiB a token
     (found,) = plan["longest"]
     assert found["longest"] == int(limit) // 1024 * 1024 and found["next_up"] == found["longest"] + 1024
+
+
+def test_the_optimizers_writes_are_this_ranks_shards():
+    """AdamW and clipping run on FSDP2's DTensor shards: the bytes the time model charges them are
+    the rank's shard, not the global shape (they were counted whole: as much at dp 2 as at dp 1)."""
+    config, stage = _setup("debug", 1024, 1)
+    written = {
+        dp: plan_step(config, stage, Mesh(1024, 1, dp), PARALLEL, OptimConfig(), GPU_SETTINGS).optimizer_written
+        for dp in (1, 2)
+    }
+    assert written[1] > 0 and written[2] == pytest.approx(written[1] / 2, rel=0.01)

@@ -19,6 +19,8 @@ from lwm.parallel.parallelize import (
     global_group_counts,
     meta_parallel_model,
     parallelize,
+    parameter_device,
+    state_offload,
 )
 from lwm.parallel.ring import ring_attention, simulate_ring
 from lwm.parallel.schedule import block_plan, block_work
@@ -50,6 +52,8 @@ __all__ = [
     "hybrid_groups",
     "meta_parallel_model",
     "parallelize",
+    "parameter_device",
+    "state_offload",
     "positions",
     "ring_attention",
     "shard",

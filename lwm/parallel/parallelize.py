@@ -2,7 +2,8 @@
 
     tensor parallelism (tp group) -> context-parallel attention (cp group) -> activation
     checkpointing (PyTorch's checkpoint wrapper) -> activation offload (lwm/parallel/offload.py)
-    -> FSDP2 over dp x cp
+    -> FSDP2 over dp x cp (with its CPUOffloadPolicy where the parameter shards, gradients and
+    AdamW state live in host memory)
 
 The model itself stays single-process. Context parallelism only swaps its attention function; the
 caller feeds each rank its slice of the tokens (lwm.parallel.layout.shard) with their global
@@ -24,7 +25,7 @@ import torch.distributed as dist
 # PyTorch's wrapper for activation checkpointing (torchtitan's too); its state-dict hooks keep the keys.
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 from lwm.model import ModelConfig, Transformer
 from lwm.model.loss import GroupCounts, group_counts
@@ -58,6 +59,19 @@ def compute_settings(device: torch.device, head_dim: int) -> ComputeSettings:
     lwm.parallel.kernels picks for queries of that device, dtype and head dim."""
     dtype = torch.bfloat16 if device.type == "cuda" else None
     return ComputeSettings(dtype, auto_backend(device.type, dtype or torch.float32, head_dim))
+
+
+def state_offload(on: bool, device: torch.device) -> OffloadPolicy:
+    """FSDP2's policy for the parameter shards, their gradients and AdamW's state: in host memory
+    when `on` (FSDP2 copies each layer's shards in before its all-gather and the gradients out after
+    the reduce-scatter; AdamW steps on the CPU), pinned on a GPU so that those copies run
+    asynchronously; otherwise on the device (FSDP2's default)."""
+    return CPUOffloadPolicy(pin_memory=device.type == "cuda") if on else OffloadPolicy()
+
+
+def parameter_device(device: torch.device | str, policy: OffloadPolicy) -> torch.device:
+    """Where the sharded parameters are allocated: FSDP2's CPU offload wants them in host memory."""
+    return torch.device("cpu") if isinstance(policy, CPUOffloadPolicy) else torch.device(device)
 
 
 def apply_context_parallel(
@@ -100,10 +114,12 @@ def parallelize(
     layout: str = "striped",
     activation_checkpointing: bool = False,
     offload: ActivationOffload | None = None,
+    states: OffloadPolicy | None = None,
 ) -> Transformer:
     """Apply meshes.dims to `model` (best built on the meta device): tp, cp attention, activation
     checkpointing, activation offload (`offload`, None: off; needs checkpointing), FSDP2 over
-    dp x cp with settings' mixed precision."""
+    dp x cp with settings' mixed precision and `states` as its offload policy (state_offload;
+    None: on the device)."""
     dims = meshes.dims
     dims.check_model(model.config.n_heads, model.config.n_kv_heads, model.config.attn_head_groups)
     apply_tensor_parallel(model, meshes.tp)
@@ -112,10 +128,10 @@ def parallelize(
         apply_activation_checkpointing(model)
     if offload is not None:
         apply_activation_offload(model, offload)
-    policy = settings.mp_policy()
+    policy, states = settings.mp_policy(), states or OffloadPolicy()
     for layer in model.layers:
-        fully_shard(layer, mesh=meshes.fsdp, mp_policy=policy)
-    fully_shard(model, mesh=meshes.fsdp, mp_policy=policy)
+        fully_shard(layer, mesh=meshes.fsdp, mp_policy=policy, offload_policy=states)
+    fully_shard(model, mesh=meshes.fsdp, mp_policy=policy, offload_policy=states)
     return model
 
 
@@ -126,12 +142,13 @@ def meta_parallel_model(
     layout: str = "striped",
     activation_checkpointing: bool = False,
     offload: ActivationOffload | None = None,
+    states: OffloadPolicy | None = None,
 ) -> Transformer:
     """The model built on the meta device and parallelized, not yet allocated. Under fake tensors,
     call it outside FakeTensorMode: FSDP2 over a tp mesh makes DeviceMeshes from real rank tensors."""
     with torch.device("meta"):
         model = Transformer(config)
-    return parallelize(model, meshes, settings, layout, activation_checkpointing, offload)
+    return parallelize(model, meshes, settings, layout, activation_checkpointing, offload, states)
 
 
 def allocate(model: Transformer, device: torch.device | str, init_state: dict | None) -> Transformer:
@@ -154,10 +171,12 @@ def build_parallel_model(
     layout: str = "striped",
     activation_checkpointing: bool = False,
     offload: ActivationOffload | None = None,
+    states: OffloadPolicy | None = None,
 ) -> Transformer:
-    """meta_parallel_model, then allocate: the parallelized model on `device` with init_state's weights."""
-    model = meta_parallel_model(config, meshes, settings, layout, activation_checkpointing, offload)
-    return allocate(model, device, init_state)
+    """meta_parallel_model, then allocate: the parallelized model on `device` (its parameter shards
+    in host memory under `states`' CPU offload) with init_state's weights."""
+    model = meta_parallel_model(config, meshes, settings, layout, activation_checkpointing, offload, states)
+    return allocate(model, parameter_device(device, states or OffloadPolicy()), init_state)
 
 
 def global_group_counts(loss_mask: torch.Tensor, vision_mask: torch.Tensor, group=None) -> GroupCounts:

@@ -99,7 +99,19 @@ class AtomicModelParallelStrategy(ModelParallelStrategy):
     """Lightning's ModelParallelStrategy, with sharded checkpoints written to a staging folder beside
     the target and swapped in by renames once every rank has written its part (a kill leaves the old
     checkpoint or the new one, never a mix), a SHA256SUMS inside (each rank hashes its own shards), and
-    loads that verify the sums and refuse code before torch.distributed.checkpoint unpickles anything."""
+    loads that verify the sums and refuse code before torch.distributed.checkpoint unpickles anything.
+
+    params_on_host: the model's parameter shards live in host memory (parallel.param_offload, FSDP2's
+    CPUOffloadPolicy); Lightning's setup would move every parameter to the GPU, so it is left where
+    it is."""
+
+    def __init__(self, *args, params_on_host: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.params_on_host = params_on_host
+
+    def model_to_device(self) -> None:
+        if not self.params_on_host:
+            super().model_to_device()
 
     def save_checkpoint(self, checkpoint, filepath, storage_options=None) -> None:
         path = Path(self.broadcast(str(filepath)))

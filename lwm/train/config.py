@@ -91,6 +91,9 @@ class ParallelConfig:
     activation_checkpointing: bool = False  # recompute each block in backward
     # move each checkpointed block's input to host memory between forward and backward
     activation_offload: bool = False
+    # parameter shards, gradients and AdamW state in host memory (FSDP2's CPUOffloadPolicy): AdamW
+    # steps on the CPU; one CPU process holds the plain model in host memory already
+    param_offload: bool = False
     document_mask: bool = True  # packed examples attend only within themselves (segment ids)
 
     def __post_init__(self) -> None:

@@ -29,6 +29,7 @@ from lwm.parallel import (
     build_parallel_model,
     compute_settings,
     peers,
+    state_offload,
 )
 from lwm.ranks import is_rank0
 from lwm.train import rng
@@ -124,6 +125,7 @@ class LWMModule(L.LightningModule):
             self.parallel.layout,
             self.parallel.activation_checkpointing,
             offload,
+            state_offload(self.parallel.param_offload, self.device),
         )
 
     def _read_init_state(self) -> Weights | None:

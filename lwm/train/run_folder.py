@@ -50,6 +50,7 @@ RUN_ONLY = (
     "parallel.tp",
     "parallel.activation_checkpointing",
     "parallel.activation_offload",
+    "parallel.param_offload",
     "data.strict",
     "data.max_skipped_fraction",
 )

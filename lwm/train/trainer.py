@@ -21,7 +21,7 @@ from lwm.train.requeue import StopOnSignal
 from lwm.train.skipped import SkippedExamples
 
 
-def strategy(dims: ParallelDims, trainer_cfg: TrainerConfig):
+def strategy(dims: ParallelDims, trainer_cfg: TrainerConfig, param_offload: bool = False):
     # On GPUs FSDP2 runs even on one device: it is what computes in bf16 on fp32 master weights
     # (lwm.parallel.parallelize); one CPU process trains the plain model.
     gpu = trainer_cfg.accelerator in ("gpu", "cuda") or (
@@ -29,7 +29,9 @@ def strategy(dims: ParallelDims, trainer_cfg: TrainerConfig):
     )
     if trainer_cfg.world_size == 1 and not gpu:
         return "auto"
-    return AtomicModelParallelStrategy(**lightning_sizes(dims), timeout=timedelta(seconds=trainer_cfg.timeout_s))
+    return AtomicModelParallelStrategy(
+        **lightning_sizes(dims), timeout=timedelta(seconds=trainer_cfg.timeout_s), params_on_host=param_offload
+    )
 
 
 def build_trainer(
@@ -43,7 +45,7 @@ def build_trainer(
     """The stage's Trainer on its ParallelDims (lwm.train.config.stage_dims, made once by run_stage), writing
     into its stage folder."""
     global_batch = stage.per_rank_batch(dims.dp) * dims.dp
-    chosen = strategy(dims, cfg.trainer)
+    chosen = strategy(dims, cfg.trainer, cfg.parallel.param_offload)
     return L.Trainer(
         accelerator=cfg.trainer.accelerator,
         devices=cfg.trainer.devices,

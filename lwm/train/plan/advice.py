@@ -8,7 +8,10 @@ The ladder, by what each costs at long context:
   3. the blockwise MLP (model.mlp_chunk_size): the MLP's matmuls again;
   4. activation offload (parallel.activation_offload): each block's input to host memory and back,
      on a side stream, hidden by compute while the PCIe link keeps up;
-  5. head groups (model.attn_head_groups): the attention's forward once more in backward (2 of its
+  5. parameter offload (parallel.param_offload): the parameter shards, gradients and AdamW state
+     to host memory (FSDP2's CPUOffloadPolicy); their copies run beside compute, and AdamW on the
+     CPU adds seconds a step, which long context's minutes of attention make small;
+  6. head groups (model.attn_head_groups): the attention's forward once more in backward (2 of its
      9 products), the dearest at long context, where attention is nearly all of the step.
 A step of the ladder that changes nothing at this length (chunks longer than a rank's slice, a
 setting already on, head groups under tensor parallelism) is skipped.
@@ -47,6 +50,8 @@ def ladder(model: ModelConfig, parallel: ParallelConfig, mesh: Mesh) -> list[Cha
         steps.append((f"model.mlp_chunk_size={CHUNK}", {"mlp_chunk_size": CHUNK}, {}))
     if not parallel.activation_offload:
         steps.append(("parallel.activation_offload=true", {}, {"activation_offload": True}))
+    if not parallel.param_offload:
+        steps.append(("parallel.param_offload=true", {}, {"param_offload": True}))
     groups = head_groups(model, parallel, mesh)
     if groups > 1:
         steps.append((f"model.attn_head_groups={groups}", {"attn_head_groups": groups}, {}))

@@ -112,7 +112,16 @@ def run(config: PlanConfig) -> dict:
     def timed(stage: StageConfig, mesh: Mesh, mem, model=model, parallel=parallel) -> dict:
         mc = stage_model_config(model, stage)
         a2a = parallel.ulysses if parallel.mode == "hybrid" else 0
-        work = step_work(mc, mesh, mem, parallel.layout, parallel.mode, parallel.activation_checkpointing, a2a)
+        work = step_work(
+            mc,
+            mesh,
+            mem,
+            parallel.layout,
+            parallel.mode,
+            parallel.activation_checkpointing,
+            a2a,
+            parallel.param_offload,
+        )
         return {"time": asdict(step_time(work, mesh, device, node)), "work": asdict(work)}
 
     def memory(mesh: Mesh, mem) -> dict:

@@ -33,6 +33,10 @@ class Device:
     attention_efficiency: float = 0.5
     host_gib: float = 2048.0  # host memory of one node (shared by its GPUs)
     pcie_gbps: float = 50.0  # GB/s per GPU, one direction, device <-> pinned host memory
+    # GB/s of host memory a node's CPU optimizer steps reach together (parameter offload): half the
+    # DDR5 peak of a DGX H100/H200 node's two sockets (2 x 8 channels x 38.4 GB/s = 614 GB/s), an
+    # assumption until measured; A100 nodes' DDR4 (2 x 8 x 25.6 = 410 GB/s) likewise.
+    host_mem_gbps: float = 300.0
     # What a rank's process holds in host memory beside the offloaded tensors (Python, torch, CUDA's
     # host side, the data loader): an assumption, not measured.
     host_reserved_gib: float = 16.0
@@ -58,7 +62,7 @@ class Device:
 DEVICES = {
     "h100-80g": Device("h100-80g", 79.1, 989.0, 3.35, 450.0, 50.0),
     "h200-141g": Device("h200-141g", 139.8, 989.0, 4.8, 450.0, 50.0),
-    "a100-80g": Device("a100-80g", 79.1, 312.0, 2.04, 300.0, 25.0, pcie_gbps=25.0),
+    "a100-80g": Device("a100-80g", 79.1, 312.0, 2.04, 300.0, 25.0, pcie_gbps=25.0, host_mem_gbps=200.0),
     "b200-192g": Device("b200-192g", 178.4, 2250.0, 8.0, 900.0, 50.0),
 }
 

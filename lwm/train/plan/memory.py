@@ -18,7 +18,15 @@ import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from lwm.model import ModelConfig
-from lwm.parallel import ActivationOffload, ComputeSettings, Meshes, ParallelDims, SyncCopyEngine, meta_parallel_model
+from lwm.parallel import (
+    ActivationOffload,
+    ComputeSettings,
+    Meshes,
+    ParallelDims,
+    SyncCopyEngine,
+    meta_parallel_model,
+    state_offload,
+)
 from lwm.train.config import OptimConfig, ParallelConfig, StageConfig
 from lwm.train.plan.fake import fake, fake_allocate, make_batch, place, run_prefill, start_fake_group
 from lwm.train.plan.tracker import PeakTracker, PlanTracker, WorkCounter
@@ -62,7 +70,8 @@ class StepMemory:
     seconds: float = 0.0  # wall time of the measured step
     # The tensors live at the peak by what made them (PlanTracker.breakdown): add up to peak.
     breakdown: list[dict] = field(default_factory=list)
-    host_peak: int = 0  # peak bytes in host memory (activation offload's copies), measured step
+    host_peak: int = 0  # peak bytes in host memory (offloaded activations and states), measured step
+    optimizer_written: int = 0  # the part of `written` the optimizer step wrote
 
 
 def widen(batch: dict, sequences: int) -> dict:
@@ -78,18 +87,29 @@ def _widen(v, sequences: int):
     return v.expand(sequences, *v.shape[1:]).contiguous()
 
 
-def tracked_step(model, batch: dict, optim: OptimConfig, stage: StageConfig, where: Meshes, document_mask: bool):
+def tracked_step(
+    model,
+    batch: dict,
+    optim: OptimConfig,
+    stage: StageConfig,
+    where: Meshes,
+    document_mask: bool,
+    host_states: bool = False,
+):
     """One training step under the tracker after AdamW's state exists: its peak, parts, traffic
     and time. A step measured after the first: zero gradients and one optimizer step make the state
     a first step leaves (AdamW's moments and step counters; the gradients, dropped by the step's
     zero_grad) without its forward and backward, which halves a plan's time. Peaks and parts are
     those of a second real step (checked on debug, tiny and 7b steps, GPU and CPU settings, with and
     without checkpointing); the HBM bytes written include FSDP2's one-off lazy initialisation in the
-    first forward (1-2% more)."""
+    first forward (1-2% more). host_states: the model's states are offloaded (PlanTracker counts
+    them, and what AdamW makes, in HOST)."""
     optimizer, scheduler = build_optimizer(model, stage, optim)
-    tracker = PlanTracker(model, optimizer, next(model.parameters()).device)  # the compute device
+    device = batch["tokens"].device  # the compute device (offloaded parameters are on the host)
+    tracker = PlanTracker(model, optimizer, device, host_states, HOST)
     tracker.track_inputs((batch,))
     counter = WorkCounter()
+    hooks = counter.count_optimizer(optimizer)
     with tracker.skipping_propagation():
         for p in model.parameters():
             p.grad = torch.zeros_like(p)
@@ -99,9 +119,13 @@ def tracked_step(model, batch: dict, optim: OptimConfig, stage: StageConfig, whe
         with counter:
             train_step(model, batch, optimizer, optim, where.cp_group, document_mask, scheduler)
         seconds = time.perf_counter() - start
+    for hook in hooks:
+        hook.remove()
     peak, parts = tracker.peak()
     host = tracker.host_peak(HOST)
-    return StepMemory(peak, parts, dict(counter.sent), counter.written, seconds, tracker.breakdown(), host)
+    return StepMemory(
+        peak, parts, dict(counter.sent), counter.written, seconds, tracker.breakdown(), host, counter.optimizer_written
+    )
 
 
 def plan_step(
@@ -121,14 +145,35 @@ def plan_step(
         host = make_batch(model_config, mesh.seq_len, where, 1, parallel.layout, "cpu")  # cut on the host
         # Built outside the fake mode (FSDP2 over a tp mesh reads real rank tensors), then allocated fake.
         model = meta_parallel_model(
-            model_config, where, settings, parallel.layout, parallel.activation_checkpointing, planned_offload(parallel)
+            model_config,
+            where,
+            settings,
+            parallel.layout,
+            parallel.activation_checkpointing,
+            planned_offload(parallel),
+            state_offload(parallel.param_offload, torch.device("cpu")),  # unpinned: the fake tensors' device
         )
         with FakeTensorMode() as mode:
             batch = widen(fake(host, mode), mesh.batch)
             model = fake_allocate(model, mode)
-            return tracked_step(model, batch, optim, stage, where, parallel.document_mask)
+            memory = tracked_step(model, batch, optim, stage, where, parallel.document_mask, parallel.param_offload)
+            if parallel.param_offload:
+                memory.sent["host"] = memory.sent.get("host", 0) + state_copies(model)
     finally:
         dist.destroy_process_group()
+    return memory
+
+
+def state_copies(model) -> int:
+    """Bytes FSDP2's CPU offload copies between host and device in a step, per rank (under the
+    planner its copies go from "cpu" to "cpu" and move nothing, so they are counted here): each
+    gather of a module's parameters brings their fp32 shards in (before the cast to the compute
+    dtype), each gradient's fp32 shard goes out once. FSDP2 gathers each block twice (forward, and
+    backward after resharding) and the root (embedding, final norm, head) once: it keeps the
+    root's parameters from forward through backward."""
+    blocks = sum(p.to_local().nbytes for p in model.layers.parameters())
+    every = sum(p.to_local().nbytes for p in model.parameters())
+    return 2 * blocks + (every - blocks) + every
 
 
 def planned_offload(parallel: ParallelConfig) -> ActivationOffload | None:

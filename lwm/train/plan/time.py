@@ -15,8 +15,11 @@ Work, per rank and step (rank 0; with striped or zigzag every rank does the same
   links       what the step sent: the ring's key/value blocks and dK/dV, Ulysses' all-to-alls,
               tensor parallelism's all-reduces, FSDP's all-gathers and reduce-scatters (counted on
               the fake step).
-  host        the bytes activation offload copies to the host and back (counted on the fake step),
-              over the GPU's PCIe link.
+  host        the bytes activation offload copies to the host and back (counted on the fake step)
+              and, with parameter offload, FSDP2's copies of the parameter shards in and the
+              gradients out (memory.state_copies), over the GPU's PCIe link.
+  optimizer   with parameter offload, AdamW runs on the CPU: twice the bytes it writes (counted on
+              the fake step, this rank's shards) at the rank's share of the node's host memory rate.
 
 Tensor parallelism splits the blocks' projections and the heads over tp ranks; the embedding and
 output head are whole on each (lwm.parallel.tensor), so each tp rank computes the head's matmuls
@@ -28,7 +31,9 @@ last one's gradients during compute, so the step takes the longer of compute and
 activation offload copies on a side stream while the next layer computes, so the step takes the
 longer of compute and the host copies too (the part of the copies compute hides is reported).
 Ulysses' all-to-alls and tensor parallelism's all-reduces sit between the ops that need them (no
-overlap): they add to compute.
+overlap): they add to compute, as does the CPU's AdamW step (the GPU waits for it). FSDP2's copies
+of offloaded parameters and gradients run on its all-gather and reduce-scatter streams, beside
+compute, and count with activation offload's in the host part.
 """
 
 from __future__ import annotations
@@ -90,7 +95,8 @@ class Work:
     fsdp_bytes: float  # all-gathers and reduce-scatters arriving at this rank
     tp_bytes: float = 0.0  # tensor parallelism's all-reduces, sent per rank (a ring all-reduce's 2 (tp - 1) / tp)
     a2a_bytes: float = 0.0  # Ulysses' all-to-alls, sent per rank
-    host_bytes: float = 0.0  # activation offload: copied to the host and back, per rank
+    host_bytes: float = 0.0  # offload: copied to the host and back, per rank
+    host_optimizer_bytes: float = 0.0  # parameter offload: AdamW's memory traffic on the CPU, per rank
 
 
 def step_work(
@@ -101,8 +107,10 @@ def step_work(
     mode: str,
     checkpointing: bool,
     all_to_all: int = 0,
+    states_on_host: bool = False,
 ) -> Work:
-    """all_to_all: the size of Ulysses' groups (hybrid's ulysses; 0: the whole cp group)."""
+    """all_to_all: the size of Ulysses' groups (hybrid's ulysses; 0: the whole cp group);
+    states_on_host: parameter offload (the optimizer's writes are the CPU's, not HBM's)."""
     tokens = mesh.batch * mesh.seq_len // mesh.cp
     executed = 6 * matmul_params(config, mesh.tp) * tokens
     useful = 6 * (block_params(config) + config.vocab_size * config.dim) / mesh.tp * tokens  # the head once
@@ -115,16 +123,18 @@ def step_work(
     tiled = 2 * tiled_params * tokens, tiled_forwards * 2 * per_product * entries
     fsdp = mesh.world // mesh.tp  # FSDP2 shards over dp x cp; a collective's own shard does not travel
     sent = memory.sent
+    on_host = memory.optimizer_written if states_on_host else 0
     return Work(
         matmul_flops=executed + (recompute[0] if checkpointing else 0) + tiled[0],
         attention_flops=attn_model + (recompute[1] if checkpointing else 0) + tiled[1],
         model_flops=useful + attn_model,
-        hbm_bytes=2 * memory.written,
+        hbm_bytes=2 * (memory.written - on_host),
         ring_bytes=sent.get("p2p", 0),
         fsdp_bytes=(fsdp - 1) / fsdp * (sent.get("all_gather", 0) + sent.get("reduce_scatter", 0)),
         tp_bytes=2 * (mesh.tp - 1) / mesh.tp * sent.get("all_reduce", 0),
         a2a_bytes=(1 - 1 / (all_to_all or mesh.cp)) * sent.get("all_to_all", 0),
         host_bytes=sent.get("host", 0),
+        host_optimizer_bytes=2 * on_host,
     )
 
 
@@ -161,6 +171,9 @@ def step_time(work: Work, mesh: Mesh, device: Device, node_size: int) -> StepTim
         serial[f"all-to-all ({link(mesh.cp * mesh.tp)})"] = work.a2a_bytes / rate[link(mesh.cp * mesh.tp)]
     if work.tp_bytes:
         serial[f"tp ({link(mesh.tp)})"] = work.tp_bytes / rate[link(mesh.tp)]
+    if work.host_optimizer_bytes:  # the node's host memory rate, shared by its ranks
+        share = device.host_mem_gbps * 1e9 / min(mesh.world, node_size)
+        serial["optimizer (host)"] = work.host_optimizer_bytes / share
     parts.update(serial)
     if work.host_bytes:
         parts["host (PCIe)"] = work.host_bytes / (device.pcie_gbps * 1e9)

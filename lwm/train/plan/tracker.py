@@ -10,6 +10,7 @@ from copy import deepcopy
 import torch
 from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPRefType
 from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _UpdateType
+from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._sharding_prop import ShardingPropagator
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -27,20 +28,39 @@ CATEGORY = {kind: name for name, kinds in PARTS.items() for kind in kinds}
 SHORT_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64"}
 
 
+# What FSDP2's CPU offload keeps in host memory: the parameter shards, their gradients, AdamW's state.
+HOST_STATES = (_FSDPRefType.SHARDED_PARAM, _FSDPRefType.SHARDED_GRAD, _FSDPRefType.OPT)
+
+
 class PlanTracker(FSDPMemTracker):
     """FSDPMemTracker that leaves out DTensor's shape propagation, keeps only the device totals'
     peak, and can restart it. `device` is the compute device (where the model's parameters are):
     its peak is the plan's peak; another device (the host that activation offload copies to: the
     meta device under the planner) has its own peak, host_peak.
 
+    host_states: the run offloads its states (parallel.param_offload); they are counted on `host`,
+    as is everything the optimizer step makes (AdamW runs on the CPU). Under the planner the
+    device's tensors are fake CPU ones and FSDP2's copies to "cpu" change nothing, so the tracker
+    places them: a reduce-scatter's output leaves the device when it becomes the gradient (FSDP2
+    copies it out and drops it). Not counted: the fp32 copy of one parameter shard that FSDP2 brings
+    in before casting it for the all-gather (freed at once: at most the largest shard of a layer,
+    224 MiB for llama3_8b's MLP on one GPU, or the root's embedding and head at the step's start).
+
     DTensor computes an op's output metadata by running it on global-shape tensors under the
     active fake mode; the tracker skips those only when they run under another fake mode than the
     one it was entered in, so under the planner's FakeTensorMode it counted them: in gradient
     clipping a phantom of the whole unsharded fp32 gradient (25 GiB at 7b)."""
 
-    def __init__(self, module, optimizer, device: torch.device | str):
+    def __init__(
+        self,
+        module,
+        optimizer,
+        device: torch.device | str,
+        host_states: bool = False,
+        host: torch.device | str = "meta",
+    ):
         super().__init__(module, optimizer)
-        self.device = torch.device(device)
+        self.device, self.host, self.host_states = torch.device(device), torch.device(host), host_states
         self._propagating = 0
         # Where the peak is: each storage stamped with what made it when first counted, and a log of
         # (origin, kind, bytes) changes whose prefix up to the peak's index is the peak's live set.
@@ -110,11 +130,32 @@ class PlanTracker(FSDPMemTracker):
         return module, phase, self._op or "-", dtype
 
     def _update_snap(self, u_type, winfo, old_mem_consumed=None, old_reftype=None) -> None:
-        super()._update_snap(u_type, winfo, old_mem_consumed, old_reftype)
-        origin = getattr(winfo, "origin", None)
-        if origin is None:
-            origin = winfo.origin = self._origin()
-        if winfo.device != self.device:  # the breakdown is the compute device's
+        if getattr(winfo, "origin", None) is None:
+            winfo.origin = self._origin()
+            winfo.made_by_optimizer = self._in_opt
+        where = self._where(winfo.reftype, winfo)
+        if u_type == _UpdateType.REF and self._where(old_reftype, winfo) != where:  # out to the host
+            kind, winfo.reftype = winfo.reftype, old_reftype
+            self._place(_UpdateType.DEL, winfo, self._where(old_reftype, winfo))
+            winfo.reftype = kind
+            self._place(_UpdateType.ADD, winfo, where)
+        else:
+            self._place(u_type, winfo, where, old_mem_consumed, old_reftype)
+
+    def _where(self, kind, winfo) -> torch.device:
+        if self.host_states and (kind in HOST_STATES or winfo.made_by_optimizer):
+            return self.host
+        return winfo.device
+
+    def _place(self, u_type, winfo, where: torch.device, old_mem_consumed=None, old_reftype=None) -> None:
+        """torch's update of the snapshot, on `where`, and the breakdown's log on the compute device."""
+        real, winfo.device = winfo.device, where
+        try:
+            super()._update_snap(u_type, winfo, old_mem_consumed, old_reftype)
+        finally:
+            winfo.device = real
+        origin = winfo.origin
+        if where != self.device:  # the breakdown is the compute device's
             return
         if u_type == _UpdateType.ADD:
             self._log.append((origin, winfo.reftype, winfo.mem_consumed))
@@ -233,6 +274,8 @@ class WorkCounter(TorchDispatchMode):
         # "all_gather" | "reduce_scatter" | "all_reduce" | "all_to_all" | "p2p" | "host" -> bytes
         self.sent: Counter = Counter()
         self.written = 0
+        self.optimizer_written = 0  # the part of `written` the optimizer step wrote (on the CPU under param offload)
+        self.in_optimizer = False  # set by the optimizer's step hooks (count_optimizer)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -242,8 +285,21 @@ class WorkCounter(TorchDispatchMode):
         elif name == "copy_" and args[0].device != args[1].device:  # offload: to the host and back
             self.sent["host"] += args[0].nbytes
         elif not name.startswith(COMPUTE_OPS):
-            self.written += sum(_written(func, i, t) for i, t in enumerate(_tensors(out)))
+            nbytes = sum(_written(func, i, t) for i, t in enumerate(_tensors(out)))
+            self.written += nbytes
+            self.optimizer_written += nbytes if self.in_optimizer else 0
         return out
+
+    def count_optimizer(self, optimizer) -> list:
+        """Mark `optimizer`'s steps (their writes are optimizer_written); returns the hooks' handles."""
+
+        def enter(*args) -> None:
+            self.in_optimizer = True
+
+        def leave(*args) -> None:
+            self.in_optimizer = False
+
+        return [optimizer.register_step_pre_hook(enter), optimizer.register_step_post_hook(leave)]
 
     def _count_comm(self, name: str, args) -> None:
         if name == "send":
@@ -269,4 +325,5 @@ def _written(func, index: int, t: torch.Tensor) -> int:
     alias = returns[index].alias_info if index < len(returns) else None
     if alias is not None and not alias.is_write:  # a view: no bytes move
         return 0
-    return t.nbytes
+    # A DTensor op (AdamW and clipping on FSDP2's shards) writes this rank's shard, not the global shape.
+    return t.to_local().nbytes if isinstance(t, DTensor) else t.nbytes
