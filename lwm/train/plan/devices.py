@@ -27,10 +27,12 @@ class Device:
     # NCCL's defaults), and the caching allocator's rounding and fragmentation on top of the peak.
     reserved_gib: float = 1.5
     fragmentation: float = 0.05
-    # What kernels reach of the peak: large bf16 GEMMs about 70% on Hopper, FlashAttention-2's
-    # forward + backward about 50% (its published H100 figures); 1.0 where the peak is measured.
-    matmul_efficiency: float = 0.7
-    attention_efficiency: float = 0.5
+    # What the kernels this code calls reach of the peak, published (sources in docs/planning.md,
+    # "What the kernels reach"): bf16 matmuls at the best shape's rate measured by mamf-finder
+    # (ml-engineering's table), the flash kernel (FlashAttention-2) forward + backward as
+    # FlashAttention's papers measured it; 1.0 where the peak itself is measured (cpu_device).
+    matmul_efficiency: float = 0.803  # H100 SXM: 794.5 of 989 TFLOP/s
+    attention_efficiency: float = 0.33  # H100 SXM: FlashAttention-2 at 335 forward, 322 backward (326 as weighted here)
     host_gib: float = 2048.0  # host memory of one node (shared by its GPUs)
     pcie_gbps: float = 50.0  # GB/s per GPU, one direction, device <-> pinned host memory
     # GB/s of host memory a node's CPU optimizer steps reach together (parameter offload): half the
@@ -61,9 +63,23 @@ class Device:
 
 DEVICES = {
     "h100-80g": Device("h100-80g", 79.1, 989.0, 3.35, 450.0, 50.0),
+    # the table's H100 SXM row holds for the H200 ("H200 is the same"); no separate flash figure
     "h200-141g": Device("h200-141g", 139.8, 989.0, 4.8, 450.0, 50.0),
-    "a100-80g": Device("a100-80g", 79.1, 312.0, 2.04, 300.0, 25.0, pcie_gbps=25.0, host_mem_gbps=200.0),
-    "b200-192g": Device("b200-192g", 178.4, 2250.0, 8.0, 900.0, 50.0),
+    # A100 SXM's measured matmul rate (271.2 of 312); FlashAttention-2's paper: 50-73% of the peak, its low end
+    "a100-80g": Device(
+        "a100-80g",
+        79.1,
+        312.0,
+        2.04,
+        300.0,
+        25.0,
+        matmul_efficiency=0.869,
+        attention_efficiency=0.5,
+        pcie_gbps=25.0,
+        host_mem_gbps=200.0,
+    ),
+    # B200's measured matmul rate (1745 of 2250); no published FlashAttention-2 figure: the H100's
+    "b200-192g": Device("b200-192g", 178.4, 2250.0, 8.0, 900.0, 50.0, matmul_efficiency=0.776),
 }
 
 
