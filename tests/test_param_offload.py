@@ -125,10 +125,10 @@ def test_the_config_field_takes_effect(monkeypatch):
 # ------------------------------------------------------------------------- the planner
 
 
-def _plan(world: int, on: bool):
+def _plan(world: int, on: bool, seq_len: int = 1024):
     parallel = ParallelConfig(activation_checkpointing=True, param_offload=on, document_mask=False)
-    stage = dataclasses.replace(STAGE, seq_len=1024, cp=1)
-    return plan_step(CFG, stage, Mesh(1024, 1, world), parallel, OptimConfig(), GPU_SETTINGS)
+    stage = dataclasses.replace(STAGE, seq_len=seq_len, cp=1)
+    return plan_step(CFG, stage, Mesh(seq_len, 1, world), parallel, OptimConfig(), GPU_SETTINGS)
 
 
 @pytest.mark.parametrize("world", [1, 2])
@@ -157,6 +157,17 @@ def test_the_planner_keeps_the_states_in_host_memory(world, monkeypatch):
     assert offloaded.peak < plain.peak and sum(r["bytes"] for r in offloaded.breakdown) == offloaded.peak
     assert offloaded.sent["host"] == sum(gathered) + shards  # shards in at each gather; gradients out once
     assert offloaded.optimizer_written == plain.optimizer_written > 0
+
+
+def test_a_short_steps_device_peak_holds_no_fp32_state_under_param_offload():
+    """At 32 tokens the states are most of the step: none is held on the device under offload. The
+    previous step's gradients, alive until zero_grad, are the host's (they were counted as device
+    activations, and were the peak of a short step)."""
+    plain, offloaded = _plan(1, False, 32), _plan(1, True, 32)
+    held = [r for r in offloaded.breakdown if r["phase"] == "held" and r["category"] != "inputs"]
+    assert not held, held
+    shards = sum(p.numel() * 4 for p in Transformer(CFG).parameters())
+    assert plain.peak - offloaded.peak >= 3 * shards  # the parameters and both moments left the device
 
 
 def test_the_time_model_runs_the_optimizer_on_the_host():

@@ -113,6 +113,7 @@ def tracked_step(
     with tracker.skipping_propagation():
         for p in model.parameters():
             p.grad = torch.zeros_like(p)
+        tracker.held_as_gradients(model)  # in host memory under parameter offload, as a step leaves them
         optimizer.step()
         tracker.restart_peak()
         start = time.perf_counter()

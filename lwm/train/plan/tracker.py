@@ -167,6 +167,13 @@ class PlanTracker(FSDPMemTracker):
         elif u_type == _UpdateType.SIZE:
             self._log.append((origin, winfo.reftype, winfo.mem_consumed - old_mem_consumed))
 
+    def held_as_gradients(self, model) -> None:
+        """Count the parameters' gradients as gradients now (torch's tracker files a gradient made
+        outside backward as an activation until FSDP2's next forward hook looks at it)."""
+        for p in model.parameters():
+            if p.grad is not None:
+                self._update_and_maybe_create_winfos(p.grad, _FSDPRefType.SHARDED_GRAD, update_existing=True)
+
     def breakdown(self) -> list[dict]:
         """The tensors live at the peak, grouped by what made them (module, phase, op, dtype) and by
         the tracker's category, largest first; their bytes add up to the peak."""
