@@ -88,9 +88,13 @@ def _batch(cfg, S=64):
     return batch
 
 
-def test_one_gpu_training_step_computes_in_bf16_on_fp32_weights(tmp_path):
+@pytest.mark.parametrize("param_offload", [False, True])
+def test_one_gpu_training_step_computes_in_bf16_on_fp32_weights(tmp_path, param_offload):
     """trainer.accelerator=gpu with one device: FSDP2 over one rank, fp32 parameters, bf16 matmuls;
-    the first loss agrees with the fp32 model's, and a few steps lower it."""
+    the first loss agrees with the fp32 model's, and a few steps lower it. With parameter offload
+    the fp32 shards, gradients and AdamW's moments stay in pinned host memory through Lightning's
+    setup and the steps (FSDP2's CPU offload: copies in before each gather, out after each reduce),
+    and the computation is the GPU's."""
     import lightning as L
 
     from lwm.train.config import OptimConfig, ParallelConfig, StageConfig, TrainerConfig
@@ -112,7 +116,7 @@ def test_one_gpu_training_step_computes_in_bf16_on_fp32_weights(tmp_path):
         segment_ids=batch["segment_ids"],
     ).loss.item()
 
-    module = LWMModule(cfg, stage, OptimConfig(), ParallelConfig(), init_state=state)
+    module = LWMModule(cfg, stage, OptimConfig(), ParallelConfig(param_offload=param_offload), init_state=state)
     seen = {}
     losses = []
 
@@ -123,7 +127,7 @@ def test_one_gpu_training_step_computes_in_bf16_on_fp32_weights(tmp_path):
     trainer = L.Trainer(
         accelerator="gpu",
         devices=1,
-        strategy=_strategy(ParallelDims(), TrainerConfig(accelerator="gpu")),
+        strategy=_strategy(ParallelDims(), TrainerConfig(accelerator="gpu"), param_offload),
         precision="32-true",
         max_steps=stage.steps,
         logger=False,
@@ -153,6 +157,12 @@ def test_one_gpu_training_step_computes_in_bf16_on_fp32_weights(tmp_path):
     assert seen == {"param": torch.float32, "compute": torch.bfloat16}
     assert abs(losses[0] - ref_loss) < 2e-2 * ref_loss, (losses[0], ref_loss)
     assert losses[-1] < losses[0], losses
+    params = list(module.model.parameters())
+    states = [t for p in params for t in trainer.optimizers[0].state[p].values() if t.dim()]
+    where = {t.to_local().device.type for t in params + [p.grad for p in params] + states}
+    assert where == ({"cpu"} if param_offload else {"cuda"}), where
+    if param_offload:
+        assert all(p.to_local().is_pinned() for p in params)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
