@@ -51,9 +51,10 @@ Shown elsewhere (tests/test_train.py and tests/test_train_parallel.py unless nam
                          tests/test_offload.py (bit-exact in one process, on gloo cp 2 and across a resume;
                          the planner's host memory; LWMModule offloads; refused without checkpointing, there
                          and from train.py: tests/test_train.py::test_bad_input_is_refused_before_the_run)
-  parallel.param_offload tests/test_param_offload.py (bit-exact on gloo cp 2 and across a train.py resume; FSDP2
-                         keeps the states in host memory; Lightning leaves them there; the planner's host
-                         memory, copies and CPU optimizer time)
+  parallel.param_offload tests/test_param_offload.py (bit-exact on gloo cp 2; FSDP2 keeps the states in host
+                         memory; Lightning leaves them there; the planner's host memory, copies and CPU
+                         optimizer time), tests/test_train_parallel.py (a tp 2 x cp 2 resume with it on is
+                         bit-identical), tests/test_gpu.py (pinned host memory on a GPU)
   parallel.document_mask, data.positions
                          tests/test_documents.py (the packed batch equals its examples one by one;
                          off, it does not; positions restart per example; their default follows the mask)

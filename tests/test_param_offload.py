@@ -1,7 +1,8 @@
 """Parameter offload (parallel.param_offload: FSDP2's CPUOffloadPolicy): bit-exact training on gloo
-cp 2 (ring and Ulysses, document masks on) and across a stop and resume through train.py,
-Lightning's setup leaving host parameters where they are, the planner's host and device memory,
-and the config field."""
+cp 2 (ring and Ulysses, document masks on), Lightning's setup leaving host parameters where they
+are, the planner's host and device memory, and the config field. A train.py run stopped and resumed
+with it on ends bit-identical to an uninterrupted one: tests/test_train_parallel.py (tp 2 x cp 2);
+the CUDA path (pinned host memory through Lightning's setup and the steps): tests/test_gpu.py."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import dataclasses
 import pytest
 import torch
 from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
-from train_runs import STOPPED, train
 
 from lwm.model import ModelConfig, Transformer
 from lwm.parallel import ParallelDims, build_meshes, build_parallel_model, compute_settings, state_offload
@@ -64,20 +64,6 @@ def test_context_parallel_with_param_offload_equals_the_plain_run_bitwise():
             assert all(torch.equal(a, b) for a, b in zip(got_losses, losses)), (mode, got_losses, losses)
             assert all(torch.equal(a, b) for a, b in zip(got_norms, norms)), mode
             assert len(got_params) == len(params) and all(torch.equal(a, b) for a, b in zip(got_params, params))
-
-
-def test_a_run_stopped_and_resumed_with_param_offload_ends_as_an_uninterrupted_one(tmp_path):
-    """train.py on 2 gloo processes, cp 2: 4 steps with the states on the device; the same stopped at
-    step 2 and resumed with param offload on (a run-only key: the folder takes it) ends with the same
-    weights, bit for bit."""
-    run = ["stage_only=a", "schedule.stages.0.steps=4", "trainer.devices=2", "+schedule.stages.0.cp=2"]
-    train(tmp_path / "straight", *run)
-    offload = [*run, "parallel.param_offload=true"]
-    train(tmp_path / "stopped", *offload, "stop_at_step=2", expect=STOPPED)
-    proc = train(tmp_path / "stopped", *offload)
-    assert "resuming from" in proc.stdout + proc.stderr
-    straight = (tmp_path / "straight" / "a" / "final.safetensors").read_bytes()
-    assert (tmp_path / "stopped" / "a" / "final.safetensors").read_bytes() == straight
 
 
 def test_lightning_leaves_host_parameters_in_host_memory():

@@ -50,7 +50,8 @@ def test_tensor_parallel_runs_exports_and_resumes(tmp_path, reference):
     """tp 2 x cp 2 (4 processes) gives one process's losses; its Hugging Face export holds the run's
     final weights; stopped at step 5, its sharded checkpoint has every rank's shard in SHA256SUMS
     (tests/test_checkpoints.py refuses a flipped byte in one) and resumes to the same weights bit for
-    bit; and it resumes onto another mesh, resharded: tp 1 x dp 2 at the same global batch."""
+    bit, with parameter offload on; and it resumes onto another mesh, resharded: tp 1 x dp 2 at the same
+    global batch."""
     args = ["stage_only=a", "trainer.devices=4", "parallel.tp=2"]
     whole, split, other = tmp_path / "whole", tmp_path / "split", tmp_path / "other"
     proc = train(whole, *args, "+schedule.stages.0.cp=2", "export=true")
@@ -69,7 +70,8 @@ def test_tensor_parallel_runs_exports_and_resumes(tmp_path, reference):
     names = {line.split()[1] for line in (last / "SHA256SUMS").read_text().splitlines()}
     assert {f"__{rank}_0.distcp" for rank in range(4)} | {".metadata", "meta.pt"} <= names
     assert not list(last.parent.glob(".last.ckpt.*"))  # no staging folder left
-    train(split, *args, "+schedule.stages.0.cp=2", "resume=true")
+    # resumed with the parameters, gradients and AdamW's state in host memory (parallel.param_offload)
+    train(split, *args, "+schedule.stages.0.cp=2", "resume=true", "parallel.param_offload=true")
     assert sorted(losses(split)) == list(range(10))  # the rows before the stop kept
     resumed = load_file(split / "a" / "final.safetensors")
     assert all(torch.equal(resumed[k], v) for k, v in final.items())
