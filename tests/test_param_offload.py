@@ -18,7 +18,7 @@ from lwm.parallel.launch import run_distributed
 from lwm.train.config import OptimConfig, ParallelConfig, StageConfig
 from lwm.train.plan.devices import parse_device
 from lwm.train.plan.fake import GPU_SETTINGS, make_batch
-from lwm.train.plan.memory import Mesh, plan_step
+from lwm.train.plan.memory import Mesh, StepMemory, plan_step
 from lwm.train.plan.time import step_time, step_work
 from lwm.train.step import build_optimizer, train_step
 
@@ -178,3 +178,32 @@ def test_the_ladder_offers_param_offload_before_head_groups():
     assert steps == ["parallel.activation_offload=true", "parallel.param_offload=true", "model.attn_head_groups=2"]
     on = dataclasses.replace(parallel, param_offload=True)
     assert "parallel.param_offload=true" not in [c.overrides[-1] for c in ladder(CFG, on, Mesh(4096, 2, 1))]
+
+
+def test_the_advice_keeps_only_the_features_the_fit_needs(monkeypatch, tmp_path):
+    """At a length where the states are what does not fit, the ladder reaches parameter offload
+    through checkpointing and activation offload; the advice then drops each of them that the run
+    fits without (each dropped set planned), and names parameter offload alone."""
+    from lwm.train.plan import command
+
+    calls = []
+
+    def plan_step(config, stage, mesh, parallel, optim, settings):
+        calls.append(parallel)
+        peak = 2**20 if parallel.param_offload else 2**30  # only the states' offload makes it fit
+        return StepMemory(peak, {"optimizer": 1}, {"p2p": 1}, 1, host_peak=2**20)
+
+    monkeypatch.setattr(command, "plan_step", plan_step)
+    overrides = ["model=debug", "schedule=debug"]  # checkpointing off
+    plan = command.run(
+        command.PlanConfig(overrides, seq_len=2**10, cp=1, dp=1, gpu="custom:0.01,10,100,10", out=str(tmp_path))
+    )
+    advice = plan["stages"][0]["advice"]
+    assert advice["overrides"] == ["parallel.param_offload=true"]
+    assert list(advice["tried"]) == [
+        "parallel.activation_checkpointing=true",
+        "parallel.activation_checkpointing=true parallel.activation_offload=true",
+        "parallel.activation_checkpointing=true parallel.activation_offload=true parallel.param_offload=true",
+        "parallel.activation_checkpointing=true parallel.param_offload=true",
+        "parallel.param_offload=true",
+    ]

@@ -14,7 +14,8 @@ The ladder, by what each costs at long context:
   6. head groups (model.attn_head_groups): the attention's forward once more in backward (2 of its
      9 products), the dearest at long context, where attention is nearly all of the step.
 A step of the ladder that changes nothing at this length (chunks longer than a rank's slice, a
-setting already on, head groups under tensor parallelism) is skipped.
+setting already on, head groups under tensor parallelism) is skipped. Once a set fits, each earlier
+step it still fits without is dropped (the dearest first), so the set named has no step to spare.
 """
 
 from __future__ import annotations
@@ -38,30 +39,42 @@ class Change:
     parallel: ParallelConfig
 
 
-def ladder(model: ModelConfig, parallel: ParallelConfig, mesh: Mesh) -> list[Change]:
-    """The cumulative changes for this mesh, cheapest first (the module docstring)."""
+Step = tuple[str, dict, dict]  # (the override, its ModelConfig fields, its ParallelConfig fields)
+
+
+def steps(model: ModelConfig, parallel: ParallelConfig, mesh: Mesh) -> list[Step]:
+    """The ladder's steps for this mesh, cheapest first (the module docstring)."""
     local = mesh.seq_len // mesh.cp
-    steps: list[tuple[str, dict, dict]] = []
+    found: list[Step] = []
     if not parallel.activation_checkpointing:
-        steps.append(("parallel.activation_checkpointing=true", {}, {"activation_checkpointing": True}))
+        found.append(("parallel.activation_checkpointing=true", {}, {"activation_checkpointing": True}))
     if not model.norm_chunk_size and local > CHUNK:
-        steps.append((f"model.norm_chunk_size={CHUNK}", {"norm_chunk_size": CHUNK}, {}))
+        found.append((f"model.norm_chunk_size={CHUNK}", {"norm_chunk_size": CHUNK}, {}))
     if not model.mlp_chunk_size and local > CHUNK:
-        steps.append((f"model.mlp_chunk_size={CHUNK}", {"mlp_chunk_size": CHUNK}, {}))
+        found.append((f"model.mlp_chunk_size={CHUNK}", {"mlp_chunk_size": CHUNK}, {}))
     if not parallel.activation_offload:
-        steps.append(("parallel.activation_offload=true", {}, {"activation_offload": True}))
+        found.append(("parallel.activation_offload=true", {}, {"activation_offload": True}))
     if not parallel.param_offload:
-        steps.append(("parallel.param_offload=true", {}, {"param_offload": True}))
+        found.append(("parallel.param_offload=true", {}, {"param_offload": True}))
     groups = head_groups(model, parallel, mesh)
     if groups > 1:
-        steps.append((f"model.attn_head_groups={groups}", {"attn_head_groups": groups}, {}))
-    changes, overrides = [], ()
-    for override, model_fields, parallel_fields in steps:
-        overrides += (override,)
+        found.append((f"model.attn_head_groups={groups}", {"attn_head_groups": groups}, {}))
+    return found
+
+
+def with_steps(model: ModelConfig, parallel: ParallelConfig, chosen: list[Step]) -> Change:
+    """The run with `chosen` steps on; raises ValueError where ParallelConfig refuses the set
+    (activation offload without checkpointing)."""
+    for _, model_fields, parallel_fields in chosen:
         model = model.replace(**model_fields)
         parallel = dataclasses.replace(parallel, **parallel_fields)
-        changes.append(Change(overrides, model, parallel))
-    return changes
+    return Change(tuple(override for override, _, _ in chosen), model, parallel)
+
+
+def ladder(model: ModelConfig, parallel: ParallelConfig, mesh: Mesh) -> list[Change]:
+    """The cumulative changes for this mesh, cheapest first (the module docstring)."""
+    found = steps(model, parallel, mesh)
+    return [with_steps(model, parallel, found[: i + 1]) for i in range(len(found))]
 
 
 def head_groups(model: ModelConfig, parallel: ParallelConfig, mesh: Mesh) -> int:
@@ -95,13 +108,32 @@ def cheapest_fit(
     device: Device,
     ranks_per_node: int,
 ) -> Advice:
-    """Plan the ladder's steps in order until one fits on `device`, and on its node's host memory
-    with `ranks_per_node` ranks offloading."""
+    """Plan the ladder's steps, one more at a time, until a set fits on `device` and on its node's
+    host memory with `ranks_per_node` ranks offloading; then drop each earlier step the set still
+    fits without, the dearest first (at short lengths parameter offload alone may fit, where the
+    ladder reached it through checkpointing and activation offload)."""
     advice = Advice(None, None, {})
-    for change in ladder(model, parallel, mesh):
+
+    def fits(change: Change):
         memory = plan(change.model, change.parallel)
         advice.tried[" ".join(change.overrides)] = memory.peak
-        if device.fits(memory.peak) and device.host_fits(memory.host_peak, ranks_per_node):
-            advice.change, advice.memory = change, memory
+        ok = device.fits(memory.peak) and device.host_fits(memory.host_peak, ranks_per_node)
+        return memory if ok else None
+
+    found = steps(model, parallel, mesh)
+    for n in range(1, len(found) + 1):
+        memory = fits(with_steps(model, parallel, found[:n]))
+        if memory is not None:
+            chosen = found[:n]
+            for step in reversed(found[: n - 1]):
+                fewer = [s for s in chosen if s is not step]
+                try:
+                    change = with_steps(model, parallel, fewer)
+                except ValueError:  # another chosen step needs it
+                    continue
+                smaller = fits(change)
+                if smaller is not None:
+                    chosen, memory = fewer, smaller
+            advice.change, advice.memory = with_steps(model, parallel, chosen), memory
             break
     return advice
