@@ -96,10 +96,21 @@ def checkpointed_steps(run: Path) -> int:
         return 0
 
 
-def wait_for_checkpoint(job: str, log: Path, run: Path, step: int, timeout: float = 120) -> None:
-    """Until stage a writes its checkpoint of `step`, then a random moment (a few steps at most)."""
+def wait_for_checkpoint(
+    job: str, log: Path, run: Path, step: int, timeout: float = 120, restarts: int | None = None
+) -> None:
+    """Until stage a writes its checkpoint of `step`, then a random moment (a few steps at most).
+    restarts: first until the job runs its restart of that number, then until that run has trained a
+    step of its own (a signal sent before would find the job pending, or the stage not yet started:
+    an earlier stop can come after `step` when the steps are fast)."""
     deadline = time.monotonic() + timeout
-    while checkpointed_steps(run) < step:
+    base = 0
+    if restarts is not None:
+        while job_field(job, "Restarts") != str(restarts) or job_field(job, "JobState") != "RUNNING":
+            assert time.monotonic() < deadline and job_field(job, "JobState") not in DONE, read(log)[-3000:]
+            time.sleep(0.05)
+        base = checkpointed_steps(run) + 1 if restarts else 0
+    while checkpointed_steps(run) < max(step, base):
         assert time.monotonic() < deadline and job_field(job, "JobState") not in DONE, read(log)[-3000:]
         time.sleep(0.05)
     time.sleep(random.uniform(0, 0.3))
@@ -151,8 +162,8 @@ def test_requeued_at_random_steps_resumes_by_itself(reference, tmp_path):
     job, log = submit(tmp_path)
     run = tmp_path / f"slurm-{job}"
     try:
-        for _, step, command in STOPS:
-            wait_for_checkpoint(job, log, run, step)
+        for restarts, (_, step, command) in enumerate(STOPS):
+            wait_for_checkpoint(job, log, run, step, restarts=restarts)
             subprocess.run([a.replace("<job>", job) for a in readme_command(command)], check=True)
         state = wait_done(job, log)
     finally:
