@@ -171,13 +171,13 @@ def test_the_time_model_runs_the_optimizer_on_the_host():
 
 
 def test_the_ladder_offers_param_offload_before_head_groups():
-    from lwm.train.plan.advice import ladder
+    from lwm.train.plan.advice import steps
 
     parallel = ParallelConfig(activation_checkpointing=True)
-    steps = [c.overrides[-1] for c in ladder(CFG, parallel, Mesh(4096, 2, 1))]
-    assert steps == ["parallel.activation_offload=true", "parallel.param_offload=true", "model.attn_head_groups=2"]
+    found = [override for override, _, _ in steps(CFG, parallel, Mesh(4096, 2, 1))]
+    assert found == ["parallel.activation_offload=true", "parallel.param_offload=true", "model.attn_head_groups=2"]
     on = dataclasses.replace(parallel, param_offload=True)
-    assert "parallel.param_offload=true" not in [c.overrides[-1] for c in ladder(CFG, on, Mesh(4096, 2, 1))]
+    assert "parallel.param_offload=true" not in [override for override, _, _ in steps(CFG, on, Mesh(4096, 2, 1))]
 
 
 def test_the_advice_keeps_only_the_features_the_fit_needs(monkeypatch, tmp_path):

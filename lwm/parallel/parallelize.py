@@ -114,12 +114,11 @@ def parallelize(
     layout: str = "striped",
     activation_checkpointing: bool = False,
     offload: ActivationOffload | None = None,
-    states: OffloadPolicy | None = None,
+    states: OffloadPolicy = OffloadPolicy(),  # FSDP2's default: on the device
 ) -> Transformer:
     """Apply meshes.dims to `model` (best built on the meta device): tp, cp attention, activation
     checkpointing, activation offload (`offload`, None: off; needs checkpointing), FSDP2 over
-    dp x cp with settings' mixed precision and `states` as its offload policy (state_offload;
-    None: on the device)."""
+    dp x cp with settings' mixed precision and `states` as its offload policy (state_offload)."""
     dims = meshes.dims
     dims.check_model(model.config.n_heads, model.config.n_kv_heads, model.config.attn_head_groups)
     apply_tensor_parallel(model, meshes.tp)
@@ -128,7 +127,7 @@ def parallelize(
         apply_activation_checkpointing(model)
     if offload is not None:
         apply_activation_offload(model, offload)
-    policy, states = settings.mp_policy(), states or OffloadPolicy()
+    policy = settings.mp_policy()
     for layer in model.layers:
         fully_shard(layer, mesh=meshes.fsdp, mp_policy=policy, offload_policy=states)
     fully_shard(model, mesh=meshes.fsdp, mp_policy=policy, offload_policy=states)
@@ -142,7 +141,7 @@ def meta_parallel_model(
     layout: str = "striped",
     activation_checkpointing: bool = False,
     offload: ActivationOffload | None = None,
-    states: OffloadPolicy | None = None,
+    states: OffloadPolicy = OffloadPolicy(),  # FSDP2's default: on the device
 ) -> Transformer:
     """The model built on the meta device and parallelized, not yet allocated. Under fake tensors,
     call it outside FakeTensorMode: FSDP2 over a tp mesh makes DeviceMeshes from real rank tensors."""
@@ -171,12 +170,12 @@ def build_parallel_model(
     layout: str = "striped",
     activation_checkpointing: bool = False,
     offload: ActivationOffload | None = None,
-    states: OffloadPolicy | None = None,
+    states: OffloadPolicy = OffloadPolicy(),  # FSDP2's default: on the device
 ) -> Transformer:
     """meta_parallel_model, then allocate: the parallelized model on `device` (its parameter shards
     in host memory under `states`' CPU offload) with init_state's weights."""
     model = meta_parallel_model(config, meshes, settings, layout, activation_checkpointing, offload, states)
-    return allocate(model, parameter_device(device, states or OffloadPolicy()), init_state)
+    return allocate(model, parameter_device(device, states), init_state)
 
 
 def global_group_counts(loss_mask: torch.Tensor, vision_mask: torch.Tensor, group=None) -> GroupCounts:

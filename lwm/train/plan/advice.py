@@ -71,12 +71,6 @@ def with_steps(model: ModelConfig, parallel: ParallelConfig, chosen: list[Step])
     return Change(tuple(override for override, _, _ in chosen), model, parallel)
 
 
-def ladder(model: ModelConfig, parallel: ParallelConfig, mesh: Mesh) -> list[Change]:
-    """The cumulative changes for this mesh, cheapest first (the module docstring)."""
-    found = steps(model, parallel, mesh)
-    return [with_steps(model, parallel, found[: i + 1]) for i in range(len(found))]
-
-
 def head_groups(model: ModelConfig, parallel: ParallelConfig, mesh: Mesh) -> int:
     """The most head groups (up to 8) the mesh runs: they divide the kv heads, need tp 1, and keep
     each group's heads divisible by Ulysses' all-to-all; 1 where none do."""
@@ -114,26 +108,28 @@ def cheapest_fit(
     ladder reached it through checkpointing and activation offload)."""
     advice = Advice(None, None, {})
 
-    def fits(change: Change):
+    def fits(chosen: list[Step]):
+        change = with_steps(model, parallel, chosen)
         memory = plan(change.model, change.parallel)
         advice.tried[" ".join(change.overrides)] = memory.peak
         ok = device.fits(memory.peak) and device.host_fits(memory.host_peak, ranks_per_node)
         return memory if ok else None
 
     found = steps(model, parallel, mesh)
-    for n in range(1, len(found) + 1):
-        memory = fits(with_steps(model, parallel, found[:n]))
+    for n in range(1, len(found) + 1):  # one more step at a time, until a set fits
+        memory = fits(found[:n])
         if memory is not None:
-            chosen = found[:n]
-            for step in reversed(found[: n - 1]):
-                fewer = [s for s in chosen if s is not step]
-                try:
-                    change = with_steps(model, parallel, fewer)
-                except ValueError:  # another chosen step needs it
-                    continue
-                smaller = fits(change)
-                if smaller is not None:
-                    chosen, memory = fewer, smaller
-            advice.change, advice.memory = with_steps(model, parallel, chosen), memory
             break
+    else:
+        return advice
+    chosen = found[:n]
+    for step in reversed(chosen[:-1]):  # the dearest first
+        fewer = [s for s in chosen if s is not step]
+        try:
+            with_steps(model, parallel, fewer)
+        except ValueError:  # another chosen step needs it (activation offload: checkpointing)
+            continue
+        if (smaller := fits(fewer)) is not None:
+            chosen, memory = fewer, smaller
+    advice.change, advice.memory = with_steps(model, parallel, chosen), memory
     return advice
