@@ -9,10 +9,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.distributed as dist
+from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
 from lwm.model import ModelConfig
 from lwm.parallel import compute_settings
@@ -27,6 +29,7 @@ from lwm.train.plan.fake import GPU_SETTINGS
 from lwm.train.plan.memory import Mesh, StepMemory, plan_step
 from lwm.train.plan.search import longest_sequence
 from lwm.train.plan.time import block_params, step_time, step_work
+from lwm.train.plan.tracker import PlanTracker
 
 SMALL = ["model=debug", "schedule=debug", "parallel=7b"]  # activation checkpointing on, as at 7b
 
@@ -425,3 +428,19 @@ def test_the_optimizers_writes_are_this_ranks_shards():
         for dp in (1, 2)
     }
     assert written[1] > 0 and written[2] == pytest.approx(written[1] / 2, rel=0.01)
+
+
+def test_the_breakdown_names_the_module_entered_last_when_two_are_entered_between_the_same_ops(monkeypatch):
+    """A module's backward that begins right after its parent's, with nothing counted between (a
+    Linear inside the MLP), made the two stamps equal once both names were known: the breakdown then
+    named either, by the order of a set of strings (it changed with Python's hash seed)."""
+    monkeypatch.setattr(FSDPMemTracker, "__init__", lambda self, mod, optm=None: None)
+    tracker = PlanTracker(None, None, "cpu")
+    fqn = {"mlp": "Transformer.layers.1.mlp", "w2": "Transformer.layers.1.mlp.w2"}
+    parents = ["Global", "Transformer", fqn["mlp"], fqn["w2"]]  # the parent first: what max() keeps on a tie
+    tracker._mod_tracker = SimpleNamespace(get_known_fqn=fqn.get, is_bw=True, parents=parents)
+    tracker._in_opt, tracker._stepping, tracker._dtype = False, True, torch.bfloat16
+    for _ in range(2):  # the second time both names are known
+        tracker._on_backward("mlp", None)
+        tracker._on_backward("w2", None)
+    assert tracker._origin()[:2] == ("layers.1.mlp.w2", "backward")

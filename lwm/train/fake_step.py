@@ -22,7 +22,6 @@ import time
 from dataclasses import dataclass, field, fields
 
 import torch.distributed as dist
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 from lwm.model import ModelConfig
 from lwm.model.config import PRESETS
@@ -31,6 +30,7 @@ from lwm.parallel.layout import check_divisible
 from lwm.train.config import ParallelConfig, StageConfig, stage_model_config
 from lwm.train.plan.fake import (
     GPU_SETTINGS,
+    PlanFakeMode,
     PrefillResult,
     StepResult,
     check_shards,
@@ -91,7 +91,7 @@ def run(config: FakeStepConfig) -> FakeStepReport:
         batch = make_batch(model_config, config.seq_len, where, config.documents, parallel.layout, "cpu")  # host
         start = time.perf_counter()
         model = meta_parallel_model(model_config, where, GPU_SETTINGS, parallel.layout)
-        with FakeTensorMode() as mode:
+        with PlanFakeMode() as mode:
             batch = fake(batch, mode)
             model = fake_allocate(model, mode)
             step = run_step(model_config, stage, where, parallel, GPU_SETTINGS, "cpu", batch, model=model)

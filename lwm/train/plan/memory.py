@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 from lwm.model import ModelConfig
 from lwm.parallel import (
@@ -28,7 +27,7 @@ from lwm.parallel import (
     state_offload,
 )
 from lwm.train.config import OptimConfig, ParallelConfig, StageConfig
-from lwm.train.plan.fake import fake, fake_allocate, make_batch, place, run_prefill, start_fake_group
+from lwm.train.plan.fake import PlanFakeMode, fake, fake_allocate, make_batch, place, run_prefill, start_fake_group
 from lwm.train.plan.tracker import PeakTracker, PlanTracker, WorkCounter
 from lwm.train.step import build_optimizer, train_step
 
@@ -117,7 +116,7 @@ def tracked_step(
         optimizer.step()
         tracker.restart_peak()
         start = time.perf_counter()
-        with counter:
+        with tracker.counting(counter):
             train_step(model, batch, optimizer, optim, where.cp_group, document_mask, scheduler)
         seconds = time.perf_counter() - start
     for hook in hooks:
@@ -154,7 +153,7 @@ def plan_step(
             planned_offload(parallel),
             state_offload(parallel.param_offload, torch.device("cpu")),  # unpinned: the fake tensors' device
         )
-        with FakeTensorMode() as mode:
+        with PlanFakeMode() as mode:
             batch = widen(fake(host, mode), mesh.batch)
             model = fake_allocate(model, mode)
             memory = tracked_step(model, batch, optim, stage, where, parallel.document_mask, parallel.param_offload)
@@ -201,7 +200,7 @@ def plan_prefill(
     try:
         where = place(1, cp)
         counter = WorkCounter()
-        with FakeTensorMode(), PeakTracker() as tracker, counter:
+        with PlanFakeMode(), PeakTracker() as tracker, counter:
             result = run_prefill(model_config, where, seq_len, prefill_chunk, settings, "cpu")
         snap = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]  # not the meta model it is loaded into
     finally:

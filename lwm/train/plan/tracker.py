@@ -3,12 +3,14 @@ counter of the bytes a step moves (collectives, point-to-point, and written by o
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from contextlib import contextmanager
 from copy import deepcopy
 
 import torch
-from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPRefType
+from torch._guards import active_fake_mode
+from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPRefType, _FSDPState
 from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _UpdateType
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._sharding_prop import ShardingPropagator
@@ -25,6 +27,12 @@ PARTS = {
     "inputs": (_FSDPRefType.INP,),
 }
 CATEGORY = {kind: name for name, kinds in PARTS.items() for kind in kinds}
+# A tensor's device asked from C++ (about every other dispatch under fake tensors): makes no tensor, so
+# the plan's modes pass it straight on.
+DEVICE_OF = torch.ops.prim.device.default
+WAIT_TENSOR = torch.ops._c10d_functional.wait_tensor.default
+ALL_GATHER = torch.ops.c10d._allgather_base_.default
+REDUCE_SCATTER = torch.ops.c10d._reduce_scatter_base_.default
 SHORT_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64"}
 
 
@@ -70,7 +78,9 @@ class PlanTracker(FSDPMemTracker):
         self._peak_at = 0
         self._stepping = False  # from restart_peak on: what the measured step makes
         self._entered: dict[str, int] = {}  # module -> when its forward or backward last began
+        self._entries = itertools.count()  # strictly increasing: a module entered later wins a tie
         self._recomputing: set[str] = set()  # modules whose forward runs inside backward
+        self._counter: WorkCounter | None = None  # counting(): the step's work, counted here
 
     def __enter__(self):
         if self._depth == 0:
@@ -84,7 +94,7 @@ class PlanTracker(FSDPMemTracker):
 
     def _on_forward(self, module, inputs) -> None:
         name = self._mod_tracker.get_known_fqn(module)
-        self._entered[name] = len(self._entered) + len(self._log)
+        self._entered[name] = next(self._entries)
         if self._mod_tracker.is_bw:  # activation checkpointing reruns it
             self._recomputing.add(name)
 
@@ -92,16 +102,55 @@ class PlanTracker(FSDPMemTracker):
         self._recomputing.discard(self._mod_tracker.get_known_fqn(module))
 
     def _on_backward(self, module, grad_outputs) -> None:
-        self._entered[self._mod_tracker.get_known_fqn(module)] = len(self._entered) + len(self._log)
+        self._entered[self._mod_tracker.get_known_fqn(module)] = next(self._entries)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if self._propagating:
+        """FSDPMemTracker's accounting in one pass, and the step's work counted (`counting`): a plan
+        dispatches ~10^6 ops, and each mode over the fake one costs about as much as torch's
+        tracking (the two modes and torch's generic output walk were 45% of a layer's plan time)."""
+        if self._propagating or func is DEVICE_OF:
             return func(*args, **(kwargs or {}))
+        if DTensor in types:  # DTensor runs its local ops, which come back here
+            return NotImplemented
         outer, self._op = self._op, func.overloadpacket.__name__
         try:
-            return super().__torch_dispatch__(func, types, args, kwargs)
+            if func is WAIT_TENSOR and active_fake_mode():  # as torch's tracker: the wait makes no tensor
+                out = args[0]
+            else:
+                out = func(*args, **(kwargs or {}))
+            if active_fake_mode() is self._fake_mode_on_entry:
+                self._account(func, args, out)
         finally:
             self._op = outer
+        if self._counter is not None:
+            self._counter.count(func, args, out)
+        return out
+
+    def _account(self, func, args, out) -> None:
+        """torch's FSDPMemTracker.__torch_dispatch__ after the op (torch 2.14): gathered and
+        reduce-scattered buffers, then the outputs under the phase's kind."""
+        if self._in_opt:
+            reftype = _FSDPRefType.OPT
+        elif self._mod_tracker.is_bw and not self._in_ac:
+            reftype = _FSDPRefType.TEMP
+        else:
+            reftype = _FSDPRefType.ACT
+        if func is ALL_GATHER and self._fsdp_state in (_FSDPState.PRE_FW, _FSDPState.PRE_BW):
+            self._update_and_maybe_create_winfos(args[0], _FSDPRefType.ALL_GATHER, update_existing=True)
+        elif func is REDUCE_SCATTER and self._fsdp_state == _FSDPState.POST_BW:
+            self._update_and_maybe_create_winfos(args[1], _FSDPRefType.REDUCE_SCATTER, update_existing=True)
+        for t in _tensors(out):
+            self._track(reftype, t)
+        self._update_peak_stats(None)
+
+    @contextmanager
+    def counting(self, counter: WorkCounter):
+        """Count the step's work into `counter` from this mode, as WorkCounter's own would."""
+        self._counter = counter
+        try:
+            yield counter
+        finally:
+            self._counter = None
 
     def _track(self, reftype, t) -> None:
         self._dtype = t.dtype
@@ -286,16 +335,21 @@ class WorkCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        name = func.overloadpacket.__name__
-        if func.namespace in ("c10d", "_c10d_functional"):  # functional: DTensor's (tensor parallelism)
-            self._count_comm(name, args)
-        elif name == "copy_" and args[0].device != args[1].device:  # offload: to the host and back
+        self.count(func, args, out)
+        return out
+
+    def count(self, func, args, out) -> None:
+        """Count one op that ran: `out` is what it returned."""
+        kind = _KINDS.get(func) or _KINDS.setdefault(func, _kind(func))
+        if kind == "comm":
+            self._count_comm(func.overloadpacket.__name__, args)
+        elif kind == "copy" and args[0].device != args[1].device:  # offload: to the host and back
             self.sent["host"] += args[0].nbytes
-        elif not name.startswith(COMPUTE_OPS):
-            nbytes = sum(_written(func, i, t) for i, t in enumerate(_tensors(out)))
+        elif kind != "compute":
+            views = _VIEWS.get(func) or _VIEWS.setdefault(func, _views(func))
+            nbytes = sum(_written(t) for i, t in enumerate(_tensors(out)) if i >= len(views) or not views[i])
             self.written += nbytes
             self.optimizer_written += nbytes if self.in_optimizer else 0
-        return out
 
     def count_optimizer(self, optimizer) -> list:
         """Mark `optimizer`'s steps (their writes are optimizer_written); returns the hooks' handles."""
@@ -324,13 +378,36 @@ class WorkCounter(TorchDispatchMode):
 
 
 def _tensors(out) -> list:
-    return [t for t in (out if isinstance(out, (tuple, list)) else [out]) if isinstance(t, torch.Tensor)]
+    """The tensors an op returned: itself, or those in its tuple or list (nested: _fused_adam's)."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if not isinstance(out, (tuple, list)):
+        return []
+    return [t for o in out for t in ([o] if isinstance(o, torch.Tensor) else _tensors(o))]
 
 
-def _written(func, index: int, t: torch.Tensor) -> int:
-    returns = func._schema.returns
-    alias = returns[index].alias_info if index < len(returns) else None
-    if alias is not None and not alias.is_write:  # a view: no bytes move
-        return 0
+# What WorkCounter does with each op, worked out on its first call (a plan dispatches ~10^6 ops).
+_KINDS: dict = {}
+_VIEWS: dict = {}
+
+
+def _kind(func) -> str:
+    """comm: a collective or point-to-point op (functional: DTensor's, tensor parallelism); copy: a
+    copy (host traffic when it crosses devices, else written); compute: timed from its arithmetic, or moves nothing
+    (a tensor's device); written: its outputs' bytes are HBM traffic."""
+    name = func.overloadpacket.__name__
+    if func.namespace in ("c10d", "_c10d_functional"):
+        return "comm"
+    if name == "copy_":
+        return "copy"
+    return "compute" if name.startswith(COMPUTE_OPS) or func is DEVICE_OF else "written"
+
+
+def _views(func) -> tuple[bool, ...]:
+    """Per return of `func`: whether it is a view (its bytes do not move)."""
+    return tuple(r.alias_info is not None and not r.alias_info.is_write for r in func._schema.returns) or (False,)
+
+
+def _written(t: torch.Tensor) -> int:
     # A DTensor op (AdamW and clipping on FSDP2's shards) writes this rank's shard, not the global shape.
     return t.to_local().nbytes if isinstance(t, DTensor) else t.nbytes
