@@ -30,7 +30,6 @@ from lwm.train.plan.search import (
     stage_meshes,
 )
 from lwm.train.plan.time import step_time, step_work
-from lwm.train.run import hf_start
 
 NODE = 8  # GPUs per node when --cp/--dp give the world directly (an HGX node)
 
@@ -90,7 +89,12 @@ def run(config: PlanConfig) -> dict:
     run_cfg = compose_run(config.overrides)
     if config.tp:
         run_cfg.parallel = dataclasses.replace(run_cfg.parallel, tp=config.tp)
-    model = hf_start(run_cfg.schedule.init_hf)[0] if run_cfg.schedule.init_hf else run_cfg.model
+    if run_cfg.schedule.init_hf:
+        from lwm.train.run import hf_start  # here: the training run's imports (Lightning) cost a plan 1 s
+
+        model = hf_start(run_cfg.schedule.init_hf)[0]
+    else:
+        model = run_cfg.model
     world, node = planned_world(config, run_cfg)
     planned = planned_stages(config, run_cfg, world)
     # Document masks are off: their runs are read on the host (lwm.train.fake_step's docstring).
