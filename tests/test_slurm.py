@@ -170,7 +170,7 @@ def test_requeued_at_random_steps_resumes_by_itself(reference, tmp_path):
         subprocess.run(["scancel", job])
     text = read(log)
     assert state == "COMPLETED" and job_field(job, "Restarts") == str(len(STOPS)), text[-3000:]
-    assert f"job {job} requeued" in text and "stopped on SIGTERM" in text, text[-3000:]
+    assert f"requeueing job {job}" in text and "stopped on SIGTERM" in text, text[-3000:]
     runs = re.split(r"started again \(restart \d+\)", text)
     assert len(runs) == len(STOPS) + 1, text[-3000:]
     for (signal_name, step, _), before, after in zip(STOPS, runs, runs[1:]):

@@ -122,12 +122,12 @@ def after_stop(out_dir: str | Path) -> None:
 
 
 def _requeue(job: str, out_dir: str | Path) -> None:
+    # Said before asking: SLURM ends the job's processes as it requeues it, possibly before scontrol returns.
+    print(f"stopped before the time limit: requeueing job {job}; it resumes the run in {out_dir}", flush=True)
     proc = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
-    if proc.returncode == 0:
-        print(f"stopped before the time limit: job {job} requeued; it resumes the run in {out_dir}", flush=True)
-    else:
+    if proc.returncode != 0:
         print(
-            f"stopped before the time limit, but `scontrol requeue {job}` failed ({proc.stderr.strip()}); "
+            f"`scontrol requeue {job}` failed ({proc.stderr.strip()}); "
             f"submit the job with --requeue, or resume with trainer.out_dir={out_dir} resume=true",
             flush=True,
         )
