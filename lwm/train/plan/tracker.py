@@ -340,13 +340,12 @@ class WorkCounter(TorchDispatchMode):
 
     def count(self, func, args, out) -> None:
         """Count one op that ran: `out` is what it returned."""
-        kind = _KINDS.get(func) or _KINDS.setdefault(func, _kind(func))
+        kind, views = _OPS.get(func) or _OPS.setdefault(func, _classify(func))
         if kind == "comm":
             self._count_comm(func.overloadpacket.__name__, args)
         elif kind == "copy" and args[0].device != args[1].device:  # offload: to the host and back
             self.sent["host"] += args[0].nbytes
         elif kind != "compute":
-            views = _VIEWS.get(func) or _VIEWS.setdefault(func, _views(func))
             nbytes = sum(_written(t) for i, t in enumerate(_tensors(out)) if i >= len(views) or not views[i])
             self.written += nbytes
             self.optimizer_written += nbytes if self.in_optimizer else 0
@@ -387,25 +386,21 @@ def _tensors(out) -> list:
 
 
 # What WorkCounter does with each op, worked out on its first call (a plan dispatches ~10^6 ops).
-_KINDS: dict = {}
-_VIEWS: dict = {}
+_OPS: dict = {}
 
 
-def _kind(func) -> str:
-    """comm: a collective or point-to-point op (functional: DTensor's, tensor parallelism); copy: a
-    copy (host traffic when it crosses devices, else written); compute: timed from its arithmetic, or moves nothing
-    (a tensor's device); written: its outputs' bytes are HBM traffic."""
+def _classify(func) -> tuple[str, tuple[bool, ...]]:
+    """(kind, per return whether it is a view: its bytes do not move). Kinds: comm, a collective or
+    point-to-point op (functional: DTensor's, tensor parallelism); copy, a copy (host traffic when it
+    crosses devices, else written); compute, timed from its arithmetic, or moves nothing (a tensor's
+    device); written, its outputs' bytes are HBM traffic."""
     name = func.overloadpacket.__name__
+    views = tuple(r.alias_info is not None and not r.alias_info.is_write for r in func._schema.returns)
     if func.namespace in ("c10d", "_c10d_functional"):
-        return "comm"
+        return "comm", views
     if name == "copy_":
-        return "copy"
-    return "compute" if name.startswith(COMPUTE_OPS) or func is DEVICE_OF else "written"
-
-
-def _views(func) -> tuple[bool, ...]:
-    """Per return of `func`: whether it is a view (its bytes do not move)."""
-    return tuple(r.alias_info is not None and not r.alias_info.is_write for r in func._schema.returns) or (False,)
+        return "copy", views
+    return ("compute" if name.startswith(COMPUTE_OPS) or func is DEVICE_OF else "written"), views
 
 
 def _written(t: torch.Tensor) -> int:
