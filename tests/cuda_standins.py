@@ -1,4 +1,5 @@
-"""CPU stand-ins of the CUDA-only attention kernels the project calls, holding to their contracts.
+"""CPU stand-ins of the CUDA-only kernels the project calls (attention, the fused RMSNorm's
+backward), holding to their contracts.
 
 Registered for CPU tensors under the real aten names (which have no CPU kernel), so that the
 project's CUDA code paths (backends `cuda_flash` and `cuda_efficient`) run in the ordinary suite.
@@ -25,6 +26,11 @@ memory-efficient (aten._scaled_dot_product_efficient_attention[_backward])
     padding is NaN here, so reading it shows); the backward needs that padded length, reads rows
     with unit stride and batch/head with the tensor's strides.
 Outputs and gradients come back as the kernels give them: (B, S, H, D) memory seen as (B, H, S, D).
+fused RMSNorm backward (aten._fused_rms_norm_backward; its forward has a CPU composite)
+    grad_out like the input; rstd fp32 (fp64 for fp64 input), the input's shape with 1 in the
+    normalized dims; weight None or of the input's dtype and the normalized shape; computes in
+    the rstd's dtype, returns the input gradient in the input's dtype and the weight's in the
+    weight's, None where output_mask says so.
 """
 
 from __future__ import annotations
@@ -262,7 +268,44 @@ def efficient_backward(
     return dq, dk, dv, torch.empty(0, dtype=query.dtype)
 
 
+def rms_norm_backward(grad_out, input, normalized_shape, rstd, weight, output_mask):
+    kernel = "fused rms_norm backward"
+    calls[kernel] = calls.get(kernel, 0) + 1
+    k = len(normalized_shape)
+    _require(
+        tuple(input.shape[-k:]) == tuple(normalized_shape),
+        kernel,
+        f"input {tuple(input.shape)} is not (*, {normalized_shape})",
+    )
+    _require(grad_out.shape == input.shape and grad_out.dtype == input.dtype, kernel, "grad_out must be like the input")
+    acc = torch.float64 if input.dtype == torch.float64 else torch.float32
+    stats = (*input.shape[:-k], *[1] * k)
+    _require(
+        rstd.dtype == acc and tuple(rstd.shape) == stats,
+        kernel,
+        f"rstd must be {stats} {acc}, got {tuple(rstd.shape)} {rstd.dtype}",
+    )
+    if weight is not None:
+        _require(
+            weight.dtype == input.dtype, kernel, f"weight dtype {weight.dtype} differs from the input's {input.dtype}"
+        )
+        _require(
+            tuple(weight.shape) == tuple(normalized_shape),
+            kernel,
+            f"weight {tuple(weight.shape)} is not {normalized_shape}",
+        )
+    dims = tuple(range(-k, 0))
+    x_hat = input.to(acc) * rstd
+    g = grad_out.to(acc) * (weight.to(acc) if weight is not None else 1)
+    dx = rstd * (g - x_hat * (g * x_hat).mean(dims, keepdim=True)) if output_mask[0] else None
+    dw = None
+    if output_mask[1] and weight is not None:
+        dw = (grad_out.to(acc) * x_hat).sum(tuple(range(input.dim() - k))).to(weight.dtype)
+    return (dx.to(input.dtype) if dx is not None else None), dw
+
+
 STANDINS = {
+    "_fused_rms_norm_backward": rms_norm_backward,
     "_scaled_dot_product_flash_attention": flash_forward,
     "_scaled_dot_product_flash_attention_backward": flash_backward,
     "_flash_attention_forward": varlen_forward,

@@ -63,6 +63,16 @@ def test_the_step_computes_in_bf16_with_the_cuda_flash_kernel(fake):
     assert "step" in fake.seconds and any("4 documents masked" in line for line in fake.lines)
 
 
+def test_the_step_and_prefill_run_the_fused_rms_norm_as_a_gpu_does(fake):
+    """On a CUDA tensor torch runs each RMSNorm as one fused op each way; fake CPU tensors left to
+    torch run its composite (pow, mean, rsqrt, mul: fp32 temporaries a GPU never makes)."""
+    norms = 2 * 2 + 1  # two a layer and the final one
+    ops = fake.step.counter.ops
+    assert (ops["_fused_rms_norm"], ops["_fused_rms_norm_backward"], ops["rsqrt"]) == (norms, norms, 0)
+    # the prefill's 4 segments and its extend step are 5 forward passes
+    assert (fake.prefill.counter.ops["_fused_rms_norm"], fake.prefill.counter.ops["rsqrt"]) == (5 * norms, 0)
+
+
 def test_rope_angles_stay_fp32_under_fsdp2_mixed_precision(fake):
     """Defect 7: MixedPrecisionPolicy casts a module's floating inputs by default, so each block's
     cos/sin arrived in bf16 on a GPU (fp32 on CPU and in inference). apply_rope rotates in fp32."""

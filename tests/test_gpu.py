@@ -192,3 +192,24 @@ def test_generation_with_the_kv_cache_on_cuda(dtype):
     assert got == pytest.approx(want, abs=1e-3 if dtype == torch.float32 else 0.15)
     if dtype == torch.float32:
         assert gen.generate(prompt, GenerationConfig(max_new_tokens=8)) == seq[len(prompt) :]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_named_fused_norm_is_what_torch_runs_on_a_gpu(dtype):
+    """The planner runs the norm as `fused` (aten's kernel and backward by name); on a GPU torch's
+    own dispatch (`auto`) runs the same two kernels: equal outputs and gradients, bit for bit."""
+    from lwm.model.norm import RMSNorm
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 256, 512, device="cuda", dtype=dtype) * 3
+    grad = torch.randn_like(x)
+    got = {}
+    for kernel in ("auto", "fused"):
+        norm = RMSNorm(512, 1e-5).to("cuda", dtype)
+        norm.kernel = kernel
+        xi = x.clone().requires_grad_()
+        out = norm(xi)
+        out.backward(grad)
+        got[kernel] = (out, xi.grad, norm.weight.grad)
+    for a, b in zip(got["auto"], got["fused"]):
+        assert torch.equal(a, b)

@@ -13,7 +13,7 @@ from lwm.model.block import Block
 from lwm.model.config import ModelConfig
 from lwm.model.documents import check_segment_ids
 from lwm.model.loss import LossOutput, chunked_cross_entropy
-from lwm.model.norm import RMSNorm
+from lwm.model.norm import NORM_KERNELS, RMSNorm
 from lwm.model.rope import rope_angles
 
 
@@ -52,6 +52,14 @@ class Transformer(nn.Module):
     def attention_fns(self) -> list[AttentionFn]:
         """Each block's attention function, in order (what set_attention takes back)."""
         return [layer.attn.attn_fn for layer in self.layers]
+
+    def set_norm_kernel(self, kernel: str) -> None:
+        """Every RMSNorm's kernel (lwm.model.norm.NORM_KERNELS)."""
+        if kernel not in NORM_KERNELS:
+            raise ValueError(f"unknown norm kernel {kernel!r}; expected one of {NORM_KERNELS}")
+        for module in self.modules():
+            if isinstance(module, RMSNorm):
+                module.kernel = kernel
 
     def forward(
         self,

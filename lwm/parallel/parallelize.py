@@ -46,6 +46,7 @@ class ComputeSettings:
 
     param_dtype: torch.dtype | None  # FSDP2's compute dtype on fp32 master weights; None: fp32 throughout
     backend: str  # the attention kernel (lwm.parallel.kernels.BACKENDS)
+    norm: str = "auto"  # the RMSNorm kernel (lwm.model.norm.NORM_KERNELS)
 
     def mp_policy(self) -> MixedPrecisionPolicy:
         # Forward inputs are not cast: the blocks' RoPE cos/sin stay fp32 (apply_rope rotates in
@@ -55,10 +56,12 @@ class ComputeSettings:
 
 
 def compute_settings(device: torch.device, head_dim: int) -> ComputeSettings:
-    """A GPU computes in bf16 on fp32 master weights, a CPU in fp32; the kernel is the one
-    lwm.parallel.kernels picks for queries of that device, dtype and head dim."""
+    """A GPU computes in bf16 on fp32 master weights, a CPU in fp32; the attention kernel is the one
+    lwm.parallel.kernels picks for queries of that device, dtype and head dim; the norm's is the
+    fused one a CUDA tensor gets from torch, named so that the planner runs the same."""
     dtype = torch.bfloat16 if device.type == "cuda" else None
-    return ComputeSettings(dtype, auto_backend(device.type, dtype or torch.float32, head_dim))
+    norm = "fused" if device.type == "cuda" else "auto"
+    return ComputeSettings(dtype, auto_backend(device.type, dtype or torch.float32, head_dim), norm)
 
 
 def state_offload(on: bool, device: torch.device) -> OffloadPolicy:
@@ -116,13 +119,14 @@ def parallelize(
     offload: ActivationOffload | None = None,
     states: OffloadPolicy = OffloadPolicy(),  # FSDP2's default: on the device
 ) -> Transformer:
-    """Apply meshes.dims to `model` (best built on the meta device): tp, cp attention, activation
+    """Apply meshes.dims to `model` (best built on the meta device): tp, cp attention, the norm kernel, activation
     checkpointing, activation offload (`offload`, None: off; needs checkpointing), FSDP2 over
     dp x cp with settings' mixed precision and `states` as its offload policy (state_offload)."""
     dims = meshes.dims
     dims.check_model(model.config.n_heads, model.config.n_kv_heads, model.config.attn_head_groups)
     apply_tensor_parallel(model, meshes.tp)
     apply_context_parallel(model, meshes.attention_group, layout, dims.mode, meshes.ulysses_group, settings.backend)
+    model.set_norm_kernel(settings.norm)
     if activation_checkpointing:
         apply_activation_checkpointing(model)
     if offload is not None:

@@ -7,8 +7,8 @@ that reports it at mission scale.
 
 Fake tensors carry shapes, dtypes and devices, never values. The autograd engine cannot run a
 backward on fake CUDA tensors without a GPU, so the tensors are fake CPU tensors with the GPU's
-settings forced (GPU_SETTINGS: the bf16 policy and the CUDA flash kernel, whose aten ops have meta
-kernels that give their shapes).
+settings forced (GPU_SETTINGS: the bf16 policy, the CUDA flash kernel and the fused RMSNorm, whose
+aten ops have meta kernels that give their shapes).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class PlanFakeMode(FakeTensorMode):
         return self._avoid_device_init
 
 
-GPU_SETTINGS = ComputeSettings(param_dtype=torch.bfloat16, backend="cuda_flash")  # what compute_settings gives a GPU
+GPU_SETTINGS = ComputeSettings(torch.bfloat16, "cuda_flash", "fused")  # what compute_settings gives a GPU
 
 # Ops after which a GPU's host waits for the device: a value read to the host, or an output whose
 # size depends on values. OpCounter adds tolist and device-to-host copies (none when all is on CPU).
@@ -331,6 +331,7 @@ def run_prefill(
     in the compute dtype (as lwm.infer.runtime loads them: bf16 on a GPU)."""
     with torch.device("meta"):
         model = Transformer(model_config)
+    model.set_norm_kernel(settings.norm)
     dtype = settings.param_dtype or torch.float32
     weights = {k: torch.empty(v.shape, dtype=dtype, device=device) for k, v in model.state_dict().items()}
     model.load_state_dict(weights, assign=True)
