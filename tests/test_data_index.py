@@ -6,6 +6,7 @@ Longer than most test files: one subject's tests kept together, beside the helpe
 """
 
 import json
+import multiprocessing.pool
 import os
 import time
 
@@ -332,8 +333,10 @@ def test_a_large_source_is_indexed_by_several_processes(tmp_path, tok, vocab, co
         return real(method)
 
     monkeypatch.setattr(index.multiprocessing, "get_context", spy)
+    terminated = []  # the workers end by themselves; a worker's SIGTERM never decides the pool's end
+    monkeypatch.setattr(multiprocessing.pool.Pool, "terminate", lambda pool: terminated.append(pool))
     parallel = source_index(src, encoder, "text", index_dir=tmp_path / "two", workers=2)
-    assert pools == ["spawn"] and parallel.made
+    assert pools == ["spawn"] and parallel.made and terminated == []
     assert np.array_equal(parallel.lengths, alone.lengths) and parallel.reasons == alone.reasons
     assert len(alone.reasons) == 2 + 6 and alone.reasons[3].startswith(f"{src}:4: not JSON")  # lines, examples
 

@@ -192,9 +192,15 @@ def _make(path: Path, encoder: Encoder, fields, max_line_bytes, workers: int, fi
         # spawn: the caller may hold CUDA or threads a fork would copy in a broken state
         context = multiprocessing.get_context("spawn")
         args = (path, max_line_bytes, reader.places(), encoder, fields)
-        with context.Pool(min(workers, len(spans)), initializer=_start_worker, initargs=args) as pool:
-            results = pool.imap(_measure, spans)
-            _gather(results, lengths, reasons, bar)
+        pool = context.Pool(min(workers, len(spans)), initializer=_start_worker, initargs=args)
+        try:
+            _gather(pool.imap(_measure, spans), lengths, reasons, bar)
+            pool.close()  # the workers end by themselves once the tasks are done: no signal needed
+        except BaseException:
+            pool.terminate()
+            raise
+        finally:
+            pool.join()
     else:
         _gather((_measure_with(reader, encoder, fields, span) for span in spans), lengths, reasons, bar)
     bar.close()
