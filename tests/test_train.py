@@ -269,6 +269,31 @@ def test_first_stage_from_hugging_face(tmp_path):
     assert weights["embed.weight"].shape == (12352, 48)
 
 
+def test_a_start_from_an_exported_folder_keeps_its_vocabulary(tmp_path, monkeypatch, capsys):
+    """A folder this project exported (its tokenizer holds the vision tokens) starts a run with its
+    rows as they are. They were grown for vision once more (12352 -> 20608 rows), the run trained on,
+    and its own export failed at the end on the rows its tokenizer does not make. A start whose rows
+    the data's tokenizer does not make is refused before anything is written."""
+    from lwm.interop.hf import to_hf
+    from lwm.model import ModelConfig, Transformer
+    from lwm.train.run import hf_start
+
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig.from_preset("debug").replace(vocab_size=12352))  # the sample's 4096 ids
+    folder = to_hf(model, tmp_path / "hf", tokenizer_model="data/sample/tokenizer.model")
+    config, read = hf_start(folder)
+    assert config.vocab_size == 12352
+    state = read()
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+
+    other = tmp_path / "other"  # a tokenizer's vision tokens from id 5000: 13248 rows, not the sample's 12352
+    to_hf(Transformer(ModelConfig.from_preset("debug").replace(vocab_size=13248)), other, tokenizer_model=None)
+    (other / "tokenizer.json").write_text(json.dumps({"added_tokens": [{"id": 5000, "content": "<vision_0>"}]}))
+    code, err = _main_exit(monkeypatch, capsys, tmp_path / "run", "stage_only=a", f"schedule.init_hf={other}")
+    assert code == 2 and "starts a model of 13248 vocabulary rows, but data.tokenizer" in err, err[-2000:]
+    assert not (tmp_path / "run").exists()
+
+
 def test_random_state_is_saved_and_restored():
     """What the module writes into a checkpoint brings back the exact random streams."""
     import random

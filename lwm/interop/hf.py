@@ -6,6 +6,7 @@ through the key map below; no q/k permutation is needed.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import shutil
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from lwm.data.vocab import SPECIAL_TOKENS, Vocab
+from lwm.data.vocab import SPECIAL_TOKENS, Vocab, vision_token_name
 from lwm.interop.hf_files import CONFIG, Shapes, header_shapes, read_hf_config, read_hf_weights, shard_files
 from lwm.interop.keymap import KeyMap
 from lwm.model import ModelConfig, RopeScaling, Transformer
@@ -240,6 +241,38 @@ def check_hf_folder(folder) -> tuple[object, ModelConfig]:
                 f"least {2 * params:,} bytes, but its weights files ({_few([f.name for f in files])}) hold {held:,}"
             )
     return hf_config, config
+
+
+def vision_text_size(folder) -> int | None:
+    """How many text ids a folder's vocabulary has when its tokenizer already holds lwm.data.Vocab's
+    vision tokens (a folder this project's export or lwm-convert-lwm wrote): the id of the first
+    vision code; None for a text-only folder (or one without tokenizer.json)."""
+    path = Path(folder) / "tokenizer.json"
+    if not path.is_file():
+        return None
+    try:
+        added = json.loads(path.read_text()).get("added_tokens", [])
+    except (json.JSONDecodeError, AttributeError) as e:
+        raise ValueError(f"{path} is not a tokenizer's JSON: {e}") from None
+    first = vision_token_name(0)
+    return next((t.get("id") for t in added if isinstance(t, dict) and t.get("content") == first), None)
+
+
+def start_config(folder) -> tuple[ModelConfig, bool]:
+    """A Hugging Face folder as a training run's start, checked with nothing loaded: our config with the
+    vocabulary a run trains (LWM's layout: text ids, vision codes, specials, padding), and whether
+    from_hf must grow the folder's rows to it (a text-only folder) or takes them as they are (a
+    folder that has them already)."""
+    hf_config, stored = check_hf_folder(folder)
+    text = vision_text_size(folder)
+    if text is None:
+        return stored.replace(vocab_size=Vocab(hf_config.vocab_size).size), True
+    if Vocab(text).size != hf_config.vocab_size:
+        raise ValueError(
+            f"{Path(folder) / CONFIG} has vocab_size {hf_config.vocab_size}, but its tokenizer's vision codes "
+            f"start at id {text}, which makes {Vocab(text).size} rows"
+        )
+    return stored, False
 
 
 def _few(items: list[str], limit: int = 4, sep: str = ", ") -> str:

@@ -8,11 +8,11 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from lwm.configs import from_dict
-from lwm.data import DataConfig, Source
+from lwm.data import DataConfig, Source, TextTokenizer, Vocab
 from lwm.data.batches import StreamOptions
 from lwm.data.sources import source_format
 from lwm.eval.needle import NeedleGrid
-from lwm.interop.hf import check_hf_folder
+from lwm.interop.hf import start_config
 from lwm.model import ModelConfig
 from lwm.parallel.dims import ParallelDims
 from lwm.parallel.layout import LAYOUTS
@@ -245,9 +245,16 @@ def validate(cfg: RunConfig) -> None:
         cfg.data.for_stage(stage, 1)
     if cfg.schedule.init_hf is not None:
         try:
-            check_hf_folder(cfg.schedule.init_hf)  # its config and weights' shapes, before anything is written
+            start, _ = start_config(cfg.schedule.init_hf)  # its config and weights' shapes, before anything is written
         except (FileNotFoundError, ValueError) as e:
             raise type(e)(f"schedule.init_hf: {e}") from None
+        if Path(cfg.data.tokenizer).is_file():
+            rows = Vocab(TextTokenizer(cfg.data.tokenizer).vocab_size).size
+            if rows != start.vocab_size:
+                raise ValueError(
+                    f"schedule.init_hf: {cfg.schedule.init_hf} starts a model of {start.vocab_size} vocabulary rows, "
+                    f"but data.tokenizer {cfg.data.tokenizer} makes {rows}: train with the folder's own tokenizer"
+                )
     if cfg.export:  # the run's own export (out_dir/hf), refused now rather than after the training
         try:
             check_output_folder(Path(cfg.trainer.out_dir) / "hf", inside=cfg.trainer.out_dir)

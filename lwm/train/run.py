@@ -14,8 +14,7 @@ import lightning as L
 import torch
 import torch.distributed as dist
 
-from lwm.data.vocab import Vocab
-from lwm.interop.hf import check_hf_folder, from_hf
+from lwm.interop.hf import from_hf, start_config
 from lwm.model import ModelConfig
 from lwm.ranks import is_rank0
 from lwm.stage_folder import StageFolder
@@ -43,11 +42,10 @@ def full_state(module: LWMModule) -> dict[str, torch.Tensor]:
 
 def hf_start(folder: str | Path) -> tuple[ModelConfig, Callable[[], dict]]:
     """A Hugging Face LLaMA folder as a first stage's start: its config with the vocabulary grown
-    for vision (read on every rank), and a function that reads its weights (LWMModule calls it on
-    global rank 0 only)."""
-    hf_config, stored = check_hf_folder(folder)  # its config and weights' shapes, before anything is built
-    config = stored.replace(vocab_size=Vocab(hf_config.vocab_size).size)  # as from_hf(extend_vocab=True)
-    return config, lambda: from_hf(folder, extend_vocab=True).state_dict()
+    for vision, unless its rows have it already (read on every rank), and a function that reads its
+    weights (LWMModule calls it on global rank 0 only)."""
+    config, extend = start_config(folder)  # its config and weights' shapes, before anything is built
+    return config, lambda: from_hf(folder, extend_vocab=extend).state_dict()
 
 
 def stage_weights(final: Path) -> Callable[[], dict]:
