@@ -199,6 +199,12 @@ class DataSpec(StreamOptions):
     vqgan_checkpoint: str | None = None  # sample only: the VQGAN that tokenizes the sample videos
     positions: str | None = None  # sequence | document (RoPE restarts per example); None: document when masked
 
+    def vocab_rows(self) -> int | None:
+        """The embedding rows the tokenizer's vocabulary layout makes; None while the file does not exist."""
+        if not Path(self.tokenizer).is_file():
+            return None
+        return Vocab(TextTokenizer(self.tokenizer).vocab_size).size
+
     def for_stage(self, stage: StageConfig, batch_size: int, document_mask: bool = True) -> DataConfig:
         names = stage.sources or list(self.sources)
         unknown = [n for n in names if n not in self.sources]
@@ -248,13 +254,12 @@ def validate(cfg: RunConfig) -> None:
             start, _ = start_config(cfg.schedule.init_hf)  # its config and weights' shapes, before anything is written
         except (FileNotFoundError, ValueError) as e:
             raise type(e)(f"schedule.init_hf: {e}") from None
-        if Path(cfg.data.tokenizer).is_file():
-            rows = Vocab(TextTokenizer(cfg.data.tokenizer).vocab_size).size
-            if rows != start.vocab_size:
-                raise ValueError(
-                    f"schedule.init_hf: {cfg.schedule.init_hf} starts a model of {start.vocab_size} vocabulary rows, "
-                    f"but data.tokenizer {cfg.data.tokenizer} makes {rows}: train with the folder's own tokenizer"
-                )
+        rows = cfg.data.vocab_rows()
+        if rows is not None and rows != start.vocab_size:
+            raise ValueError(
+                f"schedule.init_hf: {cfg.schedule.init_hf} starts a model of {start.vocab_size} vocabulary rows, "
+                f"but data.tokenizer {cfg.data.tokenizer} makes {rows}: train with the folder's own tokenizer"
+            )
     if cfg.export:  # the run's own export (out_dir/hf), refused now rather than after the training
         try:
             check_output_folder(Path(cfg.trainer.out_dir) / "hf", inside=cfg.trainer.out_dir)

@@ -9,7 +9,6 @@ from filelock import FileLock
 from omegaconf import DictConfig, OmegaConf
 
 from lwm.configs import from_dict
-from lwm.data import TextTokenizer, Vocab
 from lwm.model import ModelConfig
 from lwm.paths import SAMPLE
 from lwm.synth import make_retrieval
@@ -37,11 +36,10 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
     c = OmegaConf.to_container(cfg, resolve=True)
     data = from_dict(DataSpec, c["data"], "data")
     model = from_dict(ModelConfig, c["model"], "model")
-    if Path(data.tokenizer).is_file():  # the embedding has exactly the rows of the vocabulary layout
-        rows = Vocab(TextTokenizer(data.tokenizer).vocab_size).size
-        if rows != model.vocab_size:
-            say(f"note: model.vocab_size {model.vocab_size} set to {rows} for {data.tokenizer}")
-            model = model.replace(vocab_size=rows)
+    rows = data.vocab_rows()  # the embedding has exactly the rows of the vocabulary layout
+    if rows is not None and rows != model.vocab_size:
+        say(f"note: model.vocab_size {model.vocab_size} set to {rows} for {data.tokenizer}")
+        model = model.replace(vocab_size=rows)
     run = {k: v for k, v in c.items() if k not in ("model", "data")}
     run = from_dict(RunConfig, {**run, "model": model, "data": data})
     check_evaluation(run.evaluate)
