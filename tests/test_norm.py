@@ -97,3 +97,17 @@ def test_set_norm_kernel_sets_every_norm_and_refuses_an_unknown_one():
     assert kernels == {"fused"} and sum(isinstance(m, RMSNorm) for m in model.modules()) == 2 * len(model.layers) + 1
     with pytest.raises(ValueError, match="unknown norm kernel 'apex'; expected one of"):
         model.set_norm_kernel("apex")
+
+
+def test_the_fused_kernel_runs_on_the_meta_device():
+    """The CUDA path's two ops on meta tensors (their meta kernels): the shapes and dtypes a GPU gives."""
+    with torch.device("meta"):
+        x = torch.empty(2, 16, DIM, dtype=torch.bfloat16, requires_grad=True)
+        norm = RMSNorm(DIM, 1e-5)
+        norm.weight = torch.nn.Parameter(torch.ones(DIM, dtype=torch.bfloat16))
+        norm.kernel = "fused"
+        out = norm(x)
+        out.sum().backward()
+    assert (out.shape, out.dtype, out.device.type) == (x.shape, torch.bfloat16, "meta")
+    assert (x.grad.shape, x.grad.dtype) == (x.shape, torch.bfloat16)
+    assert (norm.weight.grad.shape, norm.weight.grad.dtype) == ((DIM,), torch.bfloat16)
