@@ -11,10 +11,10 @@ import signal
 
 # SLURM's warning before a time limit (SIGUSR1) kills a process that has no handler for it yet: until
 # lwm.train.requeue handles them, the stopping signals wait, blocked, instead of killing the run unsaved.
-# Not in the processes multiprocessing starts (they import this file as __mp_main__): a mask is never
-# lifted there, and a pool's worker that cannot be stopped by SIGTERM hangs the pool's shutdown.
-if __name__ == "__main__":
-    signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGUSR1, signal.SIGTERM))
+# The processes multiprocessing starts import this file again (as __mp_main__) and keep them blocked
+# for good: SLURM signals every process of the job, and the rank alone decides when to stop (a loader
+# worker that died of SIGUSR1 would end the run). A pool that stops its workers with SIGTERM unblocks it.
+signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGUSR1, signal.SIGTERM))
 
 import sys
 import time

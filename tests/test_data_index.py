@@ -8,6 +8,8 @@ Longer than most test files: one subject's tests kept together, beside the helpe
 import json
 import multiprocessing.pool
 import os
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -339,6 +341,34 @@ def test_a_large_source_is_indexed_by_several_processes(tmp_path, tok, vocab, co
     assert pools == ["spawn"] and parallel.made and terminated == []
     assert np.array_equal(parallel.lengths, alone.lengths) and parallel.reasons == alone.reasons
     assert len(alone.reasons) == 2 + 6 and alone.reasons[3].startswith(f"{src}:4: not JSON")  # lines, examples
+
+
+def test_a_failed_parallel_indexing_stops_workers_that_hold_back_sigterm(tmp_path):
+    """A worker that fails makes the pool terminate the others with SIGTERM; workers of a main script
+    that blocks it (train.py, for SLURM's signals) take it back, else the pool's join waits forever."""
+    src = write_jsonl(tmp_path / "docs.jsonl", [{"text": f"example {i}"} for i in range(40)])
+    script = tmp_path / "main_script.py"
+    script.write_text(
+        "import signal, sys\n"
+        "signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGUSR1, signal.SIGTERM))  # as train.py\n"
+        "import lwm.data.index as index\n"
+        "class Broken:\n"
+        "    def signature(self):\n"
+        "        return {'encoder': 'broken'}\n"
+        "    def __call__(self, example, fields, key):\n"
+        "        raise RuntimeError('broken encoder')\n"
+        "if __name__ == '__main__':\n"
+        "    index.PARALLEL_FROM, index.CHUNK = 10, 5\n"
+        "    try:\n"
+        "        index.source_index(sys.argv[1], Broken(), 'text', index_dir=sys.argv[2], workers=2)\n"
+        "    except RuntimeError as e:\n"
+        "        print('raised:', e)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, str(script), str(src), str(tmp_path / "index")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0 and "raised: broken encoder" in proc.stdout, proc.stderr[-2000:]
 
 
 def test_parquet_and_json_lines_give_the_same_batches(tmp_path, tok, vocab, codes_dir):

@@ -20,6 +20,7 @@ import hashlib
 import json
 import logging
 import multiprocessing
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -157,6 +158,8 @@ _worker: tuple | None = None  # (reader, encoder, fields) in an indexing process
 
 def _start_worker(path: Path, max_line_bytes, places, encoder: Encoder, fields) -> None:
     global _worker
+    # Pool.terminate stops workers with SIGTERM, which train.py holds back in its children.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTERM])
     _worker = (open_source(path, max_line_bytes, places), encoder, fields)
 
 
