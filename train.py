@@ -30,6 +30,7 @@ from lwm.checkpoint_io import CheckpointError
 from lwm.data import ExampleError, IndexNotWritable, SkippedTooMany, StaleIndex, TooLittleData
 from lwm.out_lock import FolderLocked, output_lock
 from lwm.parallel import peers
+from lwm.parallel.launch import end_process_groups
 from lwm.stage_folder import StageFolder
 from lwm.train import requeue
 from lwm.train.checkpointing import resumes
@@ -46,15 +47,6 @@ from lwm.writes import NoSpaceLeft, write_atomic
 EXIT_BAD_INPUT, EXIT_NO_SPACE = 2, 3  # as lwm-tokenize: 2 is bad input, 3 a full disk
 EXIT_STOPPED = 4  # a stage stopped before its end (a signal, stop_at_step): the same command continues it
 _started = [False]  # main was entered: Hydra composed the config (its own refusals come before)
-
-
-def end_process_groups() -> None:
-    """Every rank waits for the others, then ends the process groups the run started: a gloo rank
-    whose groups are still alive as the interpreter exits can abort ("terminate called without an
-    active exception"), and under srun --kill-on-bad-exit that fails the whole job."""
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")

@@ -328,3 +328,26 @@ def test_generate_warns_of_a_prompt_past_max_seq_len(tmp_path, stub_model, capsy
     err = capsys.readouterr().err
     assert "warning: the prompt (" in err and "with up to 3 new ones reaches" in err
     assert "longer than the model's max_seq_len 5" in err
+
+
+def test_a_replaced_cache_is_freed_at_once_not_by_the_cycle_collector():
+    """A second prompt's cache replaces the first; the first's tensors (and the process group it
+    holds) go as soon as nothing refers to them. The layers once held their cache back, a cycle
+    that only Python's cycle collector freed, at some later time: a whole KV cache of device memory
+    kept while the next one was allocated, and a gloo group freed as the interpreter shut down,
+    which aborted the process (torchrun: "terminate called without an active exception")."""
+    import gc
+    import weakref
+
+    gen = Generator(make_model(), VOCAB)
+    gc.disable()
+    try:
+        gen.prefill(prompt(45))
+        first = weakref.ref(gen.cache.layers[0].cache.k)
+        gen.prefill(prompt(64))
+        assert first() is None
+        kept = weakref.ref(gen.cache.layers[0].cache.k)
+        gen.release()
+        assert kept() is None
+    finally:
+        gc.enable()

@@ -55,14 +55,26 @@ class LayerCache:
         return self.v[:, :, : self.length]
 
 
-class CachedLayer:
-    """One layer's attention function; `KVCache` says what the pass is and which new tokens this rank keeps."""
+class PassState:
+    """What the next forward pass is, shared by a KVCache and its layers. The layers hold this, not
+    the KVCache: a cycle (cache -> layer -> cache) would keep a dropped cache's tensors, and its
+    process group, alive until Python's cycle collector happened to run."""
 
-    def __init__(self, owner: "KVCache"):
-        self.owner, self.cache = owner, LayerCache()
+    def __init__(self, group, layout: str, backend: str):
+        self.group, self.layout, self.backend = group, layout, backend
+        self.world_size, self.rank = group_size_and_rank(group)
+        self.prefilling = False  # set only by KVCache.start_prefill / start_extend
+        self.own_first, self.own_count = 0, 0  # the new tokens this rank keeps (set by start_extend)
+
+
+class CachedLayer:
+    """One layer's attention function; the PassState says what the pass is and which new tokens this rank keeps."""
+
+    def __init__(self, state: PassState):
+        self.state, self.cache = state, LayerCache()
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True) -> torch.Tensor:
-        o = self.owner
+        o = self.state
         if o.prefilling:  # this rank's slice of one prefill segment
             past = (self.cache.keys, self.cache.values) if self.cache.length else (None, None)
             self.cache.append(k, v)
@@ -91,12 +103,10 @@ class KVCache:
                 f"the KV cache attends whole layers: model.attn_head_groups must be 1 for generation, "
                 f"got {model.config.attn_head_groups}"
             )
-        self.group, self.layout, self.backend = group, layout, backend
-        self.world_size, self.rank = group_size_and_rank(group)
-        self.layers = [CachedLayer(self) for _ in model.layers]
+        self.state = state = PassState(group, layout, backend)
+        self.group, self.world_size, self.rank = group, state.world_size, state.rank
+        self.layers = [CachedLayer(state) for _ in model.layers]
         model.set_attention(self.layers)
-        self.prefilling = False  # set only by start_prefill / start_extend
-        self.own_first, self.own_count = 0, 0  # the new tokens this rank keeps (set by start_extend)
         self.seen = 0  # tokens of the sequence so far (all ranks)
 
     def reserve(self, like: torch.Tensor, capacity: int) -> None:
@@ -116,14 +126,15 @@ class KVCache:
     def start_prefill(self, n_new: int) -> None:
         """The next pass is a prompt segment of n_new tokens (all ranks), each rank holding its
         layout's slice; every rank keeps its slice's keys and values."""
-        self.prefilling, self.seen = True, self.seen + n_new
+        self.state.prefilling, self.seen = True, self.seen + n_new
 
     def start_extend(self, n_new: int, device) -> torch.Tensor:
         """The next pass is n_new tokens that every rank runs whole: their positions (n_new,) on `device`;
         marks the ones this rank will keep (position p is kept by rank p mod N), by arithmetic on the
         host, so that decoding reads nothing back from the device."""
         pos = torch.arange(self.seen, self.seen + n_new, device=device)
-        self.own_first = (self.rank - self.seen) % self.world_size
-        self.own_count = len(range(self.own_first, n_new, self.world_size))
-        self.prefilling, self.seen = False, self.seen + n_new
+        state = self.state
+        state.own_first = (self.rank - self.seen) % self.world_size
+        state.own_count = len(range(state.own_first, n_new, self.world_size))
+        state.prefilling, self.seen = False, self.seen + n_new
         return pos

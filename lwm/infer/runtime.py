@@ -14,7 +14,7 @@ from lwm.arg_types import add_options, device_name, option, positive_int
 from lwm.infer.generator import Generator
 from lwm.infer.load import Loaded, load_model
 from lwm.parallel.comm import group_size_and_rank
-from lwm.parallel.launch import init_from_env, rank_device
+from lwm.parallel.launch import end_process_groups, init_from_env, rank_device
 from lwm.parallel.layout import LAYOUTS
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -57,12 +57,10 @@ class Runtime:
     world: int
 
     def close(self) -> None:
-        """End the process group that start() began (nothing for one process). Every rank waits for
-        the others first: a gloo rank that tears its connections down while a peer is still in the
-        group can abort that peer's process ("terminate called without an active exception")."""
+        """End the process group that start() began (nothing for one process), every rank waiting
+        for the others first (lwm.parallel.launch.end_process_groups)."""
         if self.group is not None:
-            torch.distributed.barrier(self.group)
-            torch.distributed.destroy_process_group()
+            end_process_groups()
             self.group = None
 
 

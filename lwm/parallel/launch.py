@@ -5,6 +5,8 @@ Used by the multi-process tests and benchmarks; handy for trying context paralle
 
 from __future__ import annotations
 
+import atexit
+import gc
 import os
 import socket
 import tempfile
@@ -24,6 +26,25 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def end_process_groups(wait: bool = True) -> None:
+    """The end of a process's torch.distributed: every rank waits for the others (`wait`), so none
+    tears its connections down while another still talks, then the groups end. A gloo group whose
+    last Python reference goes only as the interpreter shuts down aborts its process ("terminate
+    called without an active exception", about one exit in five with a peer under load), so a
+    collection of Python's reference cycles is queued for the end of the program, before that
+    shutdown: a group kept alive only by a cycle is freed then."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if wait:
+        dist.barrier()
+    dist.destroy_process_group()
+    if not _collect_at_exit:
+        _collect_at_exit.append(atexit.register(gc.collect))
+
+
+_collect_at_exit: list = []
+
+
 def _worker(rank, world_size, port, out_dir, fn, args, threads, environ):
     os.environ.clear()  # the caller's environment now, not the fork server's from its start
     os.environ.update(environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -34,9 +55,7 @@ def _worker(rank, world_size, port, out_dir, fn, args, threads, environ):
     except Exception:  # reported to the parent, which raises it
         result = {"error": traceback.format_exc()}
     torch.save(result, Path(out_dir) / f"rank{rank}.pt")
-    if "ok" in result:
-        dist.barrier()  # nobody tears down its connections while another rank still talks
-    dist.destroy_process_group()
+    end_process_groups(wait="ok" in result)  # a failed rank's peers may never reach the barrier
 
 
 # Imported once by the fork server, so a worker starts in milliseconds instead of importing torch.
