@@ -237,3 +237,26 @@ def test_only_a_restarted_job_resumes_by_itself(tmp_path, monkeypatch, restarts,
     if folder:
         out.mkdir()
     assert resumes(resume, out) is expected
+
+
+def test_status_refuses_a_drained_node_naming_why(tmp_path):
+    """SLURM drains a node by itself (a full spool disk) and keeps it so after the cause is gone: every
+    job stays PENDING. status then fails, with SLURM's reason, so that .ci/run (and the fixture above)
+    calls start, which resumes the node. Run against stand-ins of sinfo and the daemons' pid files."""
+    bin_dir, state = tmp_path / "bin", tmp_path / "state"
+    bin_dir.mkdir()
+    state.mkdir()
+    sinfo = bin_dir / "sinfo"
+    sinfo.write_text(
+        '#!/bin/sh\ncase "$*" in *%T*) echo drained ;; *%E*) echo "SlurmdSpoolDir is full" ;; *%N*) echo vm ;; '
+        "*) echo 'cpu* up infinite 1 drain vm' ;; esac\n"
+    )
+    sinfo.chmod(0o755)
+    for daemon in ("slurmctld", "slurmd"):
+        (state / f"{daemon}.pid").write_text(str(os.getpid()))  # a live process stands for each daemon
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "LWM_SLURM_STATE": str(state)}
+    done = subprocess.run(["bash", CLUSTER, "status"], env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "the node is drained (SlurmdSpoolDir is full); start resumes it" in done.stderr
+    sinfo.write_text("#!/bin/sh\ncase \"$*\" in *%T*) echo idle ;; *) echo 'cpu* up infinite 1 idle vm' ;; esac\n")
+    assert subprocess.run(["bash", CLUSTER, "status"], env=env, capture_output=True).returncode == 0

@@ -2,7 +2,7 @@
 # A one-machine SLURM cluster for the tests and for trying the sbatch scripts:
 #   scripts/slurm/local-cluster.sh start    install (Debian, as root) if missing, configure, start, wait for the node
 #   scripts/slurm/local-cluster.sh stop     stop the daemons it started
-#   scripts/slurm/local-cluster.sh status   sinfo, or exit 1 when the cluster is down
+#   scripts/slurm/local-cluster.sh status   sinfo, or exit 1 when the cluster is down or its node drained
 # Each is idempotent. The node is this machine with its real CPUs and memory, in one partition
 # `cpu`. The config goes to /etc/slurm/slurm.conf, where every SLURM command looks; a slurm.conf
 # this script did not write is a real cluster's and is never touched. Daemons run as root and keep
@@ -85,6 +85,17 @@ start_munge() {
 }
 
 node_idle() { [ "$(sinfo -h -N -o %T 2>/dev/null | head -1)" = idle ]; }
+node_drained() { sinfo -h -N -o %T 2>/dev/null | head -1 | grep -q '^drain'; }
+drain_reason() { sinfo -h -N -o %E 2>/dev/null | head -1; }
+
+# SLURM drains a node on its own (its spool disk was full once, a job would not die) and keeps it
+# drained after the cause is gone: every job then stays PENDING. The local node is put back in
+# service, saying why it was out.
+resume_drained() {
+  node_drained || return 0
+  echo "local-cluster: the node was drained ($(drain_reason)); resuming it" >&2
+  scontrol update NodeName="$(sinfo -h -N -o %N | head -1)" State=RESUME
+}
 
 start() {
   if running "$STATE/slurmctld.pid" && running "$STATE/slurmd.pid" && node_idle; then sinfo; return; fi
@@ -94,6 +105,7 @@ start() {
   start_munge
   running "$STATE/slurmctld.pid" || slurmctld
   running "$STATE/slurmd.pid" || slurmd
+  resume_drained
   for _ in $(seq $((WAIT_S * 5))); do node_idle && { sinfo; return; }; sleep 0.2; done
   sinfo >&2 || true
   tail -5 "$STATE/slurmctld.log" "$STATE/slurmd.log" >&2 || true
@@ -118,6 +130,7 @@ stop() {
 
 status() {
   running "$STATE/slurmctld.pid" && running "$STATE/slurmd.pid" || { echo "local-cluster: down" >&2; exit 1; }
+  ! node_drained || { echo "local-cluster: the node is drained ($(drain_reason)); start resumes it" >&2; exit 1; }
   sinfo
 }
 
