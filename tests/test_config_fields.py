@@ -81,8 +81,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from train_runs import DEBUG  # noqa: E402 (the tests' debug overrides: tests/train_runs.py)
+from train_runs import DEBUG, composed  # noqa: E402 (the tests' debug overrides: tests/train_runs.py)
 
 from lwm.arg_types import from_args
 from lwm.configs import from_dict
@@ -94,7 +93,7 @@ from lwm.model import ModelConfig, Transformer, token_coefficients
 from lwm.train import evaluate
 from lwm.train.config import OptimConfig, ParallelConfig, StageConfig, TrainerConfig, stage_model_config, validate
 from lwm.train.datamodule import LWMDataModule
-from lwm.train.entry import ensure_sample_data, to_run_config
+from lwm.train.entry import ensure_sample_data
 from lwm.train.module import LWMModule
 from lwm.train.run import run_schedule
 from lwm.train.step import clip_grad_norm, lr_lambda, training_objective
@@ -104,8 +103,7 @@ CONF = ROOT / "conf"
 
 
 def run_config(out, *overrides):
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return to_run_config(compose("train", overrides=[f"trainer.out_dir={out}", *DEBUG, *overrides]))
+    return composed(f"trainer.out_dir={out}", *DEBUG, *overrides)
 
 
 def metrics(out: Path, stage: str = "a", key: str = "train/loss") -> dict[int, float]:
@@ -672,8 +670,7 @@ def test_conf_models_are_the_presets():
 def test_model_fields_and_schedule_name(tmp_path):
     run = run_config(tmp_path, "model.n_layers=3")
     assert run.model.n_layers == 3 and ModelConfig.from_preset("debug").n_layers == 2
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        big = to_run_config(compose("train", overrides=[f"trainer.out_dir={tmp_path}", "model=7b"]))
+    big = composed(f"trainer.out_dir={tmp_path}", "model=7b")
     assert big.model.loss_chunk_size == 2048 != ModelConfig.from_preset("7b").loss_chunk_size
     run = run_config(tmp_path, "stage_only=zz", "schedule.name=mine")
     with pytest.raises(ValueError, match="stage_only 'zz' is not a stage of schedule 'mine'"):
@@ -716,8 +713,7 @@ def test_evaluate_is_the_needle_commands_grid(tmp_path, monkeypatch, capsys):
     command's run(config), in a process of its own without the launcher's variables, on the last
     stage's weights, the run's tokenizer and <out_dir>/needle; the printed command line gives that
     config. The default run keeps its own grid (the README's: 128/512/2K, depths 0/50/100, 4 trials)."""
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        default = to_run_config(compose("train", overrides=[f"trainer.out_dir={tmp_path}"])).evaluate
+    default = composed(f"trainer.out_dir={tmp_path}").evaluate
     assert default == NeedleGrid(
         lengths=[128, 512, 2048],
         depths=[0, 50, 100],

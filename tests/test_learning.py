@@ -1,5 +1,6 @@
 """Learning is a behaviour: the debug model, trained through train.py's path (compose, typed
-configs, run_schedule), learns to retrieve a needle's number from its context. A change that stops
+configs, run_schedule), learns to retrieve a needle's number from its context and a visual
+needle's color from a video. A change that stops
 the model from learning (attention, masks, loss, optimizer, data) fails here."""
 
 from __future__ import annotations
@@ -9,10 +10,9 @@ import csv
 import json
 from pathlib import Path
 
-from hydra import compose, initialize_config_dir
+from train_runs import composed  # the tests' helpers: tests/train_runs.py
 
 from lwm.synth import make_retrieval
-from lwm.train.entry import to_run_config
 from lwm.train.run import run_schedule
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,26 +28,20 @@ def test_debug_model_learns_retrieval_from_chance_to_90_percent(tmp_path):
     # 4200 examples: the last 200 are data.holdout (val/loss), 4000 are trained on. The result
     # depends on which examples and in what order: with 3800 trained on, seed 1 ended at 24.5%.
     make_retrieval.main(["--out", str(data), "--n", "4200", "--needles", "1", "--ask", "1", "--filler", "12"])
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = to_run_config(
-            compose(
-                "train",
-                overrides=[
-                    "+experiment=retrieval",
-                    f"trainer.out_dir={tmp_path / 'run'}",
-                    f"data.sources.retrieval.path={data / 'train.jsonl'}",
-                    f"probe.path={data / 'heldout.jsonl'}",
-                    # evaluate.*: lwm/eval/needle.py on the trained weights after the run, each field on its command line
-                    "evaluate.lengths=[128]",
-                    "evaluate.depths=[0,100]",
-                    "evaluate.trials=2",
-                    "evaluate.digits=1",
-                    "evaluate.instruction=false",
-                    "evaluate.max_new_tokens=3",
-                    f"evaluate.haystack={ROOT / 'data' / 'sample' / 'text.jsonl'}",
-                ],
-            )
-        )
+    cfg = composed(
+        "+experiment=retrieval",
+        f"trainer.out_dir={tmp_path / 'run'}",
+        f"data.sources.retrieval.path={data / 'train.jsonl'}",
+        f"probe.path={data / 'heldout.jsonl'}",
+        # evaluate.*: lwm/eval/needle.py on the trained weights after the run, each field on its command line
+        "evaluate.lengths=[128]",
+        "evaluate.depths=[0,100]",
+        "evaluate.trials=2",
+        "evaluate.digits=1",
+        "evaluate.instruction=false",
+        "evaluate.max_new_tokens=3",
+        f"evaluate.haystack={ROOT / 'data' / 'sample' / 'text.jsonl'}",
+    )
     with contextlib.chdir(ROOT):  # the bundled tokenizer's path is relative to the repository
         run_schedule(cfg)
     probe = json.loads((tmp_path / "run" / "s128" / "probe.json").read_text())
@@ -78,18 +72,12 @@ def test_debug_model_learns_visual_needles_from_chance(tmp_path):
 
     data = tmp_path / "vniah"
     assert make_vniah.main(["--out", str(data), "--n", "600", "--heldout", "100", "--frames", "2", "3"]) == 0
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = to_run_config(
-            compose(
-                "train",
-                overrides=[
-                    "+experiment=video_demo",
-                    f"trainer.out_dir={tmp_path / 'run'}",
-                    f"data.codes={data / 'codes'}",
-                    f"probe.path={data / 'heldout.jsonl'}",
-                ],
-            )
-        )
+    cfg = composed(
+        "+experiment=video_demo",
+        f"trainer.out_dir={tmp_path / 'run'}",
+        f"data.codes={data / 'codes'}",
+        f"probe.path={data / 'heldout.jsonl'}",
+    )
     needles = cfg.data.sources["vniah6"]
     needles.path = str(data / "train.jsonl")
     cfg.data.sources = {"vniah6": needles}

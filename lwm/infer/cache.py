@@ -104,7 +104,7 @@ class KVCache:
                 f"got {model.config.attn_head_groups}"
             )
         self.state = state = PassState(group, layout, backend)
-        self.group, self.world_size, self.rank = group, state.world_size, state.rank
+        self.world_size, self.rank = state.world_size, state.rank
         self.layers = [CachedLayer(state) for _ in model.layers]
         model.set_attention(self.layers)
         self.seen = 0  # tokens of the sequence so far (all ranks)
