@@ -17,7 +17,7 @@ from lwm.train.run import run_schedule
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS = 250  # the short video stage (test_debug_model_learns_visual_needles_from_chance)
-D2_STEPS = 1000  # the needle extension's first stage, short
+D2_STEPS, D2_LR = 1000, 5e-3  # the needle extension's first stage, short
 
 
 def test_debug_model_learns_retrieval_from_chance_to_90_percent(tmp_path):
@@ -97,7 +97,8 @@ def test_needle_extension_model_learns_two_digit_needles_from_chance(tmp_path):
     """The needle extension's first stage, short (docs/demos.md, "Needle extension"): its model (the
     debug model with a key head per query head) and its first step of the digit curriculum, 2-digit
     needles in 64-80-token prompts of the text without numbers. 100 held-out prompts: none answered
-    before training (chance 1%), at least 80% after D2_STEPS steps (measured MEASURED)."""
+    before training (chance 1%), at least half after D2_STEPS steps at D2_LR (measured 83% for
+    trainer.seed 0, 66% after 800 steps, 0% at lr 1e-2; about 90 s on one thread)."""
     from lwm.train.config import StageConfig
 
     data = tmp_path / "d2"
@@ -105,18 +106,20 @@ def test_needle_extension_model_learns_two_digit_needles_from_chance(tmp_path):
         ["--out", str(data), "--form", "chat", "--needles", "1", "--ask", "1", "--digits", "2"]
         + ["--no-instruction", "--numberless", "--lengths", "64", "80", "--heldout", "100"]
     )
-    cfg = composed("+experiment=needle_256x", f"trainer.out_dir={tmp_path / 'run'}", f"probe.path={data / 'heldout.jsonl'}")
+    cfg = composed(
+        "+experiment=needle_256x", f"trainer.out_dir={tmp_path / 'run'}", f"probe.path={data / 'heldout.jsonl'}"
+    )
     assert cfg.model.n_kv_heads == cfg.model.n_heads == 4
     d2 = cfg.data.sources["d2"]
     d2.path = str(data / "train.jsonl")
     cfg.data.sources = {"d2": d2}
     first = cfg.schedule.stages[0]
     assert first.name == "d2" and first.sources == ["d2"] and first.seq_len == 128
-    cfg.schedule.stages = [StageConfig(**{**vars(first), "seq_len": 80, "steps": D2_STEPS})]
+    cfg.schedule.stages = [StageConfig(**{**vars(first), "seq_len": 80, "steps": D2_STEPS, "lr": D2_LR})]
     cfg.evaluate.lengths = None
     with contextlib.chdir(ROOT):
         run_schedule(cfg)
     probe = json.loads((tmp_path / "run" / "d2" / "probe.json").read_text())
     assert probe["start"]["answers"] == probe["end"]["answers"] == 100
     assert probe["start"]["accuracy"] <= 0.05, probe
-    assert probe["end"]["accuracy"] >= 0.8, probe
+    assert probe["end"]["accuracy"] >= 0.5, probe
