@@ -69,7 +69,6 @@ def test_debug_model_learns_visual_needles_from_chance(tmp_path):
     the card in the video?". 100 held-out videos: none answered before training, at least 80% after
     STEPS steps (measured 98% for trainer.seed 0, 74% after 150 steps; about 50 s)."""
     from lwm.synth import make_vniah
-    from lwm.train.config import StageConfig
 
     data = tmp_path / "vniah"
     assert make_vniah.main(["--out", str(data), "--n", "600", "--heldout", "100", "--frames", "2", "3"]) == 0
@@ -79,15 +78,8 @@ def test_debug_model_learns_visual_needles_from_chance(tmp_path):
         f"data.codes={data / 'codes'}",
         f"probe.path={data / 'heldout.jsonl'}",
     )
-    needles = cfg.data.sources["vniah6"]
-    needles.path = str(data / "train.jsonl")
-    cfg.data.sources = {"vniah6": needles}
-    first = cfg.schedule.stages[0]
-    assert first.name == "f6" and first.sources == ["vniah6"]
-    cfg.schedule.stages = [StageConfig(**{**vars(first), "seq_len": 1024, "steps": STEPS})]
-    with contextlib.chdir(ROOT):
-        run_schedule(cfg)
-    probe = json.loads((tmp_path / "run" / "f6" / "probe.json").read_text())
+    assert cfg.schedule.stages[0].name == "f6"
+    probe = first_stage_probe(cfg, "vniah6", data / "train.jsonl", seq_len=1024, steps=STEPS)
     assert probe["start"]["answers"] == probe["end"]["answers"] == 100
     assert probe["start"]["accuracy"] <= 0.2, probe
     assert probe["end"]["accuracy"] >= 0.8, probe
@@ -99,8 +91,6 @@ def test_needle_extension_model_learns_two_digit_needles_from_chance(tmp_path):
     needles in 64-80-token prompts of the text without numbers. 100 held-out prompts: none answered
     before training (chance 1%), at least half after D2_STEPS steps at D2_LR (measured 83% for
     trainer.seed 0, 66% after 800 steps, 0% at lr 1e-2; about 90 s on one thread)."""
-    from lwm.train.config import StageConfig
-
     data = tmp_path / "d2"
     make_retrieval.main(
         ["--out", str(data), "--form", "chat", "--needles", "1", "--ask", "1", "--digits", "2"]
@@ -110,16 +100,25 @@ def test_needle_extension_model_learns_two_digit_needles_from_chance(tmp_path):
         "+experiment=needle_256x", f"trainer.out_dir={tmp_path / 'run'}", f"probe.path={data / 'heldout.jsonl'}"
     )
     assert cfg.model.n_kv_heads == cfg.model.n_heads == 4
-    d2 = cfg.data.sources["d2"]
-    d2.path = str(data / "train.jsonl")
-    cfg.data.sources = {"d2": d2}
-    first = cfg.schedule.stages[0]
-    assert first.name == "d2" and first.sources == ["d2"] and first.seq_len == 128
-    cfg.schedule.stages = [StageConfig(**{**vars(first), "seq_len": 80, "steps": D2_STEPS, "lr": D2_LR})]
+    assert cfg.schedule.stages[0].name == "d2" and cfg.schedule.stages[0].seq_len == 128
     cfg.evaluate.lengths = None
-    with contextlib.chdir(ROOT):
-        run_schedule(cfg)
-    probe = json.loads((tmp_path / "run" / "d2" / "probe.json").read_text())
+    probe = first_stage_probe(cfg, "d2", data / "train.jsonl", seq_len=80, steps=D2_STEPS, lr=D2_LR)
     assert probe["start"]["answers"] == probe["end"]["answers"] == 100
     assert probe["start"]["accuracy"] <= 0.05, probe
     assert probe["end"]["accuracy"] >= 0.5, probe
+
+
+def first_stage_probe(cfg, source: str, train: Path, **stage) -> dict:
+    """Run only the experiment's first stage (its one source read from `train`, its fields changed by
+    `stage`) through run_schedule; the stage's probe.json."""
+    from lwm.train.config import StageConfig
+
+    spec = cfg.data.sources[source]
+    spec.path = str(train)
+    cfg.data.sources = {source: spec}
+    first = cfg.schedule.stages[0]
+    assert first.sources == [source], first
+    cfg.schedule.stages = [StageConfig(**{**vars(first), **stage})]
+    with contextlib.chdir(ROOT):  # the bundled tokenizer's path is relative to the repository
+        run_schedule(cfg)
+    return json.loads((Path(cfg.trainer.out_dir) / first.name / "probe.json").read_text())
