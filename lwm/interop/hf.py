@@ -6,17 +6,15 @@ through the key map below; no q/k permutation is needed.
 
 from __future__ import annotations
 
-import json
 import math
 import re
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 
-from lwm.data.vocab import SPECIAL_TOKENS, Vocab, vision_token_name
+from lwm.data.vocab import Vocab
 from lwm.interop.hf_files import CONFIG, Shapes, header_shapes, read_hf_config, read_hf_weights, shard_files
+from lwm.interop.hf_tokenizer import TokenIds, vision_text_size, write_tokenizer
 from lwm.interop.keymap import KeyMap
 from lwm.model import ModelConfig, RopeScaling, Transformer
 
@@ -142,7 +140,7 @@ def _config_named(hf_config, where: str, **overrides) -> ModelConfig:
         raise ValueError(f"{where}: {e}") from None
 
 
-def config_to_hf(config: ModelConfig, dtype: torch.dtype = torch.float32):
+def config_to_hf(config: ModelConfig, dtype: torch.dtype = torch.float32, ids: TokenIds = TokenIds(bos=1, eos=2)):
     from transformers import LlamaConfig
 
     return LlamaConfig(
@@ -160,8 +158,9 @@ def config_to_hf(config: ModelConfig, dtype: torch.dtype = torch.float32):
         tie_word_embeddings=False,
         attention_bias=False,
         mlp_bias=False,
-        bos_token_id=1,
-        eos_token_id=2,
+        bos_token_id=ids.bos,
+        eos_token_id=ids.eos,
+        pad_token_id=ids.pad,
         dtype=dtype,
         architectures=["LlamaForCausalLM"],
     )
@@ -243,21 +242,6 @@ def check_hf_folder(folder) -> tuple[object, ModelConfig]:
     return hf_config, config
 
 
-def vision_text_size(folder) -> int | None:
-    """How many text ids a folder's vocabulary has when its tokenizer already holds lwm.data.Vocab's
-    vision tokens (a folder this project's export or lwm-convert-lwm wrote): the id of the first
-    vision code; None for a text-only folder (or one without tokenizer.json)."""
-    path = Path(folder) / "tokenizer.json"
-    if not path.is_file():
-        return None
-    try:
-        added = json.loads(path.read_text()).get("added_tokens", [])
-    except (json.JSONDecodeError, AttributeError) as e:
-        raise ValueError(f"{path} is not a tokenizer's JSON: {e}") from None
-    first = vision_token_name(0)
-    return next((t.get("id") for t in added if isinstance(t, dict) and t.get("content") == first), None)
-
-
 def start_config(folder) -> tuple[ModelConfig, bool]:
     """A Hugging Face folder as a training run's start, checked with nothing loaded: our config with the
     vocabulary a run trains (LWM's layout: text ids, vision codes, specials, padding), and whether
@@ -327,35 +311,6 @@ def from_hf(
 # ---------------------------------------------------------------------------------------- export
 
 
-def _write_tokenizer(tokenizer_model: Path, vocab_size: int, out_dir: Path, prompt: str = "native") -> None:
-    """A LlamaTokenizer whose added tokens sit at lwm.data.Vocab's ids: the vision codes, then <eof>
-    <eov> <vision> </vision>. For prompt style "lwm" the last two are left out, since LWM writes
-    <vision> and </vision> as text; for a text-only model (vocab_size = text ids) nothing is added."""
-    import sentencepiece as spm
-    from transformers import LlamaTokenizer
-
-    text_size = spm.SentencePieceProcessor(model_file=str(tokenizer_model)).get_piece_size()
-    vocab = Vocab(text_size)
-    if vocab_size not in (vocab.size, text_size):
-        raise ValueError(
-            f"tokenizer {tokenizer_model} has {text_size} text ids, which makes a vocabulary of {vocab.size} "
-            f"rows, but the model has vocab_size {vocab_size} (a text-only model would have {text_size})"
-        )
-    with tempfile.TemporaryDirectory() as tmp:
-        shutil.copy(tokenizer_model, Path(tmp) / "tokenizer.model")  # the converter reads this name
-        tok = LlamaTokenizer.from_pretrained(tmp, add_bos_token=True, add_eos_token=False)
-    if vocab_size != text_size:
-        specials = list(SPECIAL_TOKENS[:2] if prompt == "lwm" else SPECIAL_TOKENS)
-        n_vision = tok.add_tokens(vocab.added_tokens()[: vocab.n_vision_codes], special_tokens=False)
-        n_special = tok.add_tokens(specials, special_tokens=True)
-        ids = tok.convert_tokens_to_ids([vocab.added_tokens()[0], specials[-1]])
-        want = [vocab.vision_offset, vocab.eof + len(specials) - 1]
-        if n_vision + n_special != vocab.n_vision_codes + len(specials) or ids != want:
-            raise RuntimeError(f"added tokens landed at {ids}, expected {want}")
-    tok.save_pretrained(out_dir)
-    shutil.copy(tokenizer_model, out_dir / "tokenizer.model")  # for sentencepiece users of the folder
-
-
 def to_hf(
     model: Transformer,
     out_dir,
@@ -376,10 +331,13 @@ def to_hf(
     out_dir.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().to(dtype) if dtype is not None else v.detach() for k, v in model.state_dict().items()}
     dtype = dtype or next(iter(state.values())).dtype
-    hf_config = config_to_hf(model.config, dtype=dtype)
+    ids = TokenIds(bos=1, eos=2)  # LLaMA-2's, for a folder without a tokenizer
     if tokenizer_model is not None:
-        _write_tokenizer(Path(tokenizer_model), model.config.vocab_size, out_dir, prompt)
+        ids = write_tokenizer(Path(tokenizer_model), model.config.vocab_size, out_dir, prompt)
+    hf_config = config_to_hf(model.config, dtype=dtype, ids=ids)
     hf_config.save_pretrained(out_dir)
-    GenerationConfig(bos_token_id=1, eos_token_id=2, **(generation or {})).save_pretrained(out_dir)
+    GenerationConfig(
+        bos_token_id=ids.bos, eos_token_id=ids.eos, pad_token_id=ids.pad, **(generation or {})
+    ).save_pretrained(out_dir)
     save_torch_state_dict(to_hf_state_dict(state), out_dir, max_shard_size=max_shard_size)
     return out_dir
