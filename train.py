@@ -24,7 +24,7 @@ from pathlib import Path
 import hydra
 import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lwm.checkpoint_io import CheckpointError
 from lwm.data import ExampleError, IndexNotWritable, SkippedTooMany, StaleIndex, TooLittleData
@@ -53,7 +53,10 @@ _started = [False]  # main was entered: Hydra composed the config (its own refus
 def main(cfg: DictConfig) -> None:
     _started[0] = True
     try:
-        run = to_run_config(cfg)
+        run = to_run_config(cfg, HydraConfig.get().overrides.task)
+        if run.schedule.init_hf is not None:  # config.yaml says what trains: the folder's model, the run's settings
+            with open_dict(cfg):
+                cfg.model = OmegaConf.structured(run.model)
         config = OmegaConf.to_container(cfg, resolve=True)
         validate(run)
         # the folder's own run goes on where it is; another run there is refused (OtherRun)
@@ -78,8 +81,9 @@ def main(cfg: DictConfig) -> None:
                     for path in clear(out, [s.name for s in run.schedule.stages]):
                         say(f"trainer.overwrite=true: removed {path}")
                 write_atomic(out / CONFIG, OmegaConf.to_yaml(cfg, resolve=True))
+                model = run.schedule.init_hf or HydraConfig.get().runtime.choices.get("model")
                 say(
-                    f"run {out}: model {HydraConfig.get().runtime.choices.get('model')}, schedule "
+                    f"run {out}: model {model} ({model_summary(run.model)}), schedule "
                     f"{run.schedule.name} ({len(run.schedule.stages)} stages), {run.trainer.world_size} process(es)"
                 )
             where = run_schedule(run)
@@ -113,6 +117,18 @@ def main(cfg: DictConfig) -> None:
         say(line)
     if "stopped" in where:
         sys.exit(EXIT_STOPPED)
+
+
+def model_summary(config) -> str:
+    """What trains, in a few words: its size, shapes and family options."""
+    options = [name for name in ("qkv_bias", "qk_norm", "tie_embeddings") if getattr(config, name)]
+    return (
+        f"{config.num_params() / 1e6:,.1f}M parameters, dim {config.dim}, {config.n_layers} layers, "
+        f"{config.n_heads}/{config.n_kv_heads} heads, vocab {config.vocab_size}"
+        + (f", {' '.join(options)}" if options else "")
+        + f", chunks mlp {config.mlp_chunk_size} norm {config.norm_chunk_size} loss {config.loss_chunk_size}, "
+        f"head groups {config.attn_head_groups}"
+    )
 
 
 def finished(run, out: Path) -> bool:

@@ -41,7 +41,7 @@ def build(impl: str, preset: str, seed: int = 0):
     hf_config = config_to_hf(ours.config)
     hf_config._attn_implementation = "sdpa"
     theirs = LlamaForCausalLM(hf_config)
-    theirs.load_state_dict(to_hf_state_dict(ours.state_dict()))
+    theirs.load_state_dict(to_hf_state_dict(ours.state_dict(), ours.config))
     return theirs
 
 

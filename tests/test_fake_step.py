@@ -203,6 +203,8 @@ def test_run_schedule_hands_on_weights_unread(tmp_path, monkeypatch):
 def test_a_hugging_face_start_reads_only_the_config_until_asked(tmp_path, monkeypatch):
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from lwm.interop.hf import start_config
+
     config = LlamaConfig(
         vocab_size=4096,
         hidden_size=48,
@@ -214,7 +216,8 @@ def test_a_hugging_face_start_reads_only_the_config_until_asked(tmp_path, monkey
     LlamaForCausalLM(config).save_pretrained(tmp_path)  # hf_start checks the weights' headers, reads no data
     calls = []
     monkeypatch.setattr(run_module, "from_hf", lambda *a, **k: calls.append(a) or Transformer(DEBUG))
-    config, read = run_module.hf_start(tmp_path)
+    config, _ = start_config(tmp_path)
+    read = run_module.hf_start(tmp_path)
     assert calls == [] and (config.dim, config.vocab_size) == (48, Vocab(4096).size)
     read()
     assert calls == [(tmp_path,)]

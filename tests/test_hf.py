@@ -207,8 +207,8 @@ def test_extend_vocab_keeps_text_rows():
 
 
 def test_unsupported_configs_are_refused():
-    with pytest.raises(ValueError, match="tie_word_embeddings"):
-        from_hf(tiny_llama(tie_word_embeddings=True))
+    with pytest.raises(ValueError, match=r"unsupported llama options \{'attention_bias': True\}"):
+        from_hf(tiny_llama(attention_bias=True))  # LLaMA's attention_bias puts one on o_proj too
     hf = tiny_llama()
     hf.config.rope_parameters = {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}
     with pytest.raises(ValueError, match="RoPE type 'linear' is not supported; expected 'default' .* or 'llama3'"):

@@ -274,14 +274,15 @@ def test_a_start_from_an_exported_folder_keeps_its_vocabulary(tmp_path, monkeypa
     rows as they are. They were grown for vision once more (12352 -> 20608 rows), the run trained on,
     and its own export failed at the end on the rows its tokenizer does not make. A start whose rows
     the data's tokenizer does not make is refused before anything is written."""
-    from lwm.interop.hf import to_hf
+    from lwm.interop.hf import start_config, to_hf
     from lwm.model import ModelConfig, Transformer
     from lwm.train.run import hf_start
 
     torch.manual_seed(0)
     model = Transformer(ModelConfig.from_preset("debug").replace(vocab_size=12352))  # the sample's 4096 ids
     folder = to_hf(model, tmp_path / "hf", tokenizer_model="data/sample/tokenizer.model")
-    config, read = hf_start(folder)
+    config, _ = start_config(folder)
+    read = hf_start(folder)
     assert config.vocab_size == 12352
     state = read()
     assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())

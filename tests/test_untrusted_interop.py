@@ -269,7 +269,7 @@ def edited(src: Path, dst: Path, name: str, **changes) -> Path:
         ({"hidden_size": "abc"}, "hidden_size must be a positive integer, got 'abc'"),
         ({"num_attention_heads": 0}, "num_attention_heads must be a positive integer, got 0"),
         ({"rms_norm_eps": "x"}, "rms_norm_eps must be a positive number, got 'x'"),
-        ({"model_type": "gpt2"}, "model_type is 'gpt2', expected 'llama'"),
+        ({"model_type": "gpt2"}, "model_type is 'gpt2'; the model types taken are ['llama', 'qwen2', 'qwen3']"),
         # these two were transformers' StrictDataclass tracebacks, the file not named
         ({"rope_scaling": "garbage"}, "rope_scaling must be an object (or null), got 'garbage'"),
         ({"num_attention_heads": 3, "num_key_value_heads": 1}, "num_attention_heads 3 must divide hidden_size 64"),

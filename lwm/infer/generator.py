@@ -53,7 +53,7 @@ class Generator:
 
     @property
     def device(self) -> torch.device:
-        return self.model.output.weight.device
+        return self.model.head_weight.device
 
     def _ids(self, ids) -> torch.Tensor:
         ids = torch.as_tensor(ids, dtype=torch.long).flatten()
@@ -74,7 +74,7 @@ class Generator:
         """extend of checked ids (L,) on the device."""
         pos = self.cache.start_extend(ids.numel(), self.device)
         h = self.model.hidden(ids[None], pos)[0]  # (L, dim)
-        return self.model.output(h if all_logits else h[-1:]).float()  # (L or 1, V)
+        return self.model.logits(h if all_logits else h[-1:]).float()  # (L or 1, V)
 
     @torch.no_grad()
     def prefill(self, prompt, reserve: int = 0) -> torch.Tensor:

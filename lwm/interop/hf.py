@@ -1,4 +1,4 @@
-"""Hugging Face LLaMA <-> lwm Transformer.
+"""Hugging Face LLaMA, Qwen2 and Qwen3 <-> lwm Transformer.
 
 Our RoPE uses the same "rotate half" layout as transformers' LLaMA, so weights map one to one
 through the key map below; no q/k permutation is needed.
@@ -12,39 +12,29 @@ from pathlib import Path
 
 import torch
 
+from lwm.data.text_tokenizer import TextTokenizer
 from lwm.data.vocab import Vocab
+from lwm.interop.hf_families import family_named, family_of, unsupported_options
 from lwm.interop.hf_files import CONFIG, Shapes, header_shapes, read_hf_config, read_hf_weights, shard_files
 from lwm.interop.hf_tokenizer import TokenIds, vision_text_size, write_tokenizer
 from lwm.interop.keymap import KeyMap
 from lwm.model import ModelConfig, RopeScaling, Transformer
 
-# ours -> transformers' LlamaForCausalLM; "{i}" is the layer index.
-KEY_MAP = {
-    "embed.weight": "model.embed_tokens.weight",
-    "layers.{i}.attn_norm.weight": "model.layers.{i}.input_layernorm.weight",
-    "layers.{i}.attn.wq.weight": "model.layers.{i}.self_attn.q_proj.weight",
-    "layers.{i}.attn.wk.weight": "model.layers.{i}.self_attn.k_proj.weight",
-    "layers.{i}.attn.wv.weight": "model.layers.{i}.self_attn.v_proj.weight",
-    "layers.{i}.attn.wo.weight": "model.layers.{i}.self_attn.o_proj.weight",
-    "layers.{i}.mlp_norm.weight": "model.layers.{i}.post_attention_layernorm.weight",
-    "layers.{i}.mlp.w1.weight": "model.layers.{i}.mlp.gate_proj.weight",
-    "layers.{i}.mlp.w3.weight": "model.layers.{i}.mlp.up_proj.weight",
-    "layers.{i}.mlp.w2.weight": "model.layers.{i}.mlp.down_proj.weight",
-    "norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-}
+
+def _keys(config: ModelConfig) -> KeyMap:
+    return family_of(config).keys
 
 
-_KEYS = KeyMap(KEY_MAP, theirs="Hugging Face")
+def to_hf_state_dict(state_dict: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+    return _keys(config).to_theirs(state_dict)
 
 
-def to_hf_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return _KEYS.to_theirs(state_dict)
-
-
-def from_hf_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    # Older checkpoints carry non-persistent RoPE buffers; they are derived, not weights.
-    return _KEYS.to_ours({k: v for k, v in state_dict.items() if not k.endswith("rotary_emb.inv_freq")})
+def from_hf_state_dict(state_dict: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+    # Older checkpoints carry non-persistent RoPE buffers (derived, not weights); a tied checkpoint may
+    # carry lm_head.weight, the embedding's copy.
+    dropped = ("lm_head.weight",) if config.tie_embeddings else ()
+    kept = {k: v for k, v in state_dict.items() if not k.endswith("rotary_emb.inv_freq") and k not in dropped}
+    return _keys(config).to_ours(kept)
 
 
 # ---------------------------------------------------------------------------------------- config
@@ -97,37 +87,33 @@ def _rope_parameters(config: ModelConfig) -> dict:
 
 
 def config_from_hf(hf_config, **overrides) -> ModelConfig:
-    if getattr(hf_config, "model_type", None) != "llama":
-        raise ValueError(
-            f"expected a LLaMA config (model_type 'llama'), got {getattr(hf_config, 'model_type', None)!r}"
-        )
-    unsupported = {
-        "attention_bias": getattr(hf_config, "attention_bias", False),
-        "mlp_bias": getattr(hf_config, "mlp_bias", False),
-        "tie_word_embeddings": getattr(hf_config, "tie_word_embeddings", False),
-    }
-    bad = {k: v for k, v in unsupported.items() if v}
+    family = family_named(getattr(hf_config, "model_type", None), "the Hugging Face config")
+    bad = unsupported_options(hf_config)
     if bad:
-        raise ValueError(f"unsupported LLaMA options {bad}; lwm's Transformer has no biases and untied embeddings")
+        raise ValueError(
+            f"unsupported {family.model_type} options {bad}; the Transformer has no o_proj or MLP bias and "
+            "attends to the whole context in every layer"
+        )
     if getattr(hf_config, "hidden_act", "silu") != "silu":
         raise ValueError(f"hidden_act must be 'silu', got {hf_config.hidden_act!r}")
-    head_dim = getattr(hf_config, "head_dim", None)
-    if head_dim is not None and head_dim * hf_config.num_attention_heads != hf_config.hidden_size:
-        raise ValueError(
-            f"head_dim {head_dim} x num_attention_heads {hf_config.num_attention_heads} != hidden_size {hf_config.hidden_size}"
-        )
+    hidden, heads = hf_config.hidden_size, hf_config.num_attention_heads
+    head_dim = getattr(hf_config, "head_dim", None) or hidden // heads
     theta, scaling = _rope(hf_config)
     fields = dict(
-        dim=hf_config.hidden_size,
+        dim=hidden,
         n_layers=hf_config.num_hidden_layers,
-        n_heads=hf_config.num_attention_heads,
-        n_kv_heads=hf_config.num_key_value_heads or hf_config.num_attention_heads,
+        n_heads=heads,
+        n_kv_heads=hf_config.num_key_value_heads or heads,
         ffn_dim=hf_config.intermediate_size,
         vocab_size=hf_config.vocab_size,
         norm_eps=hf_config.rms_norm_eps,
         rope_theta=theta,
         rope_scaling=scaling,
         max_seq_len=hf_config.max_position_embeddings,
+        qkv_bias=family.qkv_bias,
+        qk_norm=family.qk_norm,
+        tie_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
+        head_dim_override=0 if head_dim * heads == hidden else head_dim,
     )
     fields.update(overrides)
     return ModelConfig(**fields)
@@ -141,9 +127,15 @@ def _config_named(hf_config, where: str, **overrides) -> ModelConfig:
 
 
 def config_to_hf(config: ModelConfig, dtype: torch.dtype = torch.float32, ids: TokenIds = TokenIds(bos=1, eos=2)):
-    from transformers import LlamaConfig
+    """transformers' config of `config`'s family (lwm.interop.hf_families.family_of)."""
+    from transformers import AutoConfig
 
-    return LlamaConfig(
+    family = family_of(config)
+    options = {"mlp_bias": False} if family.model_type == "llama" else {"use_sliding_window": False}
+    if family.model_type != "qwen2":  # Qwen2's q/k/v bias is fixed by its family
+        options["attention_bias"] = False
+    return AutoConfig.for_model(
+        family.model_type,
         vocab_size=config.vocab_size,
         hidden_size=config.dim,
         intermediate_size=config.ffn_dim,
@@ -155,14 +147,13 @@ def config_to_hf(config: ModelConfig, dtype: torch.dtype = torch.float32, ids: T
         rms_norm_eps=config.norm_eps,
         max_position_embeddings=config.max_seq_len,
         rope_parameters=_rope_parameters(config),
-        tie_word_embeddings=False,
-        attention_bias=False,
-        mlp_bias=False,
+        tie_word_embeddings=config.tie_embeddings,
         bos_token_id=ids.bos,
         eos_token_id=ids.eos,
         pad_token_id=ids.pad,
         dtype=dtype,
-        architectures=["LlamaForCausalLM"],
+        architectures=[family.architecture],
+        **options,
     )
 
 
@@ -185,12 +176,14 @@ def _expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
 def check_weights(shapes: Shapes, config: ModelConfig, where: str) -> None:
     """Refuse weights (Hugging Face key -> (shape, file)) that do not fit the checkpoint's own config,
     before a model is built: a config.json that claims 10^6 layers must not cost a 10^6-layer model."""
-    ours, unexpected = {}, []
+    ours, unexpected, keys = {}, [], _keys(config)
     for key, (shape, file) in shapes.items():
         if key.endswith("rotary_emb.inv_freq"):  # derived RoPE buffers some checkpoints carry
             continue
+        if config.tie_embeddings and key == "lm_head.weight":  # a tied checkpoint's copy of the embedding
+            continue
         try:
-            ours[_KEYS.our_key(key)] = (key, shape, file)
+            ours[keys.our_key(key)] = (key, shape, file)
         except KeyError:
             unexpected.append(f"{key} ({file})")
     layers = _layers(ours)
@@ -200,7 +193,7 @@ def check_weights(shapes: Shapes, config: ModelConfig, where: str) -> None:
             f"{where}: num_hidden_layers {config.n_layers}, but the weights hold {held if layers else 'none'}"
         )
     expected = _expected_shapes(config)
-    missing = [_KEYS.their_key(k) for k in expected if k not in ours]
+    missing = [keys.their_key(k) for k in expected if k not in ours]
     unexpected += [f"{hf} ({file})" for k, (hf, _, file) in ours.items() if k not in expected]
     wrong = [
         f"{hf} in {file} is {shape}, expected {expected[k]}"
@@ -242,21 +235,34 @@ def check_hf_folder(folder) -> tuple[object, ModelConfig]:
     return hf_config, config
 
 
-def start_config(folder) -> tuple[ModelConfig, bool]:
+def folder_text_size(folder, rows: int) -> int:
+    """How many of a text-only folder's `rows` embedding rows are text ids: its tokenizer's size when it
+    has one (a base pads its embedding past the tokenizer: Qwen2.5's 152064 rows hold 151665 ids), else
+    all of them."""
+    folder = Path(folder)
+    if not any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer.model")):
+        return rows
+    text = TextTokenizer(folder).vocab_size
+    if text > rows:
+        raise ValueError(f"the tokenizer of {folder} has {text} ids, but {folder / CONFIG} has vocab_size {rows}")
+    return text
+
+
+def start_config(folder) -> tuple[ModelConfig, int | None]:
     """A Hugging Face folder as a training run's start, checked with nothing loaded: our config with the
-    vocabulary a run trains (LWM's layout: text ids, vision codes, specials, padding), and whether
-    from_hf must grow the folder's rows to it (a text-only folder) or takes them as they are (a
-    folder that has them already)."""
+    vocabulary a run trains (LWM's layout: text ids, vision codes, specials, padding), and the text ids
+    from_hf keeps before it adds the vision rows (a text-only folder), or None: the folder has the rows."""
     hf_config, stored = check_hf_folder(folder)
     text = vision_text_size(folder)
     if text is None:
-        return stored.replace(vocab_size=Vocab(hf_config.vocab_size).size), True
+        text = folder_text_size(folder, hf_config.vocab_size)
+        return stored.replace(vocab_size=Vocab(text).size), text
     if Vocab(text).size != hf_config.vocab_size:
         raise ValueError(
             f"{Path(folder) / CONFIG} has vocab_size {hf_config.vocab_size}, but its tokenizer's vision codes "
             f"start at id {text}, which makes {Vocab(text).size} rows"
         )
-    return stored, False
+    return stored, None
 
 
 def _few(items: list[str], limit: int = 4, sep: str = ", ") -> str:
@@ -273,14 +279,22 @@ def extend_vocab_rows(weight: torch.Tensor, new_rows: int, noise: float = 0.01, 
 
 
 def from_hf(
-    path_or_model, *, extend_vocab: bool = False, dtype: torch.dtype | None = None, seed: int = 0, **overrides
+    path_or_model,
+    *,
+    extend_vocab: bool = False,
+    text_size: int | None = None,
+    dtype: torch.dtype | None = None,
+    seed: int = 0,
+    **overrides,
 ) -> Transformer:
-    """A Transformer from a Hugging Face LLaMA folder or a LlamaForCausalLM object.
+    """A Transformer from a Hugging Face folder or a transformers model of a family in
+    lwm.interop.hf_families (LLaMA, Qwen2, Qwen3).
 
-    extend_vocab: the checkpoint's vocabulary is text only (LLaMA-2, 32000 ids); grow the embedding
-    and output to lwm.data.Vocab(text_size).size, keeping the text rows and starting the vision and
-    special rows at the mean of the text rows plus small noise. overrides change config fields
-    (e.g. rope_theta for the next context stage).
+    extend_vocab: the checkpoint's vocabulary is text only (LLaMA-2, 32000 ids); keep its first
+    `text_size` rows (default: all; a base that pads its embedding past its tokenizer keeps the
+    tokenizer's ids), then grow the embedding and output to lwm.data.Vocab(text_size).size, the vision
+    and special rows starting at the mean of the text rows plus small noise. overrides change config
+    fields (e.g. rope_theta for the next context stage).
     """
     if isinstance(path_or_model, (str, Path)):
         folder = Path(path_or_model)
@@ -291,14 +305,17 @@ def from_hf(
         hf_config, state, where = path_or_model.config, path_or_model.state_dict(), "the model's config"
         shapes = {k: (tuple(v.shape), "the model") for k, v in state.items()}
         check_weights(shapes, _config_named(hf_config, where), where)
-    state = from_hf_state_dict(state)
-    text_size = hf_config.vocab_size
+    state = from_hf_state_dict(state, _config_named(hf_config, where))
     if extend_vocab:
+        text_size = hf_config.vocab_size if text_size is None else text_size
+        if not 0 < text_size <= hf_config.vocab_size:
+            raise ValueError(f"text_size {text_size} must be in [1, {hf_config.vocab_size}] (the checkpoint's rows)")
         vocab = Vocab(text_size)
         overrides.setdefault("vocab_size", vocab.size)
         g = torch.Generator().manual_seed(seed)
         for key in ("embed.weight", "output.weight"):
-            state[key] = extend_vocab_rows(state[key], vocab.size - text_size, generator=g)
+            if key in state:  # a tied head has no weight of its own
+                state[key] = extend_vocab_rows(state[key][:text_size], vocab.size - text_size, generator=g)
     config = _config_named(hf_config, where, **overrides)
     if dtype is not None:
         state = {k: v.to(dtype) for k, v in state.items()}
@@ -339,5 +356,5 @@ def to_hf(
     GenerationConfig(
         bos_token_id=ids.bos, eos_token_id=ids.eos, pad_token_id=ids.pad, **(generation or {})
     ).save_pretrained(out_dir)
-    save_torch_state_dict(to_hf_state_dict(state), out_dir, max_shard_size=max_shard_size)
+    save_torch_state_dict(to_hf_state_dict(state, model.config), out_dir, max_shard_size=max_shard_size)
     return out_dir

@@ -1,4 +1,4 @@
-"""A Hugging Face LLaMA folder read as untrusted input, before any weight is loaded or any model
+"""A Hugging Face model folder (LLaMA, Qwen2, Qwen3) read as untrusted input, before any weight is loaded or any model
 built: config.json's fields, the shard files model.safetensors.index.json names (files inside the
 folder only), and each weight's shape and dtype from the safetensors headers (no data read).
 
@@ -16,6 +16,7 @@ from pathlib import Path, PurePosixPath
 import torch
 from safetensors import SafetensorError, safe_open
 
+from lwm.interop.hf_families import family_named
 from lwm.weights import check_safetensors, read_weights
 
 CONFIG = "config.json"
@@ -52,19 +53,16 @@ def _is_positive(value, integer: bool) -> bool:
 
 
 def check_config_fields(raw: dict, path: Path) -> None:
-    """The fields of a LLaMA config.json that shape the model: positive integers (a missing one takes
-    transformers' default; num_key_value_heads and head_dim may be null), positive eps and theta."""
-    if raw.get("model_type") != "llama":
-        raise ValueError(f"{path}: model_type is {raw.get('model_type')!r:.80}, expected 'llama'")
+    """The fields of a config.json that shape the model: a model_type of lwm.interop.hf_families, positive
+    integers (a missing one takes transformers' default; num_key_value_heads and head_dim may be null),
+    positive eps and theta."""
+    family_named(raw.get("model_type"), str(path))
     for name in _POSITIVE_INTS:
         if raw.get(name) is not None and not _is_positive(raw[name], integer=True):
             raise ValueError(f"{path}: {name} must be a positive integer, got {raw[name]!r:.80}")
     heads, kv_heads, hidden = raw.get("num_attention_heads"), raw.get("num_key_value_heads"), raw.get("hidden_size")
     if heads is not None and hidden is not None and hidden % heads:
         raise ValueError(f"{path}: num_attention_heads {heads} must divide hidden_size {hidden}")
-    head_dim = raw.get("head_dim")
-    if head_dim is not None and heads is not None and hidden is not None and head_dim * heads != hidden:
-        raise ValueError(f"{path}: head_dim {head_dim} x num_attention_heads {heads} must be hidden_size {hidden}")
     if heads is not None and kv_heads is not None and heads % kv_heads:
         raise ValueError(f"{path}: num_key_value_heads {kv_heads} must divide num_attention_heads {heads}")
     for name in ("rope_parameters", "rope_scaling"):  # rope_scaling: the older name transformers reads too
@@ -84,7 +82,7 @@ def check_config_fields(raw: dict, path: Path) -> None:
 
 
 def read_hf_config(folder: Path):
-    """transformers' config of a LLaMA folder, its fields checked first."""
+    """transformers' config of a model folder, its fields checked first."""
     path = Path(folder) / CONFIG
     if not path.is_file():
         raise FileNotFoundError(f"{folder} is not a Hugging Face model folder (no config.json)")

@@ -17,6 +17,7 @@ from torch.utils.checkpoint import checkpoint
 
 from lwm.model.config import ModelConfig
 from lwm.model.documents import document_attention
+from lwm.model.norm import RMSNorm
 from lwm.model.rope import apply_rope
 
 AttentionFn = Callable[..., torch.Tensor]  # attn(q, k, v, causal, segment_ids=None) -> out
@@ -41,10 +42,14 @@ class Attention(nn.Module):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.n_kv_heads, config.head_dim
         self.head_groups = config.attn_head_groups
-        self.wq = nn.Linear(config.dim, config.n_heads * config.head_dim, bias=False)
-        self.wk = nn.Linear(config.dim, config.n_kv_heads * config.head_dim, bias=False)
-        self.wv = nn.Linear(config.dim, config.n_kv_heads * config.head_dim, bias=False)
+        bias = config.qkv_bias
+        self.wq = nn.Linear(config.dim, config.n_heads * config.head_dim, bias=bias)
+        self.wk = nn.Linear(config.dim, config.n_kv_heads * config.head_dim, bias=bias)
+        self.wv = nn.Linear(config.dim, config.n_kv_heads * config.head_dim, bias=bias)
         self.wo = nn.Linear(config.n_heads * config.head_dim, config.dim, bias=False)
+        # Qwen3's QK norm: one RMSNorm over head_dim, shared by every q head (and one by every k head).
+        self.q_norm = RMSNorm(config.head_dim, config.norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(config.head_dim, config.norm_eps) if config.qk_norm else None
         self.attn_fn: AttentionFn = sdpa_attention
 
     def forward(
@@ -70,15 +75,21 @@ class Attention(nn.Module):
         q_rows = self.n_heads // self.head_groups * self.head_dim
         kv_rows = self.n_kv_heads // self.head_groups * self.head_dim
         qs, kvs = slice(g * q_rows, (g + 1) * q_rows), slice(g * kv_rows, (g + 1) * kv_rows)
-        q = F.linear(x, self.wq.weight[qs])
-        k, v = F.linear(x, self.wk.weight[kvs]), F.linear(x, self.wv.weight[kvs])
+        q = F.linear(x, self.wq.weight[qs], _rows(self.wq.bias, qs))
+        k, v = (
+            F.linear(x, self.wk.weight[kvs], _rows(self.wk.bias, kvs)),
+            F.linear(x, self.wv.weight[kvs], _rows(self.wv.bias, kvs)),
+        )
         return F.linear(self._attend(q, k, v, cos, sin, segment_ids), self.wo.weight[:, qs])
 
     def _attend(self, q, k, v, cos, sin, segment_ids) -> torch.Tensor:
         """Projected q (B, S, Hq*D), k/v (B, S, Hkv*D) -> attention output (B, S, Hq*D)."""
         B, S, _ = q.shape
-        q = q.view(B, S, -1, self.head_dim).transpose(1, 2)  # (B, S, H*D) -> (B, H, S, D)
-        k = k.view(B, S, -1, self.head_dim).transpose(1, 2)  # (B, Hkv, S, D)
+        q = q.view(B, S, -1, self.head_dim)  # (B, S, H*D) -> (B, S, H, D)
+        k = k.view(B, S, -1, self.head_dim)  # (B, S, Hkv, D)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, S, H, D) -> (B, H, S, D)
         v = v.view(B, S, -1, self.head_dim).transpose(1, 2)  # (B, Hkv, S, D)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         # Without segment ids the call is the plain one, so attention functions that know no
@@ -93,4 +104,13 @@ class Attention(nn.Module):
     def init_weights(self, std: float, out_std: float) -> None:
         for linear in (self.wq, self.wk, self.wv):
             nn.init.normal_(linear.weight, std=std)
+            if linear.bias is not None:
+                nn.init.zeros_(linear.bias)
         nn.init.normal_(self.wo.weight, std=out_std)
+        for norm in (self.q_norm, self.k_norm):
+            if norm is not None:
+                norm.reset_parameters()
+
+
+def _rows(bias: torch.Tensor | None, rows: slice) -> torch.Tensor | None:
+    return None if bias is None else bias[rows]

@@ -55,6 +55,14 @@ class ModelConfig:
     norm_chunk_size: int = 0
     # Tokens per chunk in the chunked cross entropy; the (B, S, V) logits never exist at once.
     loss_chunk_size: int = 1024
+    # The family's options (lwm.interop.hf maps each family's checkpoints): a bias on the q/k/v
+    # projections (Qwen2, Qwen2.5), an RMSNorm over each head's q and k before RoPE (Qwen3), the
+    # output head sharing the embedding's weight (Llama-3.2 1B/3B, small Qwen models).
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    tie_embeddings: bool = False
+    # Width of a head; 0: dim // n_heads (LLaMA). Qwen3 sets it apart from dim (e.g. 4B: 2560 / 32 heads of 128).
+    head_dim_override: int = 0
 
     def __post_init__(self) -> None:
         positive = (
@@ -72,7 +80,10 @@ class ModelConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"ModelConfig.{name} must be a positive integer, got {value!r}")
-        for name in ("mlp_chunk_size", "norm_chunk_size"):
+        for name in ("qkv_bias", "qk_norm", "tie_embeddings"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"ModelConfig.{name} must be true or false, got {getattr(self, name)!r}")
+        for name in ("mlp_chunk_size", "norm_chunk_size", "head_dim_override"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 raise ValueError(f"ModelConfig.{name} must be an integer >= 0 (0 = off), got {getattr(self, name)!r}")
         if self.norm_eps <= 0:
@@ -81,8 +92,8 @@ class ModelConfig:
             raise ValueError(f"ModelConfig.rope_theta must be > 0, got {self.rope_theta}")
         if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
             raise ValueError(f"ModelConfig.rope_scaling must be a RopeScaling or None, got {self.rope_scaling!r}")
-        if self.dim % self.n_heads:
-            raise ValueError(f"dim {self.dim} is not divisible by n_heads {self.n_heads}")
+        if not self.head_dim_override and self.dim % self.n_heads:
+            raise ValueError(f"dim {self.dim} is not divisible by n_heads {self.n_heads} (or set head_dim_override)")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
         if self.n_kv_heads % self.attn_head_groups:
@@ -92,12 +103,13 @@ class ModelConfig:
             )
         if self.head_dim % 2:
             raise ValueError(
-                f"head_dim {self.head_dim} (dim {self.dim} / n_heads {self.n_heads}) must be even for RoPE"
+                f"head_dim {self.head_dim} (dim {self.dim}, n_heads {self.n_heads}, head_dim_override "
+                f"{self.head_dim_override}) must be even for RoPE"
             )
 
     @property
     def head_dim(self) -> int:
-        return self.dim // self.n_heads
+        return self.head_dim_override or self.dim // self.n_heads
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> "ModelConfig":
@@ -111,9 +123,10 @@ class ModelConfig:
     def num_params(self) -> int:
         """Parameter count, computed from the shapes (no model needed)."""
         attn = self.dim * self.head_dim * (2 * self.n_heads + 2 * self.n_kv_heads)
+        attn += self.qkv_bias * self.head_dim * (self.n_heads + 2 * self.n_kv_heads) + self.qk_norm * 2 * self.head_dim
         mlp = 3 * self.dim * self.ffn_dim
         block = attn + mlp + 2 * self.dim
-        return self.n_layers * block + 2 * self.vocab_size * self.dim + self.dim
+        return self.n_layers * block + (1 if self.tie_embeddings else 2) * self.vocab_size * self.dim + self.dim
 
 
 # Vocabulary sizes are lwm.data.Vocab(text_size).size: text ids + 8192 vision codes + 4 specials,

@@ -57,11 +57,17 @@ class RMSNorm(nn.Module):
         return torch.cat([checkpoint(self._norm, c, use_reentrant=False) for c in chunks], dim=1)
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        weight = self.scale()
         if x.dtype == torch.float32:
-            return self._rms(x, self.weight)
+            return self._rms(x, weight)
         # Both kernels normalize in fp32 and round once to x's dtype (no fp32 copy of x is made or
         # saved); the weight scales the rounded result, as LLaMA does.
-        return self.weight * self._rms(x, None)
+        return weight * self._rms(x, None)
+
+    def scale(self) -> torch.Tensor:
+        """The weight as the norm applies it (a seam: tensor parallelism sums its gradient over the
+        ranks of a norm that sees only this rank's heads)."""
+        return self.weight
 
     def _rms(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
         if self.kernel == "fused":

@@ -6,6 +6,7 @@ import math
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from lwm.model.attention import AttentionFn
@@ -27,8 +28,10 @@ class Transformer(nn.Module):
         self.embed = nn.Embedding(config.vocab_size, config.dim)
         self.layers = nn.ModuleList(Block(config) for _ in range(config.n_layers))
         self.norm = RMSNorm(config.dim, config.norm_eps, config.norm_chunk_size)
-        self.output = nn.Linear(config.dim, config.vocab_size, bias=False)
-        if not self.output.weight.is_meta:
+        # Tied: the head reads the embedding's weight and has no parameter of its own, so the weights,
+        # their shards and their state dict hold it once.
+        self.output = None if config.tie_embeddings else nn.Linear(config.dim, config.vocab_size, bias=False)
+        if not self.embed.weight.is_meta:
             self.init_weights()
 
     @torch.no_grad()
@@ -38,7 +41,17 @@ class Transformer(nn.Module):
         for layer in self.layers:
             layer.init_weights(std, out_std)
         self.norm.reset_parameters()
-        nn.init.normal_(self.output.weight, std=std)
+        if self.output is not None:
+            nn.init.normal_(self.output.weight, std=std)
+
+    @property
+    def head_weight(self) -> torch.Tensor:
+        """The output head's (V, dim) weight: its own, or the embedding's when tied."""
+        return self.embed.weight if self.output is None else self.output.weight
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """(..., dim) hidden states -> (..., V) logits."""
+        return F.linear(h, self.head_weight)
 
     def set_attention(self, attn_fn: AttentionFn | Sequence[AttentionFn]) -> None:
         """The one way to change the blocks' attention: one function for every block, or one per
@@ -78,8 +91,8 @@ class Transformer(nn.Module):
         """
         h = self.hidden(tokens, positions, segment_ids)
         if targets is None:
-            return self.output(h)  # (B, S, dim) -> (B, S, V)
-        return chunked_cross_entropy(h, self.output.weight, targets, loss_coeff, self.config.loss_chunk_size)
+            return self.logits(h)  # (B, S, dim) -> (B, S, V)
+        return chunked_cross_entropy(h, self.head_weight, targets, loss_coeff, self.config.loss_chunk_size)
 
     def hidden(
         self, tokens: torch.Tensor, positions: torch.Tensor | None = None, segment_ids: torch.Tensor | None = None

@@ -10,10 +10,13 @@ weight (lwm.model.loss), so splitting the vocabulary would need a vocabulary-par
 
 from __future__ import annotations
 
+import torch
+import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from lwm.model import Transformer
+from lwm.model.norm import RMSNorm
 
 BLOCK_PLAN = {
     "attn.wq": ColwiseParallel,
@@ -39,4 +42,41 @@ def apply_tensor_parallel(model: Transformer, mesh: DeviceMesh) -> Transformer:
         parallelize_module(layer, mesh, {name: style() for name, style in BLOCK_PLAN.items()})
         # q/k/v come out as local tensors of this rank's heads: (B, S, H/tp * D)
         layer.attn.n_heads, layer.attn.n_kv_heads = config.n_heads // tp, config.n_kv_heads // tp
+        for name in ("q_norm", "k_norm"):  # Qwen3's: one weight for every head, each rank sees its own heads
+            norm = getattr(layer.attn, name)
+            if norm is not None:
+                setattr(layer.attn, name, HeadNorm.of(norm, mesh.get_group()))
     return model
+
+
+class _SumGradOverGroup(torch.autograd.Function):
+    """Identity forward; backward sums the gradient over the group (Megatron's "copy to the tensor
+    parallel region")."""
+
+    @staticmethod
+    def forward(ctx, weight: torch.Tensor, group) -> torch.Tensor:
+        ctx.group = group
+        return weight.view_as(weight)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class HeadNorm(RMSNorm):
+    """A per-head RMSNorm under tensor parallelism: each rank normalizes its own heads with the one
+    shared weight, so the weight's gradient is the sum of the ranks' parts. The parameter stays the
+    model's (same name, same tensor), so FSDP2 and the state dict see no change."""
+
+    group = None
+
+    @classmethod
+    def of(cls, norm: RMSNorm, group) -> "HeadNorm":
+        head = cls(norm.weight.shape[0], norm.eps, norm.chunk_size)
+        head.weight, head.kernel, head.group = norm.weight, norm.kernel, group  # the same parameter
+        return head
+
+    def scale(self) -> torch.Tensor:
+        return _SumGradOverGroup.apply(self.weight, self.group)

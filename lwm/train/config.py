@@ -4,6 +4,7 @@ into its dataclass here and hands each component only its own part."""
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -200,8 +201,9 @@ class DataSpec(StreamOptions):
     positions: str | None = None  # sequence | document (RoPE restarts per example); None: document when masked
 
     def vocab_rows(self) -> int | None:
-        """The embedding rows the tokenizer's vocabulary layout makes; None while the file does not exist."""
-        if not Path(self.tokenizer).is_file():
+        """The embedding rows the tokenizer's vocabulary layout makes; None while it does not exist (a
+        sentencepiece model, a tokenizer.json, or a model folder holding either: lwm.data.TextTokenizer)."""
+        if not Path(self.tokenizer).exists():
             return None
         return Vocab(TextTokenizer(self.tokenizer).vocab_size).size
 
@@ -249,16 +251,13 @@ def validate(cfg: RunConfig) -> None:
         dims = stage_dims(cfg, stage)
         stage.per_rank_batch(dims.dp)
         cfg.data.for_stage(stage, 1)
-    if cfg.schedule.init_hf is not None:
-        try:
-            start, _ = start_config(cfg.schedule.init_hf)  # its config and weights' shapes, before anything is written
-        except (FileNotFoundError, ValueError) as e:
-            raise type(e)(f"schedule.init_hf: {e}") from None
+    if cfg.schedule.init_hf is not None:  # cfg.model is the folder's (start_model)
         rows = cfg.data.vocab_rows()
-        if rows is not None and rows != start.vocab_size:
+        if rows is not None and rows != cfg.model.vocab_size:
             raise ValueError(
-                f"schedule.init_hf: {cfg.schedule.init_hf} starts a model of {start.vocab_size} vocabulary rows, "
-                f"but data.tokenizer {cfg.data.tokenizer} makes {rows}: train with the folder's own tokenizer"
+                f"schedule.init_hf: {cfg.schedule.init_hf} starts a model of {cfg.model.vocab_size} vocabulary rows, "
+                f"but data.tokenizer {cfg.data.tokenizer} makes {rows}: train with the folder's own tokenizer "
+                f"(data.tokenizer={cfg.schedule.init_hf})"
             )
     if cfg.export:  # the run's own export (out_dir/hf), refused now rather than after the training
         try:
@@ -274,6 +273,35 @@ def validate(cfg: RunConfig) -> None:
         raise FileNotFoundError(f"probe.path {cfg.probe.path} does not exist")
     if not cfg.data.sample:  # the sample data (and its needle sets) is made on first use, then checked
         check_files(cfg)
+
+
+# What a run decides about a model it starts from a checkpoint: memory settings (the checkpoint says
+# nothing of them); each stage's rope_theta and max_seq_len come from the schedule (stage_model_config).
+RUN_MODEL_FIELDS = ("mlp_chunk_size", "attn_head_groups", "norm_chunk_size", "loss_chunk_size")
+STAGE_MODEL_FIELDS = ("rope_theta", "max_seq_len")
+
+
+def start_model(run_model: ModelConfig, folder, explicit: Collection[str] = ()) -> ModelConfig:
+    """The model a run trains from the Hugging Face `folder` (schedule.init_hf): what the checkpoint
+    fixes (shapes, vocabulary, bias, norms, tying, RoPE) from it, the run's RUN_MODEL_FIELDS from
+    `run_model`. `explicit`: the model fields the command set (model.<field>=...); one that contradicts
+    the checkpoint is refused naming both values, before anything is written."""
+    try:
+        start, _ = start_config(folder)  # its config and weights' shapes, before anything is built
+    except (FileNotFoundError, ValueError) as e:
+        raise type(e)(f"schedule.init_hf: {e}") from None
+    fixed = [f.name for f in fields(ModelConfig) if f.name not in RUN_MODEL_FIELDS + STAGE_MODEL_FIELDS]
+    clash = [
+        f"model.{name}={getattr(run_model, name)!r} (the checkpoint's is {getattr(start, name)!r})"
+        for name in fixed
+        if name in explicit and getattr(run_model, name) != getattr(start, name)
+    ]
+    if clash:
+        raise ValueError(
+            f"schedule.init_hf: {folder} fixes what the command overrides: {', '.join(clash)}; drop the override "
+            "or start from another folder"
+        )
+    return start.replace(**{name: getattr(run_model, name) for name in RUN_MODEL_FIELDS})
 
 
 def stage_dims(cfg: RunConfig, stage: StageConfig) -> ParallelDims:
@@ -300,7 +328,7 @@ def check_files(cfg: RunConfig) -> None:
 
 
 def check_data_files(data: DataSpec) -> None:
-    if not Path(data.tokenizer).is_file():
+    if not Path(data.tokenizer).exists():
         raise FileNotFoundError(f"data.tokenizer {data.tokenizer} does not exist")
     if data.codes is not None and not list(Path(data.codes).glob("manifest*.jsonl")):
         raise FileNotFoundError(f"data.codes {data.codes} has no manifest*.jsonl; run lwm-tokenize into it first")

@@ -40,12 +40,12 @@ def full_state(module: LWMModule) -> dict[str, torch.Tensor]:
     return get_model_state_dict(module.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def hf_start(folder: str | Path) -> tuple[ModelConfig, Callable[[], dict]]:
-    """A Hugging Face LLaMA folder as a first stage's start: its config with the vocabulary grown
-    for vision, unless its rows have it already (read on every rank), and a function that reads its
-    weights (LWMModule calls it on global rank 0 only)."""
-    config, extend = start_config(folder)  # its config and weights' shapes, before anything is built
-    return config, lambda: from_hf(folder, extend_vocab=extend).state_dict()
+def hf_start(folder: str | Path) -> Callable[[], dict]:
+    """A Hugging Face folder as a first stage's start: a function that reads its weights, with the
+    vocabulary grown for vision unless its rows have it already (LWMModule calls it on global rank 0
+    only). The run's model config is the folder's, resolved with the run's (lwm.train.config.start_model)."""
+    _, text = start_config(folder)  # its config and weights' shapes, before anything is built
+    return lambda: from_hf(folder, extend_vocab=text is not None, text_size=text).state_dict()
 
 
 def stage_weights(final: Path) -> Callable[[], dict]:
@@ -103,7 +103,7 @@ def run_schedule(cfg: RunConfig) -> dict[str, Path]:
     model_config = cfg.model
     init: Callable[[], dict] | None = None  # the next stage's starting weights, read on rank 0 only
     if cfg.schedule.init_hf is not None:
-        model_config, init = hf_start(cfg.schedule.init_hf)
+        init = hf_start(cfg.schedule.init_hf)
     finished: Path | None = None
     last: StageConfig | None = None
     for stage in cfg.schedule.stages:

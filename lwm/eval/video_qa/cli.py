@@ -196,7 +196,7 @@ def _config(args: VideoQAConfig, buckets: Buckets, loaded, runtime) -> dict:
         "world_size": runtime.world,
         "layout": args.load.layout,
         "device": runtime.device,
-        "dtype": str(loaded.model.output.weight.dtype).removeprefix("torch."),
+        "dtype": str(loaded.model.head_weight.dtype).removeprefix("torch."),
         "model_max_seq_len": loaded.model.config.max_seq_len,
     }
 

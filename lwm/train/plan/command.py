@@ -89,12 +89,7 @@ def run(config: PlanConfig) -> dict:
     run_cfg = compose_run(config.overrides)
     if config.tp:
         run_cfg.parallel = dataclasses.replace(run_cfg.parallel, tp=config.tp)
-    if run_cfg.schedule.init_hf:
-        from lwm.train.run import hf_start  # here: the training run's imports (Lightning) cost a plan 1 s
-
-        model = hf_start(run_cfg.schedule.init_hf)[0]
-    else:
-        model = run_cfg.model
+    model = run_cfg.model  # with schedule.init_hf, the folder's (lwm.train.config.start_model)
     world, node = planned_world(config, run_cfg)
     planned = planned_stages(config, run_cfg, world)
     # Document masks are off: their runs are read on the host (lwm.train.fake_step's docstring).

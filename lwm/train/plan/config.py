@@ -71,7 +71,7 @@ def compose_run(overrides: list[str]) -> RunConfig:
     if OmegaConf.is_missing(cfg.schedule, "init_hf"):
         with open_dict(cfg):
             cfg.schedule.init_hf = None
-    run = to_run_config(cfg)
+    run = to_run_config(cfg, overrides)
     named = any(o.lstrip("+~").startswith("data") for o in overrides)
     if not named and run.model.vocab_size != cfg.model.vocab_size:
         print(
