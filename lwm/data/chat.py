@@ -15,6 +15,10 @@ or EOS of its own); <vision> and </vision> are text, and the frames' codes are v
     [BOS] "You are a helpful assistant. USER: {question}\n" "<vision>" frames "</vision>" " ASSISTANT:"
 
 Without a video it is LWM's text chat form, [BOS] "You are a helpful assistant. USER: {question} ASSISTANT:".
+
+Prompt style "template" writes the text tokenizer's own chat template (a Llama-3 or Qwen base's): a system
+turn and a user turn with the question, then the template's generation prompt; the video's tokens go right
+after the question, inside the user turn. A tokenizer without BOS (Qwen's) gets none in any style.
 """
 
 from __future__ import annotations
@@ -24,10 +28,13 @@ import numpy as np
 from lwm.data.text_tokenizer import TextTokenizer
 from lwm.data.vocab import Vocab
 
-PROMPT_STYLES = ("native", "lwm")  # this project's models; LWM's released ones (lwm-convert-lwm)
+# this project's models; LWM's released ones (lwm-convert-lwm); the base tokenizer's own chat template
+PROMPT_STYLES = ("native", "lwm", "template")
 SYSTEM = "You are a helpful assistant."
 CHAT_SPEC = "[user+vision+assistant],answer"
 TEXT_CHAT_SPEC = "[user+assistant],answer"
+# Where the video goes in the rendered template: a string no template writes and no question holds
+VIDEO_PLACEHOLDER = "<lwm-video-placeholder>"
 
 
 def chat_fields(question: str) -> dict[str, str]:
@@ -35,32 +42,62 @@ def chat_fields(question: str) -> dict[str, str]:
     return {"user": f"{SYSTEM} USER: {question}", "assistant": "ASSISTANT:"}
 
 
+def native_chat_template() -> str:
+    """chat_fields' form as a Hugging Face chat template (Jinja), for a sentencepiece export: text-only turns
+    render [BOS] "{system} USER: {question} ASSISTANT:", which a sentencepiece tokenizer encodes as
+    chat_prompt(style="native") does (each field's pieces start at a word); an answer ends with EOS."""
+    return (
+        "{%- if messages and messages[0]['role'] == 'system' %}{% set system = messages[0]['content'] %}"
+        "{% set messages = messages[1:] %}{% else %}{% set system = '" + SYSTEM + "' %}{% endif %}"
+        "{{- bos_token + system }}{%- for message in messages %}"
+        "{%- if message['role'] == 'user' %}{{ ' USER: ' + message['content'] }}"
+        "{%- elif message['role'] == 'assistant' %}{{ ' ASSISTANT: ' + message['content'] + eos_token }}"
+        "{%- endif %}{%- endfor %}{%- if add_generation_prompt %}{{ ' ASSISTANT:' }}{% endif %}"
+    )
+
+
+def template_chat_prompt(
+    tokenizer: TextTokenizer, vocab: Vocab, question: str, codes: np.ndarray | None = None, system: str = SYSTEM
+) -> list[int]:
+    """The tokenizer's chat template rendered with a system turn and a user turn holding the question (and
+    the video right after it), generation prompt added. The rendered text is encoded as
+    apply_chat_template(tokenize=True) encodes it: the special tokens the template writes, none added."""
+    content = question + (VIDEO_PLACEHOLDER if codes is not None else "")
+    text = tokenizer.render_chat([{"role": "system", "content": system}, {"role": "user", "content": content}])
+    if codes is None:
+        return tokenizer.encode(text)
+    before, found, after = text.partition(VIDEO_PLACEHOLDER)
+    if not found or VIDEO_PLACEHOLDER in after:
+        raise ValueError(f"the chat template of {tokenizer.path} does not write the user's message exactly once")
+    return tokenizer.encode(before) + vocab.video_tokens(codes)[0].tolist() + tokenizer.encode(after)
+
+
 def _lwm_chat_prompt(tokenizer: TextTokenizer, vocab: Vocab, question: str, codes: np.ndarray | None) -> list[int]:
     if codes is None:
-        return [tokenizer.bos_id, *tokenizer.encode(f"{SYSTEM} USER: {question} ASSISTANT:")]
+        return tokenizer.with_bos(tokenizer.encode(f"{SYSTEM} USER: {question} ASSISTANT:"))
     markers = (tokenizer.encode("<vision>"), tokenizer.encode("</vision>"))
     video = vocab.video_tokens(codes, markers)[0].tolist()
-    return [
-        tokenizer.bos_id,
-        *tokenizer.encode(f"{SYSTEM} USER: {question}\n"),
-        *video,
-        *tokenizer.encode(" ASSISTANT:"),
-    ]
+    return tokenizer.with_bos(
+        [*tokenizer.encode(f"{SYSTEM} USER: {question}\n"), *video, *tokenizer.encode(" ASSISTANT:")]
+    )
 
 
 def chat_prompt(
     tokenizer: TextTokenizer, vocab: Vocab, question: str, codes: np.ndarray | None = None, style: str = "native"
 ) -> list[int]:
     """Token ids of a chat prompt; codes (T, 256) of the video's frames, or None for text only.
-    style: "native" (this project's models) or "lwm" (LWM's released models, see above)."""
+    style: "native" (this project's models), "lwm" (LWM's released models) or "template" (the tokenizer's
+    own chat template); see above."""
     if not isinstance(question, str) or not question.strip():
         raise ValueError(f"the question must be non-empty text, got {question!r}")
     if style not in PROMPT_STYLES:
         raise ValueError(f"prompt style must be one of {PROMPT_STYLES}, got {style!r}")
     if style == "lwm":
         return _lwm_chat_prompt(tokenizer, vocab, question, codes)
+    if style == "template":
+        return template_chat_prompt(tokenizer, vocab, question, codes)
     fields = chat_fields(question)
-    ids = [tokenizer.bos_id, *tokenizer.encode(fields["user"])]
+    ids = tokenizer.with_bos(tokenizer.encode(fields["user"]))
     if codes is not None:
         ids += vocab.video_tokens(codes)[0].tolist()
     return ids + tokenizer.encode(fields["assistant"])

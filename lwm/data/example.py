@@ -10,7 +10,7 @@ A field whose name contains "vision" is a video: its value is the id of cached c
 {"id": ..., "max_frames": ..., "fps": ...}) and it expands to
 <vision> f1 <eof> ... fT <eov> </vision>. `fields` may be a list; one entry is chosen per example
 with a seeded choice (captions then train both video-to-text and text-to-video). The sequence
-is BOS (no loss), the groups in order, EOS (with loss).
+is BOS (no loss; none for a tokenizer without one, such as Qwen's), the groups in order, EOS (with loss).
 """
 
 from __future__ import annotations
@@ -111,7 +111,8 @@ def encode_example(
     if spec is None:
         raise ExampleError("the example has no 'fields' spec and the source gives no default")
     groups = parse_fields(choose_spec(spec, key, seed))
-    ids, loss, vis = [np.array([text_tokenizer.bos_id])], [np.zeros(1, bool)], [np.zeros(1, bool)]
+    bos = np.array(text_tokenizer.with_bos([]), dtype=np.int64)
+    ids, loss, vis = [bos], [np.zeros(len(bos), bool)], [np.zeros(len(bos), bool)]
     for group in groups:
         for name in group.fields:
             if name not in example:
@@ -178,7 +179,7 @@ class Encoder:
             files = [*sorted(self.codes.root.glob("manifest*.jsonl")), self.codes.root / "tokens"]
             codes = [[f.name, f.stat().st_size if f.is_file() else 0, f.stat().st_mtime_ns] for f in files]
         return {
-            "tokenizer_sha256": hashlib.sha256(self.text_tokenizer.path.read_bytes()).hexdigest(),
+            "tokenizer_sha256": self.text_tokenizer.content_hash(),
             "vocab": [self.vocab.text_size, self.vocab.n_vision_codes, self.vocab.pad_multiple],
             "codes": codes,
             "max_frames": self.max_frames,

@@ -7,7 +7,7 @@
 The video is read at --fps (at most --max-frames frames) and tokenized with --vqgan, or taken from
 cached codes (--codes DIR --video-id ID, the output of lwm-tokenize). Prompts use LWM's chat form
 (question before the video) unless --raw, written as the model folder's lwm.json says (LWM's own
-form for models converted by lwm-convert-lwm). Only rank 0 prints.
+form for models converted by lwm-convert-lwm; the tokenizer's chat template for "template"). Only rank 0 prints.
 """
 
 from __future__ import annotations
@@ -32,7 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="lwm-generate", description=__doc__.split("\n\n")[0])
     add_model_args(p)
     p.add_argument("--prompt", required=True, help="the question (chat form) or the raw text (--raw)")
-    p.add_argument("--raw", action="store_true", help="no chat template: BOS + the prompt's tokens")
+    p.add_argument(
+        "--raw", action="store_true", help="no chat form: BOS (if the tokenizer has one) + the prompt's tokens"
+    )
     p.add_argument("--video", help="a video file, read and tokenized on the fly")
     p.add_argument("--codes", help="cached codes folder (lwm-tokenize output); use with --video-id")
     p.add_argument("--video-id", help="the video's id in --codes")
@@ -52,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["auto", *PROMPT_STYLES],
         default="auto",
         help="how the chat prompt is written: auto = as the model folder's lwm.json says (native without "
-        "one); lwm = LWM's own form, e.g. for LWM-Text-Chat's Hugging Face release",
+        "one); lwm = LWM's own form, e.g. for LWM-Text-Chat's Hugging Face release; template = the "
+        "tokenizer's own chat template (a Llama-3 or Qwen base's)",
     )
     p.add_argument("--seed", type=seed_value, default=0)
     return p
@@ -73,7 +76,7 @@ def prompt_ids(args, loaded) -> list[int]:
     if args.raw:
         if codes is not None:
             raise ValueError("--raw takes text only; a video goes in the chat form")
-        return [loaded.tokenizer.bos_id, *loaded.tokenizer.encode(args.prompt)]
+        return loaded.tokenizer.with_bos(loaded.tokenizer.encode(args.prompt))
     style = loaded.prompt if args.prompt_style == "auto" else args.prompt_style
     return chat_prompt(loaded.tokenizer, loaded.vocab, args.prompt, codes, style=style)
 

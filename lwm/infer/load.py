@@ -26,21 +26,28 @@ class Loaded:
 
 
 def find_tokenizer(source: Path, tokenizer) -> Path:
+    """`tokenizer` when given (a sentencepiece model, a tokenizer.json, or a folder holding either); else the
+    model's folder when it holds its own tokenizer (tokenizer.json, else tokenizer.model: lwm.data.TextTokenizer
+    picks), else the run's hf/ export beside a stage folder."""
     if tokenizer is not None:
-        if not Path(tokenizer).is_file():
+        if not Path(tokenizer).exists():
             raise FileNotFoundError(f"tokenizer {tokenizer} does not exist")
         return Path(tokenizer)
     folder = source if source.is_dir() else source.parent
-    for candidate in (folder / "tokenizer.model", folder.parent / "hf" / "tokenizer.model"):
-        if candidate.is_file():
+    for candidate in (folder, folder.parent / "hf"):
+        if any((candidate / name).is_file() for name in ("tokenizer.json", "tokenizer.model")):
             return candidate
-    raise FileNotFoundError(f"no tokenizer.model in or next to {source}; pass the sentencepiece model (--tokenizer)")
+    raise FileNotFoundError(
+        f"no tokenizer.json or tokenizer.model in or next to {source}; pass the tokenizer (--tokenizer: a "
+        "sentencepiece model, a tokenizer.json or a model folder)"
+    )
 
 
 def load_model(source, tokenizer=None, device="cpu", dtype: torch.dtype | None = None) -> Loaded:
     """source: a Hugging Face LLaMA folder (config.json; with lwm.json, its prompt style and VQGAN),
     a training stage folder, a final.safetensors or a Lightning checkpoint. tokenizer: the
-    sentencepiece model; found in the folder (or the run's hf/ export) when not given. A text-only
+    text tokenizer (lwm.data.TextTokenizer: a sentencepiece model, a tokenizer.json or a folder); found in the
+    folder (or the run's hf/ export) when not given. A text-only
     LLaMA (as many rows as text ids) gets zero-initialized vision rows; text generation restricted
     to text (lwm-generate's default) is unchanged by them."""
     source = Path(source)
@@ -83,7 +90,7 @@ def model_companions(source, tokenizer=None) -> Loaded:
 def with_vision_rows(model: Transformer, vocab: Vocab) -> Transformer:
     """A text-only model grown to the vocabulary's rows, the new embedding and output rows zero."""
     state = model.state_dict()
-    for key in ("embed.weight", "output.weight"):
+    for key in ("embed.weight", "output.weight")[: 1 if model.config.tie_embeddings else 2]:
         rows = state[key]
         state[key] = torch.cat([rows, rows.new_zeros(vocab.size - rows.shape[0], rows.shape[1])])
     with torch.device("meta"):

@@ -25,7 +25,9 @@ class ModelOptions:
     """The options of every inference command that loads a model (load_generator reads them)."""
 
     model: str = option("Hugging Face folder, training stage folder, final.safetensors or .ckpt")
-    tokenizer: str | None = option("sentencepiece model (default: found next to the model)", None)
+    tokenizer: str | None = option(
+        "text tokenizer: sentencepiece model, tokenizer.json or folder (default: the model's own)", None
+    )
     device: str | None = option(
         "cpu or cuda (default: cuda when available); under torchrun each rank uses cuda:LOCAL_RANK",
         None,

@@ -182,9 +182,9 @@ class Haystack:
 
 
 def piece_classes(tokenizer) -> tuple[np.ndarray, np.ndarray]:
-    """Per text id: does its piece start a word ("▁..."), does it end a sentence ("." "!" "?")."""
-    pieces = [tokenizer.sp.id_to_piece(i) for i in range(tokenizer.vocab_size)]
-    word = np.array([p.startswith("\u2581") for p in pieces], dtype=bool)
+    """Per text id: does its piece start a word (" ..."), does it end a sentence ("." "!" "?")."""
+    pieces = tokenizer.pieces()
+    word = np.array([p.startswith(" ") for p in pieces], dtype=bool)
     end = np.array([p.rstrip(CLOSERS).endswith(SENTENCE_END) and not p.startswith("<") for p in pieces], dtype=bool)
     return word, end
 
@@ -261,7 +261,7 @@ def template(tokenizer, question: str, instruction: str = INSTRUCTION) -> tuple[
     if not user.endswith(marker):
         raise RuntimeError(f"the chat template changed: the question is no longer last in {user!r}")
     head = user[: -len(marker)].rstrip(" ")  # "You are a helpful assistant. USER:"
-    before = [tokenizer.bos_id, *tokenizer.encode(head)]
+    before = tokenizer.with_bos(tokenizer.encode(head))
     user_end = f"{question} {instruction}" if instruction else question
     after = tokenizer.encode(user_end) + tokenizer.encode(fields["assistant"])
     return before, after

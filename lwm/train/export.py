@@ -1,6 +1,6 @@
 """Export a stage's weights or any training checkpoint as a Hugging Face LLaMA folder.
 
-    python -m lwm.train.export runs/X/s8k --out runs/X/hf-s8k [--tokenizer data/sample/tokenizer.model]
+    python -m lwm.train.export runs/X/s8k --out runs/X/hf-s8k [--tokenizer data/sample/tokenizer.model | BASE_DIR]
         [--vqgan data/checkpoints/vqgan_tiny.safetensors]
 
 The argument is a stage folder (its final.safetensors, else its checkpoints/last.ckpt), a
@@ -80,7 +80,12 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="Export a training stage or checkpoint as a Hugging Face folder")
     parser.add_argument("source", type=Path, help="stage folder, final.safetensors, or a Lightning checkpoint")
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--tokenizer", type=Path, help="the sentencepiece model, to write a tokenizer too")
+    parser.add_argument(
+        "--tokenizer",
+        type=Path,
+        help="the run's text tokenizer (sentencepiece model, tokenizer.json or the base's folder), to write a "
+        "tokenizer too: the base's own, with the vision tokens added",
+    )
     parser.add_argument(
         "--vqgan", type=Path, help="the run's VQGAN (safetensors checkpoint or diffusers folder), bundled as vqgan/"
     )
