@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hf_models import family_config, family_model
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from lwm.data.batches import Sharding, shard_batch, with_documents
@@ -46,16 +47,19 @@ def sequences(n: int, step: int) -> list[dict]:
     return out
 
 
-def start_weights() -> dict:
+def start_weights(family: str | None = None) -> dict:
+    if family is not None:  # the debug model with a family's options, its biases and norms perturbed
+        return family_model(family).state_dict()
     torch.manual_seed(0)
     return Transformer(CFG).state_dict()
 
 
-def _worker(rank, world, dims: ParallelDims, layout: str):
+def _worker(rank, world, dims: ParallelDims, layout: str, family: str | None = None):
+    cfg = CFG if family is None else family_config(family)
     meshes = build_meshes(dims, "cpu", rank)
-    settings = compute_settings(torch.device("cpu"), CFG.head_dim)
-    init = start_weights() if rank == 0 else {}
-    model = build_parallel_model(CFG, meshes, settings, "cpu", init, layout, activation_checkpointing=True)
+    settings = compute_settings(torch.device("cpu"), cfg.head_dim)
+    init = start_weights(family) if rank == 0 else {}
+    model = build_parallel_model(cfg, meshes, settings, "cpu", init, layout, activation_checkpointing=True)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     dp_rank, cp_rank, _ = dims.coords(rank)
     where = Sharding(dp_rank, dims.dp, cp_rank, dims.cp, layout, dims.data_ulysses)
@@ -70,10 +74,10 @@ def _worker(rank, world, dims: ParallelDims, layout: str):
     return {"losses": losses, "state": state if rank == 0 else None, "local_heads": local_heads, "dp": dp_rank}
 
 
-def reference(dp: int) -> tuple[list[list[float]], dict]:
+def reference(dp: int, family: str | None = None) -> tuple[list[list[float]], dict]:
     """One process: per step, the losses of the dp sequences and the weights after the steps."""
-    model = Transformer(CFG)
-    model.load_state_dict(start_weights())
+    model = Transformer(CFG if family is None else family_config(family))
+    model.load_state_dict(start_weights(family))
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     losses = []
     for step in range(STEPS):
@@ -90,25 +94,30 @@ def reference(dp: int) -> tuple[list[list[float]], dict]:
 
 
 # train.py runs tp 2 x cp 2 striped and hybrid cp 4 zigzag (tests/test_train_parallel.py); here the rest.
-CASES = {  # name: (dims, layout)
-    "tp2": (ParallelDims(tp=2), "striped"),
-    "tp2 x cp2 zigzag": (ParallelDims(cp=2, tp=2), "zigzag"),
-    "tp2 x dp2": (ParallelDims(dp=2, tp=2), "striped"),
+CASES = {  # name: (dims, layout, family: None for the debug model)
+    "tp2": (ParallelDims(tp=2), "striped", None),
+    "tp2 x cp2 zigzag": (ParallelDims(cp=2, tp=2), "zigzag", None),
+    "tp2 x dp2": (ParallelDims(dp=2, tp=2), "striped", None),
+    # the families' options under tp: the q/k/v bias split with its rows, the QK norm's one weight
+    # seen by each rank's heads (its gradient summed over tp), a tied head
+    "tp2 x cp2 qwen2": (ParallelDims(cp=2, tp=2), "striped", "qwen2"),
+    "tp2 x dp2 qwen3": (ParallelDims(dp=2, tp=2), "striped", "qwen3"),
+    "tp2 llama3_2_tied": (ParallelDims(tp=2), "striped", "llama3_2_tied"),
 }
 
 
 @pytest.fixture(scope="module")
 def references():
-    return {dp: reference(dp) for dp in (1, 2)}
+    return {(dp, family): reference(dp, family) for _, (dims, _, family) in CASES.items() for dp in {dims.dp}}
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_parallel_training_equals_one_process(name, references):
-    dims, layout = CASES[name]
-    results = run_distributed(_worker, dims.world, dims, layout)
-    ref_losses, ref_state = references[dims.dp]
+    dims, layout, family = CASES[name]
+    results = run_distributed(_worker, dims.world, dims, layout, family)
+    ref_losses, ref_state = references[dims.dp, family]
     for rank, res in enumerate(results):
-        assert res["local_heads"] == CFG.n_heads // dims.tp, rank
+        assert res["local_heads"] == CFG.n_heads // dims.tp, rank  # every family's debug model has 4 heads
         want = [step[res["dp"]] for step in ref_losses]
         assert res["losses"] == pytest.approx(want, rel=1e-5), (name, rank)
     state = results[0]["state"]
