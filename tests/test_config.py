@@ -21,7 +21,17 @@ def test_presets_match_the_issue():
     )
 
 
-@pytest.mark.parametrize("name,text_size", [("debug", 256), ("tiny", 4096), ("7b", 32000), ("llama3_8b", 128256)])
+@pytest.mark.parametrize(
+    "name,text_size",
+    [
+        ("debug", 256),
+        ("tiny", 4096),
+        ("7b", 32000),
+        ("llama3_8b", 128256),
+        ("qwen2_5_7b", 151665),
+        ("qwen3_8b", 151669),
+    ],
+)
 def test_preset_vocab_is_the_vocab_layout(name, text_size):
     assert PRESETS[name].vocab_size == Vocab(text_size).size
 
@@ -116,3 +126,33 @@ def test_model_package_has_no_distributed_code():
     root = pathlib.Path(lwm.model.__file__).parent
     offenders = [p.name for p in root.rglob("*.py") if "torch.distributed" in p.read_text()]
     assert offenders == []
+
+
+# Qwen2.5-7B's and Qwen3-8B's config.json fields (their Hugging Face model cards), the rows their
+# tokenizers make ids for (151643 + 22 and + 26 added tokens), and their embeddings' rows.
+QWEN = {
+    "qwen2_5_7b": ("qwen2", 151665, dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944,
+                                         num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
+                                         max_position_embeddings=32768, rope_parameters={"rope_type": "default", "rope_theta": 1e6})),
+    "qwen3_8b": ("qwen3", 151669, dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                                       num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                                       max_position_embeddings=40960, rope_parameters={"rope_type": "default", "rope_theta": 1e6})),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(QWEN))
+def test_qwen_presets_are_the_checkpoints_shapes_plus_the_vision_rows(name):
+    """Parameter for parameter transformers' Qwen2.5-7B / Qwen3-8B (meta device), the embedding cut to the
+    tokenizer's ids and grown by the vision rows, as init_hf makes it from the checkpoint."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from lwm.interop.hf import config_from_hf
+
+    model_type, text, fields = QWEN[name]
+    hf_config = AutoConfig.for_model(model_type, rms_norm_eps=1e-6, tie_word_embeddings=False, **fields)
+    preset = ModelConfig.from_preset(name)
+    assert preset == config_from_hf(hf_config, vocab_size=Vocab(text).size, loss_chunk_size=preset.loss_chunk_size)
+    with torch.device("meta"):
+        theirs = sum(p.numel() for p in AutoModelForCausalLM.from_config(hf_config).parameters())
+        ours = sum(p.numel() for p in Transformer(preset).parameters())
+    assert ours == preset.num_params() == theirs + 2 * (Vocab(text).size - fields["vocab_size"]) * preset.dim

@@ -174,4 +174,34 @@ PRESETS: dict[str, ModelConfig] = {
         max_seq_len=131072,  # Llama-3.1's trained context (max_position_embeddings)
         loss_chunk_size=1024,  # 1024 x 136512 fp32 logits: 0.56 GB a chunk
     ),
+    # Qwen2.5-7B shapes (28 query heads sharing 4 kv heads, a bias on q/k/v) with the vision rows
+    # after its tokenizer's 151665 ids (151643 + 22 added; its 152064-row embedding's padding is dropped).
+    "qwen2_5_7b": ModelConfig(
+        dim=3584,
+        n_layers=28,
+        n_heads=28,
+        n_kv_heads=4,
+        ffn_dim=18944,
+        vocab_size=159872,
+        norm_eps=1e-6,
+        rope_theta=1e6,
+        max_seq_len=32768,  # Qwen2.5-7B's max_position_embeddings
+        loss_chunk_size=1024,  # 1024 x 159872 fp32 logits: 0.65 GB a chunk
+        qkv_bias=True,
+    ),
+    # Qwen3-8B shapes (32 query heads sharing 8 kv heads, QK norm) with the vision rows after its
+    # tokenizer's 151669 ids (151643 + 26 added; its 151936-row embedding's padding is dropped).
+    "qwen3_8b": ModelConfig(
+        dim=4096,
+        n_layers=36,
+        n_heads=32,
+        n_kv_heads=8,
+        ffn_dim=12288,
+        vocab_size=159872,
+        norm_eps=1e-6,
+        rope_theta=1e6,
+        max_seq_len=40960,  # Qwen3-8B's max_position_embeddings
+        loss_chunk_size=1024,
+        qk_norm=True,
+    ),
 }
