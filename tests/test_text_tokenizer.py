@@ -299,3 +299,40 @@ def test_to_hf_writes_the_tokenizers_ids_into_config_and_generation_config(made,
         written = json.loads((tmp_path / name).read_text())
         got = [written.get("bos_token_id"), written.get("eos_token_id"), written.get("pad_token_id")]
         assert got == [text.bos_id, text.eos_id, text.pad_id], name
+
+
+def test_export_command_takes_the_bases_folder(made, tmp_path, capsys):
+    from dataclasses import asdict
+
+    from lwm.model import ModelConfig, Transformer
+    from lwm.train.export import main
+    from lwm.weights import save_weights
+
+    stage = tmp_path / "a"
+    (stage / "checkpoints").mkdir(parents=True)
+    config = ModelConfig.from_preset("debug", vocab_size=Vocab(705).size, n_layers=1)
+    (stage / "model_config.json").write_text(json.dumps(asdict(config)))
+    save_weights(Transformer(config).state_dict(), stage / "final.safetensors")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit) as exit_:
+        main([str(stage), "--out", str(tmp_path / "x"), "--tokenizer", str(tmp_path / "empty")])
+    assert exit_.value.code == 2 and "empty holds neither tokenizer.json" in capsys.readouterr().err
+    assert main([str(stage), "--out", str(tmp_path / "hf"), "--tokenizer", str(made["llama3"])]) == 0
+    exported = AutoTokenizer.from_pretrained(tmp_path / "hf")
+    assert exported.chat_template == LLAMA3_TEMPLATE and len(exported) == Vocab(705).used_size
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["eos_token_id"] == 704
+
+
+def test_generate_writes_the_template_form_when_the_bundle_asks(made):
+    from types import SimpleNamespace
+
+    from lwm.infer.cli import build_parser, prompt_ids
+    from lwm.infer.load import Loaded
+
+    tok = TextTokenizer(made["qwen"])
+    loaded = Loaded(None, Vocab(tok.vocab_size), tok, prompt="template")
+    args = build_parser().parse_args(["--model", "m", "--prompt", "Why?"])
+    assert prompt_ids(args, loaded) == chat_prompt(tok, loaded.vocab, "Why?", style="template")
+    assert prompt_ids(args, loaded)[:1] == tok.encode("<|im_start|>")
+    raw = SimpleNamespace(**{**vars(args), "raw": True})
+    assert prompt_ids(raw, loaded) == tok.encode("Why?")  # no BOS to write

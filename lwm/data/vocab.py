@@ -1,6 +1,6 @@
 """The one vocabulary table: text ids, then vision codes, then four special tokens.
 
-[0, text_size)                       text ids (sentencepiece)
+[0, text_size)                       text ids (the text tokenizer's: sentencepiece or Hugging Face)
 [vision_offset, vision_offset+8192)  vision codes
 eof, eov, vision_start, vision_end   <eof> <eov> <vision> </vision>
 ... up to `size`                     padding rows (a multiple of 64)
