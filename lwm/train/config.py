@@ -40,8 +40,10 @@ class StageConfig:
         for name in ("seq_len", "steps", "cp", "batch_size"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"stage {self.name!r}: {name} must be positive, got {getattr(self, name)}")
-        if self.lr <= 0 or self.rope_theta <= 0:
-            raise ValueError(f"stage {self.name!r}: lr {self.lr} and rope_theta {self.rope_theta} must be positive")
+        if self.lr < 0 or self.rope_theta <= 0:  # lr 0: steps that change no weight (a check of a start)
+            raise ValueError(
+                f"stage {self.name!r}: lr {self.lr} must be >= 0 and rope_theta {self.rope_theta} positive"
+            )
         if self.schedule not in SCHEDULES:
             raise ValueError(f"stage {self.name!r}: schedule must be one of {SCHEDULES}, got {self.schedule!r}")
         if self.global_batch is not None and self.global_batch <= 0:
