@@ -77,3 +77,25 @@ def test_qwen_sliding_window_and_o_proj_bias_are_refused():
         from_hf(tiny_hf("qwen2", use_sliding_window=True, sliding_window=64))
     with pytest.raises(ValueError, match=r"unsupported qwen3 options \{'attention_bias': True\}"):
         from_hf(tiny_hf("qwen3", attention_bias=True))
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_tiled_attention_norms_mlp_and_loss_equal_the_plain_model(name):
+    """Head groups (each group's rows of the q/k/v bias, the QK norm on its heads), sequence-tiled norms,
+    the blockwise MLP and a small loss chunk give the plain model's loss and gradients (fp32)."""
+    from lwm.model import Transformer
+
+    plain = family_model(name)
+    tiled = Transformer(
+        plain.config.replace(attn_head_groups=2, norm_chunk_size=24, mlp_chunk_size=40, loss_chunk_size=16)
+    )
+    tiled.load_state_dict(plain.state_dict())
+    tokens = torch.randint(0, VOCAB.size, (2, 97), generator=torch.Generator().manual_seed(3))
+    losses = []
+    for model in (plain, tiled):
+        loss = model(tokens[:, :-1], targets=tokens[:, 1:]).loss
+        loss.backward()
+        losses.append(loss.detach())
+    torch.testing.assert_close(losses[1], losses[0], atol=1e-6, rtol=1e-6)
+    for (key, p), q in zip(plain.named_parameters(), tiled.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, atol=1e-6, rtol=1e-5, msg=lambda m, k=key: f"{name} {k}: {m}")

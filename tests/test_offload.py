@@ -293,3 +293,15 @@ def test_the_config_field_takes_effect_and_needs_checkpointing(monkeypatch):
     tokens = torch.randint(0, CFG.vocab_size, (1, SEQ + 1))
     module.model(tokens[:, :-1], targets=tokens[:, 1:]).loss.backward()
     assert copies == [torch.device("cpu")] * (2 * CFG.n_layers - 1)
+
+
+@pytest.mark.parametrize(
+    "family", [dict(qkv_bias=True), dict(qk_norm=True, head_dim_override=32), dict(tie_embeddings=True)]
+)
+def test_offload_with_each_familys_options_equals_checkpointing_bitwise(family):
+    """A q/k/v bias, QK norm with wider heads, a tied head: offload changes nothing, bit for bit."""
+    config = CFG.replace(**family)
+    assert_bitwise(
+        one_process(ActivationOffload(SyncCopyEngine("cpu")), steps=2, config=config),
+        one_process(None, steps=2, config=config),
+    )
