@@ -249,6 +249,9 @@ class Tok:
     def decode(self, ids):
         return "".join(chr(i - 3) for i in ids if 3 <= i < self.vocab_size)
 
+    def with_bos(self, ids):
+        return [self.bos_id, *ids]
+
 
 class StubSource:
     def load(self, item):
