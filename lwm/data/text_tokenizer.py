@@ -2,7 +2,7 @@
 tokenizer (Llama-3's, Qwen2.5's and Qwen3's byte-level BPE tokenizer.json with its tokenizer_config.json).
 
     TextTokenizer("data/sample/tokenizer.model")        sentencepiece
-    TextTokenizer("Qwen2.5-7B-Instruct")                 a model folder: its tokenizer.json (else its tokenizer.model)
+    TextTokenizer("Qwen2.5-7B-Instruct")                 a model folder: its tokenizer.model, else its tokenizer.json
     TextTokenizer("Llama-3.1-8B/tokenizer.json")         the folder's tokenizer_config.json is honoured when beside it
 
 Either kind gives text ids in [0, vocab_size), BOS (None for Qwen, which writes none), the EOS the tokenizer's own
@@ -26,13 +26,16 @@ HF_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"
 
 
 def locate(path: str | Path) -> tuple[str, Path]:
-    """(kind, the file that defines the tokenizer) for a path: a folder's tokenizer.json wins over its
-    tokenizer.model (an export holds both; the JSON has the vision tokens); a .json file is a tokenizer.json."""
+    """(kind, the file that defines the tokenizer) for a path: a folder's tokenizer.model wins over its
+    tokenizer.json (LLaMA-2's and Mistral's folders hold both and were trained with the sentencepiece model,
+    and an export of a sentencepiece run keeps the model it trained with: folders exported before the export
+    wrote sentencepiece's normalization into the JSON encode differently through it); a .json file is a
+    tokenizer.json."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"text tokenizer {path} does not exist; expected {EXPECTED}")
     if path.is_dir():
-        for name, kind in (("tokenizer.json", "hf"), ("tokenizer.model", "sentencepiece")):
+        for name, kind in (("tokenizer.model", "sentencepiece"), ("tokenizer.json", "hf")):
             if (path / name).is_file():
                 return kind, path / name
         raise ValueError(

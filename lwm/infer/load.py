@@ -27,7 +27,7 @@ class Loaded:
 
 def find_tokenizer(source: Path, tokenizer) -> Path:
     """`tokenizer` when given (a sentencepiece model, a tokenizer.json, or a folder holding either); else the
-    model's folder when it holds its own tokenizer (tokenizer.json, else tokenizer.model: lwm.data.TextTokenizer
+    model's folder when it holds its own tokenizer (tokenizer.model, else tokenizer.json: lwm.data.TextTokenizer
     picks), else the run's hf/ export beside a stage folder."""
     if tokenizer is not None:
         if not Path(tokenizer).exists():
