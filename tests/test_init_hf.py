@@ -18,6 +18,7 @@ from train_runs import main_in_process
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from lwm.data import TextTokenizer, Vocab
+from lwm.interop.bundle import read_bundle_info
 from lwm.interop.hf import from_hf
 
 MEMORY = ["model.mlp_chunk_size=16", "model.attn_head_groups=2", "model.norm_chunk_size=16", "model.loss_chunk_size=32"]
@@ -81,6 +82,7 @@ def test_lr_zero_step_exports_the_base_model(bases, family, tmp_path, monkeypatc
     )
     config = json.loads((out / "hf" / "config.json").read_text())
     assert (config["bos_token_id"], config["eos_token_id"]) == (original.bos_token_id, original.eos_token_id)
+    assert read_bundle_info(out / "hf").prompt == "template"  # its prompts are written in the base's chat template
 
 
 def test_an_override_that_contradicts_the_checkpoint_is_refused(bases, tmp_path, monkeypatch, capsys):

@@ -204,6 +204,55 @@ def test_template_chat_form_is_apply_chat_template(made, kind):
     assert ids[:at] + ids[at + len(video) :] == want
 
 
+class _Codes:
+    """A code store of one 2-frame video."""
+
+    codes = np.arange(2 * 256).reshape(2, 256) % 8192
+
+    def load(self, video_id, max_frames=None, fps=None):
+        return self.codes
+
+
+@pytest.mark.parametrize("kind", ["llama3", "qwen"])
+def test_a_chat_example_is_the_template_conversation_with_loss_on_the_answer(made, kind):
+    """fields "chat": the whole text-only example is transformers' apply_chat_template of the system, user and
+    assistant turns; its prompt part is the prompt generation gives (chat_prompt, style "template"), and only
+    the answer with the template's end of turn carries loss. With a video, the frames follow the question."""
+    tok = TextTokenizer(made[kind])
+    hf = AutoTokenizer.from_pretrained(made[kind])
+    vocab = Vocab(tok.vocab_size)
+    example = {"question": "What color is the square?", "answer": "Green.", "fields": "chat"}
+    enc = encode_example(example, vocab, tok)
+    turns = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": example["question"]},
+        {"role": "assistant", "content": "Green."},
+    ]
+    assert enc.tokens.tolist() == hf.apply_chat_template(turns, tokenize=True, return_dict=False)
+    prompt = chat_prompt(tok, vocab, example["question"], style="template")
+    assert enc.tokens[: len(prompt)].tolist() == prompt and not enc.loss_mask[: len(prompt)].any()
+    answer = enc.tokens[enc.loss_mask]
+    assert enc.loss_mask[len(prompt) :].all() and tok.eos_id in answer.tolist()
+    assert tok.decode(answer.tolist()).strip().startswith("Green.")
+
+    with_video = encode_example({**example, "vision": "clip"}, vocab, tok, codes=_Codes())
+    video_prompt = chat_prompt(tok, vocab, example["question"], _Codes.codes, style="template")
+    assert with_video.tokens[: len(video_prompt)].tolist() == video_prompt
+    assert with_video.tokens[len(video_prompt) :].tolist() == answer.tolist()
+    assert with_video.vision_mask.sum() == 2 * 257 and not with_video.loss_mask[: len(video_prompt)].any()
+
+
+def test_a_chat_example_needs_a_template_and_its_fields(made):
+    from lwm.data.example import ExampleError
+
+    spm_tok = TextTokenizer(made["sentencepiece"])
+    with pytest.raises(ExampleError, match="has none"):
+        encode_example({"question": "Q?", "answer": "A.", "fields": "chat"}, Vocab(spm_tok.vocab_size), spm_tok)
+    tok = TextTokenizer(made["qwen"])
+    with pytest.raises(ExampleError, match="needs a non-empty text field 'answer', got None"):
+        encode_example({"question": "Q?", "fields": "chat"}, Vocab(tok.vocab_size), tok)
+
+
 def test_template_style_needs_a_chat_template(made):
     tok = TextTokenizer(made["sentencepiece"])
     with pytest.raises(ValueError, match=f"text tokenizer {made['sentencepiece']} has no chat template"):

@@ -37,6 +37,12 @@ TEXT_CHAT_SPEC = "[user+assistant],answer"
 VIDEO_PLACEHOLDER = "<lwm-video-placeholder>"
 
 
+def native_or_template(tokenizer: TextTokenizer) -> str:
+    """The prompt style of a model trained with this text tokenizer: a base's Hugging Face tokenizer with a
+    chat template (Llama-3-Instruct's, Qwen's) writes its prompts in it ("template"); otherwise "native"."""
+    return "template" if tokenizer.kind == "hf" and tokenizer.chat_template is not None else "native"
+
+
 def chat_fields(question: str) -> dict[str, str]:
     """The text fields of a chat example around a question."""
     return {"user": f"{SYSTEM} USER: {question}", "assistant": "ASSISTANT:"}
@@ -56,19 +62,39 @@ def native_chat_template() -> str:
     )
 
 
+def template_turns(
+    tokenizer: TextTokenizer, question: str, answer: str | None = None, video: bool = False, system: str = SYSTEM
+) -> tuple[str, str, str]:
+    """The tokenizer's chat template around a question, as text: (before, after, reply). The prompt is
+    before + [the video] + after: a system turn, the user's turn with the question (the video right after
+    it), the generation prompt. reply is the assistant's answer as the template closes its turn (its
+    end-of-turn token included), "" without an answer."""
+    content = question + (VIDEO_PLACEHOLDER if video else "")
+    turns = [{"role": "system", "content": system}, {"role": "user", "content": content}]
+    prompt = tokenizer.render_chat(turns)
+    before, found, after = prompt.partition(VIDEO_PLACEHOLDER) if video else (prompt, True, "")
+    if not found or VIDEO_PLACEHOLDER in after:
+        raise ValueError(f"the chat template of {tokenizer.path} does not write the user's message exactly once")
+    if answer is None:
+        return before, after, ""
+    whole = tokenizer.render_chat([*turns, {"role": "assistant", "content": answer}], add_generation_prompt=False)
+    if not whole.startswith(prompt):
+        raise ValueError(
+            f"the chat template of {tokenizer.path} writes a conversation that does not start with its own prompt "
+            "(it rewrites earlier turns), so an answer cannot be trained after the prompt a model is given"
+        )
+    return before, after, whole[len(prompt) :]
+
+
 def template_chat_prompt(
     tokenizer: TextTokenizer, vocab: Vocab, question: str, codes: np.ndarray | None = None, system: str = SYSTEM
 ) -> list[int]:
     """The tokenizer's chat template rendered with a system turn and a user turn holding the question (and
     the video right after it), generation prompt added. The rendered text is encoded as
     apply_chat_template(tokenize=True) encodes it: the special tokens the template writes, none added."""
-    content = question + (VIDEO_PLACEHOLDER if codes is not None else "")
-    text = tokenizer.render_chat([{"role": "system", "content": system}, {"role": "user", "content": content}])
+    before, after, _ = template_turns(tokenizer, question, video=codes is not None, system=system)
     if codes is None:
-        return tokenizer.encode(text)
-    before, found, after = text.partition(VIDEO_PLACEHOLDER)
-    if not found or VIDEO_PLACEHOLDER in after:
-        raise ValueError(f"the chat template of {tokenizer.path} does not write the user's message exactly once")
+        return tokenizer.encode(before)
     return tokenizer.encode(before) + vocab.video_tokens(codes)[0].tolist() + tokenizer.encode(after)
 
 

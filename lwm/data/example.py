@@ -11,6 +11,15 @@ A field whose name contains "vision" is a video: its value is the id of cached c
 <vision> f1 <eof> ... fT <eov> </vision>. `fields` may be a list; one entry is chosen per example
 with a seeded choice (captions then train both video-to-text and text-to-video). The sequence
 is BOS (no loss; none for a tokenizer without one, such as Qwen's), the groups in order, EOS (with loss).
+
+The spec "chat" writes a question and answer in the text tokenizer's own chat template (a Llama-3 or Qwen
+base's, lwm.data.chat.template_turns), the prompt lwm-generate and the evaluations give such a model:
+
+    {"vision": "clip_0003", "question": "What color is the square?", "answer": "Green.", "fields": "chat"}
+
+the system turn ("system" field, else lwm.data.chat.SYSTEM), the user's turn with the question and the
+video right after it, the generation prompt (no loss), then the answer and the template's end of turn
+(with loss). The template writes BOS and the end of turn itself; nothing is added.
 """
 
 from __future__ import annotations
@@ -21,9 +30,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lwm.data.chat import SYSTEM, template_turns
 from lwm.data.codes import CodeStore
 from lwm.data.text_tokenizer import TextTokenizer
 from lwm.data.vocab import Vocab
+
+CHAT = "chat"  # the spec that writes an example in the tokenizer's chat template
 
 
 class ExampleError(ValueError):
@@ -110,7 +122,10 @@ def encode_example(
     spec = example.get("fields", default_fields)
     if spec is None:
         raise ExampleError("the example has no 'fields' spec and the source gives no default")
-    groups = parse_fields(choose_spec(spec, key, seed))
+    chosen = choose_spec(spec, key, seed)
+    if chosen.strip() == CHAT:
+        return _template_chat(example, vocab, text_tokenizer, codes, max_frames, fps)
+    groups = parse_fields(chosen)
     bos = np.array(text_tokenizer.with_bos([]), dtype=np.int64)
     ids, loss, vis = [bos], [np.zeros(len(bos), bool)], [np.zeros(len(bos), bool)]
     for group in groups:
@@ -132,6 +147,33 @@ def encode_example(
     loss.append(np.ones(1, bool))
     vis.append(np.zeros(1, bool))
     return Encoded(np.concatenate(ids).astype(np.int64), np.concatenate(loss), np.concatenate(vis))
+
+
+def _template_chat(example: dict, vocab: Vocab, tokenizer: TextTokenizer, codes, max_frames, fps) -> Encoded:
+    for name in ("question", "answer") + (("system",) if "system" in example else ()):
+        if not isinstance(example.get(name), str) or not example[name].strip():
+            raise ExampleError(f"the spec 'chat' needs a non-empty text field {name!r}, got {example.get(name)!r}")
+    if tokenizer.chat_template is None:
+        raise ExampleError(f"the spec 'chat' writes the tokenizer's chat template, and {tokenizer.path} has none")
+    video = "vision" in example
+    system = example.get("system", SYSTEM)
+    try:
+        before, after, reply = template_turns(tokenizer, example["question"], example["answer"], video, system)
+    except ValueError as e:
+        raise ExampleError(str(e)) from None
+    parts = [(np.asarray(tokenizer.encode(before), np.int64), False)]
+    vis = [np.zeros(len(parts[0][0]), bool)]
+    if video:
+        tokens, vmask = _video(example["vision"], codes, vocab, max_frames, fps)
+        parts.append((tokens, False))
+        vis.append(vmask)
+    for text, loss in ((after, False), (reply, True)):
+        ids = np.asarray(tokenizer.encode(text), np.int64)
+        parts.append((ids, loss))
+        vis.append(np.zeros(len(ids), bool))
+    tokens = np.concatenate([ids for ids, _ in parts])
+    loss = np.concatenate([np.full(len(ids), flag) for ids, flag in parts])
+    return Encoded(tokens, loss, np.concatenate(vis))
 
 
 class Encoder:

@@ -3,10 +3,12 @@ codes (a diffusers VQModel folder in vqgan/), and lwm.json, which says how its p
 
     DIR/config.json, model*.safetensors, tokenizer*   the language model (AutoModelForCausalLM)
     DIR/vqgan/config.json, diffusion_pytorch_model.safetensors   (diffusers.VQModel.from_pretrained)
-    DIR/lwm.json   {"prompt": "lwm" | "native", "vqgan": "vqgan" | null, ...notes}
+    DIR/lwm.json   {"prompt": "lwm" | "native" | "template", "vqgan": "vqgan" | null, ...notes}
 
 Prompt styles: "native", this project's (<vision> and </vision> are special ids, lwm.data.Vocab);
-"lwm", LWM's released models (the markers are written as text, as LWM's own code does).
+"lwm", LWM's released models (the markers are written as text, as LWM's own code does); "template", a
+model trained from a base with a chat template (Llama-3-Instruct, Qwen): its template, the video in the
+user's turn (lwm.data.chat).
 """
 
 from __future__ import annotations

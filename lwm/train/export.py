@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from lwm.data.chat import native_or_template
 from lwm.data.text_tokenizer import TextTokenizer
 from lwm.interop.bundle import write_bundle_info
 from lwm.interop.hf import to_hf
@@ -71,8 +72,11 @@ def export_weights(weights, model_config: ModelConfig, out_dir, tokenizer_model=
         ) from None
     with staged_folder(out_dir, "lwm.train.export", inside) as stage:
         to_hf(model, stage, tokenizer_model=tokenizer_model)
-        if bundled is not None:
-            write_bundle_info(stage, "native", bundled, vqgan_source=str(vqgan))
+        # a base's chat template is how its prompts are written (lwm-generate, the evaluations read lwm.json)
+        prompt = native_or_template(TextTokenizer(tokenizer_model)) if tokenizer_model is not None else "native"
+        if bundled is not None or prompt != "native":
+            notes = {"vqgan_source": str(vqgan)} if bundled is not None else {}
+            write_bundle_info(stage, prompt, bundled, **notes)
     return out_dir
 
 
