@@ -105,6 +105,32 @@ def test_grid_scores_both_methods(vqgan, reader):
         vg.run_vniah(right, tok, vocab, vqgan, frames, depths, methods=["letter"])
 
 
+def test_grid_writes_the_models_prompt_style(vqgan, reader):
+    """The prompt is the model's own form: the "lwm" style writes <vision> and </vision> as text, so the
+    prompt of a trial is chat_prompt's in that style, not the native one (one style for every model before)."""
+    from lwm.data.chat import chat_prompt
+
+    tok = TextTokenizer(TOKENIZER)
+    vocab = Vocab(tok.vocab_size)
+    seen = []
+
+    class Recorder(Reader):
+        def generate(self, ids, config):
+            seen.append(list(ids))
+            return super().generate(ids, config)
+
+    vg.run_vniah(
+        Recorder(tok, vocab, reader), tok, vocab, vqgan, [2], [0], pool=8, methods=["generated"], prompt_style="lwm"
+    )
+    video = np.asarray(seen[0])
+    codes = (video[(video >= vocab.vision_offset) & (video < vocab.eof)] - vocab.vision_offset).reshape(-1, 256)
+    assert (
+        seen[0]
+        == chat_prompt(tok, vocab, vg.QUESTION, codes, style="lwm")
+        != chat_prompt(tok, vocab, vg.QUESTION, codes)
+    )
+
+
 @pytest.fixture(scope="module")
 def stage_model(tmp_path_factory) -> Path:
     import torch

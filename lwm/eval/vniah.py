@@ -149,6 +149,7 @@ def run(config: VniahConfig) -> int:
         max_new_tokens=config.max_new_tokens,
         progress=is_rank0(),
         on_trial=Autosave(out / "vniah.json", partial(_so_far, run_info)),
+        prompt_style=loaded.prompt,
     )
     results["config"] = {**run_info, **results["config"], "complete": True}
     return finish(runtime, results, lambda: _report(results, out), _trial_name)

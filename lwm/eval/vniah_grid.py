@@ -60,11 +60,19 @@ def trial_video(
 
 
 def score_trial(
-    generator, tokenizer, vocab, codes: np.ndarray, color: str, methods: Sequence[str], max_new_tokens: int
+    generator,
+    tokenizer,
+    vocab,
+    codes: np.ndarray,
+    color: str,
+    methods: Sequence[str],
+    max_new_tokens: int,
+    prompt_style: str = "native",
 ) -> dict:
-    """One prompt scored by each method -> {"generated": {...}, "ll": {...}, "prompt_tokens": n}."""
+    """One prompt (chat_prompt in the model's style) scored by each method -> {"generated": {...}, "ll": {...},
+    "prompt_tokens": n}."""
 
-    prompt = chat_prompt(tokenizer, vocab, QUESTION, codes)
+    prompt = chat_prompt(tokenizer, vocab, QUESTION, codes, style=prompt_style)
     out: dict = {"prompt_tokens": len(prompt)}
     if "generated" in methods:
         ids = generator.generate(
@@ -122,11 +130,13 @@ def run_vniah(
     max_new_tokens: int = 4,
     progress: bool = False,
     on_trial: Callable[[dict, list[dict]], None] | None = None,
+    prompt_style: str = "native",
 ) -> dict:
     """Run the grid frames x depths x trials -> {"config", "trials", "cells", "accuracy", ...}.
 
     generator: lwm.infer.Generator (every rank of a context-parallel group calls this with the same
-    arguments); vqgan encodes the frame pools (`pool` frames per color and of the haystack)."""
+    arguments); vqgan encodes the frame pools (`pool` frames per color and of the haystack); prompt_style:
+    the model's (lwm.interop.bundle), how its questions are written."""
     frames, depths = [int(n) for n in frames], [float(d) for d in depths]
     check_grid(frames, depths, trials, pool)
     bad = [m for m in methods if m not in METHODS]
@@ -138,7 +148,7 @@ def run_vniah(
             f"the VQGAN has {vqgan.config.n_codes} codes but the model's vocabulary holds {vocab.n_vision_codes}"
         )
     codes, labels = code_pool(vqgan, pool, EVAL_SEED + seed)  # (N, tokens_per_frame), (N,)
-    trial = partial(run_trial, generator, tokenizer, vocab, codes, labels, seed, methods, max_new_tokens)
+    trial = partial(run_trial, generator, tokenizer, vocab, codes, labels, seed, methods, max_new_tokens, prompt_style)
     grid = [(n, d, t) for n in frames for d in depths for t in range(trials)]
     first = methods[0]  # the progress bar's
     records = run_trials(grid, trial, lambda r: r[first]["correct"], desc="vniah", progress=progress, on_trial=on_trial)
@@ -161,7 +171,18 @@ def run_vniah(
 
 
 def run_trial(
-    generator, tokenizer, vocab, codes, labels, seed: int, methods, max_new_tokens: int, n: int, d: float, t: int
+    generator,
+    tokenizer,
+    vocab,
+    codes,
+    labels,
+    seed: int,
+    methods,
+    max_new_tokens: int,
+    prompt_style: str,
+    n: int,
+    d: float,
+    t: int,
 ) -> dict:
     """Trial t of the cell (n frames, needle depth d) -> its record. An error is recorded, not raised,
     and agreed by the generator's group: a rank failing alone fails the trial on every rank, so all go
@@ -181,7 +202,7 @@ def run_trial(
         "error": None,
     }
     start = time.perf_counter()
-    score = partial(score_trial, generator, tokenizer, vocab, video, color, methods, max_new_tokens)
+    score = partial(score_trial, generator, tokenizer, vocab, video, color, methods, max_new_tokens, prompt_style)
     scores, error = run_agreed(score, *group_of(generator))
     if error is None:
         rec.update(scores)
