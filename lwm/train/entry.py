@@ -40,13 +40,12 @@ def to_run_config(cfg: DictConfig, overrides: Sequence[str] = ()) -> RunConfig:
     c = OmegaConf.to_container(cfg, resolve=True)
     data = from_dict(DataSpec, c["data"], "data")
     model = from_dict(ModelConfig, c["model"], "model")
-    rows = data.vocab_rows()  # the embedding has exactly the rows of the vocabulary layout
-    if rows is not None and rows != model.vocab_size:
+    init_hf = (c.get("schedule") or {}).get("init_hf")
+    if init_hf is not None:  # its rows are the folder's; validate checks the data's tokenizer makes them
+        model = start_model(model, init_hf, model_fields(overrides))
+    elif (rows := data.vocab_rows()) is not None and rows != model.vocab_size:  # the vocabulary layout's rows
         say(f"note: model.vocab_size {model.vocab_size} set to {rows} for {data.tokenizer}")
         model = model.replace(vocab_size=rows)
-    init_hf = (c.get("schedule") or {}).get("init_hf")
-    if init_hf is not None:
-        model = start_model(model, init_hf, model_fields(overrides))
     run = {k: v for k, v in c.items() if k not in ("model", "data")}
     run = from_dict(RunConfig, {**run, "model": model, "data": data})
     check_evaluation(run.evaluate)

@@ -65,7 +65,7 @@ def compose_run(overrides: list[str]) -> RunConfig:
     train.py sizes the embedding to the data's tokenizer when that file exists; the default data is
     the sample's (a 4K-id tokenizer, found or not depending on the working folder), so unless the
     overrides name the data (data=... or data.tokenizer=...) the plan keeps the model group's
-    vocabulary: the same plan from any folder."""
+    vocabulary: the same plan from any folder. A start from a Hugging Face folder has the folder's."""
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose(config_name="train", overrides=list(overrides))
     if OmegaConf.is_missing(cfg.schedule, "init_hf"):
@@ -73,7 +73,7 @@ def compose_run(overrides: list[str]) -> RunConfig:
             cfg.schedule.init_hf = None
     run = to_run_config(cfg, overrides)
     named = any(o.lstrip("+~").startswith("data") for o in overrides)
-    if not named and run.model.vocab_size != cfg.model.vocab_size:
+    if not named and run.schedule.init_hf is None and run.model.vocab_size != cfg.model.vocab_size:
         print(
             f"note: planned with the model group's vocab_size {cfg.model.vocab_size}, not the sample tokenizer's "
             f"{run.model.vocab_size} (name the data, data=... data.tokenizer=..., to plan its vocabulary)"
