@@ -10,9 +10,9 @@ import json
 
 import pytest
 import torch
-import yaml
 from hf_models import tiny_hf
 from hf_tokenizers import CORPUS, llama3_folder, qwen_folder
+from omegaconf import OmegaConf
 from safetensors.torch import load_file
 from train_runs import main_in_process
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -56,7 +56,7 @@ def test_lr_zero_step_exports_the_base_model(bases, family, tmp_path, monkeypatc
     assert code == 0, stderr[-3000:]
     # what trained: the folder's shapes and options, the run's memory settings, in config.yaml and the header
     trained = json.loads((out / "a" / "model_config.json").read_text())
-    written = yaml.safe_load((out / "config.yaml").read_text())["model"]
+    written = OmegaConf.load(out / "config.yaml")["model"]
     text = TextTokenizer(folder).vocab_size
     want = {
         "dim": 64,
