@@ -33,6 +33,7 @@ OPTIONS = {
     "llama3_2_tied": {"tie_embeddings": True},
     "qwen2": {"qkv_bias": True},
     "qwen3": {"qk_norm": True, "head_dim_override": 32},
+    "qwen3_tied": {"qk_norm": True, "head_dim_override": 32, "tie_embeddings": True},  # Qwen3 0.6B-4B are tied
 }
 
 

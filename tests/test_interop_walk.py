@@ -1,7 +1,7 @@
 """docs/interop.md's walk from an instruct base to a long-video model and back, run as written: its
 commands block in bash with the variables its first block names set to a tiny Qwen2-style base (q/k/v bias,
 a byte-level BPE tokenizer with a ChatML template and no BOS), three generated videos with questions in the
-base's chat template, the bundled tiny VQGAN and one short stage; then its Python block on the export."""
+base's chat template, the bundled tiny VQGAN and a one-step stage; then its Python block on the export."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def test_the_walk_runs_as_written(tmp_path):
     to_diffusers(load_vqgan(ROOT / "data" / "checkpoints" / "vqgan_tiny.safetensors", preset="tiny")).save_pretrained(
         vqgan
     )
-    stage = "[{name:chat,seq_len:8192,rope_theta:1.0e6,steps:2,lr:1.0e-4,batch_size:1}]"
+    stage = "[{name:chat,seq_len:8192,rope_theta:1.0e6,steps:1,lr:1.0e-4,batch_size:1}]"
     mine = {
         "BASE": str(base),
         "VIDEOS": str(sample / "videos"),
@@ -77,8 +77,4 @@ def test_the_walk_runs_as_written(tmp_path):
     assert (planned["dim"], planned["qkv_bias"], planned["vocab_size"]) == (64, True, config["vocab_size"])
     assert list((tmp_path / "run-codes").glob("manifest*.jsonl"))
 
-    snippet = python.replace("runs/qwen-video/hf", str(hf))
-    proc = subprocess.run(
-        [sys.executable, "-c", snippet], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    exec(python.replace("runs/qwen-video/hf", str(hf)), {})  # the Python block, on the export

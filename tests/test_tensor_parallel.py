@@ -101,8 +101,7 @@ CASES = {  # name: (dims, layout, family: None for the debug model)
     # the families' options under tp: the q/k/v bias split with its rows, the QK norm's one weight
     # seen by each rank's heads (its gradient summed over tp), a tied head
     "tp2 x cp2 qwen2": (ParallelDims(cp=2, tp=2), "striped", "qwen2"),
-    "tp2 x dp2 qwen3": (ParallelDims(dp=2, tp=2), "striped", "qwen3"),
-    "tp2 llama3_2_tied": (ParallelDims(tp=2), "striped", "llama3_2_tied"),
+    "tp2 x dp2 qwen3 tied": (ParallelDims(dp=2, tp=2), "striped", "qwen3_tied"),
 }
 
 
