@@ -233,3 +233,15 @@ def test_tensor_parallel_step_under_fake_tensors():
     assert report.step.model.layers[0].attn.n_heads == DEBUG.n_heads // 2
     assert any("wq (64, 64) -> (8, 64)" in line for line in report.lines)
     assert dict(report.step.device_syncs()) == {}
+
+
+def test_a_qkv_bias_is_expected_split_by_tp_then_fsdp():
+    """Qwen2's q/k/v bias goes with its weight's rows under tp (ColwiseParallel cuts both), then FSDP2's rows:
+    qwen2_5_7b at tp 2 x dp 2 x cp 2 holds 448 of wq's 3584 bias rows on rank 0 (the check expected 896 and
+    refused the right shard)."""
+    from lwm.train.plan.fake import expected_shard
+
+    assert expected_shard("layers.0.attn.wq.bias", (3584,), 4, 2) == (448,)
+    assert expected_shard("layers.0.attn.wq.weight", (3584, 3584), 4, 2) == (448, 3584)
+    assert expected_shard("layers.0.attn.wo.weight", (3584, 3584), 4, 2) == (896, 1792)
+    assert expected_shard("layers.0.attn.q_norm.weight", (128,), 4, 2) == (32,)  # whole on every tp rank

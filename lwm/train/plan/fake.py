@@ -266,12 +266,12 @@ def shard_rows(shape: tuple, world: int, rank: int = 0) -> tuple:
 
 
 def expected_shard(name: str, shape: tuple, fsdp: int, tp: int) -> tuple:
-    """Rank 0's local shape of a parameter: its tp split (lwm.parallel.tensor.BLOCK_PLAN), then
-    FSDP2's rows over the dp x cp ranks."""
-    style = next((style for key, style in BLOCK_PLAN.items() if name.endswith(key + ".weight")), None)
-    if tp > 1 and style is ColwiseParallel:
+    """Rank 0's local shape of a parameter (a weight or a bias): its tp split (lwm.parallel.tensor.BLOCK_PLAN),
+    then FSDP2's rows over the dp x cp ranks."""
+    style = next((style for key, style in BLOCK_PLAN.items() if name.rsplit(".", 1)[0].endswith(key)), None)
+    if tp > 1 and style is ColwiseParallel:  # weight and bias (Qwen2's q/k/v) split by output rows
         shape = (shape[0] // tp, *shape[1:])
-    elif tp > 1 and style is RowwiseParallel:
+    elif tp > 1 and style is RowwiseParallel and len(shape) == 2:  # a rowwise bias would stay whole
         shape = (shape[0], shape[1] // tp)
     return shard_rows(shape, fsdp)
 
