@@ -90,7 +90,7 @@ def model_companions(source, tokenizer=None) -> Loaded:
 def with_vision_rows(model: Transformer, vocab: Vocab) -> Transformer:
     """A text-only model grown to the vocabulary's rows, the new embedding and output rows zero."""
     state = model.state_dict()
-    for key in ("embed.weight", "output.weight")[: 1 if model.config.tie_embeddings else 2]:
+    for key in [k for k in ("embed.weight", "output.weight") if k in state]:  # a tied head has no weight of its own
         rows = state[key]
         state[key] = torch.cat([rows, rows.new_zeros(vocab.size - rows.shape[0], rows.shape[1])])
     with torch.device("meta"):

@@ -303,9 +303,9 @@ def from_hf(
         state = read_hf_weights(folder, lambda shapes: check_weights(shapes, stored, where))
     else:
         hf_config, state, where = path_or_model.config, path_or_model.state_dict(), "the model's config"
-        shapes = {k: (tuple(v.shape), "the model") for k, v in state.items()}
-        check_weights(shapes, _config_named(hf_config, where), where)
-    state = from_hf_state_dict(state, _config_named(hf_config, where))
+        stored = _config_named(hf_config, where)
+        check_weights({k: (tuple(v.shape), "the model") for k, v in state.items()}, stored, where)
+    state = from_hf_state_dict(state, stored)
     if extend_vocab:
         text_size = hf_config.vocab_size if text_size is None else text_size
         if not 0 < text_size <= hf_config.vocab_size:
