@@ -8,7 +8,9 @@ folder is compared with it, key by key:
   a run whose every stage has its final weights is finished, and says so;
 - another run (a key that changes what is trained differs) is refused, naming the keys and both
   values, before anything is written: `trainer.overwrite=true` starts over in that folder (the run's
-  own files are removed, nothing else), or name another folder.
+  own files are removed, nothing else), or name another folder;
+- a recorded run that never finished a step (no final weights, checkpoint or metrics row: a command
+  refused before its first step) is no run yet, and the command takes the folder.
 
 A folder without config.yaml (weights put there by hand, an older run) is used as before: stages
 are resumed only with resume=true.
@@ -21,10 +23,16 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from lwm.stage_folder import StageFolder
+from lwm.train.callbacks import KEPT_METRICS
+
 CONFIG = "config.yaml"
 # The keys that do not change what a run trains: where it runs and on how many processes, how often it
 # logs and saves, how it splits the work (exact on any layout), where it keeps activations (checkpointing
-# and offload are exact), and what it does around the stages.
+# and offload are exact), how it tiles the model's work (the memory features the preflight suggests: the
+# same loss and gradients as the untiled model, tests/test_families.py, tests/test_model.py), how it reads
+# its data (loader workers keep the stream's order, the index is the same wherever it is kept), and what
+# it does around the stages.
 RUN_ONLY = (
     "resume",
     "stage_only",
@@ -51,6 +59,13 @@ RUN_ONLY = (
     "parallel.activation_checkpointing",
     "parallel.activation_offload",
     "parallel.param_offload",
+    "model.mlp_chunk_size",
+    "model.norm_chunk_size",
+    "model.attn_head_groups",
+    "model.loss_chunk_size",
+    "data.num_workers",
+    "data.index_workers",
+    "data.index_dir",
     "data.strict",
     "data.max_skipped_fraction",
 )
@@ -119,18 +134,34 @@ def recorded(out: Path) -> dict | None:
     return config
 
 
+def stepped(out: Path, config: dict | None) -> bool:
+    """Whether the run `config` records in `out` finished a step: a stage of its schedule holds final
+    weights, a checkpoint or a metrics row."""
+    for name in _stage_names(config):
+        stage = StageFolder.of(out, name)
+        if stage.final.exists() or (stage.checkpoints.is_dir() and any(stage.checkpoints.iterdir())):
+            return True
+        for log in (stage.logs / "metrics.csv", stage.logs / KEPT_METRICS):
+            if log.is_file() and len(log.read_bytes().splitlines()) > 1:  # a header and a row
+                return True
+    return False
+
+
 def check(out: Path, config: dict, overwrite: bool) -> bool:
     """Whether `out` holds this run already (then it goes on where it is); raises OtherRun where it holds
-    another. Reads only: every rank may call it."""
+    another. A recorded run that never finished a step (a command refused before its first step) is no
+    run yet: another config takes the folder. Reads only: every rank may call it."""
     old = None if overwrite else recorded(out)
     if old is None:
         return False
     changed = differences(old, config)
+    if changed and not stepped(out, old):
+        return False
     if changed:
         raise OtherRun(
             f"trainer.out_dir {out} holds another run ({out / CONFIG}); these keys differ: {'; '.join(changed)}. "
             "Name another trainer.out_dir, or start over there with trainer.overwrite=true (the run's stages, "
-            f"{', '.join(OUTPUTS)}/ and {CONFIG} are removed)"
+            f"{', '.join(o + '/' for o in OUTPUTS)} and {CONFIG} are removed)"
         )
     return True
 

@@ -1,0 +1,84 @@
+"""A run's identity is what changes its weights: a stopped run's rerun may change how it reads its data and
+how it tiles the model's work (the memory features the preflight suggests), and a folder whose run never
+finished a step holds no run yet. train.py's main runs in this process."""
+
+from __future__ import annotations
+
+from omegaconf import OmegaConf
+from train_runs import main_in_process
+
+from lwm.train.run_folder import differences
+
+SHORT = ["stage_only=a", "schedule.stages.0.steps=2"]
+# what the preflight suggests when a stage does not fit, and how the data is read: none changes the weights
+MEMORY = [
+    "model.mlp_chunk_size=16",
+    "model.norm_chunk_size=16",
+    "model.attn_head_groups=2",
+    "model.loss_chunk_size=64",
+]
+
+
+def main(monkeypatch, capsys, out, *overrides) -> tuple[int, str]:
+    code, stdout, stderr = main_in_process(monkeypatch, capsys, out, *overrides)
+    return code, stdout + stderr
+
+
+def test_only_what_changes_the_weights_differs():
+    old = {
+        "model": {"dim": 64, "mlp_chunk_size": 0, "norm_chunk_size": 0, "attn_head_groups": 1, "loss_chunk_size": 256},
+        "data": {"num_workers": 2, "index_workers": 8, "index_dir": None, "seed": 0},
+    }
+    new = {
+        "model": {"dim": 64, "mlp_chunk_size": 32, "norm_chunk_size": 64, "attn_head_groups": 2, "loss_chunk_size": 16},
+        "data": {"num_workers": 0, "index_workers": 1, "index_dir": "/tmp/idx", "seed": 0},
+    }
+    assert differences(old, new) == []
+    assert differences(old, {**new, "model": {**new["model"], "dim": 128}}) == ["model.dim: 64 -> 128"]
+    assert differences(old, {**new, "data": {**new["data"], "seed": 1}}) == ["data.seed: 0 -> 1"]
+
+
+def test_a_stopped_run_resumes_with_the_memory_features_the_preflight_suggests(tmp_path, monkeypatch, capsys):
+    code, text = main(monkeypatch, capsys, tmp_path, *SHORT, "stop_at_step=1")
+    last = tmp_path / "a" / "checkpoints" / "last.ckpt"
+    assert code == 4 and last.is_file(), text[-3000:]
+    code, text = main(monkeypatch, capsys, tmp_path, *SHORT, *MEMORY)
+    assert code == 0 and "holds another run" not in text and f"(resuming from {last})" in text, text[-3000:]
+    assert (tmp_path / "a" / "final.safetensors").is_file()
+    assert OmegaConf.load(tmp_path / "config.yaml").model.mlp_chunk_size == 16  # the command's, recorded
+
+
+def test_a_command_refused_before_its_first_step_holds_no_run(tmp_path, monkeypatch, capsys):
+    """The preflight refuses stage a (the device made 1 MiB) after config.yaml is written; the command run
+    again with another seq_len trains there, instead of being refused as another run."""
+    with monkeypatch.context() as patch:
+        patch.setattr("lwm.train.run.device_memory", lambda kind, ranks: 2**20)
+        code, text = main(patch, capsys, tmp_path, *SHORT, "schedule.stages.0.seq_len=128", "trainer.preflight=true")
+    assert code == 2 and "it will not fit" in text, text[-3000:]
+    assert (tmp_path / "config.yaml").is_file() and not (tmp_path / "a" / "final.safetensors").exists()
+    code, text = main(monkeypatch, capsys, tmp_path, *SHORT)
+    assert code == 0 and "holds another run" not in text, text[-3000:]
+    assert OmegaConf.load(tmp_path / "config.yaml").schedule.stages[0].seq_len != 128
+    # now it is a run: another seq_len is refused
+    code, text = main(monkeypatch, capsys, tmp_path, *SHORT, "schedule.stages.0.seq_len=128")
+    assert code == 2 and "holds another run" in text and "schedule.stages.0.seq_len" in text, text[-3000:]
+
+
+def test_a_finished_step_is_final_weights_a_checkpoint_or_a_metrics_row(tmp_path):
+    from lwm.train.run_folder import stepped
+
+    config = {"schedule": {"stages": [{"name": "a"}, {"name": "b"}]}}
+    (tmp_path / "b" / "logs").mkdir(parents=True)
+    (tmp_path / "b" / "checkpoints").mkdir()
+    (tmp_path / "b" / "model_config.json").write_text("{}")
+    (tmp_path / "b" / "logs" / "metrics.csv").write_text("step,train/loss\n")  # a header only
+    assert not stepped(tmp_path, config)
+    (tmp_path / "b" / "logs" / "metrics.csv").write_text("step,train/loss\n0,9.1\n")
+    assert stepped(tmp_path, config)
+    (tmp_path / "b" / "logs" / "metrics.csv").unlink()
+    (tmp_path / "b" / "checkpoints" / "last.ckpt").write_bytes(b"x")
+    assert stepped(tmp_path, config)
+    (tmp_path / "b" / "checkpoints" / "last.ckpt").unlink()
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "final.safetensors").write_bytes(b"x")
+    assert stepped(tmp_path, config)
