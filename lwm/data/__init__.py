@@ -3,7 +3,16 @@ stream and its batches for one rank (no Lightning here: the datamodule that serv
 
 from lwm.data.batches import DataConfig, ShardedBatches, Sharding, shard_batch
 from lwm.data.codes import CodeStore
-from lwm.data.dataset import PackedStream, SkippedTooMany, Source, StaleIndex, StreamState, TooLittleData, to_tensors
+from lwm.data.dataset import (
+    EpochTooLarge,
+    PackedStream,
+    SkippedTooMany,
+    Source,
+    StaleIndex,
+    StreamState,
+    TooLittleData,
+    to_tensors,
+)
 from lwm.data.example import Encoded, ExampleError, encode_example, parse_fields
 from lwm.data.index import IndexNotWritable
 from lwm.data.packing import Packed, Packer
@@ -14,6 +23,7 @@ __all__ = [
     "CodeStore",
     "DataConfig",
     "Encoded",
+    "EpochTooLarge",
     "IndexNotWritable",
     "ExampleError",
     "Packed",

@@ -7,6 +7,7 @@ positions of its tokens, or each token's position within its example.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -17,6 +18,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from lwm.data.dataset import PackedStream, Source, StreamState, to_tensors
+from lwm.data.packing import WEIGHTING
 from lwm.model.documents import Documents
 from lwm.parallel.layout import positions, shard
 
@@ -51,6 +53,22 @@ class StreamOptions:
     num_workers: int = 2
 
     def __post_init__(self) -> None:
+        if self.weighting not in WEIGHTING:
+            raise ValueError(f"data.weighting must be one of {WEIGHTING}, got {self.weighting!r}")
+        if self.holdout < 0:
+            raise ValueError(f"data.holdout (examples held out of every source) must be >= 0, got {self.holdout}")
+        if not 0 <= self.seed < 2**32:  # numpy's generators take no negative seed
+            raise ValueError(f"data.seed must lie in [0, 2**32), got {self.seed}")
+        if self.max_frames is not None and self.max_frames < 1:
+            raise ValueError(f"data.max_frames must be >= 1 (null: every sampled frame), got {self.max_frames}")
+        if self.fps is not None and not (math.isfinite(self.fps) and self.fps > 0):
+            raise ValueError(f"data.fps must be a finite number > 0 (null: max_frames alone), got {self.fps}")
+        # the run's named sources (conf/data: a dict) or a stage's (a list), checked where the config is built
+        sources = getattr(self, "sources", None) or {}
+        named = sources.items() if isinstance(sources, dict) else ((s.path, s) for s in sources)
+        for name, source in named:
+            if isinstance(source, Source):
+                source.check(f"data.sources.{name}" if isinstance(sources, dict) else f"data source {name}")
         for name in ("index_workers", "num_workers"):
             if getattr(self, name) < (1 if name == "index_workers" else 0):
                 raise ValueError(

@@ -35,16 +35,20 @@ import torch
 from lwm.data.codes import CodeStore
 from lwm.data.example import Encoded, Encoder, ExampleError
 from lwm.data.index import SourceIndex, example_key, source_index
-from lwm.data.packing import WEIGHTING, Packed, assemble, example_weights
+from lwm.data.packing import OVERFLOW, WEIGHTING, Packed, assemble, example_weights
 from lwm.data.plan import Plan, PlanFiles, plan
 from lwm.data.sources import SourceError
 from lwm.data.text_tokenizer import TextTokenizer
 from lwm.data.vocab import Vocab
+from lwm.weights import host_memory
 
 log = logging.getLogger(__name__)
 
 REASONS = 100  # reasons kept in `errors`
 PLANS_KEPT = 2  # epochs whose plan a stream keeps (the one under way and the next)
+# Host memory that planning an epoch takes per example of its order (repeats counted): its shuffled order,
+# the planner's lists and the plan file's arrays; measured at 128 bytes (200K examples, 10 repeats)
+PLAN_BYTES = 128
 
 
 class SkippedTooMany(ValueError):
@@ -61,12 +65,33 @@ class StaleIndex(ValueError):
     changed while the run read them. The next start remakes the index."""
 
 
+class EpochTooLarge(TooLittleData):
+    """An epoch's order (every source's examples times its repeat) that this host's memory cannot plan: the
+    message names the sources and their repeats. A TooLittleData, so that its callers refuse it alike: the
+    epoch's size does not suit the run."""
+
+
 @dataclass
 class Source:
     path: str  # a JSON-lines (.jsonl, .json) or parquet (.parquet) file
     fields: str | list | None = None  # default spec for examples without their own "fields"
     overflow: str = "truncate"  # examples longer than the sequence: truncate | drop | window
     repeat: int = 1  # times each example appears per epoch (mixing weights)
+
+    def check(self, name: str) -> None:
+        """Range checks before any work, naming the source (`data.sources.<name>`, or its path): a planned
+        epoch holds every example `repeat` times, so even a one-example source bounds repeat by memory."""
+        if self.overflow not in OVERFLOW:
+            raise ValueError(f"{name}: overflow must be one of {OVERFLOW}, got {self.overflow!r}")
+        if self.repeat < 1:
+            raise ValueError(f"{name}: repeat (times each example appears per epoch) must be >= 1, got {self.repeat}")
+        most = host_memory() // PLAN_BYTES
+        if self.repeat > most:
+            raise ValueError(
+                f"{name}: repeat {self.repeat} makes an epoch of at least {self.repeat} examples, each taking "
+                f"{PLAN_BYTES} bytes to plan: more than this host's {host_memory() / 2**30:.1f} GiB of memory "
+                f"holds (repeat at most {most} for a one-example source)"
+            )
 
 
 @dataclass
@@ -113,6 +138,8 @@ class PackedStream:
             raise ValueError(f"loss weighting must be one of {WEIGHTING}, got {weighting!r}")
         if holdout < 0:
             raise ValueError(f"data.holdout must be >= 0, got {holdout}")
+        for source in sources:
+            source.check(f"data source {source.path}")
         self.sources, self.vocab, self.seq_len, self.batch_size, self.seed = sources, vocab, seq_len, batch_size, seed
         self.dp_rank, self.dp_size, self.weighting, self.strict = dp_rank, dp_size, weighting, strict
         self.max_line_bytes, self.max_skipped_fraction = max_line_bytes, max_skipped_fraction
@@ -132,6 +159,7 @@ class PackedStream:
         ][:REASONS]
         if strict and self.errors:
             raise ExampleError(f"{self.errors[0]} (data.strict=true: a bad example stops the run)")
+        self._check_epoch_size()
         self.skipped = sum(  # training examples an epoch skips, repeats counted
             source.repeat * int(np.count_nonzero(index.lengths[:n] < 0))
             for source, index, n in zip(sources, self.indexes, self.trained)
@@ -142,6 +170,16 @@ class PackedStream:
         self._plan_files = self._plans_kept_in(index_dir)
         self._last: tuple | None = None  # ((source, example), Encoded): a windowed example spans sequences
         self._global_batches(self.plan(0))  # too little data is said here, before any batch is made
+
+    def _check_epoch_size(self) -> None:
+        """Refuse (EpochTooLarge) an epoch whose plan would take more than the host's memory."""
+        items = sum(source.repeat * n for source, n in zip(self.sources, self.trained))
+        if items * PLAN_BYTES > host_memory():
+            each = ", ".join(f"{s.path}: {n} examples x repeat {s.repeat}" for s, n in zip(self.sources, self.trained))
+            raise EpochTooLarge(
+                f"an epoch of {items} examples ({each}) takes {items * PLAN_BYTES / 2**30:.1f} GiB to plan, more "
+                f"than this host's {host_memory() / 2**30:.1f} GiB of memory: lower the sources' repeat"
+            )
 
     def _judge(self) -> None:
         """Stop (SkippedTooMany) when more than max_skipped_fraction of an epoch's examples are skipped."""
