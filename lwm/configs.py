@@ -6,12 +6,14 @@ to turn a composed Hydra config into their dataclasses.
 Every field is checked against its annotation (int, float, str, bool, None, unions, list, tuple,
 dict and nested dataclasses, recursively); an unknown key or a value of the wrong type is a
 ConfigError that names the key path and what was expected. Lists become tuples where the field is
-a tuple. Range checks stay in each dataclass's __post_init__, which runs as usual.
+a tuple. A float must be finite (nan and inf are refused for every field: no option means
+them). Range checks stay in each dataclass's __post_init__, which runs as usual.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from functools import cache
@@ -105,7 +107,13 @@ def _convert(tp, value: Any, where: str):
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{where}: expected a number, got {value!r}")
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an integer past float's range
+            number = math.inf
+        if not math.isfinite(number):
+            raise ConfigError(f"{where}: expected a finite number, got {value!r}")
+        return number
     if tp is str:
         if not isinstance(value, str):
             raise ConfigError(f"{where}: expected a string, got {value!r}")

@@ -3,6 +3,7 @@ into its dataclass here and hands each component only its own part."""
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Collection
 from dataclasses import dataclass, field, fields
@@ -40,10 +41,13 @@ class StageConfig:
         for name in ("seq_len", "steps", "cp", "batch_size"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"stage {self.name!r}: {name} must be positive, got {getattr(self, name)}")
-        if self.lr < 0 or self.rope_theta <= 0:  # lr 0: steps that change no weight (a check of a start)
-            raise ValueError(
-                f"stage {self.name!r}: lr {self.lr} must be >= 0 and rope_theta {self.rope_theta} positive"
-            )
+        # lr 0: steps that change no weight (a check of a start); `not` below refuses nan too
+        if not (math.isfinite(self.lr) and self.lr >= 0):
+            raise ValueError(f"stage {self.name!r}: lr must be a finite number >= 0, got {self.lr}")
+        if not (math.isfinite(self.rope_theta) and self.rope_theta > 0):
+            raise ValueError(f"stage {self.name!r}: rope_theta must be a finite number > 0, got {self.rope_theta}")
+        if not 0 <= self.min_lr_ratio <= 1:  # the cosine's floor, a share of lr
+            raise ValueError(f"stage {self.name!r}: min_lr_ratio must lie in [0, 1], got {self.min_lr_ratio}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"stage {self.name!r}: schedule must be one of {SCHEDULES}, got {self.schedule!r}")
         if self.global_batch is not None and self.global_batch <= 0:
@@ -127,10 +131,24 @@ class OptimConfig:
     vision_weight: float = 0.5
 
     def __post_init__(self) -> None:
-        if self.grad_clip is not None and self.grad_clip < 0:
-            raise ValueError(f"optim.grad_clip must be >= 0 (0 or null: no clipping), got {self.grad_clip}")
+        if self.grad_clip is not None and not (math.isfinite(self.grad_clip) and self.grad_clip >= 0):
+            raise ValueError(f"optim.grad_clip must be >= 0 and finite (0 or null: no clipping), got {self.grad_clip}")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise ValueError(f"optim.weight_decay must be a finite number >= 0, got {self.weight_decay}")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):  # AdamW's moment decays
+            raise ValueError(f"optim.betas must be two numbers in [0, 1), got {list(self.betas)}")
+        weights = {"text_weight": self.text_weight, "vision_weight": self.vision_weight}
+        for name, value in weights.items():
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"optim.{name} must be a finite number >= 0, got {value}")
+        if not any(weights.values()):  # a loss of 0 at every step: nothing trains
+            raise ValueError(
+                f"optim.text_weight and optim.vision_weight are both 0: at least one must be > 0 "
+                f"(got {self.text_weight}, {self.vision_weight})"
+            )
 
 
+MAX_SEED = 2**32 - 1  # what seed_everything (numpy's generator) takes
 PRECISIONS = ("32-true", "bf16-mixed", "bf16-true", "16-mixed", "16-true", "64-true")  # Lightning's names
 
 
@@ -152,6 +170,8 @@ class TrainerBase:
             )
         if self.precision not in PRECISIONS:
             raise ValueError(f"trainer.precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise ValueError(f"trainer.seed must lie in [0, {MAX_SEED}], got {self.seed}")
 
 
 @dataclass
@@ -172,7 +192,7 @@ class TrainerConfig(TrainerBase):
         for name in ("devices", "num_nodes", "timeout_s"):
             if getattr(self, name) < 1:
                 raise ValueError(f"trainer.{name} must be >= 1, got {getattr(self, name)}")
-        if self.checkpoint_every < 0 or self.peak_tflops < 0:
+        if self.checkpoint_every < 0 or not (math.isfinite(self.peak_tflops) and self.peak_tflops >= 0):
             raise ValueError(
                 f"trainer.checkpoint_every (0: only when a stage stops early) and trainer.peak_tflops must be "
                 f">= 0, got {self.checkpoint_every}, {self.peak_tflops}"
