@@ -39,7 +39,7 @@ from lwm.train.console import is_rank0, quiet_lightning, say
 from lwm.train.entry import ensure_sample_data, to_run_config
 from lwm.train.plan.preflight import WillNotFit
 from lwm.train.run import run_schedule
-from lwm.train.run_folder import CONFIG, OtherRun, check, clear
+from lwm.train.run_folder import CONFIG, LOCK, OtherRun, check, clear, resolved
 from lwm.train.skipped import summary as skipped_summary
 from lwm.weights import WeightsError
 from lwm.writes import NoSpaceLeft, write_atomic
@@ -54,6 +54,11 @@ def main(cfg: DictConfig) -> None:
     _started[0] = True
     try:
         run = to_run_config(cfg, HydraConfig.get().overrides.task)
+        # through a symlink: the folder it leads to, said, and refused where it holds files no run wrote
+        real, note = resolved(Path(run.trainer.out_dir))
+        if note is not None:
+            say(note)
+            run.trainer.out_dir = cfg.trainer.out_dir = str(real)
         if run.schedule.init_hf is not None:  # config.yaml says what trains: the folder's model, the run's settings
             with open_dict(cfg):
                 cfg.model = OmegaConf.structured(run.model)
@@ -74,7 +79,7 @@ def main(cfg: DictConfig) -> None:
         return
     start = time.perf_counter()
     try:  # rank 0 holds the folder for the run: a second run on it is refused
-        with output_lock(out, "train") if is_rank0() else nullcontext():
+        with output_lock(out, LOCK) if is_rank0() else nullcontext():
             if is_rank0():
                 check(out, config, run.trainer.overwrite)  # again under the lock: a run may have begun meanwhile
                 if run.trainer.overwrite:

@@ -13,11 +13,15 @@ folder is compared with it, key by key:
   refused before its first step) is no run yet, and the command takes the folder.
 
 A folder without config.yaml (weights put there by hand, an older run) is used as before: stages
-are resumed only with resume=true.
+are resumed only with resume=true; trainer.overwrite=true refuses it, naming what it holds, since
+nothing says a run of this project wrote those files. A trainer.out_dir through symlinks is resolved
+and the folder it leads to said; a symlink as out_dir itself must lead to a new or empty folder or to
+a run of this project.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -27,6 +31,7 @@ from lwm.stage_folder import StageFolder
 from lwm.train.callbacks import KEPT_METRICS
 
 CONFIG = "config.yaml"
+LOCK = "train"  # the run's output lock (lwm.out_lock): <out_dir>/train.lock while it runs
 # The keys that do not change what a run trains: where it runs and on how many processes, how often it
 # logs and saves, how it splits the work (exact on any layout), where it keeps activations (checkpointing
 # and offload are exact), how it tiles the model's work (the memory features the preflight suggests: the
@@ -147,10 +152,48 @@ def stepped(out: Path, config: dict | None) -> bool:
     return False
 
 
+def held(out: Path) -> list[str]:
+    """What `out` holds besides the run's lock, by name (a folder's with a slash)."""
+    if not out.is_dir():
+        return []
+    entries = [p for p in out.iterdir() if p.name != f"{LOCK}.lock"]
+    return sorted(p.name + ("/" if p.is_dir() and not p.is_symlink() else "") for p in entries)
+
+
+def _shown(names: list[str], most: int = 8) -> str:
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def resolved(out: Path) -> tuple[Path, str | None]:
+    """trainer.out_dir with its symlinks resolved, and a line saying where it leads when that is another
+    path. A link as out_dir itself must lead to a new or empty folder, or to a run of this project (check
+    compares it then): raises OtherRun where it leads to files no run wrote."""
+    try:
+        real = out.resolve()
+    except RuntimeError:  # a loop of links
+        raise OtherRun(f"trainer.out_dir {out} is a loop of symlinks; name a real folder") from None
+    if real == Path(os.path.abspath(out)):
+        return out, None
+    if out.is_symlink() and not (real / CONFIG).is_file() and (found := held(real)):
+        raise OtherRun(
+            f"trainer.out_dir {out} is a symlink to {real}, which holds files no run of this project wrote (no "
+            f"{CONFIG}): {_shown(found)}. Name a folder of the run's own: a new one, or the link's target itself "
+            "to train among those files"
+        )
+    return real, f"trainer.out_dir {out} leads to {real} (symlinks resolved): the run writes there"
+
+
 def check(out: Path, config: dict, overwrite: bool) -> bool:
     """Whether `out` holds this run already (then it goes on where it is); raises OtherRun where it holds
-    another. A recorded run that never finished a step (a command refused before its first step) is no
-    run yet: another config takes the folder. Reads only: every rank may call it."""
+    another, and for trainer.overwrite=true where it holds files but no run (no config.yaml): overwrite
+    removes only a run's own files. A recorded run that never finished a step (a command refused before its
+    first step) is no run yet: another config takes the folder. Reads only: every rank may call it."""
+    if overwrite and not (out / CONFIG).is_file() and (found := held(out)):
+        raise OtherRun(
+            f"trainer.overwrite=true removes only the files of a run of this project, and trainer.out_dir {out} "
+            f"holds no run (no {CONFIG}): {_shown(found)}. Move them away or remove them yourself, or name "
+            "another trainer.out_dir"
+        )
     old = None if overwrite else recorded(out)
     if old is None:
         return False
@@ -168,7 +211,10 @@ def check(out: Path, config: dict, overwrite: bool) -> bool:
 
 def clear(out: Path, stages: list[str]) -> list[Path]:
     """trainer.overwrite=true: remove the files a run makes in `out` (the stages of this run's schedule and
-    of the recorded one, the export, the evaluation, the config), nothing else; returns what it removed."""
+    of the recorded one, the export, the evaluation, the config), nothing else; returns what it removed.
+    A folder without config.yaml holds no run: nothing is removed (check refuses it first)."""
+    if not (out / CONFIG).is_file():
+        return []
     old = recorded_quietly(out)
     names = set(stages) | set(_stage_names(old))
     removed = []
