@@ -37,7 +37,7 @@ from lwm.data.example import Encoded, Encoder, ExampleError
 from lwm.data.index import SourceIndex, example_key, source_index
 from lwm.data.packing import OVERFLOW, WEIGHTING, Packed, assemble, example_weights
 from lwm.data.plan import Plan, PlanFiles, plan
-from lwm.data.sources import SourceError
+from lwm.data.sources import SourceError, check_readable
 from lwm.data.text_tokenizer import TextTokenizer
 from lwm.data.vocab import Vocab
 from lwm.weights import host_memory
@@ -81,6 +81,10 @@ class Source:
     def check(self, name: str) -> None:
         """Range checks before any work, naming the source (`data.sources.<name>`, or its path): a planned
         epoch holds every example `repeat` times, so even a one-example source bounds repeat by memory."""
+        try:
+            check_readable(self.path)
+        except ValueError as e:
+            raise ValueError(f"{name}: {e}") from None
         if self.overflow not in OVERFLOW:
             raise ValueError(f"{name}: overflow must be one of {OVERFLOW}, got {self.overflow!r}")
         if self.repeat < 1:

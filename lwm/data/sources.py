@@ -8,7 +8,9 @@ datasets are published in), chosen by the file's extension.
 
 A JSON-lines reader whose offsets are known (a source's index keeps them) reads line i with one seek.
 A parquet reader reads the row group holding row i and keeps the last few groups read; a null column of
-a row is a missing field, as an absent key is in a JSON line. Reading is lazy and per process: a reader
+a row is a missing field, as an absent key is in a JSON line. max_line_bytes bounds a row as it bounds a
+line: a row whose cells hold more is skipped, never made into Python objects, and a row group whose
+uncompressed size is over GROUP_LINES times it is skipped unread (the footer says its size). Reading is lazy and per process: a reader
 copied into a loader worker opens its own file.
 """
 
@@ -26,6 +28,7 @@ from lwm.io import JsonlError, LineIndex, read_lines
 JSONL = (".jsonl", ".json")
 PARQUET = (".parquet",)
 GROUPS_KEPT = 4  # row groups a parquet reader keeps decoded (a shuffled epoch reads rows in any order)
+GROUP_LINES = 16  # a row group is read whole: up to this many of max_line_bytes (1 GiB with the default)
 
 
 class SourceError(ValueError):
@@ -99,12 +102,13 @@ class ParquetSource:
 
     format = "parquet"
 
-    def __init__(self, path: Path):
-        self.path = path
+    def __init__(self, path: Path, max_line_bytes: int | None = None):
+        self.path, self.max_line_bytes = path, max_line_bytes
         self._file, self._pid = None, None
         self._groups: OrderedDict[int, list | SourceError] = OrderedDict()
         meta = self._parquet().metadata
         counts = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+        self.group_bytes = [meta.row_group(g).total_byte_size for g in range(meta.num_row_groups)]  # uncompressed
         self.starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])  # (groups + 1,) first row of each
 
     def __getstate__(self) -> dict:  # a spawned loader worker opens the file itself
@@ -112,12 +116,7 @@ class ParquetSource:
 
     def _parquet(self):
         if self._pid != os.getpid():  # a loader worker opens its own file, never its parent's
-            import pyarrow.parquet as pq
-
-            try:
-                self._file = pq.ParquetFile(self.path)
-            except Exception as e:  # noqa: BLE001 (pyarrow raises several kinds for a file that is not parquet)
-                raise ValueError(f"data source {self.path} cannot be read as parquet ({type(e).__name__}: {e})") from e
+            self._file = parquet_file(self.path)
             self._pid, self._groups = os.getpid(), OrderedDict()
         return self._file
 
@@ -135,22 +134,49 @@ class ParquetSource:
         parquet = self._parquet()  # first: a new process starts with no groups
         groups = self._groups
         if g not in groups:
-            try:
-                rows = parquet.read_row_group(g).to_pylist()
-                groups[g] = [{k: v for k, v in row.items() if v is not None} for row in rows]
-            except Exception as e:  # noqa: BLE001 (a damaged group: its rows are skipped, each named)
-                groups[g] = SourceError(f"{self.path}:row group {g}", f"cannot be read ({type(e).__name__}: {e})")
+            bound = self.max_line_bytes
+            if bound is not None and self.group_bytes[g] > GROUP_LINES * bound:
+                groups[g] = SourceError(
+                    f"{self.path}:row group {g}",
+                    f"holds {self.group_bytes[g]} bytes uncompressed, more than {GROUP_LINES} x max_line_bytes "
+                    f"{bound}: not read",
+                )
+            else:
+                try:
+                    groups[g] = self._rows(parquet.read_row_group(g), int(self.starts[g]))
+                except Exception as e:  # noqa: BLE001 (a damaged group: its rows are skipped, each named)
+                    groups[g] = SourceError(f"{self.path}:row group {g}", f"cannot be read ({type(e).__name__}: {e})")
             if len(groups) > GROUPS_KEPT:
                 groups.popitem(last=False)
         groups.move_to_end(g)
         return groups[g]
+
+    def _rows(self, table, first: int) -> list:
+        """A row group's rows as dicts (null columns left out); a row over max_line_bytes as its SourceError,
+        measured on its Arrow buffers and never converted."""
+        bound = self.max_line_bytes
+        sizes = [table.slice(r, 1).nbytes for r in range(table.num_rows)] if bound is not None else []
+        big = {r for r, size in enumerate(sizes) if size > bound}
+        keep = [r for r in range(table.num_rows) if r not in big]
+        decoded = iter(table.take(keep).to_pylist() if big else table.to_pylist())
+        return [
+            SourceError(
+                self.where(first + r), f"a row of {sizes[r]} bytes, longer than max_line_bytes {bound}: not read"
+            )
+            if r in big
+            else {k: v for k, v in next(decoded).items() if v is not None}
+            for r in range(table.num_rows)
+        ]
 
     def example(self, i: int):
         g = int(np.searchsorted(self.starts, i, side="right")) - 1
         rows = self._group(g)
         if isinstance(rows, SourceError):
             raise SourceError(self.where(i), f"its row group {g} {rows.reason}")
-        return rows[i - int(self.starts[g])]
+        row = rows[i - int(self.starts[g])]
+        if isinstance(row, SourceError):
+            raise row
+        return row
 
     def examples(self, start: int, stop: int) -> Iterator[tuple[int, object]]:
         for i in range(start, stop):
@@ -164,7 +190,26 @@ class ParquetSource:
 
     @classmethod
     def from_places(cls, path: Path, max_line_bytes: int | None, places) -> "ParquetSource":
-        return cls(path)
+        return cls(path, max_line_bytes)
+
+
+def parquet_file(path: Path):
+    """The pyarrow ParquetFile of `path` (its footer read); ValueError naming the file when it is not one
+    (truncated, damaged, another format)."""
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(path)
+    except Exception as e:  # noqa: BLE001 (pyarrow raises several kinds for a file that is not parquet)
+        raise ValueError(f"data source {path} cannot be read as parquet ({type(e).__name__}: {e})") from None
+
+
+def check_readable(path: str | Path) -> None:
+    """Before any work: a parquet source whose footer cannot be read (truncated, damaged) raises ValueError
+    naming it. JSON lines need no check: a bad line is skipped and counted."""
+    path = Path(path)
+    if path.is_file() and path.suffix.lower() in PARQUET:
+        parquet_file(path)
 
 
 def open_source(path: str | Path, max_line_bytes: int | None = None, places=None) -> JsonlSource | ParquetSource:
@@ -175,4 +220,4 @@ def open_source(path: str | Path, max_line_bytes: int | None = None, places=None
     kind = JsonlSource if source_format(path) == "jsonl" else ParquetSource
     if places is not None:
         return kind.from_places(path, max_line_bytes, places)
-    return kind(path, max_line_bytes) if kind is JsonlSource else kind(path)
+    return kind(path, max_line_bytes)
