@@ -42,7 +42,7 @@ from lwm.train.run import run_schedule
 from lwm.train.run_folder import CONFIG, LOCK, OtherRun, check, clear, resolved
 from lwm.train.skipped import summary as skipped_summary
 from lwm.weights import WeightsError
-from lwm.writes import NoSpaceLeft, write_atomic
+from lwm.writes import NoSpaceLeft, complete, write_atomic
 
 EXIT_BAD_INPUT, EXIT_NO_SPACE = 2, 3  # as lwm-tokenize: 2 is bad input, 3 a full disk
 EXIT_STOPPED = 4  # a stage stopped before its end (a signal, stop_at_step): the same command continues it
@@ -137,10 +137,13 @@ def model_summary(config) -> str:
 
 
 def finished(run, out: Path) -> bool:
-    """Whether every stage the command runs has its final weights in `out` (the run's own folder): then
-    it says so and does nothing."""
+    """Whether every stage the command runs has its final weights in `out` (the run's own folder), and
+    with export=true its export is whole: then it says so and does nothing. An export a full disk cut
+    short is made by the rerun."""
     names = [run.stage_only] if run.stage_only else [s.name for s in run.schedule.stages]
     if not all(StageFolder.of(out, name).final.is_file() for name in names):
+        return False
+    if run.export and not complete(out / "hf"):
         return False
     say(
         f"run {out} is finished: {', '.join(names)} {'has its' if len(names) == 1 else 'have their'} final weights "

@@ -16,7 +16,6 @@ A config sidecar, where there is one, is the caller's (model_config.json beside 
 
 from __future__ import annotations
 
-import errno
 import json
 import math
 import os
@@ -29,7 +28,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from lwm.checkpoint_io import UNREADABLE, install, sha256, verify
-from lwm.writes import NoSpaceLeft
+from lwm.writes import writes_to
 
 
 class WeightsError(ValueError):
@@ -123,13 +122,9 @@ def save_weights(state: dict[str, torch.Tensor], path: str | Path, metadata: dic
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")  # beside it: the rename is atomic, a kill leaves the old file
     try:
-        save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(tmp), metadata=metadata)
-        install(tmp, path, sha256(tmp))  # with its checksum, which readers verify
-    except SafetensorError as e:
-        for code in (errno.ENOSPC, errno.EDQUOT):  # the Rust writer's error names only the OS error
-            if f"os error {code})" in str(e):
-                raise NoSpaceLeft(path, OSError(code, str(e))) from None
-        raise
+        with writes_to(path):  # a full disk: NoSpaceLeft naming the weights
+            save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(tmp), metadata=metadata)
+            install(tmp, path, sha256(tmp))  # with its checksum, which readers verify
     finally:
         tmp.unlink(missing_ok=True)
     return path

@@ -18,6 +18,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
+from safetensors import SafetensorError
+
 
 class NoSpaceLeft(OSError):
     """A write that failed for want of space (ENOSPC, or EDQUOT: the quota is spent), naming the file."""
@@ -34,7 +36,7 @@ class NoSpaceLeft(OSError):
 @contextmanager
 def writes_to(path: str | Path) -> Iterator[None]:
     """Around writes to `path`: an OSError for want of space becomes NoSpaceLeft naming `path` (a failed
-    write's own error names no file)."""
+    write's own error names no file), and so does safetensors' writer's, which is no OSError."""
     try:
         yield
     except NoSpaceLeft:
@@ -42,6 +44,11 @@ def writes_to(path: str | Path) -> Iterator[None]:
     except OSError as e:
         if e.errno in (errno.ENOSPC, errno.EDQUOT):
             raise NoSpaceLeft(path, e) from e
+        raise
+    except SafetensorError as e:
+        for code in (errno.ENOSPC, errno.EDQUOT):  # the Rust writer's error names only the OS error
+            if f"os error {code})" in str(e):
+                raise NoSpaceLeft(path, OSError(code, str(e))) from None
         raise
 
 
@@ -108,6 +115,13 @@ def _files(folder: Path) -> list[str]:
         rel = Path(root).relative_to(folder)
         found += [(rel / n).as_posix() for n in names + [d for d in dirs if os.path.islink(os.path.join(root, d))]]
     return sorted(found)
+
+
+def complete(folder: str | Path) -> bool:
+    """Whether `folder` holds a whole staged_folder output: its OWN_FILES lists files that are all there
+    (an export a kill or a full disk cut short lists some missing, or has no OWN_FILES)."""
+    listed = _listed(Path(folder))
+    return bool(listed) and all((Path(folder) / f).is_file() for f in listed)
 
 
 def check_output_folder(out: str | Path, inside: str | Path | None = None) -> None:

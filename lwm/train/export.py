@@ -13,7 +13,8 @@ and lwm/eval/video_qa/ need nothing else.
 The files are written into a folder beside --out and moved in when all are made (lwm.writes.staged_folder),
 and lwm_files.json lists them: --out may be absent, empty, or an earlier export (whose files are then
 replaced, stale shards and a vqgan/ included); a folder holding other files, or one reached through
-a symlink, is refused (exit 2) before anything is read or written.
+a symlink, is refused (exit 2) before anything is read or written. A full disk exits 3, naming --out
+and leaving it as it was.
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ from lwm.interop.vqgan_sources import load_vqgan, open_vqgan
 from lwm.io import records
 from lwm.model import ModelConfig, Transformer
 from lwm.weights import read_weights
-from lwm.writes import FolderRefused, check_output_folder, staged_folder
+from lwm.writes import FolderRefused, NoSpaceLeft, check_output_folder, staged_folder
+
+EXIT_NO_SPACE = 3  # as train.py and lwm-tokenize: 2 is bad input, 3 a full disk
 
 
 def codes_vqgan(codes_dir) -> Path | None:
@@ -110,6 +113,8 @@ def main(argv=None) -> int:
         parser.exit(2, f"export: --out {e}\n")
     except (FileNotFoundError, ValueError) as e:
         parser.exit(2, f"export: {e}\n")
+    except NoSpaceLeft as e:  # as training's full disk: its own status, --out as it was
+        parser.exit(EXIT_NO_SPACE, f"export: {e}; free space and run the export again (--out is unchanged)\n")
     print(f"exported to {out}")
     return 0
 
