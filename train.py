@@ -41,11 +41,13 @@ from lwm.train.plan.preflight import WillNotFit
 from lwm.train.run import run_schedule
 from lwm.train.run_folder import CONFIG, LOCK, OtherRun, check, clear, resolved
 from lwm.train.skipped import summary as skipped_summary
+from lwm.train.step import NonFiniteStep
 from lwm.weights import WeightsError
 from lwm.writes import NoSpaceLeft, complete, write_atomic
 
 EXIT_BAD_INPUT, EXIT_NO_SPACE = 2, 3  # as lwm-tokenize: 2 is bad input, 3 a full disk
 EXIT_STOPPED = 4  # a stage stopped before its end (a signal, stop_at_step): the same command continues it
+EXIT_NONFINITE = 5  # a step's loss, gradient norm or weights were not finite: the stage stopped, nothing of it saved
 _started = [False]  # main was entered: Hydra composed the config (its own refusals come before)
 
 
@@ -102,6 +104,15 @@ def main(cfg: DictConfig) -> None:
     except NoSpaceLeft as e:
         print(f"error: {e}; free space and rerun with resume=true (finished stages are kept)", file=sys.stderr)
         sys.exit(EXIT_NO_SPACE)
+    except NonFiniteStep as e:
+        last = StageFolder.of(out, e.stage).last
+        kept = f"its last checkpoint {last} is kept" if last.exists() else "it has no checkpoint yet"
+        print(
+            f"error: {e}. Nothing non-finite was saved: {kept}. Train with a lower lr (another trainer.out_dir), "
+            "or skip such steps with optim.max_nonfinite_steps",
+            file=sys.stderr,
+        )
+        sys.exit(EXIT_NONFINITE)
     except Exception as e:  # a collective that failed because another rank died: name that rank
         dead = peers.lost()
         if dead is None:

@@ -129,8 +129,15 @@ class OptimConfig:
     grad_clip: float | None = 1.0  # max total gradient 2-norm; None or 0: no clipping
     text_weight: float = 0.5  # loss = weighted means of text and vision targets (lwm.model.loss)
     vision_weight: float = 0.5
+    # steps of a stage whose loss or gradient norm is not finite that are skipped (no update) before
+    # the run stops; 0: it stops at the first
+    max_nonfinite_steps: int = 0
 
     def __post_init__(self) -> None:
+        if self.max_nonfinite_steps < 0:
+            raise ValueError(
+                f"optim.max_nonfinite_steps must be >= 0 (0: stop at the first), got {self.max_nonfinite_steps}"
+            )
         if self.grad_clip is not None and not (math.isfinite(self.grad_clip) and self.grad_clip >= 0):
             raise ValueError(f"optim.grad_clip must be >= 0 and finite (0 or null: no clipping), got {self.grad_clip}")
         if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):

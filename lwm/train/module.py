@@ -4,8 +4,12 @@ It builds the model (on the meta device when a device mesh exists, then sharded 
 `init_state` or initialized) and AdamW with the stage's learning-rate schedule. Its training step is
 lwm.train.step.train_step, the one the planner runs under fake tensors: Lightning's manual
 optimization hands it the optimizer, the schedule and its manual_backward, and logs what it returns
-(train/loss, train/grad_norm before clipping, train/lr). Lightning's checkpoints hold the optimizer
-and the schedule as they would under automatic optimization.
+(train/loss, train/text_loss and train/vision_loss, train/grad_norm before clipping, train/lr).
+Lightning's checkpoints hold the optimizer and the schedule as they would under automatic optimization.
+
+Every step is guarded: a loss or gradient norm that is not finite on any rank skips the step's update
+(optim.max_nonfinite_steps of them) or stops the stage with NonFiniteStep on every rank at once,
+before the optimizer step; weights that are not finite are never checkpointed nor kept as final.
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ from lwm.parallel import (
 from lwm.ranks import is_rank0
 from lwm.train import rng
 from lwm.train.config import OptimConfig, ParallelConfig, StageConfig
-from lwm.train.step import batch_loss, build_optimizer, train_step
+from lwm.train.console import say
+from lwm.train.step import NonFiniteStep, batch_loss, build_optimizer, kind_losses, train_step
 
 Weights = dict[str, torch.Tensor]
 
@@ -87,6 +92,8 @@ class LWMModule(L.LightningModule):
         self.dims = dims
         self.model: Transformer | None = None
         self.cp_group = None
+        self.nonfinite_steps = 0  # the stage's steps skipped so far (kept in its checkpoints)
+        self._kinds: torch.Tensor | None = None  # the step's Losses.kinds summed over the ranks (the guard's)
 
     def configure_model(self) -> None:
         if self.model is not None:
@@ -147,11 +154,60 @@ class LWMModule(L.LightningModule):
             self.parallel.document_mask,
             scheduler=self.lr_schedulers(),
             backward=self.manual_backward,
+            guard=self._guard,
         )
         self.log("train/loss", metrics.loss, prog_bar=True, sync_dist=self.trainer.world_size > 1)
+        text, vision = kind_losses(self._kinds)  # the same on every rank: no key is logged by some only
+        if text is not None:
+            self.log("train/text_loss", text)
+        if vision is not None:
+            self.log("train/vision_loss", vision)
         self.log("train/lr", metrics.lr)
         self.log("train/grad_norm", metrics.grad_norm)
+        if self.optim.max_nonfinite_steps:
+            self.log("train/nonfinite_steps", float(self.nonfinite_steps))
         return metrics.loss
+
+    def _guard(self, loss: torch.Tensor, norm: torch.Tensor, kinds: torch.Tensor) -> bool:
+        """train_step's guard: whether the step's update is made. One all-reduce over the ranks
+        carries each kind's loss sums and whether any rank saw a non-finite loss or gradient norm, so
+        every rank decides alike. Under a GradScaler (16-mixed) non-finite gradients are the scaler's
+        to skip; the loss is still watched."""
+        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+        watched = [loss] if scaler is not None else [loss, norm]
+        bad = sum(float(not torch.isfinite(t).all()) for t in watched)
+        agreed = self.trainer.strategy.reduce(torch.cat([kinds.float(), kinds.new_tensor([bad])]), reduce_op="sum")
+        self._kinds = agreed[:4]
+        if not agreed[4].item():
+            return True
+        self.nonfinite_steps += 1
+        step, tolerated = self.trainer.global_step, self.optim.max_nonfinite_steps
+        what = f"stage {self.stage.name!r} step {step}: loss {loss.item():g}, gradient norm {norm.item():g}"
+        if not bad:
+            what += " here, not finite on another rank"
+        if self.nonfinite_steps > tolerated:
+            raise NonFiniteStep(
+                self.stage.name,
+                f"{what}: not finite; the stage stops before the step's update "
+                f"({self.nonfinite_steps} such step(s), optim.max_nonfinite_steps={tolerated} skipped at most)",
+            )
+        say(
+            f"warning: {what}: not finite, its update skipped ({self.nonfinite_steps} of optim.max_nonfinite_steps={tolerated})"
+        )
+        return scaler is not None  # the scaler skips a non-finite gradient's step itself
+
+    def check_weights(self, when: str) -> None:
+        """Raise NonFiniteStep on every rank if any rank's weights (its shards) hold a value that is
+        not finite: such weights are never saved (an update that overflowed, though its loss and
+        gradient norm were finite)."""
+        local = [p.to_local() if hasattr(p, "to_local") else p for p in self.model.parameters()]
+        finite = all(bool(torch.isfinite(p).all()) for p in local)
+        if not self.trainer.strategy.reduce_boolean_decision(finite, all=True):
+            raise NonFiniteStep(
+                self.stage.name,
+                f"stage {self.stage.name!r} step {self.trainer.global_step}: the weights hold values that are not "
+                f"finite; {when} is not written",
+            )
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         # held-out sequences (data.holdout): mean over batches and ranks
@@ -159,12 +215,19 @@ class LWMModule(L.LightningModule):
         self.log("val/loss", loss, on_step=False, on_epoch=True, sync_dist=self.trainer.world_size > 1)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        self.check_weights("the checkpoint")  # before anything is written: the last good one stays
         checkpoint["rng_states"] = rng.gather_states()
+        checkpoint["nonfinite_steps"] = self.nonfinite_steps
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         if "rng_states" in checkpoint:  # the random state at the step it was saved
             rng.restore_own(checkpoint["rng_states"])
+        self.nonfinite_steps = checkpoint.get("nonfinite_steps", 0)
         steps_from_automatic_optimization(checkpoint)
+
+    def on_train_end(self) -> None:
+        if self.trainer.global_step >= self.stage.steps:  # the stage's final weights come next (lwm.train.run)
+            self.check_weights("final.safetensors")
 
     def configure_optimizers(self):
         optimizer, scheduler = build_optimizer(self.model, self.stage, self.optim)

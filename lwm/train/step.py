@@ -37,6 +37,23 @@ class StepMetrics(NamedTuple):
     lr: float  # the learning rate the optimizer step used (the first parameter group's)
 
 
+class Losses(NamedTuple):
+    loss: torch.Tensor  # the whole sequence's loss (the cp group's shares summed), detached
+    # this rank's cross entropy summed over its text and vision targets, and their loss-mask weights:
+    # (text sum, text weight, vision sum, vision weight), detached; summed over ranks they give each
+    # kind's mean (kind_losses)
+    kinds: torch.Tensor
+
+
+class NonFiniteStep(RuntimeError):
+    """A step whose loss or gradient norm is not finite, or weights that are not, past what
+    optim.max_nonfinite_steps tolerates: the stage stops without saving them."""
+
+    def __init__(self, stage: str, message: str):
+        super().__init__(message)
+        self.stage = stage
+
+
 def train_step(
     model,
     batch: dict,
@@ -46,20 +63,26 @@ def train_step(
     document_mask: bool,
     scheduler=None,
     backward: Callable[[torch.Tensor], None] | None = None,
+    guard: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], bool] | None = None,
 ) -> StepMetrics:
     """One optimizer step: zero_grad, the objective, backward, clipping, AdamW, the schedule.
     `backward` runs backward on the objective (None: Tensor.backward; LWMModule passes Lightning's
     manual_backward, which adds the precision plugin's and the hooks' part); `scheduler`, when given,
-    steps once after the optimizer."""
+    steps once after the optimizer. `guard`, when given, is called with the loss, the gradient norm
+    and Losses.kinds before the optimizer step (it may raise NonFiniteStep); False skips the step's
+    update: the gradients are dropped, so AdamW changes no weight and no state, and the step counts.
+    The planner passes none (fake tensors have no values to judge)."""
     optimizer.zero_grad(set_to_none=True)
-    objective, loss = training_objective(model, batch, optim, cp_group, document_mask)
+    objective, losses = training_objective(model, batch, optim, cp_group, document_mask)
     (backward or torch.Tensor.backward)(objective)
     norm = clip_grad_norm(model.parameters(), optim.grad_clip)
     lr = optimizer.param_groups[0]["lr"]
+    if guard is not None and not guard(losses.loss, norm, losses.kinds):
+        optimizer.zero_grad(set_to_none=True)  # AdamW leaves a parameter without a gradient as it is
     optimizer.step()
     if scheduler is not None:
         scheduler.step()
-    return StepMetrics(loss, norm, lr)
+    return StepMetrics(losses.loss, norm, lr)
 
 
 def clip_grad_norm(parameters, max_norm: float | None) -> torch.Tensor:
@@ -100,9 +123,15 @@ def group_size(group) -> int:
 
 
 def batch_loss(model: Transformer, batch: dict, optim: OptimConfig, cp_group, document_mask: bool):
-    """(this rank's share of the loss, differentiable; the whole sequence's loss, detached).
-    Under context parallelism the text/vision counts are summed over the group first, so the
-    ranks' shares add up to the loss of the whole sequence."""
+    """(this rank's share of the loss, differentiable; the whole sequence's loss, detached)."""
+    share, losses = batch_losses(model, batch, optim, cp_group, document_mask)
+    return share, losses.loss
+
+
+def batch_losses(model: Transformer, batch: dict, optim: OptimConfig, cp_group, document_mask: bool):
+    """(this rank's share of the loss, differentiable; Losses). Under context parallelism the
+    text/vision counts are summed over the group first, so the ranks' shares add up to the loss of
+    the whole sequence."""
     cp = group_size(cp_group)
     counts = global_group_counts(batch["loss_weight"], batch["vision_mask"], group=cp_group) if cp > 1 else None
     coeff = token_coefficients(
@@ -113,15 +142,26 @@ def batch_loss(model: Transformer, batch: dict, optim: OptimConfig, cp_group, do
     loss = out.loss.detach().clone()
     if cp > 1:
         dist.all_reduce(loss, group=cp_group)  # the whole sequence's loss
-    return out.loss, loss
+    weight, vision = batch["loss_weight"].float(), batch["vision_mask"].bool()
+    text_w, vision_w = weight * ~vision, weight * vision  # (B, S) each
+    ce = out.token_loss
+    kinds = torch.stack([(text_w * ce).sum(), text_w.sum(), (vision_w * ce).sum(), vision_w.sum()])
+    return out.loss, Losses(loss, kinds)
+
+
+def kind_losses(kinds: torch.Tensor) -> tuple[float | None, float | None]:
+    """The text and the vision cross entropy, each averaged over its targets, from Losses.kinds
+    summed over the ranks; None for a kind the step has no target of."""
+    text_sum, text, vision_sum, vision = kinds.tolist()
+    return (text_sum / text if text > 0 else None), (vision_sum / vision if vision > 0 else None)
 
 
 def training_objective(model: Transformer, batch: dict, optim: OptimConfig, cp_group, document_mask: bool):
-    """(what backward runs on, the whole sequence's loss). FSDP averages gradients over all
-    dp x cp ranks; the cp ranks' losses are parts of one sum, so the share is scaled by cp: the
-    result is the mean over data-parallel ranks of whole losses."""
-    share, loss = batch_loss(model, batch, optim, cp_group, document_mask)
-    return share * group_size(cp_group), loss
+    """(what backward runs on, Losses). FSDP averages gradients over all dp x cp ranks; the cp
+    ranks' losses are parts of one sum, so the share is scaled by cp: the result is the mean over
+    data-parallel ranks of whole losses."""
+    share, losses = batch_losses(model, batch, optim, cp_group, document_mask)
+    return share * group_size(cp_group), losses
 
 
 def build_optimizer(model: Transformer, stage: StageConfig, optim: OptimConfig):
