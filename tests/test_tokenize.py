@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,7 @@ import decord  # noqa: E402, F401
 from video_samples import make_bad, make_good  # noqa: E402
 
 from lwm.video.reader import read_video  # noqa: E402
-from lwm.video.tokenize import collect_videos, main, video_id  # noqa: E402
+from lwm.video.tokenize import TokenizeConfig, collect_videos, main, validate, video_id  # noqa: E402
 from lwm.vision.checkpoint import weights_hash  # noqa: E402
 from lwm.vision.vqgan import VQGAN, VQGANConfig  # noqa: E402
 
@@ -345,12 +346,15 @@ def test_a_full_tmpfs(data, tmp_path, capsys):
         pytest.skip(f"cannot mount a tmpfs here (needs root and CAP_SYS_ADMIN): {mounted.stderr.decode().strip()}")
     try:
         out = mount / "out"
-        (out / "tokens").mkdir(parents=True)
+        source = data["good"]["portrait"]
+        with ExitStack() as held:  # the folder claimed for the run's settings (settings.json) while there is room
+            config = dict(vqgan="tiny", checkpoint=data["checkpoint"], batch_size=BATCH, device="cpu")
+            validate(TokenizeConfig(inputs=[str(source)], out=out, **config), held)
         (out / "lwm-tokenize.lock").write_text("{}")  # a page the lock's record reuses
         with open(mount / "filler", "wb", buffering=0) as f, pytest.raises(OSError):
             while True:
                 f.write(b"\0" * 4096)
-        assert run(data, out, inputs=[str(data["good"]["portrait"])]) == 3
+        assert run(data, out, inputs=[str(source)]) == 3
         assert "no space left on " in capsys.readouterr().err
         assert not list((out / "tokens").iterdir()) and not records(out, "failures.jsonl")
     finally:

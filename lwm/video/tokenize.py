@@ -15,6 +15,8 @@ lines and lines starting with # are skipped). In --out it writes:
                          tokenizer (preset/checkpoint or diffusers folder, and a hash of the weights),
                          sha256 (of the .npy's bytes: a reader refuses a file changed since)
     failures.jsonl       one JSON object per video that failed in the latest run: source, error
+    settings.json        the sampling and tokenizer every video of the folder is made with, claimed by the
+                         first run (created whole, never replaced): a run with other settings is refused
     lwm-tokenize.lock    while a run works in the folder: its pid, host and command (lwm.out_lock)
 
 A rerun skips the videos the manifest holds, and retries the failed ones. The .npy is written to a
@@ -22,7 +24,9 @@ temporary file and renamed, and the manifest line is appended after that, so a k
 most the video in flight. With --shard i/n each worker takes every n-th video of the one sorted list
 and writes manifest.<i>-of-<n>.jsonl and failures.<i>-of-<n>.jsonl; every worker reads all manifests.
 A second run on the same folder is refused while the first runs; each shard has its own lock
-(lwm-tokenize.<i>-of-<n>.lock), so the workers of one sharded run work side by side. A full disk
+(lwm-tokenize.<i>-of-<n>.lock), so the workers of one sharded run work side by side. Shards started
+together with different settings cannot both claim the folder: settings.json is created by one atomic
+link, and the others compare their settings with it and refuse. A full disk
 stops the run: it is no video's fault, so nothing is recorded as failed. Exit statuses: EXIT_STATUS
 below (--help prints it).
 """
@@ -30,8 +34,11 @@ below (--help prints it).
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import re
 import sys
+import tempfile
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -59,6 +66,7 @@ EXIT_STATUS = (
     "folder another run holds, 3 when the disk is full (free space and rerun to resume), 130 when interrupted."
 )
 EXIT_NO_SPACE = 3
+SETTINGS = "settings.json"  # what every video of an output folder is made with
 
 
 # ------------------------------------------------------------------------------------ arguments
@@ -158,6 +166,39 @@ class OutputDir:
                     records[record["id"]] = {k: record.get(k) for k in ("id", "sampling", "tokenizer")}
         return {k: r for k, r in records.items() if (self.tokens / f"{k}.npy").is_file()}
 
+    def claim(self, settings: dict) -> dict | None:
+        """Claim the folder for `settings` (settings.json, made whole by a temporary file and one link, which
+        fails when it exists): None once claimed, by this call or an earlier one with the same settings;
+        else the settings that hold it. Atomic across shards started together."""
+        path = self.root / SETTINGS
+        if path.is_file():  # claimed before: compared, nothing written (a rerun on a full disk gets to its codes)
+            return self._compare(path, settings)
+        fd, name = tempfile.mkstemp(prefix=f".{SETTINGS}.", dir=self.root)  # one per process and thread
+        tmp = Path(name)
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(settings, indent=1, sort_keys=True) + "\n")
+        try:
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                raise
+            except OSError:  # a filesystem without hard links: an exclusive create, then the bytes
+                with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644), "w") as f:
+                    f.write(tmp.read_text())
+            return None
+        except FileExistsError:
+            return self._compare(path, settings)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    @staticmethod
+    def _compare(path: Path, settings: dict) -> dict | None:
+        try:
+            held = json.loads(path.read_text())
+        except ValueError as e:
+            raise ValueError(f"{path} is not the JSON lwm-tokenize writes ({e})") from None
+        return None if _same_settings(held, settings) else held
+
     def start(self) -> None:
         """An empty failures file: it holds this run's failures only (a rerun retries them)."""
         with writes_to(self.failures):
@@ -186,6 +227,27 @@ def _check_compatible(finished: dict[str, dict], sampling: dict, tokenizer: dict
                 f"tokenizer {tokenizer}. Use another --out, or the same settings to resume"
             )
     return None
+
+
+def _same_settings(a: dict, b: dict) -> bool:
+    """Whether tokens made with settings `a` and `b` agree: the sampling, and the VQGAN's weights."""
+    return a.get("sampling") == b.get("sampling") and (a.get("tokenizer") or {}).get("weights") == (
+        b.get("tokenizer") or {}
+    ).get("weights")
+
+
+def _differences(held: dict, mine: dict) -> str:
+    """The settings that differ, as `name: held -> mine`."""
+    held_s, mine_s = held.get("sampling") or {}, mine.get("sampling") or {}
+    out = [
+        f"{k} {held_s.get(k)} -> {mine_s.get(k)}"
+        for k in sorted(set(held_s) | set(mine_s))
+        if held_s.get(k) != mine_s.get(k)
+    ]
+    held_w, mine_w = (held.get("tokenizer") or {}).get("weights"), (mine.get("tokenizer") or {}).get("weights")
+    if held_w != mine_w:
+        out.append(f"VQGAN weights {held_w} -> {mine_w}")
+    return ", ".join(out)
 
 
 @dataclass
@@ -235,6 +297,19 @@ def validate(args: TokenizeConfig, held: ExitStack) -> Job:
     problem = _check_compatible(finished, sampling.to_dict(), tokenizer)
     if problem:
         raise UsageError(problem)
+    settings = {"sampling": sampling.to_dict(), "tokenizer": tokenizer}
+    try:
+        with writes_to(out.root):
+            held_by = out.claim(settings)
+    except NoSpaceLeft:
+        raise
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--out {args.out}: {e}")
+    if held_by is not None:  # another shard or run claimed it first, maybe still running
+        raise UsageError(
+            f"--out {out.root} is claimed for other settings ({out.root / SETTINGS}): {_differences(held_by, settings)} "
+            "(its setting -> this run's). Use its settings, or another --out"
+        )
     all_videos = collect_videos(args.inputs)
     clash = check_unique_ids(all_videos, args.ids)
     if clash:
