@@ -23,6 +23,7 @@ from lwm.model.documents import Documents
 from lwm.parallel.layout import positions, shard
 
 POSITIONS = ("sequence", "document")
+ON_CHANGED_SOURCE = ("refuse", "restart_epoch")
 WHOLE_IDS = "sequence_segment_ids"  # the whole sequence's segment ids, kept on the host for with_documents
 
 
@@ -51,8 +52,16 @@ class StreamOptions:
     # loader worker processes per rank that encode and pack its batches while it trains (0: in the training
     # process); 2 keep up with a GPU step at every stage (docs/benchmarks.md, bench.data)
     num_workers: int = 2
+    # a source changed (appended to, replaced, truncated) since the checkpoint a run resumes from: "refuse"
+    # (train.py exits 2 naming it), or "restart_epoch": the epoch's plan made again from the source as it is
+    # now, from its first batch (the checkpoint's position means nothing in the new plan)
+    on_changed_source: str = "refuse"
 
     def __post_init__(self) -> None:
+        if self.on_changed_source not in ON_CHANGED_SOURCE:
+            raise ValueError(
+                f"data.on_changed_source must be one of {ON_CHANGED_SOURCE}, got {self.on_changed_source!r}"
+            )
         if self.weighting not in WEIGHTING:
             raise ValueError(f"data.weighting must be one of {WEIGHTING}, got {self.weighting!r}")
         if self.holdout < 0:

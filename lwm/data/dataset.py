@@ -23,6 +23,7 @@ packed once, in file order, for the validation loss (`validation_batches`).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections import Counter
 from dataclasses import dataclass
@@ -63,6 +64,11 @@ class TooLittleData(ValueError):
 class StaleIndex(ValueError):
     """An example reads or encodes differently from what its source's index says: the source or the codes
     changed while the run read them. The next start remakes the index."""
+
+
+class SourceChanged(StaleIndex):
+    """A source whose identity (size, examples, token counts) differs from the one a checkpoint's data
+    position was taken on: the message names it and data.on_changed_source."""
 
 
 class EpochTooLarge(TooLittleData):
@@ -174,6 +180,19 @@ class PackedStream:
         self._plan_files = self._plans_kept_in(index_dir)
         self._last: tuple | None = None  # ((source, example), Encoded): a windowed example spans sequences
         self._global_batches(self.plan(0))  # too little data is said here, before any batch is made
+
+    def identities(self) -> list[dict]:
+        """What each source was when its index was read: what a data position means (a checkpoint keeps it)."""
+        return [
+            {
+                "path": str(source.path),
+                "size": int(index.header["size"]),
+                "mtime_ns": int(index.header["mtime_ns"]),
+                "examples": len(index),
+                "index_sha256": hashlib.sha256(np.ascontiguousarray(index.lengths, np.int32).tobytes()).hexdigest(),
+            }
+            for source, index in zip(self.sources, self.indexes)
+        ]
 
     def _check_epoch_size(self) -> None:
         """Refuse (EpochTooLarge) an epoch whose plan would take more than the host's memory."""

@@ -15,10 +15,11 @@ import types
 import lightning as L
 from torch.utils.data import DataLoader
 
-from lwm.data import CodeStore, PackedStream, StreamState, TextTokenizer, Vocab, to_tensors
+from lwm.data import CodeStore, PackedStream, SourceChanged, StreamState, TextTokenizer, Vocab, to_tensors
 from lwm.data.batches import DataConfig, ShardedBatches, Sharding, shard_batch, with_documents
 from lwm.parallel.dims import ParallelDims
 from lwm.parallel.layout import check_divisible
+from lwm.train.console import say
 
 
 def worker_context():
@@ -70,6 +71,7 @@ class LWMDataModule(L.LightningDataModule):
         self.vocab = vocab or Vocab(self.text_tokenizer.vocab_size)
         self.state = StreamState()
         self.stream: PackedStream | None = None
+        self.recorded: list[dict] | None = None  # the sources a loaded checkpoint's position was taken on
 
     def _place_from_trainer(self) -> None:
         trainer = getattr(self, "trainer", None)
@@ -107,6 +109,7 @@ class LWMDataModule(L.LightningDataModule):
             index_dir=c.index_dir,
             index_workers=c.index_workers,
         )
+        self._check_sources()
 
     def train_dataloader(self) -> DataLoader:
         self.setup()
@@ -143,8 +146,49 @@ class LWMDataModule(L.LightningDataModule):
         return super().transfer_batch_to_device(with_documents(batch), device, dataloader_idx)
 
     def state_dict(self) -> dict:
-        return self.state.as_dict()
+        """The stream's position, and what it means: each source's identity (PackedStream.identities)."""
+        if self.stream is None:
+            return self.state.as_dict()
+        return {**self.state.as_dict(), "sources": self.stream.identities()}
 
     def load_state_dict(self, state: dict) -> None:
         # skipped and read: the whole stream's counts (0 from a checkpoint written before they were kept)
         self.state = StreamState(*(int(state.get(k, 0)) for k in ("epoch", "batches", "skipped", "read")))
+        self.recorded = state.get("sources")  # None from a checkpoint written before sources were kept
+        if self.stream is not None:  # Lightning restores after setup
+            self._check_sources()
+
+    def _check_sources(self) -> None:
+        """The loaded position against the sources as they are now: a source whose size, examples or token
+        counts changed is refused (SourceChanged), or with data.on_changed_source=restart_epoch the epoch's
+        plan starts again (from the new sources, at its first batch). A newer modification time alone (a
+        copy, a touch) is said and the position kept: the plan it indexes is the same."""
+        if self.recorded is None or self.state.batches == 0:
+            return
+        now = self.stream.identities()
+        changed, touched = [], []
+        for i, was in enumerate(self.recorded):
+            new = now[i] if i < len(now) else None
+            if new is None or new["path"] != was.get("path"):
+                changed.append(f"{was.get('path')} (not a source of this stage now)")
+            elif any(new[k] != was.get(k) for k in ("size", "examples", "index_sha256")):
+                what = [f"{k} {was.get(k)} -> {new[k]}" for k in ("size", "examples") if new[k] != was.get(k)]
+                changed.append(f"{new['path']} ({', '.join(what) or 'the same size, other token counts'})")
+            elif new["mtime_ns"] != was.get("mtime_ns"):
+                touched.append(new["path"])
+        changed += [f"{new['path']} (a source added)" for new in now[len(self.recorded) :]]
+        self.recorded = None
+        if touched and not changed:
+            say(f"note: {', '.join(touched)} modified since the checkpoint, with the same size and token counts")
+        if not changed:
+            return
+        epoch = self.state.epoch
+        if self.config.on_changed_source == "restart_epoch":
+            say(f"data.on_changed_source=restart_epoch: {'; '.join(changed)} changed; epoch {epoch} planned again")
+            self.state = StreamState(epoch, 0, self.state.skipped, self.state.read)
+            return
+        raise SourceChanged(
+            f"data sources changed since the checkpoint was taken at batch {self.state.batches} of epoch {epoch}: "
+            f"{'; '.join(changed)}. Its position means other examples now (some trained twice, some never): put the "
+            "sources back as they were, or rerun with data.on_changed_source=restart_epoch to plan the epoch again"
+        )
