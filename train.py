@@ -12,9 +12,10 @@ import signal
 # SLURM's warning before a time limit (SIGUSR1) kills a process that has no handler for it yet: until
 # lwm.train.requeue handles them, the stopping signals wait, blocked, instead of killing the run unsaved.
 # The processes multiprocessing starts import this file again (as __mp_main__) and keep them blocked
-# for good: SLURM signals every process of the job, and the rank alone decides when to stop (a loader
-# worker that died of SIGUSR1 would end the run). A pool that stops its workers with SIGTERM unblocks it.
-signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGUSR1, signal.SIGTERM))
+# for good: SLURM signals every process of the job, and a terminal's Ctrl-C (SIGINT) every process of
+# its group; the rank alone decides when to stop (a loader worker that died of SIGUSR1 or SIGINT would
+# end the run). A pool that stops its workers with SIGTERM unblocks it.
+signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT))
 
 import sys
 import time

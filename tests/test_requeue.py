@@ -39,4 +39,4 @@ def test_processes_started_by_multiprocessing_hold_back_the_stopping_signals():
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.strip().splitlines()[-1] == "['SIGTERM', 'SIGUSR1']"
+    assert proc.stdout.strip().splitlines()[-1] == "['SIGINT', 'SIGTERM', 'SIGUSR1']"

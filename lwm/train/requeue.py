@@ -12,6 +12,10 @@ under its own id and so in its own folder, continues the run by itself: a job wh
 SLURM_RESTART_COUNT is above 0 runs as with resume=true. A fresh job never resumes unless told to
 (resume=true).
 
+Ctrl-C (SIGINT, which a terminal sends to every process of the run, loader workers included) stops a
+run as SIGTERM does: the stage saves at the step's end and the run exits with the stop status and
+the resume hint, on every rank, whatever trainer.checkpoint_every is.
+
 Lightning's own SLURM requeue is not used: it saves from inside the signal handler, wherever the
 step is (a sharded save's collectives against the step's own), into hpc_ckpt_N.ckpt files that a
 stage's resume does not read, and its SIGTERM handler stops a run without a checkpoint.
@@ -30,19 +34,19 @@ import lightning as L
 
 from lwm.train.console import is_rank0, say
 
-SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
 _received: list[int] = []  # set by the handler: a handler may only note, the step decides
 _training = [False]  # a stage is between its first and last step, where a step boundary comes soon
 
 
 def _note(signum, frame) -> None:
-    if signum == signal.SIGTERM and not _training[0]:
+    if signum in (signal.SIGTERM, signal.SIGINT) and not _training[0]:
         raise SystemExit(128 + signum)  # nothing to save (starting, between stages, exporting): stop now
     _received.append(signum)
 
 
 def install() -> None:
-    """Note SIGUSR1 and SIGTERM instead of dying of them."""
+    """Note SIGUSR1, SIGTERM and SIGINT instead of dying of them."""
     for signum in SIGNALS:
         signal.signal(signum, _note)
 
@@ -112,7 +116,7 @@ def after_stop(out_dir: str | Path) -> None:
     if signum == signal.SIGUSR1 and job is not None:
         if is_rank0():
             _requeue(job, out_dir)
-    elif job is not None:
+    elif job is not None and signum != signal.SIGINT:  # Ctrl-C on srun: the user's own stop
         say(
             f"stopped on {signum.name}: a preempted or requeued job starts again by itself and resumes; "
             f"after scancel, `scontrol requeue {job}` resumes it"
