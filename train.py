@@ -34,6 +34,7 @@ from lwm.parallel import peers
 from lwm.parallel.launch import end_process_groups
 from lwm.stage_folder import StageFolder
 from lwm.train import requeue
+from lwm.train.callbacks import loss_summary
 from lwm.train.checkpointing import resumes
 from lwm.train.config import check_files, validate
 from lwm.train.console import is_rank0, quiet_lightning, say
@@ -130,6 +131,8 @@ def main(cfg: DictConfig) -> None:
     for what, path in where.items():
         say(f"  {what:13s} {path}")
     say(f"  {'logs':13s} {out}/<stage>/logs/metrics.csv, TensorBoard: tensorboard --logdir {out}")
+    for line in loss_summary(out, [stage.name for stage in run.schedule.stages]):
+        say(line)
     for line in skipped_summary(out, [stage.name for stage in run.schedule.stages]):
         say(line)
     if "stopped" in where:

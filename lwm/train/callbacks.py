@@ -140,6 +140,8 @@ class MetricHistory(L.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self._in_batch_end = True  # checkpoint callbacks run after the others: a save now precedes the row
+        if trainer.global_step >= trainer.max_steps:  # Lightning logs a row when it stops: the last step has one
+            trainer.should_stop = True
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._in_batch_end = False  # the stop's checkpoint comes after every row
@@ -227,3 +229,23 @@ def _is_number(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def loss_summary(out: Path, stages: list[str]) -> list[str]:
+    """The run's summary lines of each stage's last logged losses (its metrics.csv), the text and
+    the vision loss apart where the step had them."""
+    lines = []
+    for stage in stages:
+        rows = [r for r in MetricHistory.read(Path(out) / stage / "logs" / "metrics.csv") if r.get("train/loss")]
+        if rows:
+            row = rows[-1]
+            kinds = [
+                f"{kind} {float(row[f'train/{kind}_loss']):.4f}"
+                for kind in ("text", "vision")
+                if row.get(f"train/{kind}_loss")
+            ]
+            lines.append(
+                f"  {'loss ' + stage:13s} step {row['step']}: {float(row['train/loss']):.4f}"
+                + (f" ({', '.join(kinds)})" if kinds else "")
+            )
+    return lines

@@ -1,0 +1,60 @@
+"""The training metrics: the text and the vision loss logged apart (train/text_loss,
+train/vision_loss beside train/loss), a metrics row at a stage's last step whatever
+trainer.log_every is, and each stage's last losses in the summary the run prints at its end."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+import torch
+from train_runs import main_in_process
+
+from lwm.model import ModelConfig, Transformer
+from lwm.train.config import OptimConfig, StageConfig
+from lwm.train.step import build_optimizer, kind_losses, train_step
+
+
+def test_a_short_stage_logs_its_last_step_and_the_summary_its_losses(tmp_path, monkeypatch, capsys):
+    """4 steps at log_every 5 wrote no row at all."""
+    code, out, err = main_in_process(
+        monkeypatch, capsys, tmp_path, "stage_only=a", "schedule.stages.0.steps=4", "trainer.log_every=5"
+    )
+    assert code == 0, err[-3000:]
+    rows = list(csv.DictReader(open(tmp_path / "a" / "logs" / "metrics.csv")))
+    assert [r["step"] for r in rows if r.get("train/loss")] == ["3"]
+    row = next(r for r in rows if r.get("train/loss"))
+    assert float(row["train/text_loss"]) == pytest.approx(float(row["train/loss"]), rel=1e-5)  # text only
+    assert not row.get("train/vision_loss")  # no vision target in the step: no value rather than a made-up one
+    assert f"  loss a        step 3: {float(row['train/loss']):.4f} (text {float(row['train/text_loss']):.4f})" in out
+
+
+def test_text_and_vision_losses_are_each_kinds_mean():
+    """Losses.kinds, summed over ranks, give each kind's mean cross entropy; with LWM's 0.5 / 0.5
+    the step's loss is their mean."""
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig.from_preset("debug"))
+    optimizer, _ = build_optimizer(model, StageConfig("a", seq_len=32, rope_theta=1e4, steps=1, lr=1e-3), OptimConfig())
+    tokens = torch.randint(0, 256, (1, 33))
+    vision = torch.zeros(1, 32, dtype=torch.bool)
+    vision[:, 10:26] = True
+    weight = torch.ones(1, 32)
+    weight[:, :4] = 0  # a prompt without loss
+    batch = {
+        "tokens": tokens[:, :-1],
+        "targets": tokens[:, 1:],
+        "positions": torch.arange(32),
+        "loss_weight": weight,
+        "vision_mask": vision,
+        "segment_ids": torch.zeros(1, 32, dtype=torch.long),
+    }
+    with torch.no_grad():
+        ce = torch.nn.functional.cross_entropy(model(batch["tokens"])[0], batch["targets"][0], reduction="none")
+    want_text, want_vision = ce[4:10].tolist() + ce[26:].tolist(), ce[10:26].tolist()
+    got = []
+    metrics = train_step(model, batch, optimizer, OptimConfig(), None, False, guard=lambda *a: got.append(a) or True)
+    text, vision_loss = kind_losses(got[0][2])
+    assert text == pytest.approx(sum(want_text) / len(want_text), rel=1e-5)
+    assert vision_loss == pytest.approx(sum(want_vision) / len(want_vision), rel=1e-5)
+    assert metrics.loss.item() == pytest.approx(0.5 * text + 0.5 * vision_loss, rel=1e-5)
+    assert kind_losses(torch.tensor([2.0, 4.0, 0.0, 0.0])) == (0.5, None)  # a kind without targets has no loss
