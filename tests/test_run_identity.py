@@ -4,6 +4,8 @@ finished a step holds no run yet. train.py's main runs in this process."""
 
 from __future__ import annotations
 
+import json
+
 from omegaconf import OmegaConf
 from train_runs import main_in_process
 
@@ -49,19 +51,22 @@ def test_a_stopped_run_resumes_with_the_memory_features_the_preflight_suggests(t
 
 
 def test_a_command_refused_before_its_first_step_holds_no_run(tmp_path, monkeypatch, capsys):
-    """The preflight refuses stage a (the device made 1 MiB) after config.yaml is written; the command run
-    again with another seq_len trains there, instead of being refused as another run."""
-    with monkeypatch.context() as patch:
-        patch.setattr("lwm.train.run.device_memory", lambda kind, ranks: 2**20)
-        code, text = main(patch, capsys, tmp_path, *SHORT, "schedule.stages.0.seq_len=128", "trainer.preflight=true")
-    assert code == 2 and "it will not fit" in text, text[-3000:]
-    assert (tmp_path / "config.yaml").is_file() and not (tmp_path / "a" / "final.safetensors").exists()
-    code, text = main(monkeypatch, capsys, tmp_path, *SHORT)
+    """One short example cannot fill stage a's batch of 2 sequences: refused (exit 2) as the stage starts,
+    after config.yaml is written. The command run again with the batch the message suggests lowering
+    trains there, instead of being refused as another run; once it has, another batch is refused."""
+    source = tmp_path / "one.jsonl"
+    source.write_text(json.dumps({"text": "the red circle moves left"}) + "\n")
+    data = ["data=custom", "data.tokenizer=data/sample/tokenizer.model"]
+    data += [f"data.sources={{text: {{path: {source}, fields: text}}}}", *SHORT]
+    out = tmp_path / "run"
+    code, text = main(monkeypatch, capsys, out, *data)
+    assert code == 2 and "yield fewer than one global batch" in text, text[-3000:]
+    assert (out / "config.yaml").is_file() and not (out / "a" / "final.safetensors").exists()
+    code, text = main(monkeypatch, capsys, out, *data, "schedule.stages.0.batch_size=1")
     assert code == 0 and "holds another run" not in text, text[-3000:]
-    assert OmegaConf.load(tmp_path / "config.yaml").schedule.stages[0].seq_len != 128
-    # now it is a run: another seq_len is refused
-    code, text = main(monkeypatch, capsys, tmp_path, *SHORT, "schedule.stages.0.seq_len=128")
-    assert code == 2 and "holds another run" in text and "schedule.stages.0.seq_len" in text, text[-3000:]
+    assert (out / "a" / "final.safetensors").is_file()
+    code, text = main(monkeypatch, capsys, out, *data)
+    assert code == 2 and "holds another run" in text and "schedule.stages.0.global_batch: 1 -> 2" in text, text
 
 
 def test_a_finished_step_is_final_weights_a_checkpoint_or_a_metrics_row(tmp_path):
