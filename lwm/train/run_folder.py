@@ -147,8 +147,11 @@ def stepped(out: Path, config: dict | None) -> bool:
         if stage.final.exists() or (stage.checkpoints.is_dir() and any(stage.checkpoints.iterdir())):
             return True
         for log in (stage.logs / "metrics.csv", stage.logs / KEPT_METRICS):
-            if log.is_file() and len(log.read_bytes().splitlines()) > 1:  # a header and a row
-                return True
+            if log.is_file():
+                with open(log, "rb") as f:
+                    f.readline()  # the header
+                    if f.readline().strip():  # a row
+                        return True
     return False
 
 
