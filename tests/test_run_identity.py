@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from omegaconf import OmegaConf
-from train_runs import main_in_process
+from train_runs import ROOT, main_in_process
 
 from lwm.train.run_folder import differences
 
@@ -87,3 +87,34 @@ def test_a_finished_step_is_final_weights_a_checkpoint_or_a_metrics_row(tmp_path
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "final.safetensors").write_bytes(b"x")
     assert stepped(tmp_path, config)
+
+
+def test_loader_workers_and_the_index_folder_give_the_same_batches(tmp_path):
+    """data.num_workers 0 and 2, the index beside the source or in data.index_dir: the same batches, so
+    neither is part of what a run trains (index workers: tests/test_data_index.py, the same index)."""
+    import torch
+
+    from lwm.data import DataConfig, Sharding, Source
+    from lwm.train.datamodule import LWMDataModule
+
+    source = tmp_path / "docs.jsonl"
+    source.write_text(
+        "".join(json.dumps({"text": f"the red circle moves left {i} " * (i % 5 + 1)}) + "\n" for i in range(60))
+    )
+
+    def batches(workers: int, index_dir=None) -> list[dict]:
+        config = DataConfig(
+            sources=[Source(str(source), fields="text")],
+            tokenizer=str(ROOT / "data" / "sample" / "tokenizer.model"),
+            batch_size=2,
+            num_workers=workers,
+            index_dir=index_dir,
+        )
+        dm = LWMDataModule(config, seq_len=64, sharding=Sharding())
+        dm.setup()
+        it = iter(dm.train_dataloader())
+        return [dm.on_before_batch_transfer(next(it)) for _ in range(6)]
+
+    plain = batches(0)
+    for other in (batches(2), batches(0, tmp_path / "idx")):
+        assert all(torch.equal(a[k], b[k]) for a, b in zip(plain, other) for k in a)
