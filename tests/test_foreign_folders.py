@@ -78,3 +78,15 @@ def test_a_symlinked_out_dir_is_resolved_and_said(tmp_path, monkeypatch, capsys)
     other.symlink_to(target)
     code, text = main(monkeypatch, capsys, other, *SHORT, "trainer.seed=1")
     assert code == 2 and f"trainer.out_dir {target} holds another run ({target / 'config.yaml'})" in text, text
+
+
+def test_a_loop_of_symlinks_is_refused_naming_it(tmp_path):
+    import pytest
+
+    from lwm.train.run_folder import OtherRun, resolved
+
+    (tmp_path / "x").symlink_to(tmp_path / "y")
+    (tmp_path / "y").symlink_to(tmp_path / "x")
+    with pytest.raises(OtherRun, match=f"trainer.out_dir {tmp_path / 'x'} is a loop of symlinks"):
+        resolved(tmp_path / "x")
+    assert resolved(tmp_path / "new") == (tmp_path / "new", None)  # no link: as given, nothing said

@@ -173,8 +173,10 @@ def resolved(out: Path) -> tuple[Path, str | None]:
     compares it then): raises OtherRun where it leads to files no run wrote."""
     try:
         real = out.resolve()
-    except RuntimeError:  # a loop of links
-        raise OtherRun(f"trainer.out_dir {out} is a loop of symlinks; name a real folder") from None
+    except (RuntimeError, OSError):  # a loop of links (Python < 3.13 raises, later ones return a link)
+        real = out
+    if real.is_symlink():
+        raise OtherRun(f"trainer.out_dir {out} is a loop of symlinks; name a real folder")
     if real == Path(os.path.abspath(out)):
         return out, None
     if out.is_symlink() and not (real / CONFIG).is_file() and (found := held(real)):
