@@ -28,6 +28,7 @@ from lwm.model.config import PRESETS
 from lwm.parallel import ParallelDims, meta_parallel_model
 from lwm.parallel.layout import check_divisible
 from lwm.train.config import ParallelConfig, StageConfig, stage_model_config
+from lwm.train.plan import bounds
 from lwm.train.plan.fake import (
     GPU_SETTINGS,
     PlanFakeMode,
@@ -42,6 +43,7 @@ from lwm.train.plan.fake import (
     run_step,
     start_fake_group,
 )
+from lwm.train.plan.memory import Mesh
 
 
 @dataclass
@@ -65,6 +67,9 @@ class FakeStepConfig:
         ParallelDims(self.dp, self.cp, self.tp).check_model(preset.n_heads, preset.n_kv_heads)
         if self.seq_len % self.documents:
             raise ValueError(f"seq_len {self.seq_len} is not divisible by documents {self.documents}")
+        mesh = Mesh(self.seq_len, self.cp, self.dp, 1, self.tp)
+        bounds.check_step(mesh, preset, f"--seq-len {self.seq_len} --cp {self.cp} --dp {self.dp} --tp {self.tp}")
+        bounds.check_prefill(self.seq_len, self.cp, preset, self.prefill_chunk, f"--prefill-chunk {self.prefill_chunk}")
 
 
 # ----------------------------------------------------------------------------------------- the command

@@ -14,7 +14,7 @@ from dataclasses import asdict, fields
 from pathlib import Path
 
 from lwm.train.config import ParallelConfig, StageConfig, stage_model_config
-from lwm.train.plan import report
+from lwm.train.plan import bounds, report
 from lwm.train.plan.advice import cheapest_fit
 from lwm.train.plan.config import PlanConfig, compose_run
 from lwm.train.plan.devices import GIB, parse_device
@@ -80,6 +80,7 @@ def planned_stages(config: PlanConfig, run, world: int) -> list[tuple[StageConfi
         dp = stage_dp(stage, world, run.parallel)
         mesh = Mesh(stage.seq_len, cp, dp, stage.per_rank_batch(dp), run.parallel.tp)
         check_mesh(mesh, run.model, run.parallel, f"stage {stage.name!r}")
+        bounds.check_step(mesh, stage_model_config(run.model, stage), f"stage {stage.name!r}")
         planned.append((stage, mesh))
     return planned
 
@@ -91,12 +92,15 @@ def run(config: PlanConfig) -> dict:
         run_cfg.parallel = dataclasses.replace(run_cfg.parallel, tp=config.tp)
     model = run_cfg.model  # with schedule.init_hf, the folder's (lwm.train.config.start_model)
     world, node = planned_world(config, run_cfg)
+    given = "--cp x --dp x --tp" if config.dp else "trainer.devices x trainer.num_nodes"
+    bounds.check_world(world, f"{given} = {world}")
     planned = planned_stages(config, run_cfg, world)
     # Document masks are off: their runs are read on the host (lwm.train.fake_step's docstring).
     parallel = dataclasses.replace(run_cfg.parallel, document_mask=False)
     if config.infer:
         infer_cp = config.cp or world
         check_mesh(Mesh(config.infer, infer_cp, 1), model, ParallelConfig(), f"--infer {config.infer}")
+        bounds.check_prefill(config.infer, infer_cp, model, config.prefill_chunk, f"--infer {config.infer}")
 
     def peak_of(stage: StageConfig, keep: dict | None = None):
         def peak(mesh: Mesh) -> int:
@@ -184,11 +188,16 @@ def run(config: PlanConfig) -> dict:
         found = []
         for cp in [c for c in (2**i for i in range(ranks.bit_length())) if ranks % c == 0]:
             kept: dict = {}
+            granule = 1024 * cp
+            ceiling = bounds.longest_plannable(Mesh(granule, cp, ranks // cp, 1, tp), model, granule)
+            if not ceiling:
+                print(f"note: --longest skips cp {cp}: not even {granule} tokens are within the planner's bounds")
+                continue
 
             def host_fits(mesh: Mesh, kept=kept) -> bool:
                 return device.host_fits(kept[mesh].host_peak, min(mesh.world, node))
 
-            search = longest_sequence(cp, ranks // cp, peak_of(first, kept), device, 1024 * cp, tp, host_fits)
+            search = longest_sequence(cp, ranks // cp, peak_of(first, kept), device, granule, tp, host_fits, ceiling)
             found.append(search)
         plan["longest"] = [asdict(f) for f in found]
         curves = {report.mesh_label(f.cp, f.dp, f.tp): f.points for f in found}

@@ -10,6 +10,7 @@ PCIe Gen5 x16, 25 on Gen4), an assumption until scripts/gpu_check.sh measures it
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 GIB = 2**30
@@ -99,9 +100,9 @@ def parse_device(text: str) -> Device:
         raise ValueError(
             f"--gpu {text!r}: custom values must be numbers (MEM_GIB,TFLOPS,NVLINK_GBPS,IB_GBPS)"
         ) from None
-    if len(values) not in (4, 5) or min(values) <= 0:
+    if len(values) not in (4, 5) or not all(math.isfinite(v) and v > 0 for v in values):
         raise ValueError(
-            f"--gpu {text!r}: expected 4 or 5 positive numbers MEM_GIB,TFLOPS,NVLINK_GBPS,IB_GBPS[,HBM_TBPS], got {parts}"
+            f"--gpu {text!r}: expected 4 or 5 finite positive numbers MEM_GIB,TFLOPS,NVLINK_GBPS,IB_GBPS[,HBM_TBPS], got {parts}"
         )
     mem, tflops, nvlink, ib = values[:4]
     hbm = values[4] if len(values) == 5 else 3.35

@@ -88,7 +88,10 @@ def advice_line(advice: dict) -> str:
 
 
 def longest_table(found: list[dict]) -> str:
-    body = [[mesh_label(f["cp"], f["dp"], f.get("tp", 1)), f["longest"] or "none", f["next_up"]] for f in found]
+    body = [
+        [mesh_label(f["cp"], f["dp"], f.get("tp", 1)), f["longest"] or "none", f["next_up"] or "the planner's bound"]
+        for f in found
+    ]
     return tabulate(body, ["mesh", "longest that fits", "next up (does not fit)"])
 
 

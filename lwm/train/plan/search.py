@@ -8,6 +8,7 @@ from typing import Callable
 
 from lwm.model import ModelConfig
 from lwm.train.config import ParallelConfig, StageConfig
+from lwm.train.plan import bounds
 from lwm.train.plan.devices import GIB, Device
 from lwm.train.plan.memory import Mesh, mesh_dims
 
@@ -97,6 +98,7 @@ def stage_meshes(
         try:
             mesh = Mesh(stage.seq_len, cp, dp, stage.per_rank_batch(dp), parallel.tp)
             check_mesh(mesh, model, parallel, stage.name)
+            bounds.check_step(mesh, model, stage.name)  # a cp the planner cannot plan is not searched
         except ValueError:
             return None
         return mesh
@@ -127,7 +129,7 @@ class Longest:
     cp: int
     dp: int
     longest: int | None  # tokens; None: not even one granule fits
-    next_up: int  # the next length searched above it, which does not fit
+    next_up: int | None  # the next length searched above it, which does not fit; None: the planner's bound fits
     points: dict[int, int] = field(default_factory=dict)  # seq_len -> planned peak bytes (every probe)
     tp: int = 1
 
@@ -140,6 +142,7 @@ def longest_sequence(
     granule: int,
     tp: int = 1,
     host_fits: Callable[[Mesh], bool] | None = None,
+    ceiling: int | None = None,
 ) -> Longest:
     """The longest multiple of `granule` whose step fits on a (dp, cp, tp) mesh. The peak is flat while
     the optimizer step sets it (short lengths), then grows about linearly with the length (flash
@@ -147,8 +150,10 @@ def longest_sequence(
     that fit, at most 8 times the last, until one does not; narrow: false position between the
     longest that fits and the shortest that does not, bisecting when the same end moves twice.
     Ends when a length fits and the next one up does not. host_fits(mesh), asked after its peak is
-    planned: whether the node's host memory holds the mesh's offloaded tensors too (None: yes)."""
+    planned: whether the node's host memory holds the mesh's offloaded tensors too (None: yes).
+    ceiling: the longest length planned (lwm.train.plan.bounds); where it fits, it is the answer."""
     points: dict[int, int] = {}
+    top = ceiling // granule if ceiling else None
 
     def peak(n: int) -> int:
         s = n * granule
@@ -168,12 +173,15 @@ def longest_sequence(
         slope = (peak(b) - peak(a)) / (b - a)
         return a + (limit - peak(a)) / slope if slope > 0 else float("inf")
 
-    below, lo, hi, n = 1, 1, None, 4
+    below, lo, hi, n = 1, 1, None, 4 if top is None else min(4, top)
     while hi is None:  # bracket
+        if n == lo:  # the ceiling fits: nothing longer is planned
+            return Longest(cp, dp, lo * granule, None, points, tp)
         if fits(n):
             below, lo = lo, n
             n = int(min(toward_limit(below, lo), 8 * lo))
             n = max(n, lo + max(1, lo // 4))
+            n = n if top is None else min(n, top)
         else:
             hi = n
     moved = 0  # +k: lo moved k times running, -k: hi did
