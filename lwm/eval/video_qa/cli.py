@@ -117,7 +117,7 @@ def _seconds(item: Item, probed: dict) -> float | None:
     """The item's length in seconds: as given, or for a named duration ("long") the file's, read from its header."""
     if isinstance(item.duration, (int, float)):
         return float(item.duration)
-    if item.video is None:
+    if item.video is None or item.error is not None:  # a failed item's file is never opened
         return None
     if item.video not in probed:
         probed[item.video] = probe_seconds(item.video)

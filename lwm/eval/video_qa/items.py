@@ -29,7 +29,8 @@ class ItemError(ValueError):
         self.kind = kind
 
 
-VIDEO_ERRORS = ("video_missing", "video_unreadable", "codes", "vqgan")  # the kinds of a video that could not be read
+# the kinds of a video that could not be read
+VIDEO_ERRORS = ("video_missing", "video_outside", "video_unreadable", "codes", "vqgan")
 
 
 @dataclass
@@ -41,6 +42,8 @@ class Item:
     answer_index: int | None = None
     video: str | None = None  # a file path, resolved
     video_key: str | None = None  # a video id (videoID / vision): cached codes, or --video-dir/<id>.mp4
+    # The folders `video` must stay in, links and `..` followed (confine_video); () for an item built in code.
+    video_roots: tuple[str, ...] = ()
     duration: float | str | None = None  # seconds, or a bucket name as given
     task: str | None = None  # the question's kind (its benchmark's task field, or kind), for a breakdown
     benchmark: str | None = None  # its benchmark's name in lwm.eval.video_qa.benchmarks; None for the plain form
@@ -144,6 +147,27 @@ def video_file(folder, name: str) -> str:
         if Path(f"{base}{ext}").is_file():
             return f"{base}{ext}"
     return f"{base}{VIDEO_EXTENSIONS[0]}"
+
+
+def confine_video(item: Item) -> None:
+    """Marks an item failed ("video_outside") whose video leads out of its roots (an absolute path, `..` or
+    a symlink elsewhere): a data file names videos in its folders, never a file anywhere on the machine.
+    Nothing is opened; the real path is where the bytes would come from, as the code store's ids are checked."""
+    if item.error is not None or item.video is None or not item.video_roots:
+        return
+    try:
+        real = Path(item.video).resolve()
+        roots = [Path(r).resolve() for r in item.video_roots]
+    except (OSError, RuntimeError) as e:  # a symlink loop
+        item.error, item.error_kind = f"video {item.video}: cannot resolve it: {e}", "video_outside"
+        return
+    if not any(real.is_relative_to(r) for r in roots):
+        shown = " or ".join(str(r) for r in item.video_roots)
+        item.error = (
+            f"item {item.id}: video {item.video} leads to {real}, outside {shown}; a video is a file in the data's "
+            "video folder (--video-dir, or the data file's own), never a path out of it (absolute, '..' or a symlink)"
+        )
+        item.error_kind = "video_outside"
 
 
 def text_field(obj: dict, key: str, required: bool = True) -> str | None:

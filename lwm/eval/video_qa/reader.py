@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from lwm.eval.video_qa.benchmarks import BENCHMARKS, benchmark_of, read_entry, skipped
-from lwm.eval.video_qa.items import Item, check_unique_ids
+from lwm.eval.video_qa.items import Item, check_unique_ids, confine_video
 from lwm.io import JsonlError, lines
 
 
@@ -38,6 +38,7 @@ class Reader:
         grouped = isinstance(obj, dict) and isinstance(obj.get("questions"), list)
         for k, item in enumerate(items):
             item.where = f"{item_id}.{k + 1}" if grouped else item_id
+            confine_video(item)  # before anything opens it: a failure of its own, the batch goes on
         return items
 
     def _one(self, obj, item_id: str, source: Path) -> list[Item]:

@@ -62,6 +62,7 @@ def items(row: dict, item_id: str, source: Path, video_dir, subtitle_dir) -> lis
         path = text_field(row, "video_path")
         item.video_key = Path(path).stem
         item.video = str(Path(video_dir) / path) if video_dir is not None else path
+        item.video_roots = (str(video_dir),) if video_dir is not None else ()
         if subtitle_dir is not None and row.get("subtitle_path"):
             item.subtitles = str(Path(subtitle_dir) / str(row["subtitle_path"]))
             item.subtitle_offset = float(row.get("starting_timestamp_for_subtitles") or 0.0)

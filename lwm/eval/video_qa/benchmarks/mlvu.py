@@ -61,6 +61,7 @@ def items(obj: dict, item_id: str, source: Path, video_dir, subtitle_dir) -> lis
         by_task = folder / source.stem / name
         item.video = str(by_task if by_task.is_file() or not (folder / name).is_file() else folder / name)
         item.video_key = Path(name).stem
+        item.video_roots = (str(folder),)
         item.question, item.answer = text_field(obj, "question"), text_field(obj, "answer")
         raw = obj.get("candidates")
         if not isinstance(raw, list) or len(raw) < 2 or not all(isinstance(c, str) and c.strip() for c in raw):

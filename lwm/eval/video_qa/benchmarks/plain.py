@@ -50,10 +50,12 @@ def parse_item(obj, item_id: str, base_dir: Path, video_dir: Path | None = None)
     if isinstance(video, str) and video.strip():
         path = Path(video.strip()).expanduser()
         item.video = str(path if path.is_absolute() else base_dir / path)
+        item.video_roots = (str(base_dir),) + ((str(video_dir),) if video_dir is not None else ())
     elif isinstance(key, str) and key.strip():
         item.video_key = key.strip()
         if video_dir is not None:
             item.video = video_file(video_dir, item.video_key)
+            item.video_roots = (str(video_dir),)
     else:
         raise ItemError("malformed", "no video: expected 'video' (a path) or 'videoID' (with --video-dir)")
     return item

@@ -120,6 +120,7 @@ def read_question(row: dict, item_id: str, video_dir, subtitle_dir) -> Item:
         item.video_key = vid.strip()
         if video_dir is not None:
             item.video = video_file(video_dir, item.video_key)
+            item.video_roots = (str(video_dir),)
         if subtitle_dir is not None:
             item.subtitles = str(Path(subtitle_dir) / f"{item.video_key}.srt")
         item.question, item.answer = text_field(row, "question"), text_field(row, "answer")
