@@ -118,3 +118,19 @@ def test_loader_workers_and_the_index_folder_give_the_same_batches(tmp_path):
     plain = batches(0)
     for other in (batches(2), batches(0, tmp_path / "idx")):
         assert all(torch.equal(a[k], b[k]) for a, b in zip(plain, other) for k in a)
+
+
+def test_a_stopped_run_resumes_with_on_changed_source_after_its_source_changed(tmp_path, monkeypatch, capsys):
+    """The refusal of a changed source says to rerun with data.on_changed_source=restart_epoch: that rerun is
+    the same run, not another."""
+    source = tmp_path / "docs.jsonl"
+    line = json.dumps({"text": "the red circle moves left and the blue square moves right"}) + "\n"
+    source.write_text(line * 12)
+    data = ["data=custom", "data.tokenizer=data/sample/tokenizer.model"]
+    data += [f"data.sources={{text: {{path: {source}, fields: text}}}}", *SHORT]
+    out = tmp_path / "run"
+    code, text = main(monkeypatch, capsys, out, *data, "stop_at_step=1")
+    assert code == 4, text[-3000:]
+    source.write_text(line * 16)
+    code, text = main(monkeypatch, capsys, out, *data, "data.on_changed_source=restart_epoch")
+    assert code == 0 and "holds another run" not in text and "planned again" in text, text[-3000:]

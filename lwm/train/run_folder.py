@@ -71,6 +71,7 @@ RUN_ONLY = (
     "data.num_workers",
     "data.index_workers",
     "data.index_dir",
+    "data.on_changed_source",  # what a resume does when a source changed: asked for on the rerun
     "data.strict",
     "data.max_skipped_fraction",
 )
