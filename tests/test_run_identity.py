@@ -36,6 +36,9 @@ def test_only_what_changes_the_weights_differs():
         "data": {"num_workers": 0, "index_workers": 1, "index_dir": "/tmp/idx", "seed": 0},
     }
     assert differences(old, new) == []
+    # what a rerun does about a changed source or a non-finite step: policies its refusals name
+    policies = {"data": {**old["data"], "on_changed_source": "restart_epoch"}, "optim": {"max_nonfinite_steps": 3}}
+    assert differences({**old, "optim": {"max_nonfinite_steps": 0}}, {**old, **policies}) == []
     assert differences(old, {**new, "model": {**new["model"], "dim": 128}}) == ["model.dim: 64 -> 128"]
     assert differences(old, {**new, "data": {**new["data"], "seed": 1}}) == ["data.seed: 0 -> 1"]
 

@@ -72,6 +72,7 @@ RUN_ONLY = (
     "data.index_workers",
     "data.index_dir",
     "data.on_changed_source",  # what a resume does when a source changed: asked for on the rerun
+    "optim.max_nonfinite_steps",  # finite steps train alike; a rerun of a run it stopped (exit 5) may ask for it
     "data.strict",
     "data.max_skipped_fraction",
 )
