@@ -55,6 +55,11 @@ Shown elsewhere (tests/test_train.py and tests/test_train_parallel.py unless nam
                          memory; Lightning leaves them there; the planner's host memory, copies and CPU
                          optimizer time), tests/test_train_parallel.py (a tp 2 x cp 2 resume with it on is
                          bit-identical), tests/test_gpu.py (pinned host memory on a GPU)
+  optim.max_nonfinite_steps
+                         tests/test_guard.py (0: exit 5 at the first non-finite step; 2: two steps skipped
+                         with weights and AdamW's state unchanged, the third stops the stage)
+  data.on_changed_source tests/test_data_changed.py (refuse: a changed source refused on resume naming it;
+                         restart_epoch: the epoch's plan from its first batch), tests/test_run_identity.py
   parallel.document_mask, data.positions
                          tests/test_documents.py (the packed batch equals its examples one by one;
                          off, it does not; positions restart per example; their default follows the mask)
