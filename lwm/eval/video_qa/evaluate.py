@@ -34,7 +34,7 @@ def run_video_qa(
     lwm.infer.Generator (or anything with .score/.generate and .group); source: a VideoSource (or
     anything with .load(item) -> (codes, info)), used on the group's first rank only; on_record(record)
     is called on rank 0 (lwm.ranks.is_rank0: the rank that writes and prints) as each item finishes.
-    Items may also be JSON objects (parsed here, paths relative to the working directory). An id given
+    Items may also be JSON objects (parsed here, paths relative to the working directory and kept in it). An id given
     twice raises DuplicateIdError (a ValueError) before any item is evaluated. Ctrl-C stops early with
     what was done."""
     bad = [m for m in methods if m not in METHODS]
