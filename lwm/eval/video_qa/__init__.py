@@ -24,9 +24,9 @@ JSONs, or the plain form, JSON lines, one question each,
     {"video": "clips/a.mp4", "question": "What color is the circle?", "options": ["Red.", "Cyan."],
      "answer": "Cyan.", "duration": 95}
 
-(`video` relative to the file's folder, or absolute inside it or --video-dir; `options` optional; `answer` an option's letter or
-its text (lwm.eval.video_qa.items says how it is matched); `duration` in seconds or a bucket name; `id`
-optional; `videoID` or `vision` name a video as --video-dir/<id>.mp4 or cached codes; a line may hold a
+(`video` relative to the file's folder, or absolute inside it or --video-dir; `options` optional;
+`answer` an option's letter or its text (lwm.eval.video_qa.items says how it is matched); `duration` in
+seconds or a bucket name; `id` optional; `videoID` or `vision` name a video as --video-dir/<id>.mp4 or cached codes; a line may hold a
 video with a list of `questions`, and a .json file a list of such objects). With --subtitles, the
 benchmark's with-subtitles setting (its module in lwm.eval.video_qa.benchmarks).
 

@@ -87,7 +87,8 @@ def check_step(mesh: Mesh, model: ModelConfig, what: str) -> None:
         raise ValueError(
             f"{what}: {steps} ring steps a step (3 passes x {model.n_layers} layers x cp {mesh.cp} x "
             f"{max(1, model.attn_head_groups)} head groups), more than the {MAX_RING_STEPS} the planner runs in "
-            "minutes (each step's ops run one by one under fake tensors); a smaller --cp or fewer model.attn_head_groups"
+            "minutes (each step's ops run one by one under fake tensors); a smaller --cp or fewer "
+            "model.attn_head_groups"
         )
     passes = chunk_passes(mesh, model)
     if passes > MAX_CHUNK_PASSES:

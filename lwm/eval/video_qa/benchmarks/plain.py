@@ -1,8 +1,8 @@
 """The plain form, this project's own: JSON lines (or a .json list), one question each,
 `{video, question, options?, answer, duration?}`, or a video with a list of `questions` that inherit its
-fields. `video` is relative to the file's folder, or absolute inside it or --video-dir; `videoID` or `vision` name a video as
---video-dir/<id>.mp4 or cached codes; `answer` an option's letter or its text (lwm.eval.video_qa.items
-says how it is matched); `duration` seconds or a bucket name; `task_type` or `kind` its task; `id` or
+fields. `video` is relative to the file's folder, or absolute inside it or --video-dir; `videoID` or
+`vision` name a video as --video-dir/<id>.mp4 or cached codes; `answer` an option's letter or its text
+(lwm.eval.video_qa.items says how it is matched); `duration` seconds or a bucket name; `task_type` or `kind` its task; `id` or
 `question_id` optional. A question already written in the letter form is cut back to the bare question.
 
 Prompt: "{question} A. ... B. ... Answer with the letter." (lwm.data.choices, the training form);
