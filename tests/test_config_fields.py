@@ -472,7 +472,7 @@ def test_world_size_counts_nodes_and_global_batch_is_split():
 def test_trainer_fields_in_a_run(frozen_run, learning_run):
     assert metrics(frozen_run, key="perf/mfu")  # peak_tflops > 0
     assert not metrics(learning_run, key="perf/mfu")  # peak_tflops 0: not logged
-    assert sorted(metrics(learning_run)) == [2, 5, 8]  # log_every 3
+    assert sorted(metrics(learning_run)) == [2, 5, 8, 9]  # log_every 3, and the stage's last step
     ckpt = torch.load(learning_run / "a" / "checkpoints" / "last.ckpt", weights_only=False)
     assert ckpt["global_step"] == 10  # kept (keep_checkpoints): saved again at the end of the stage
     assert json.loads((learning_run / "saved_steps.json").read_text()) == [4, 8, 10]  # checkpoint_every 4

@@ -22,7 +22,7 @@ INDIRECT = {
 INDIRECT_DEV = {"ruff": "tests/test_style.py runs it as a program (python -m ruff)"}
 # Installed by the README's test command without its requirements (pip install --no-deps): its full list pins
 # antlr4-python3-runtime 4.7.2, which Hydra cannot use. What it imports when it runs lwm is the lmms extra.
-NO_DEPS = {"lmms-eval": {"lwm/eval/lmms.py", "tests/test_lmms.py"}}
+NO_DEPS = {"lmms-eval": {"lwm/eval/lmms.py", "lwm/eval/lmms_run.py", "tests/test_lmms.py", "tests/test_lmms_exit.py"}}
 # Import names of packages that may be absent here (a platform marker), by distribution.
 KNOWN = {"decord": "decord"}
 
