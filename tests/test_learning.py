@@ -16,8 +16,8 @@ from lwm.synth import make_retrieval
 from lwm.train.run import run_schedule
 
 ROOT = Path(__file__).resolve().parent.parent
-STEPS = 250  # the short video stage (test_debug_model_learns_visual_needles_from_chance)
-D2_STEPS, D2_LR = 1000, 5e-3  # the needle extension's first stage, short
+STEPS = 150  # the short video stage (test_debug_model_learns_visual_needles_from_chance)
+D2_STEPS, D2_LR = 600, 5e-3  # the needle extension's first stage, short
 
 
 def test_debug_model_learns_retrieval_from_chance_to_90_percent(tmp_path):
@@ -66,8 +66,8 @@ def test_debug_model_learns_retrieval_from_chance_to_90_percent(tmp_path):
 def test_debug_model_learns_visual_needles_from_chance(tmp_path):
     """The video demo's first stage, short (docs/demos.md, "Video demo"): videos of 2-3 frames of the
     tiny VQGAN's codes (257 tokens each) with a colored card at a random depth, asked "What color is
-    the card in the video?". 100 held-out videos: none answered before training, at least 80% after
-    STEPS steps (measured 98% for trainer.seed 0, 74% after 150 steps; about 50 s)."""
+    the card in the video?". 100 held-out videos: none answered before training, at least half after
+    STEPS steps (measured 74% for trainer.seed 0, 98% after 250 steps; about 80 s on one thread)."""
     from lwm.synth import make_vniah
 
     data = tmp_path / "vniah"
@@ -82,15 +82,15 @@ def test_debug_model_learns_visual_needles_from_chance(tmp_path):
     probe = first_stage_probe(cfg, "vniah6", data / "train.jsonl", seq_len=1024, steps=STEPS)
     assert probe["start"]["answers"] == probe["end"]["answers"] == 100
     assert probe["start"]["accuracy"] <= 0.2, probe
-    assert probe["end"]["accuracy"] >= 0.8, probe
+    assert probe["end"]["accuracy"] >= 0.5, probe
 
 
 def test_needle_extension_model_learns_two_digit_needles_from_chance(tmp_path):
     """The needle extension's first stage, short (docs/demos.md, "Needle extension"): its model (the
     debug model with a key head per query head) and its first step of the digit curriculum, 2-digit
     needles in 64-80-token prompts of the text without numbers. 100 held-out prompts: none answered
-    before training (chance 1%), at least half after D2_STEPS steps at D2_LR (measured 83% for
-    trainer.seed 0, 66% after 800 steps, 0% at lr 1e-2; about 90 s on one thread)."""
+    before training (chance 1%), at least 40% after D2_STEPS steps at D2_LR (measured 65% for
+    trainer.seed 0; 3% after 400 steps, 83% after 1000; 0% at lr 1e-2; about 80 s on one thread)."""
     data = tmp_path / "d2"
     make_retrieval.main(
         ["--out", str(data), "--form", "chat", "--needles", "1", "--ask", "1", "--digits", "2"]
@@ -105,7 +105,7 @@ def test_needle_extension_model_learns_two_digit_needles_from_chance(tmp_path):
     probe = first_stage_probe(cfg, "d2", data / "train.jsonl", seq_len=80, steps=D2_STEPS, lr=D2_LR)
     assert probe["start"]["answers"] == probe["end"]["answers"] == 100
     assert probe["start"]["accuracy"] <= 0.05, probe
-    assert probe["end"]["accuracy"] >= 0.5, probe
+    assert probe["end"]["accuracy"] >= 0.4, probe
 
 
 def first_stage_probe(cfg, source: str, train: Path, **stage) -> dict:
