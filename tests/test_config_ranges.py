@@ -19,7 +19,7 @@ from lwm.train.entry import to_run_config
 RANGES = [
     (["schedule.stages.0.lr=inf"], r"schedule.stages\[0\].lr: expected a finite number, got inf"),
     (["schedule.stages.0.lr=nan"], r"schedule.stages\[0\].lr: expected a finite number, got nan"),
-    (["schedule.stages.0.lr=-0.001"], r"stage 'a': lr must be a finite number >= 0, got -0.001"),
+    (["schedule.stages.0.lr=-0.001"], r"stage 'a': lr must be a finite number >= 0 within float32's range, got -0.001"),
     (["schedule.stages.1.rope_theta=nan"], r"schedule.stages\[1\].rope_theta: expected a finite number, got nan"),
     (["schedule.stages.0.rope_theta=0"], r"stage 'a': rope_theta must be a finite number > 0, got 0.0"),
     (["+schedule.stages.0.min_lr_ratio=-5"], r"stage 'a': min_lr_ratio must lie in \[0, 1\], got -5.0"),
@@ -41,6 +41,7 @@ RANGES = [
     (["trainer.seed=-1"], r"trainer.seed must lie in \[0, 4294967295\], got -1"),
     (["trainer.seed=4294967296"], r"trainer.seed must lie in \[0, 4294967295\], got 4294967296"),
     (["trainer.peak_tflops=nan"], r"trainer.peak_tflops: expected a finite number, got nan"),
+    (["schedule.stages.0.lr=1e39"], r"stage 'a': lr must be a finite number >= 0 within float32's range, got 1e\+39"),
 ]
 
 

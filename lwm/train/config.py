@@ -21,6 +21,8 @@ from lwm.parallel.layout import LAYOUTS
 from lwm.train.lr import SCHEDULES
 from lwm.writes import FolderRefused, check_output_folder
 
+FLOAT32_MAX = 3.4028234663852886e38  # the largest float32: AdamW's arithmetic on the parameters
+
 
 @dataclass
 class StageConfig:
@@ -41,9 +43,12 @@ class StageConfig:
         for name in ("seq_len", "steps", "cp", "batch_size"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"stage {self.name!r}: {name} must be positive, got {getattr(self, name)}")
-        # lr 0: steps that change no weight (a check of a start); `not` below refuses nan too
-        if not (math.isfinite(self.lr) and self.lr >= 0):
-            raise ValueError(f"stage {self.name!r}: lr must be a finite number >= 0, got {self.lr}")
+        # lr 0: steps that change no weight (a check of a start); `not` below refuses nan too; AdamW
+        # multiplies in the parameters' float32, where an lr past its range is no number
+        if not (math.isfinite(self.lr) and 0 <= self.lr <= FLOAT32_MAX):
+            raise ValueError(
+                f"stage {self.name!r}: lr must be a finite number >= 0 within float32's range, got {self.lr}"
+            )
         if not (math.isfinite(self.rope_theta) and self.rope_theta > 0):
             raise ValueError(f"stage {self.name!r}: rope_theta must be a finite number > 0, got {self.rope_theta}")
         if not 0 <= self.min_lr_ratio <= 1:  # the cosine's floor, a share of lr
