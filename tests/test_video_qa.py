@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from char_tokenizer import Tok  # the tests' helper: tests/char_tokenizer.py
 from tables import squeeze
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -236,21 +237,6 @@ def test_buckets():
 
 
 # ------------------------------------------------------------------------------------ scoring with stubs
-
-
-class Tok:
-    """A character tokenizer (ids 3..130), enough for the stubs to read prompts back."""
-
-    bos_id, eos_id, vocab_size = 1, 2, 131
-
-    def encode(self, text):
-        return [3 + min(ord(c), 127) for c in text]
-
-    def decode(self, ids):
-        return "".join(chr(i - 3) for i in ids if 3 <= i < self.vocab_size)
-
-    def with_bos(self, ids):
-        return [self.bos_id, *ids]
 
 
 class StubSource:
