@@ -29,6 +29,33 @@ def test_a_short_stage_logs_its_last_step_and_the_summary_its_losses(tmp_path, m
     assert f"  loss a        step 3: {float(row['train/loss']):.4f} (text {float(row['train/text_loss']):.4f})" in out
 
 
+def test_each_row_has_its_own_steps_kind_losses(tmp_path, monkeypatch, capsys):
+    """The sample's captions in both directions: a step whose examples give video targets has a vision
+    loss, one whose examples do not has none. Lightning keeps a key's last value for a step that does
+    not log it, so a step without video targets showed the previous step's vision loss (the row's loss
+    equal to its text loss beside it). With LWM's weights 0.5 / 0.5 the row's loss is the mean of its
+    kinds' losses, or the one kind's it had (1e-4)."""
+    code, out, err = main_in_process(
+        monkeypatch, capsys, tmp_path, "stage_only=a", "schedule.stages.0.sources=[captions,text]",
+        "schedule.stages.0.seq_len=2048", "schedule.stages.0.batch_size=1", "schedule.stages.0.steps=8",
+    )  # fmt: skip
+    assert code == 0, err[-3000:]
+    rows = [r for r in csv.DictReader(open(tmp_path / "a" / "logs" / "metrics.csv")) if r.get("train/loss")]
+    assert len(rows) == 8
+    kinds = {"text": 0, "vision": 0, "both": 0}
+    for r in rows:
+        loss, text, vision = (
+            float(r[k]) if r.get(k) else None for k in ("train/loss", "train/text_loss", "train/vision_loss")
+        )
+        if text is not None and vision is not None:
+            kinds["both"] += 1
+            assert loss == pytest.approx((text + vision) / 2, rel=1e-4), r
+        else:
+            kinds["text" if vision is None else "vision"] += 1
+            assert loss == pytest.approx(text if vision is None else vision, rel=1e-4), r
+    assert kinds["both"] and kinds["text"], kinds  # seed 0: 6 steps with video targets, 2 without
+
+
 def test_text_and_vision_losses_are_each_kinds_mean():
     """Losses.kinds, summed over ranks, give each kind's mean cross entropy; with LWM's 0.5 / 0.5
     the step's loss is their mean."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import resource
 import sys
 import time
@@ -14,11 +15,33 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
-from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 from lwm.model import ModelConfig
 from lwm.ranks import is_rank0
 from lwm.writes import write_atomic
+
+# each kind's mean cross entropy, logged every step: nan where the step has no target of the kind
+KIND_LOSSES = ("train/text_loss", "train/vision_loss")
+
+
+def present(metrics: dict) -> dict:
+    """The metrics without a kind's loss the step has none of (nan): its cell stays empty."""
+    return {k: v for k, v in metrics.items() if not (k in KIND_LOSSES and math.isnan(float(v)))}
+
+
+class MetricsCSV(CSVLogger):
+    """metrics.csv, a row every trainer.log_every steps; a kind's loss only where the step had it."""
+
+    def log_metrics(self, metrics: dict, step: int | None = None) -> None:
+        super().log_metrics(present(metrics), step)
+
+
+class MetricsTensorBoard(TensorBoardLogger):
+    """TensorBoard's scalars; a kind's loss only where the step had it."""
+
+    def log_metrics(self, metrics: dict, step: int | None = None) -> None:
+        super().log_metrics(present(metrics), step)
 
 
 def flops_per_token(config: ModelConfig, seq_len: int) -> float:
@@ -155,7 +178,7 @@ class MetricHistory(L.Callback):
         connector = trainer._logger_connector
         if not connector.should_update_logs:
             return None
-        values = {k: float(v) for k, v in connector.metrics["log"].items()}
+        values = {k: float(v) for k, v in present(connector.metrics["log"]).items()}
         if not values:
             return None
         step = trainer.fit_loop.epoch_loop._batches_that_stepped  # the step Lightning will log the row at

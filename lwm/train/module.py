@@ -15,6 +15,7 @@ before the optimizer step; weights that are not finite are never checkpointed no
 from __future__ import annotations
 
 import copy
+import math
 from typing import Callable
 
 import lightning as L
@@ -37,6 +38,7 @@ from lwm.parallel import (
 )
 from lwm.ranks import is_rank0
 from lwm.train import rng
+from lwm.train.callbacks import KIND_LOSSES
 from lwm.train.config import OptimConfig, ParallelConfig, StageConfig
 from lwm.train.console import say
 from lwm.train.step import NonFiniteStep, batch_loss, build_optimizer, kind_losses, train_step
@@ -157,11 +159,10 @@ class LWMModule(L.LightningModule):
             guard=self._guard,
         )
         self.log("train/loss", metrics.loss, prog_bar=True, sync_dist=self.trainer.world_size > 1)
-        text, vision = kind_losses(self._kinds)  # the same on every rank: no key is logged by some only
-        if text is not None:
-            self.log("train/text_loss", text)
-        if vision is not None:
-            self.log("train/vision_loss", vision)
+        # the same on every rank; both every step, since a key a step does not log keeps its last value in
+        # Lightning's rows: nan for a kind without targets, a cell the loggers leave empty (callbacks.present)
+        for key, value in zip(KIND_LOSSES, kind_losses(self._kinds)):
+            self.log(key, math.nan if value is None else value)
         self.log("train/lr", metrics.lr)
         self.log("train/grad_norm", metrics.grad_norm)
         if self.optim.max_nonfinite_steps:

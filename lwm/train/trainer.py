@@ -7,12 +7,11 @@ from datetime import timedelta
 
 import lightning as L
 import torch
-from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 from lwm.parallel.dims import ParallelDims
 from lwm.parallel.mesh import lightning_sizes
 from lwm.stage_folder import LOGS, TB, StageFolder
-from lwm.train.callbacks import MetricHistory, PeakMemory, StageProgress, Throughput
+from lwm.train.callbacks import MetricHistory, MetricsCSV, MetricsTensorBoard, PeakMemory, StageProgress, Throughput
 from lwm.train.checkpointing import AtomicCheckpointIO, AtomicModelParallelStrategy, StageCheckpoint
 from lwm.train.config import RunConfig, StageConfig, TrainerConfig
 from lwm.train.module import LWMModule
@@ -56,8 +55,8 @@ def build_trainer(
         max_steps=min(stage.steps, cfg.stop_at_step or stage.steps),  # validate: >= 1 or None
         log_every_n_steps=cfg.trainer.log_every,
         logger=[
-            CSVLogger(folder.path.parent, name=folder.path.name, version=LOGS),
-            TensorBoardLogger(folder.path.parent, name=folder.path.name, version=TB),
+            MetricsCSV(folder.path.parent, name=folder.path.name, version=LOGS),
+            MetricsTensorBoard(folder.path.parent, name=folder.path.name, version=TB),
         ],
         callbacks=[
             StageCheckpoint(
