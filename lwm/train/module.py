@@ -176,8 +176,9 @@ class LWMModule(L.LightningModule):
         to skip; the loss is still watched."""
         scaler = getattr(self.trainer.precision_plugin, "scaler", None)
         watched = [loss] if scaler is not None else [loss, norm]
-        bad = sum(float(not torch.isfinite(t).all()) for t in watched)
-        agreed = self.trainer.strategy.reduce(torch.cat([kinds.float(), kinds.new_tensor([bad])]), reduce_op="sum")
+        # judged on the device: the decision below is the step's one host sync
+        bad = torch.stack([(~torch.isfinite(t)).any().to(kinds.device) for t in watched]).any()
+        agreed = self.trainer.strategy.reduce(torch.cat([kinds.float(), bad.float().reshape(1)]), reduce_op="sum")
         self._kinds = agreed[:4]
         if not agreed[4].item():
             return True
