@@ -4,7 +4,7 @@ import os
 import comm_contract
 import pytest
 import torch
-from train_runs import losses, train
+from train_runs import TRAIN_IMPORTS, forked_train, losses
 
 import lwm.parallel.launch as launch
 
@@ -21,6 +21,9 @@ def _checked_run_distributed(fn, world_size: int, *args, **kwargs) -> list:
 
 # Replaced before the test modules are imported, so their `from lwm.parallel.launch import run_distributed` gets it
 launch.run_distributed = _checked_run_distributed
+# One fork server a test process: whichever of run_distributed and train_runs.forked_train starts it first,
+# it imports what both fork
+launch.FORKSERVER_PRELOAD = [*launch.FORKSERVER_PRELOAD, *TRAIN_IMPORTS]
 
 if os.environ.get("PYTEST_XDIST_WORKER"):  # under -n 2: one core per worker, and the processes it starts
     # OpenMP threads spin while they wait for one another; two workers' threads on two cores spin more than they work
@@ -91,7 +94,7 @@ def spm_model(tmp_path_factory):
 def reference(tmp_path_factory):
     """stage a of one process: the losses every parallel run must give."""
     out = tmp_path_factory.mktemp("cp1")
-    train(out, "stage_only=a")
+    forked_train(out, "stage_only=a")
     return losses(out)
 
 

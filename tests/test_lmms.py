@@ -95,6 +95,18 @@ def setup(tmp_path_factory):
 
 
 def run_lmms_eval(setup, task: str, extra: str = "", log: list | None = None) -> tuple[dict, list[dict]]:
+    """`python -m lmms_eval` with the lwm model on a task: (results, samples by doc_id). A run is made once
+    per module: the tests that compare with one process's run share it."""
+    runs = setup.setdefault("runs", {})
+    if (task, extra) not in runs:
+        runs[task, extra] = _run_lmms_eval(setup, task, extra)
+    output, results, samples = runs[task, extra]
+    if log is not None:
+        log.append(output)
+    return results, samples
+
+
+def _run_lmms_eval(setup, task: str, extra: str) -> tuple[str, dict, list[dict]]:
     root = setup["root"]
     out = root / f"out_{task}{''.join(c for c in extra if c.isalnum())}"
     env = {**os.environ, "HF_HOME": str(root / "hf_home"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
@@ -104,11 +116,9 @@ def run_lmms_eval(setup, task: str, extra: str = "", log: list | None = None) ->
     proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
     found = list(out.rglob("*_results.json"))  # lmms-eval logs an error and exits 0: no results file says it
     assert proc.returncode == 0 and found, (proc.stdout + proc.stderr)[-4000:]
-    if log is not None:
-        log.append(proc.stdout + proc.stderr)
     results = json.loads(found[0].read_text())
     samples = [json.loads(line) for line in next(out.rglob(f"*_samples_{task}.jsonl")).read_text().splitlines()]
-    return results, sorted(samples, key=lambda s: int(s["doc_id"]))
+    return proc.stdout + proc.stderr, results, sorted(samples, key=lambda s: int(s["doc_id"]))
 
 
 def lwm_reference(setup):

@@ -23,7 +23,7 @@ import pytest
 import torch
 from readme_commands import readme_command
 from safetensors.torch import load_file
-from train_runs import DEBUG, ROOT, STOPPED, losses, train
+from train_runs import DEBUG, ROOT, STOPPED, forked_train, losses
 
 CLUSTER = ROOT / "scripts" / "slurm" / "local-cluster.sh"
 STEPS = 20  # stage a: long enough to be stopped at a random step; stage b keeps its 4
@@ -142,8 +142,10 @@ def reference(cluster, tmp_path_factory) -> Path:
 
 
 def test_srun_two_tasks_equal_one_node(reference, tmp_path):
-    """srun's two tasks (Lightning's SLURM environment) log the losses of Lightning's own two processes."""
-    train(tmp_path, *SMALL[len(DEBUG) :], "trainer.devices=2", "+schedule.stages.0.cp=2", "+schedule.stages.1.cp=2")
+    """srun's two tasks (Lightning's SLURM environment) log the losses of two processes started as torchrun
+    starts them."""
+    two = ("trainer.devices=2", "+schedule.stages.0.cp=2", "+schedule.stages.1.cp=2")
+    forked_train(tmp_path, *SMALL[len(DEBUG) :], *two, ranks=2)
     for stage in ("a", "b"):
         want, got = losses(tmp_path, stage), losses(reference, stage)
         assert sorted(got) == sorted(want)

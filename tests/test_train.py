@@ -19,7 +19,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
-from train_runs import DEBUG, ROOT, STOPPED, losses, main_in_process, train
+from train_runs import DEBUG, ROOT, STOPPED, forked_train, losses, main_in_process, train
 
 from lwm.checkpoint_io import load_verified
 from lwm.train.config import validate
@@ -161,7 +161,7 @@ def test_unknown_config_name(tmp_path, monkeypatch, capsys):
 def test_resume_gives_the_same_losses(tmp_path, reference, monkeypatch, capsys):
     """Stopped at step 5 (after a periodic checkpoint at 3): a flipped byte in last.ckpt is refused on
     resume, exit 2 naming it; the intact one resumes to the uninterrupted losses, every row kept."""
-    train(tmp_path, "stage_only=a", "stop_at_step=5", "trainer.checkpoint_every=3", expect=STOPPED)
+    forked_train(tmp_path, "stage_only=a", "stop_at_step=5", "trainer.checkpoint_every=3", expect=STOPPED)
     last = tmp_path / "a" / "checkpoints" / "last.ckpt"
     assert last.exists() and not (tmp_path / "a" / "final.safetensors").exists()
     assert load_verified(last)["global_step"] == 5  # the stop's own, not the periodic one of step 3
@@ -172,7 +172,7 @@ def test_resume_gives_the_same_losses(tmp_path, reference, monkeypatch, capsys):
         code, err = _main_exit(patch, capsys, tmp_path, "stage_only=a", "resume=true")
     assert code == 2 and f"{last} does not match its checksum" in err, err[-3000:]
     last.write_bytes(good)
-    proc = train(tmp_path, "stage_only=a", "resume=true")
+    proc = forked_train(tmp_path, "stage_only=a", "resume=true")
     got = losses(tmp_path)
     assert sorted(got) == list(range(10))  # the rows from before the stop are kept, through the refused resume too
     for step in range(10):
@@ -196,7 +196,7 @@ def test_output_one_line_per_stage_and_one_checkpoint(tmp_path):
     assert not (tmp_path / "needle").exists()  # evaluate.lengths=null: no evaluation after the run
     for stage in "ab":
         assert (tmp_path / stage / "final.safetensors").exists() and not (tmp_path / stage / "checkpoints").exists()
-    proc = train(
+    proc = forked_train(
         tmp_path / "keep",
         "stage_only=a",
         "trainer.checkpoint_every=3",
@@ -256,7 +256,7 @@ def test_first_stage_from_hugging_face(tmp_path):
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(hf_dir)
     out = tmp_path / "run"
-    train(
+    forked_train(
         out,
         "stage_only=a",
         f"schedule.init_hf={hf_dir}",
@@ -394,7 +394,7 @@ def test_a_kill_inside_a_checkpoint_write_loses_nothing(tmpfs, reference):
     checkpoints = out / "a" / "checkpoints"
     assert 0 < (checkpoints / "last.ckpt.tmp").stat().st_size < (checkpoints / "last.ckpt").stat().st_size
     assert load_verified(checkpoints / "last.ckpt")["global_step"] == 2  # the first, intact
-    train(out, *args, "resume=true")
+    forked_train(out, *args, "resume=true")
     got = losses(out)
     assert set(range(2, 10)) <= set(got) and (out / "a" / "final.safetensors").exists()
     for step, loss in got.items():

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from train_runs import DEBUG, ROOT, STOPPED, losses, train
+from train_runs import DEBUG, ROOT, STOPPED, forked_train, losses, train
 
 from lwm.interop.hf import from_hf
 
@@ -54,7 +54,7 @@ def test_tensor_parallel_runs_exports_and_resumes(tmp_path, reference):
     global batch."""
     args = ["stage_only=a", "trainer.devices=4", "parallel.tp=2"]
     whole, split, other = tmp_path / "whole", tmp_path / "split", tmp_path / "other"
-    proc = train(whole, *args, "+schedule.stages.0.cp=2", "export=true")
+    proc = forked_train(whole, *args, "+schedule.stages.0.cp=2", "export=true", ranks=4)
     assert "cp 2 (ring), tp 2, dp 1" in proc.stdout, proc.stdout[-2000:]
     got = losses(whole)
     assert sorted(got) == list(range(10))
@@ -64,20 +64,22 @@ def test_tensor_parallel_runs_exports_and_resumes(tmp_path, reference):
     exported = from_hf(whole / "hf").state_dict()
     assert set(exported) == set(final) and all(torch.equal(exported[k], v) for k, v in final.items())
 
-    train(split, *args, "+schedule.stages.0.cp=2", "stop_at_step=5", expect=STOPPED)
+    forked_train(split, *args, "+schedule.stages.0.cp=2", "stop_at_step=5", expect=STOPPED, ranks=4)
     shutil.copytree(split, other)
     last = split / "a" / "checkpoints" / "last.ckpt"
     names = {line.split()[1] for line in (last / "SHA256SUMS").read_text().splitlines()}
     assert {f"__{rank}_0.distcp" for rank in range(4)} | {".metadata", "meta.pt"} <= names
     assert not list(last.parent.glob(".last.ckpt.*"))  # no staging folder left
     # resumed with the parameters, gradients and AdamW's state in host memory (parallel.param_offload)
-    train(split, *args, "+schedule.stages.0.cp=2", "resume=true", "parallel.param_offload=true")
+    forked_train(split, *args, "+schedule.stages.0.cp=2", "resume=true", "parallel.param_offload=true", ranks=4)
     assert sorted(losses(split)) == list(range(10))  # the rows before the stop kept
     resumed = load_file(split / "a" / "final.safetensors")
     assert all(torch.equal(resumed[k], v) for k, v in final.items())
 
     # 2 sequences per step as before: one per dp rank instead of two on the one, every layer whole
-    train(other, "stage_only=a", "trainer.devices=2", "+schedule.stages.0.global_batch=2", "resume=true")
+    forked_train(
+        other, "stage_only=a", "trainer.devices=2", "+schedule.stages.0.global_batch=2", "resume=true", ranks=2
+    )
     got = losses(other)
     assert sorted(got) == list(range(10))
     for step in range(5, 10):

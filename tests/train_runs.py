@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import csv
 import os
+import socket
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,6 +49,100 @@ def train(
             f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
         )
     return proc
+
+
+# What train.py imports (torch, Lightning and its torchmetrics, Hydra, lwm: about 6 s a process on this
+# machine), imported once by the fork server that forks the ranks of forked_train
+TRAIN_IMPORTS = [
+    "lightning.pytorch",
+    "hydra",
+    "torch.utils.tensorboard",
+    "lwm.train.run",
+    "lwm.train.requeue",
+    "lwm.train.config",
+    "lwm.data",
+    "lwm.eval.needle",
+]
+
+
+def _forked_rank(rank: int, ranks: int, port: int, logs: str, argv: list[str], environ: dict) -> None:
+    """One rank of forked_train, in a process forked from the fork server: train.py run as its own
+    __main__, with what a launcher that starts its processes externally (torchrun, srun) gives a rank."""
+    import runpy
+    import warnings
+
+    import torch
+
+    os.environ.clear()  # the caller's environment now, not the fork server's from its start
+    os.environ.update(environ)
+    if ranks > 1:  # as Lightning gives the ranks it starts itself: LOCAL_RANK set means started externally
+        ranks_env = {"LOCAL_RANK": rank, "NODE_RANK": 0, "WORLD_SIZE": ranks, "MASTER_PORT": port}
+        os.environ.update({k: str(v) for k, v in ranks_env.items()}, MASTER_ADDR="127.0.0.1")
+    warnings.simplefilter("ignore")  # PYTHONWARNINGS=ignore, read only as an interpreter starts
+    torch.set_num_threads(int(environ.get("OMP_NUM_THREADS", "1")))
+    for fd, name in ((1, "out"), (2, "err")):
+        with open(f"{logs}/{rank}.{name}", "w") as f:
+            os.dup2(f.fileno(), fd)
+    os.chdir(ROOT)
+    sys.argv = argv
+    code = 0
+    try:
+        runpy.run_path(str(ROOT / "train.py"), run_name="__main__")
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def forked_train(
+    out: Path, *overrides: str, ranks: int = 1, check: bool = True, expect: int = 0, timeout: float = 600
+) -> subprocess.CompletedProcess:
+    """train.py as `train` runs it, its ranks forked from a server that imported what it imports (a rank
+    starts in milliseconds, not seconds): for the tests of what a run does, not of how its processes
+    start (those launch train.py itself: Lightning's own launcher, torchrun, srun). ranks > 1 starts them
+    as torchrun does, each told its LOCAL_RANK (trainer.devices must say as many). The result holds rank
+    0's exit status and output, and every rank's output where a rank failed."""
+    import multiprocessing
+
+    from lwm.parallel.launch import FORKSERVER_PRELOAD
+
+    context = multiprocessing.get_context("forkserver")  # one server a process: run_distributed's too
+    context.set_forkserver_preload(sorted({*FORKSERVER_PRELOAD, *TRAIN_IMPORTS}))  # read as it starts
+    argv = ["train.py", f"trainer.out_dir={out}", *DEBUG, *overrides]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    with tempfile.TemporaryDirectory() as logs:
+        port = _free_port()
+        procs = [context.Process(target=_forked_rank, args=(r, ranks, port, logs, argv, env)) for r in range(ranks)]
+        for proc in procs:
+            proc.start()
+        deadline = time.monotonic() + timeout
+        for proc in procs:
+            proc.join(max(0.0, deadline - time.monotonic()))
+        for proc in procs:
+            if proc.exitcode is None:
+                proc.kill()
+                proc.join()
+        codes = [proc.exitcode for proc in procs]
+        read = [(Path(logs, f"{r}.out").read_text(), Path(logs, f"{r}.err").read_text()) for r in range(ranks)]
+    result = subprocess.CompletedProcess(argv, codes[0], *read[0])
+    if check and (codes[0] != expect or any(c not in (0, expect) for c in codes)):
+        ranks_text = "\n".join(
+            f"rank {r} ({c}):\n{o[-3000:]}\n{e[-5000:]}" for r, (c, (o, e)) in enumerate(zip(codes, read))
+        )
+        raise AssertionError(f"{' '.join(argv)} (forked, {ranks} ranks) exited {codes}:\n{ranks_text}")
+    return result
 
 
 def losses(out: Path, stage: str = "a") -> dict[int, float]:
