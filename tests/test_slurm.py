@@ -2,10 +2,10 @@
 test run (skipped, saying why, only where it cannot: not root, no package source), and docs/clusters.md's
 sbatch line runs 2 tasks of the debug model with cp 2. Stopped at a random step by SIGUSR1 (what
 SLURM sends before the time limit) or SIGTERM (a preemption, `scontrol requeue`), the job saves the
-step it stopped at, is requeued (by itself on SIGUSR1) and resumes by itself from that save; killed
-without warning (SIGKILL to its processes) and requeued, it resumes from its last periodic
-checkpoint. Both end with weights equal bit for bit to an uninterrupted job's and every step once
-in metrics.csv."""
+step it stopped at, is requeued (by itself on SIGUSR1) and resumes by itself from that save; then
+killed without warning (SIGKILL to its processes) and requeued, it resumes from its last periodic
+checkpoint. It ends with weights equal bit for bit to an uninterrupted job's and every step once in
+metrics.csv."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from safetensors.torch import load_file
 from train_runs import DEBUG, ROOT, STOPPED, forked_train, losses
 
 CLUSTER = ROOT / "scripts" / "slurm" / "local-cluster.sh"
-STEPS = 20  # stage a: long enough to be stopped at a random step; stage b keeps its 4
+STEPS = 30  # stage a: long enough to be stopped three times at random steps; stage b keeps its 4
 SMALL = [*DEBUG, f"schedule.stages.0.steps={STEPS}", "data.num_workers=2"]  # loader workers through requeues
 DONE = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL"}
 
@@ -157,53 +157,50 @@ def test_srun_two_tasks_equal_one_node(reference, tmp_path):
 STOPS = [("SIGUSR1", 5, "scancel --signal=USR1"), ("SIGTERM", 10, "scontrol requeue")]
 
 
-def test_requeued_at_random_steps_resumes_by_itself(reference, tmp_path):
-    """One job stopped twice: SIGUSR1, what SLURM sends before the time limit (the job requeues
-    itself), then SIGTERM, what a preemption or `scontrol requeue` sends (SLURM requeues the job),
-    each at a random step after a periodic checkpoint; each time it goes on from the step it stopped at."""
+def kill_tasks(job: str) -> None:
+    """SIGKILL to the job's tasks (step 0), not the batch script: a machine lost without warning."""
+    pids = subprocess.run(["scontrol", "listpids", job], capture_output=True, text=True, check=True).stdout
+    for row in pids.splitlines()[1:]:  # PID JOBID STEPID ...
+        if row.split()[2] == "0":
+            os.kill(int(row.split()[0]), signal.SIGKILL)
+
+
+def test_requeued_at_random_steps_and_killed_resumes_by_itself(reference, tmp_path):
+    """One job stopped three times. SIGUSR1, what SLURM sends before the time limit (the job requeues
+    itself), then SIGTERM, what a preemption or `scontrol requeue` sends (SLURM requeues the job), each at
+    a random step after a periodic checkpoint: each time it goes on from the step it stopped at. Then its
+    tasks killed without warning (SIGKILL) at a random step after a periodic checkpoint of its own, and
+    the job requeued: it goes on from its last periodic checkpoint."""
     job, log = submit(tmp_path)
     run = tmp_path / f"slurm-{job}"
     try:
         for restarts, (_, step, command) in enumerate(STOPS):
             wait_for_checkpoint(job, log, run, step, restarts=restarts)
             subprocess.run([a.replace("<job>", job) for a in readme_command(command)], check=True)
-        state = wait_done(job, log)
-    finally:
-        subprocess.run(["scancel", job])
-    text = read(log)
-    assert state == "COMPLETED" and job_field(job, "Restarts") == str(len(STOPS)), text[-3000:]
-    assert f"requeueing job {job}" in text and "stopped on SIGTERM" in text, text[-3000:]
-    runs = re.split(r"started again \(restart \d+\)", text)
-    assert len(runs) == len(STOPS) + 1, text[-3000:]
-    for (signal_name, step, _), before, after in zip(STOPS, runs, runs[1:]):
-        stop = re.search(rf"{signal_name}: the stage stops at step (\d+); its checkpoint is last.ckpt", before)
-        assert stop, (signal_name, text[-3000:])
-        stopped_at, resumed_at = int(stop.group(1)), bar_steps(after)[0]  # the resumed bar starts at its checkpoint
-        # the signal's own save, not the periodic checkpoint before it (every 5 steps), is where the job goes on
-        assert step <= stopped_at == resumed_at < STEPS, (signal_name, step, stopped_at, resumed_at, text[-3000:])
-    assert [p.name for p in tmp_path.iterdir() if p.is_dir()] == [run.name]  # one folder for every run
-    check_same_run(run, reference)
-
-
-def test_killed_job_resumes_from_its_last_checkpoint_when_requeued(reference, tmp_path):
-    job, log = submit(tmp_path)
-    try:
-        # the checkpoint of step 10 begun, so that of step 5 whole: killed at a random step after it
-        wait_for_checkpoint(job, log, tmp_path / f"slurm-{job}", 10)
-        pids = subprocess.run(["scontrol", "listpids", job], capture_output=True, text=True, check=True).stdout
-        for row in pids.splitlines()[1:]:  # PID JOBID STEPID ...: the tasks of step 0, not the batch script
-            if row.split()[2] == "0":
-                os.kill(int(row.split()[0]), signal.SIGKILL)
+        # the checkpoint of step 20 (or a later one) begun, so that of 15 whole: killed at a random step after it
+        wait_for_checkpoint(job, log, run, 20, restarts=len(STOPS))
+        kill_tasks(job)
         assert wait_done(job, log) in {"FAILED", "CANCELLED"}, read(log)[-3000:]
         subprocess.run([a.replace("<job>", job) for a in readme_command("scontrol requeue")], check=True)
         state = wait_done(job, log)
     finally:
         subprocess.run(["scancel", job])
     text = read(log)
-    assert state == "COMPLETED" and "started again (restart 1)" in text, text[-3000:]
-    resumed_at = bar_steps(text.split("started again", 1)[1])[0]
-    assert resumed_at % 5 == 0 and 5 <= resumed_at <= max(bar_steps(text.split("started again", 1)[0])), resumed_at
-    check_same_run(tmp_path / f"slurm-{job}", reference)
+    assert state == "COMPLETED" and job_field(job, "Restarts") == str(len(STOPS) + 1), text[-3000:]
+    assert f"requeueing job {job}" in text and "stopped on SIGTERM" in text, text[-3000:]
+    runs = re.split(r"started again \(restart \d+\)", text)
+    assert len(runs) == len(STOPS) + 2, text[-3000:]
+    for (signal_name, step, _), before, after in zip(STOPS, runs, runs[1:]):
+        stop = re.search(rf"{signal_name}: the stage stops at step (\d+); its checkpoint is last.ckpt", before)
+        assert stop, (signal_name, text[-3000:])
+        stopped_at, resumed_at = int(stop.group(1)), bar_steps(after)[0]  # the resumed bar starts at its checkpoint
+        # the signal's own save, not the periodic checkpoint before it (every 5 steps), is where the job goes on
+        assert step <= stopped_at == resumed_at < STEPS, (signal_name, step, stopped_at, resumed_at, text[-3000:])
+    # killed: no save of its own, so its last whole periodic checkpoint (every 5 steps)
+    resumed_at = bar_steps(runs[-1])[0]
+    assert resumed_at % 5 == 0 and 15 <= resumed_at < STEPS, (resumed_at, text[-3000:])
+    assert [p.name for p in tmp_path.iterdir() if p.is_dir()] == [run.name]  # one folder for every run
+    check_same_run(run, reference)
 
 
 def test_a_signal_while_starting_stops_the_run_after_its_first_step(tmp_path):
