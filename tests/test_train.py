@@ -494,7 +494,7 @@ def test_a_full_disk_is_named_with_its_own_status(tmp_path, monkeypatch, capsys)
     def full(cfg):
         raise NoSpaceLeft(tmp_path / "a" / "final.safetensors", OSError(errno.ENOSPC, "No space left on device"))
 
-    monkeypatch.setattr("lwm.train.run.run_schedule", full)
+    monkeypatch.setattr("lwm.train.command.run_schedule", full)
     code, err = _main_exit(monkeypatch, capsys, tmp_path, "stage_only=a")
     assert code == 3 and f"no space left on {tmp_path / 'a' / 'final.safetensors'}" in err, err[-2000:]
 
