@@ -259,3 +259,15 @@ def test_status_refuses_a_drained_node_naming_why(tmp_path):
     assert "the node is drained (SlurmdSpoolDir is full); start resumes it" in done.stderr
     sinfo.write_text("#!/bin/sh\ncase \"$*\" in *%T*) echo idle ;; *) echo 'cpu* up infinite 1 idle vm' ;; esac\n")
     assert subprocess.run(["bash", CLUSTER, "status"], env=env, capture_output=True).returncode == 0
+
+
+def test_logs_shows_both_daemons_last_lines(tmp_path):
+    """What start prints when the node never becomes idle: each daemon's last lines, under its name."""
+    for daemon in ("slurmctld", "slurmd"):
+        (tmp_path / f"{daemon}.log").write_text("".join(f"{daemon} line {i}\n" for i in range(9)))
+    env = {**os.environ, "LWM_SLURM_STATE": str(tmp_path)}
+    done = subprocess.run(["bash", CLUSTER, "logs"], env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    for daemon in ("slurmctld", "slurmd"):
+        assert f"==> {tmp_path / daemon}.log <==" in done.stdout, done.stdout
+        assert f"{daemon} line 8" in done.stdout and f"{daemon} line 3\n" not in done.stdout, done.stdout

@@ -3,6 +3,7 @@
 #   scripts/slurm/local-cluster.sh start    install (Debian, as root) if missing, configure, start, wait for the node
 #   scripts/slurm/local-cluster.sh stop     stop the daemons it started
 #   scripts/slurm/local-cluster.sh status   sinfo, or exit 1 when the cluster is down or its node drained
+#   scripts/slurm/local-cluster.sh logs     the last lines of the daemons' logs (start shows them when it fails)
 # Each is idempotent. The node is this machine with its real CPUs and memory, in one partition
 # `cpu`. The config goes to /etc/slurm/slurm.conf, where every SLURM command looks; a slurm.conf
 # this script did not write is a real cluster's and is never touched. Daemons run as root and keep
@@ -108,8 +109,13 @@ start() {
   resume_drained
   for _ in $(seq $((WAIT_S * 5))); do node_idle && { sinfo; return; }; sleep 0.2; done
   sinfo >&2 || true
-  tail -5 "$STATE/slurmctld.log" "$STATE/slurmd.log" >&2 || true
+  logs >&2 || true
   die "the node did not become idle within ${WAIT_S}s (logs above)"
+}
+
+logs() {
+  # -n: with two files the old `tail -5` form is refused ("option used in invalid context")
+  tail -n "${LWM_SLURM_LOG_LINES:-5}" "$STATE/slurmctld.log" "$STATE/slurmd.log"
 }
 
 stop_daemon() {
@@ -138,5 +144,6 @@ case "${1:-}" in
   start) start ;;
   stop) stop ;;
   status) status ;;
-  *) die "usage: $0 start|stop|status" ;;
+  logs) logs ;;
+  *) die "usage: $0 start|stop|status|logs" ;;
 esac
