@@ -164,3 +164,28 @@ def test_a_broken_link_and_a_repeated_section_would_be_caught(tmp_path):
     assert len(bad) == 2 and "no heading #nowhere" in bad[0] and "c.md (no such file)" in bad[1]
     twice = repeated([tmp_path / "a.md", tmp_path / "b.md"])
     assert twice == ["a.md: heading 'Run' 2 times", "b.md repeats section 'Run' of a.md"]
+
+
+def table_rows_short_of_their_header(text: str) -> list[str]:
+    """The rows of a Markdown table with fewer or more cells than its header (an escaped \\| is no border)."""
+    bad, header = [], None
+    for line in text.splitlines():
+        if not line.startswith("|"):
+            header = None
+            continue
+        cells = len(re.split(r"(?<!\\)\|", line.strip())) - 2
+        if header is None:
+            header = cells
+        elif cells != header:
+            bad.append(f"{cells} cells, header {header}: {line[:100]}")
+    return bad
+
+
+def test_every_table_row_has_its_headers_cells():
+    bad = {name(doc): rows for doc in docs() if (rows := table_rows_short_of_their_header(doc.read_text()))}
+    assert not bad, bad
+
+
+def test_a_row_short_of_a_cell_would_be_caught():
+    assert table_rows_short_of_their_header("| a | b |\n| --- | --- |\n| `x\\|y` | 2 |\n") == []
+    assert len(table_rows_short_of_their_header("| a | b | c |\n| --- | --- | --- |\n| 1 | 2 |\n")) == 1
