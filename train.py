@@ -25,12 +25,13 @@ from omegaconf import DictConfig
 def main(cfg: DictConfig) -> None:
     # The run's modules (torch, Lightning: seconds) are imported here, not at the top: each loader worker
     # imports this file again, and its fork server imports what this file's names come from beforehand
-    from lwm.train.command import run
+    from lwm.train.command import run_command
 
-    run(cfg)
+    run_command(cfg)
 
 
 def _command() -> None:
+    """A function, so that the name it imports is not one of this file's (see main)."""
     from lwm.train.command import as_command
 
     as_command(main)

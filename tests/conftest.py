@@ -4,7 +4,7 @@ import os
 import comm_contract
 import pytest
 import torch
-from train_runs import TRAIN_IMPORTS, forked_train, losses
+from train_runs import fork_server_preload, forked_train, losses
 
 import lwm.parallel.launch as launch
 
@@ -21,9 +21,7 @@ def _checked_run_distributed(fn, world_size: int, *args, **kwargs) -> list:
 
 # Replaced before the test modules are imported, so their `from lwm.parallel.launch import run_distributed` gets it
 launch.run_distributed = _checked_run_distributed
-# One fork server a test process: whichever of run_distributed and train_runs.forked_train starts it first,
-# it imports what both fork
-launch.FORKSERVER_PRELOAD = [*launch.FORKSERVER_PRELOAD, *TRAIN_IMPORTS]
+launch.FORKSERVER_PRELOAD = fork_server_preload()  # the one fork server of a test process: what both helpers fork
 
 if os.environ.get("PYTEST_XDIST_WORKER"):  # under -n 2: one core per worker, and the processes it starts
     # OpenMP threads spin while they wait for one another; two workers' threads on two cores spin more than they work

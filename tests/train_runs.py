@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,14 +34,23 @@ def composed(*overrides: str):
         return to_run_config(compose("train", overrides=list(overrides)))
 
 
+def train_argv(out: Path, overrides) -> list[str]:
+    return ["train.py", f"trainer.out_dir={out}", *DEBUG, *overrides]
+
+
+def run_environ() -> dict[str, str]:
+    """This process's environment with one thread and no warnings, as the tests run train.py."""
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+
+
 STOPPED = 4  # train.py's status when a stage stops before its end (stop_at_step, a signal)
 
 
 def train(
     out: Path, *overrides: str, launcher: list[str] | None = None, check: bool = True, expect: int = 0
 ) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    cmd = (launcher or [sys.executable]) + ["train.py", f"trainer.out_dir={out}", *DEBUG, *overrides]
+    env = run_environ()
+    cmd = (launcher or [sys.executable]) + train_argv(out, overrides)
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     if check and proc.returncode != expect:
         raise AssertionError(
@@ -51,18 +59,17 @@ def train(
     return proc
 
 
-# What train.py imports (torch, Lightning and its torchmetrics, Hydra, lwm: about 6 s a process on this
-# machine), imported once by the fork server that forks the ranks of forked_train
-TRAIN_IMPORTS = [
-    "lightning.pytorch",
-    "hydra",
-    "torch.utils.tensorboard",
-    "lwm.train.run",
-    "lwm.train.requeue",
-    "lwm.train.config",
-    "lwm.data",
-    "lwm.eval.needle",
-]
+# What a run imports (torch, Lightning and its torchmetrics, Hydra, lwm: about 6 s a process on this machine):
+# what train.py's command imports as it starts, and TensorBoard, which its logger imports as the stage begins
+TRAIN_IMPORTS = ["lwm.train.command", "torch.utils.tensorboard"]
+
+
+def fork_server_preload() -> list[str]:
+    """A test process has one fork server, started by whichever of run_distributed and forked_train comes
+    first: it imports what both fork (tests/conftest.py gives run_distributed this list too)."""
+    from lwm.parallel.launch import FORKSERVER_PRELOAD
+
+    return sorted({*FORKSERVER_PRELOAD, *TRAIN_IMPORTS})
 
 
 def _forked_rank(rank: int, ranks: int, port: int, logs: str, argv: list[str], environ: dict) -> None:
@@ -100,12 +107,6 @@ def _forked_rank(rank: int, ranks: int, port: int, logs: str, argv: list[str], e
     os._exit(code)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def forked_train(
     out: Path, *overrides: str, ranks: int = 1, check: bool = True, expect: int = 0, timeout: float = 600
 ) -> subprocess.CompletedProcess:
@@ -116,14 +117,13 @@ def forked_train(
     0's exit status and output, and every rank's output where a rank failed."""
     import multiprocessing
 
-    from lwm.parallel.launch import FORKSERVER_PRELOAD
+    from lwm.parallel.launch import free_port
 
-    context = multiprocessing.get_context("forkserver")  # one server a process: run_distributed's too
-    context.set_forkserver_preload(sorted({*FORKSERVER_PRELOAD, *TRAIN_IMPORTS}))  # read as it starts
-    argv = ["train.py", f"trainer.out_dir={out}", *DEBUG, *overrides]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(fork_server_preload())  # read as the server starts: the first call
+    argv, env = train_argv(out, overrides), run_environ()
     with tempfile.TemporaryDirectory() as logs:
-        port = _free_port()
+        port = free_port()
         procs = [context.Process(target=_forked_rank, args=(r, ranks, port, logs, argv, env)) for r in range(ranks)]
         for proc in procs:
             proc.start()
@@ -156,7 +156,7 @@ def main_in_process(monkeypatch, capsys, out: Path, *overrides: str) -> tuple[in
     import importlib.util
 
     monkeypatch.chdir(ROOT)
-    monkeypatch.setattr(sys, "argv", ["train.py", f"trainer.out_dir={out}", *DEBUG, *overrides])
+    monkeypatch.setattr(sys, "argv", train_argv(out, overrides))
     spec = importlib.util.spec_from_file_location("__main__", ROOT / "train.py")  # run as a script: conf/ beside it
     try:
         spec.loader.exec_module(importlib.util.module_from_spec(spec))

@@ -20,7 +20,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on this machine now, for a process group's rendezvous."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -81,7 +82,7 @@ def run_distributed(fn, world_size: int, *args, timeout: float = 300.0, threads:
     with tempfile.TemporaryDirectory() as out_dir:
         ctx = mp.start_processes(
             _worker,
-            args=(world_size, _free_port(), out_dir, fn, args, threads, dict(os.environ)),
+            args=(world_size, free_port(), out_dir, fn, args, threads, dict(os.environ)),
             nprocs=world_size,
             join=False,
             start_method=_start_method(fresh),

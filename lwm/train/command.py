@@ -36,10 +36,10 @@ from lwm.writes import NoSpaceLeft, complete, write_atomic
 EXIT_BAD_INPUT, EXIT_NO_SPACE = 2, 3  # as lwm-tokenize: 2 is bad input, 3 a full disk
 EXIT_STOPPED = 4  # a stage stopped before its end (a signal, stop_at_step): the same command continues it
 EXIT_NONFINITE = 5  # a step's loss, gradient norm or weights were not finite: the stage stopped, nothing of it saved
-_started = [False]  # run was entered: Hydra composed the config (its own refusals come before)
+_started = [False]  # run_command was entered: Hydra composed the config (its own refusals come before)
 
 
-def run(cfg: DictConfig) -> None:
+def run_command(cfg: DictConfig) -> None:
     """The run Hydra composed: checked, trained stage by stage, summed up; exits with its status."""
     _started[0] = True
     try:
@@ -155,13 +155,13 @@ def finished(run, out: Path) -> bool:
 
 
 def as_command(main) -> None:
-    """Hydra's main (which composes the config and calls run) as the command: the stopping signals held back
+    """Hydra's main (which composes the config and calls run_command) as the command: the stopping signals held back
     since the start handled, and Hydra's own refusals of an override or config name exit 2 as ours do."""
     _started[0] = False  # one process may run the command more than once (a test does)
     with requeue.stop_signals_noted():  # those held back meanwhile included
         try:
             main()
-        except SystemExit as e:  # Hydra refuses an override or config name with status 1, before run
+        except SystemExit as e:  # Hydra refuses an override or config name with status 1, before run_command
             if e.code == 1 and not _started[0]:
                 sys.exit(EXIT_BAD_INPUT)
             raise
