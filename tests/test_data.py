@@ -17,7 +17,9 @@ from lwm.data import (
     Vocab,
     encode_example,
     parse_fields,
+    shard_batch,
 )
+from lwm.data.batches import LOSS_ROWS
 from lwm.data.sampling import uniform_indices
 from lwm.parallel import unshard
 from lwm.train.datamodule import LWMDataModule
@@ -285,6 +287,28 @@ def test_targets_are_made_before_sharding(spm_model, codes_dir, sources):
         for key in ("tokens", "targets", "loss_weight", "vision_mask", "segment_ids"):
             assert torch.equal(unshard([p[key] for p in parts], 1, layout), full[key]), (layout, key)
         assert torch.equal(unshard([p["positions"] for p in parts], 0, layout), torch.arange(2048))
+        # the positions of each rank's slice that carry loss weight, read on the host for the loss's head
+        for p in [full, *parts]:
+            weighted = p["loss_weight"].reshape(-1).nonzero().squeeze(1)
+            if weighted.numel() < p["loss_weight"].numel():
+                assert torch.equal(p[LOSS_ROWS], weighted), layout
+            else:
+                assert LOSS_ROWS not in p  # every position: no index to take
+
+
+@pytest.mark.parametrize("layout", ["striped", "zigzag"])
+def test_each_rank_is_given_the_positions_of_its_slice_that_carry_loss(layout):
+    """A batch weighting only answers: each cp rank's LOSS_ROWS are the flat positions of its own
+    (B, S / cp) slice whose loss weight is not zero (answers, half-weighted too), read on the host."""
+    B, S = 2, 16
+    weight = torch.zeros(B, S)
+    weight[0, 5:8], weight[1, 12:15] = 1.0, 0.5
+    batch = {"tokens": torch.arange(B * S).view(B, S), "loss_weight": weight, "segment_ids": torch.ones(B, S)}
+    parts = [shard_batch(batch, Sharding(cp_rank=r, cp_size=2, layout=layout)) for r in range(2)]
+    for p in parts:
+        local = p["loss_weight"].reshape(-1)
+        assert torch.equal(p[LOSS_ROWS], torch.tensor([i for i in range(local.numel()) if local[i] != 0]))
+    assert sum(p[LOSS_ROWS].numel() for p in parts) == 6
 
 
 def test_cp_ranks_share_a_sample_and_dp_ranks_do_not(spm_model, codes_dir, sources):

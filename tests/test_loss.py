@@ -102,3 +102,40 @@ def test_bad_shapes_are_named():
         chunked_cross_entropy(torch.randn(2, 6, 8), torch.randn(10, 8), torch.zeros(2, 5, dtype=torch.long))
     with pytest.raises(ValueError, match="loss_mask .* and vision_mask .* differ in shape"):
         token_coefficients(torch.ones(2, 3), torch.ones(2, 4, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("chunk", [4, 1024])
+def test_loss_rows_compute_only_the_weighted_positions_and_change_nothing(chunk):
+    """A batch whose loss weight is on few positions (answers): given those rows, the head runs on
+    them only (its products for n instead of B * S rows: torch's FLOP counter counts the logits' and
+    the hidden gradient's, not the weight gradient's in-place addmm_) and the loss, both gradients
+    and the weighted positions' token losses equal the all-rows path's (fp32, summed in other
+    chunks: 1e-6)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    B, S, D, V = 2, 40, 16, 300
+    hidden = torch.randn(B, S, D, requires_grad=True)
+    weight = torch.randn(V, D, requires_grad=True)
+    targets = torch.randint(0, V, (B, S))
+    loss_mask = torch.zeros(B, S)
+    loss_mask[0, 30:34] = 1.0  # a 4-token answer in each example
+    loss_mask[1, 10:14] = 0.5
+    coeff = token_coefficients(loss_mask, torch.zeros(B, S, dtype=torch.bool))
+    rows = loss_mask.reshape(-1).nonzero().squeeze(1)
+
+    flops, got = {}, {}
+    for name, r in (("all", None), ("rows", rows)):
+        with FlopCounterMode(display=False) as counter:
+            out = chunked_cross_entropy(hidden, weight, targets, coeff, chunk, rows=r)
+        flops[name] = counter.get_total_flops()
+        got[name] = (out, *torch.autograd.grad(out.loss * 2.0, (hidden, weight)))
+    assert flops["all"] == 2 * 2 * B * S * D * V and flops["rows"] == 2 * 2 * rows.numel() * D * V
+    (a, ah, aw), (b, bh, bw) = got["all"], got["rows"]
+    torch.testing.assert_close(b.loss, a.loss, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(bh, ah, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(bw, aw, atol=1e-6, rtol=1e-6)
+    weighted = loss_mask > 0
+    torch.testing.assert_close(b.token_loss[weighted], a.token_loss[weighted], atol=1e-6, rtol=1e-6)
+    assert (b.token_loss[~weighted] == 0).all()
+    with pytest.raises(ValueError, match=r"rows must be \(n,\) with n <= 80 positions, got \(1, 8\)"):
+        chunked_cross_entropy(hidden, weight, targets, coeff, chunk, rows=rows[None])

@@ -25,6 +25,7 @@ from lwm.parallel.layout import positions, shard
 POSITIONS = ("sequence", "document")
 ON_CHANGED_SOURCE = ("refuse", "restart_epoch")
 WHOLE_IDS = "sequence_segment_ids"  # the whole sequence's segment ids, kept on the host for with_documents
+LOSS_ROWS = "loss_rows"  # (n,) the flat positions of the rank's (B, S / cp) slice that carry loss weight
 
 
 @dataclass
@@ -133,7 +134,8 @@ def shard_batch(
 ) -> dict[str, torch.Tensor]:
     """Every (B, S) tensor -> this rank's (B, S / cp) slice, plus `positions`: (S / cp,) global
     positions, or (B, S / cp) positions within each example (computed on the whole sequence), and
-    `WHOLE_IDS`: the whole sequence's segment ids, from which `with_documents` reads the documents."""
+    `WHOLE_IDS`: the whole sequence's segment ids, from which `with_documents` reads the documents, and
+    `LOSS_ROWS` when some positions carry no loss weight (the loss's head runs on the others only)."""
     S = batch["tokens"].shape[1]
     sh = sharding
     if position_mode == "document":
@@ -143,6 +145,10 @@ def shard_batch(
         out["positions"] = positions(S, sh.cp_rank, sh.cp_size, sh.layout, sh.ulysses_size)
     if "segment_ids" in batch:
         out[WHOLE_IDS] = batch["segment_ids"]
+    if "loss_weight" in out:  # read here, on the host: the step never waits on the device to count them
+        rows = out["loss_weight"].reshape(-1).nonzero().squeeze(1)  # (B * S / cp,) -> (n,)
+        if rows.numel() < out["loss_weight"].numel():
+            out[LOSS_ROWS] = rows
     return out
 
 

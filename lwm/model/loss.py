@@ -136,11 +136,16 @@ def chunked_cross_entropy(
     targets: torch.Tensor,
     coeff: torch.Tensor | None = None,
     chunk_size: int = 1024,
+    rows: torch.Tensor | None = None,
 ) -> LossOutput:
     """sum_t coeff[t] * CE(hidden[t] @ weight^T, targets[t]) without materializing all logits.
 
     hidden (B, S, D), weight (V, D), targets (B, S) long (IGNORE_INDEX = -100 carries no loss),
     coeff (B, S) float; by default the plain mean over the targets that are not ignored.
+    rows: (n,) long, the flat positions (of B * S, ascending) that carry loss, the only ones whose
+    logits are computed (the others' coefficients must be 0; their token_loss is 0); None: every
+    position. Data that weights only answers spends most of a small model's step in the head
+    otherwise. The batch gives them, read on the host, so the step never waits to count them.
     """
     if hidden.shape[:-1] != targets.shape:
         raise ValueError(f"targets {tuple(targets.shape)} must match hidden {tuple(hidden.shape)} without its last dim")
@@ -152,7 +157,14 @@ def chunked_cross_entropy(
     if chunk_size <= 0:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     B, S, D = hidden.shape
-    loss, token_loss = _ChunkedLinearCrossEntropy.apply(
-        hidden.reshape(B * S, D), weight, targets.reshape(-1), coeff.reshape(-1).float(), chunk_size
-    )
+    hidden, targets, coeff = hidden.reshape(B * S, D), targets.reshape(-1), coeff.reshape(-1).float()
+    if rows is None or rows.shape == (B * S,):  # every position: no copies
+        loss, token_loss = _ChunkedLinearCrossEntropy.apply(hidden, weight, targets, coeff, chunk_size)
+        return LossOutput(loss, token_loss.view(B, S))
+    if rows.dim() != 1 or rows.numel() > B * S:
+        raise ValueError(f"rows must be (n,) with n <= {B * S} positions, got {tuple(rows.shape)}")
+    # (B*S, D) -> (n, D): only the positions that carry loss, in order
+    h, t, c = (x.index_select(0, rows) for x in (hidden, targets, coeff))
+    loss, picked = _ChunkedLinearCrossEntropy.apply(h, weight, t, c, chunk_size)
+    token_loss = torch.zeros(B * S, dtype=torch.float32, device=hidden.device).index_copy_(0, rows, picked)
     return LossOutput(loss, token_loss.view(B, S))

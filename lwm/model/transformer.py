@@ -82,17 +82,19 @@ class Transformer(nn.Module):
         targets: torch.Tensor | None = None,
         loss_coeff: torch.Tensor | None = None,
         segment_ids: torch.Tensor | None = None,
+        loss_rows: torch.Tensor | None = None,
     ) -> torch.Tensor | LossOutput:
         """tokens (B, S) long; positions (S,) or (B, S) long, default arange(S); segment_ids (B, S)
         integers: packed documents attend only within themselves (None: one document).
 
         Returns logits (B, S, V); with `targets` (B, S), returns the chunked loss instead
-        (see lwm.model.loss), which never materializes the full logits.
+        (see lwm.model.loss), which never materializes the full logits; loss_rows (n,): the flat
+        positions that carry loss, the only ones the head runs on (None: all).
         """
         h = self.hidden(tokens, positions, segment_ids)
         if targets is None:
             return self.logits(h)  # (B, S, dim) -> (B, S, V)
-        return chunked_cross_entropy(h, self.head_weight, targets, loss_coeff, self.config.loss_chunk_size)
+        return chunked_cross_entropy(h, self.head_weight, targets, loss_coeff, self.config.loss_chunk_size, loss_rows)
 
     def hidden(
         self, tokens: torch.Tensor, positions: torch.Tensor | None = None, segment_ids: torch.Tensor | None = None

@@ -214,7 +214,10 @@ class LWMModule(L.LightningModule):
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         # held-out sequences (data.holdout): mean over batches and ranks
         _, loss = batch_loss(self.model, batch, self.optim, self.cp_group, self.parallel.document_mask)
-        self.log("val/loss", loss, on_step=False, on_epoch=True, sync_dist=self.trainer.world_size > 1)
+        batch_size = batch["tokens"].shape[0]  # not guessed from the batch, whose tensors differ in their first dim
+        self.log(
+            "val/loss", loss, on_step=False, on_epoch=True, sync_dist=self.trainer.world_size > 1, batch_size=batch_size
+        )
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         self.check_weights("the checkpoint")  # before anything is written: the last good one stays

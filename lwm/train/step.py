@@ -138,7 +138,14 @@ def batch_losses(model: Transformer, batch: dict, optim: OptimConfig, cp_group, 
         batch["loss_weight"], batch["vision_mask"], optim.text_weight, optim.vision_weight, counts=counts
     )
     segments = batch.get("documents", batch["segment_ids"]) if document_mask else None  # host-read once per batch
-    out = model(batch["tokens"], batch["positions"], targets=batch["targets"], loss_coeff=coeff, segment_ids=segments)
+    out = model(
+        batch["tokens"],
+        batch["positions"],
+        targets=batch["targets"],
+        loss_coeff=coeff,
+        segment_ids=segments,
+        loss_rows=batch.get("loss_rows"),  # the positions that carry loss weight, read on the host (None: all)
+    )
     loss = out.loss.detach().clone()
     if cp > 1:
         dist.all_reduce(loss, group=cp_group)  # the whole sequence's loss
