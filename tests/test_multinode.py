@@ -1,7 +1,8 @@
 """Multi-node launch through torchrun: two agents with one process each meet at a c10d rendezvous on
 localhost, as two nodes would, and run docs/clusters.md's command; they agree on node ranks, world size
 and one run folder, read the data shards of their own dp rank, and log the same losses as a
-one-node run of world size 2 (rtol 1e-6)."""
+one-node run of world size 2 (rtol 1e-6; its two ranks forked as tests/train_runs.py starts them: a
+one-node torchrun is tests/test_train_parallel.py's)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import sys
 import pytest
 import torch
 from readme_commands import readme_command
-from train_runs import DEBUG, ROOT, losses, train
+from train_runs import DEBUG, ROOT, forked_train, losses
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
@@ -34,7 +35,7 @@ def two_node_command(out: str) -> list[str]:
 
 def test_two_torchrun_agents_equal_one_node(tmp_path):
     one = tmp_path / "one"
-    train(one, "stage_only=a", "trainer.devices=2", launcher=TORCHRUN + ["--standalone", "--nproc-per-node", "2"])
+    forked_train(one, "stage_only=a", "trainer.devices=2", ranks=2)
     # ${run_id:}: the folder is named by rank 0 and shared through the agents' store
     cmd = two_node_command(str(tmp_path / "two" / "${run_id:}"))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
