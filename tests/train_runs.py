@@ -34,8 +34,9 @@ def composed(*overrides: str):
         return to_run_config(compose("train", overrides=list(overrides)))
 
 
-def train_argv(out: Path, overrides) -> list[str]:
-    return ["train.py", f"trainer.out_dir={out}", *DEBUG, *overrides]
+def train_argv(out: Path, overrides, debug: bool = True) -> list[str]:
+    """train.py's argv: the run in `out`, the debug model and schedule (DEBUG) unless `debug` is false."""
+    return ["train.py", f"trainer.out_dir={out}", *(DEBUG if debug else ()), *overrides]
 
 
 def run_environ() -> dict[str, str]:
@@ -108,12 +109,19 @@ def _forked_rank(rank: int, ranks: int, port: int, logs: str, argv: list[str], e
 
 
 def forked_train(
-    out: Path, *overrides: str, ranks: int = 1, check: bool = True, expect: int = 0, timeout: float = 600
+    out: Path,
+    *overrides: str,
+    ranks: int = 1,
+    check: bool = True,
+    expect: int = 0,
+    timeout: float = 600,
+    debug: bool = True,
 ) -> subprocess.CompletedProcess:
     """train.py as `train` runs it, its ranks forked from a server that imported what it imports (a rank
     starts in milliseconds, not seconds): for the tests of what a run does, not of how its processes
     start (those launch train.py itself: Lightning's own launcher, torchrun, srun). ranks > 1 starts them
-    as torchrun does, each told its LOCAL_RANK (trainer.devices must say as many). The result holds rank
+    as torchrun does, each told its LOCAL_RANK (trainer.devices must say as many); debug=False leaves
+    the debug model and schedule (DEBUG) off the command line. The result holds rank
     0's exit status and output, and every rank's output where a rank failed."""
     import multiprocessing
 
@@ -121,7 +129,7 @@ def forked_train(
 
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(fork_server_preload())  # read as the server starts: the first call
-    argv, env = train_argv(out, overrides), run_environ()
+    argv, env = train_argv(out, overrides, debug), run_environ()
     with tempfile.TemporaryDirectory() as logs:
         port = free_port()
         procs = [context.Process(target=_forked_rank, args=(r, ranks, port, logs, argv, env)) for r in range(ranks)]
