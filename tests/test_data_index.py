@@ -371,9 +371,12 @@ def test_a_failed_parallel_indexing_stops_workers_that_hold_back_sigterm(tmp_pat
     assert proc.returncode == 0 and "raised: broken encoder" in proc.stdout, proc.stderr[-2000:]
 
 
-def test_parquet_and_json_lines_give_the_same_batches(tmp_path, tok, vocab, codes_dir):
-    """The same examples as JSON lines and as parquet in row groups of 7 (a null answer: a missing field,
-    skipped naming its row): the same sequences, epoch after epoch; the JSON-lines source names lines."""
+def test_parquet_tables_and_json_lines_give_the_same_batches(tmp_path, tok, vocab, codes_dir):
+    """The same examples as JSON lines, as parquet in row groups of 7, and as CSV and TSV tables written by
+    Python's csv module (a null answer, an empty cell: a missing field, skipped naming its row or line;
+    texts with the delimiter, quotes and newlines in them): the same sequences, epoch after epoch."""
+    import csv
+
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -387,22 +390,33 @@ def test_parquet_and_json_lines_give_the_same_batches(tmp_path, tok, vocab, code
         }
         for r in examples(40, 6)
     ]
+    rows[3]["text"] = 'a "quoted", text\nover two lines\tand a tab'
     write_jsonl(tmp_path / "ex.jsonl", [{k: v for k, v in r.items() if v is not None} for r in rows])
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "ex.parquet", row_group_size=7)
+    for kind, dialect in (("csv", "excel"), ("tsv", "excel-tab")):
+        with open(tmp_path / f"ex.{kind}", "w", newline="", encoding="utf-8") as f:
+            writer = csv.DictWriter(f, list(rows[0]), dialect=dialect)
+            writer.writeheader()
+            writer.writerows(rows)
+    kinds = ("jsonl", "parquet", "csv", "tsv")
     streams = [
         stream_of([Source(str(tmp_path / f"ex.{kind}"), fields="text", overflow="window")], tok, vocab, codes_dir)
-        for kind in ("jsonl", "parquet")
+        for kind in kinds
     ]
-    assert streams[1].indexes[0].reader.format == "parquet" and len(streams[1].indexes[0]) == 40
+    assert [s.indexes[0].reader.format for s in streams] == ["jsonl", "parquet", "table", "table"]
+    assert all(len(s.indexes[0]) == 40 for s in streams)
     for epoch in (0, 1):
-        a, b = (list(s.sequences(epoch)) for s in streams)
-        assert len(a) == len(b) > 5 and all(same(x, y) for x, y in zip(a, b))
+        a, *others = (list(s.sequences(epoch)) for s in streams)
+        for b in others:
+            assert len(a) == len(b) > 5 and all(same(x, y) for x, y in zip(a, b))
     bad = [i for i, r in enumerate(rows) if r["question"] == "no answer here"]
     assert streams[1].errors[0].startswith(f"{tmp_path / 'ex.parquet'}:row {bad[0]}: unknown field 'answer'")
     assert streams[0].errors[0].startswith(f"{tmp_path / 'ex.jsonl'}:{bad[0] + 1}: unknown field 'answer'")
-    with pytest.raises(ValueError, match=r"data source .*ex\.csv: expected a JSON-lines .* or parquet"):
-        (tmp_path / "ex.csv").write_text("a,b\n")
-        stream_of([Source(str(tmp_path / "ex.csv"))], tok, vocab, codes_dir)
+    line = bad[0] + 2 + int(bad[0] > 3)  # after the header, and the two-line text of row 3
+    assert streams[2].errors[0].startswith(f"{tmp_path / 'ex.csv'}:{line}: unknown field 'answer'")
+    with pytest.raises(ValueError, match=r"data source .*ex\.txt: expected a JSON-lines .*, parquet .* or table"):
+        (tmp_path / "ex.txt").write_text("a,b\n")
+        stream_of([Source(str(tmp_path / "ex.txt"))], tok, vocab, codes_dir)
     (tmp_path / "broken.parquet").write_bytes(b"PAR1 not really")
     with pytest.raises(ValueError, match=r"data source .*broken\.parquet cannot be read as parquet"):
         stream_of([Source(str(tmp_path / "broken.parquet"))], tok, vocab, codes_dir)

@@ -86,7 +86,8 @@ def test_default_run_config_is_valid():
         (["data.sources.text.path=/no/such.jsonl"], "data.sources.text.path /no/such.jsonl does not exist"),
         (
             ["data.sources.text.path=README.md"],
-            r"data.sources.text.path README.md: expected a JSON-lines \(.jsonl, .json\) or parquet \(.parquet\) file",
+            r"data.sources.text.path README.md: expected a JSON-lines \(.jsonl, .json\), parquet \(.parquet\) or table "
+            r"\(.csv, .tsv: a header row, then a row an example\) file",
         ),
         (["data=custom"], r"data.sources, data.tokenizer must be given \(no default\), e.g. data.sources="),
         (

@@ -79,7 +79,7 @@ class EpochTooLarge(TooLittleData):
 
 @dataclass
 class Source:
-    path: str  # a JSON-lines (.jsonl, .json) or parquet (.parquet) file
+    path: str  # a JSON-lines (.jsonl, .json), parquet (.parquet) or CSV / TSV table (.csv, .tsv) file
     fields: str | list | None = None  # default spec for examples without their own "fields"
     overflow: str = "truncate"  # examples longer than the sequence: truncate | drop | window
     repeat: int = 1  # times each example appears per epoch (mixing weights)

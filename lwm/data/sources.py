@@ -1,10 +1,11 @@
-"""Reading the examples of one data source by number: JSON lines, or parquet (the form Hugging Face
-datasets are published in), chosen by the file's extension.
+"""Reading the examples of one data source by number: JSON lines, parquet (the form Hugging Face
+datasets are published in), or a CSV / TSV table with a header row (caption tables), chosen by the
+file's extension.
 
     reader = open_source(path)          # .jsonl/.json: JSON lines; .parquet: read by row groups
     reader.scan()                       # the first pass: JSON lines find their byte offsets (a full read)
     len(reader); reader.example(i)      # the i-th example as a dict; raises SourceError naming its place
-    reader.where(i)                     # "path:line" (JSON lines, from 1) or "path:row i" (parquet, from 0)
+    reader.where(i)                     # "path:line" (JSON lines and tables, from 1) or "path:row i" (parquet)
 
 A JSON-lines reader whose offsets are known (a source's index keeps them) reads line i with one seek.
 A parquet reader reads the row group holding row i and keeps the last few groups read; a null column of
@@ -16,6 +17,8 @@ copied into a loader worker opens its own file.
 
 from __future__ import annotations
 
+import csv
+import io
 import os
 from collections import OrderedDict
 from pathlib import Path
@@ -27,6 +30,12 @@ from lwm.io import JsonlError, LineIndex, read_lines
 
 JSONL = (".jsonl", ".json")
 PARQUET = (".parquet",)
+TABLES = {".csv": ",", ".tsv": "\t"}  # extension -> the cells' delimiter
+HEADER_BYTES = 1 << 20  # a table's header row is read whole: at most this long
+FORMATS = (
+    f"a JSON-lines ({', '.join(JSONL)}), parquet (.parquet) or table ({', '.join(TABLES)}: a header row, then "
+    "a row an example) file"
+)
 GROUPS_KEPT = 4  # row groups a parquet reader keeps decoded (a shuffled epoch reads rows in any order)
 GROUP_LINES = 16  # a row group is read whole: up to this many of max_line_bytes (1 GiB with the default)
 
@@ -45,7 +54,9 @@ def source_format(path: str | Path) -> str:
         return "jsonl"
     if suffix in PARQUET:
         return "parquet"
-    raise ValueError(f"data source {path}: expected a JSON-lines ({', '.join(JSONL)}) or parquet (.parquet) file")
+    if suffix in TABLES:
+        return "table"
+    raise ValueError(f"data source {path}: expected {FORMATS}")
 
 
 class JsonlSource:
@@ -193,6 +204,130 @@ class ParquetSource:
         return cls(path, max_line_bytes)
 
 
+class TableSource:
+    """A CSV or TSV file whose first row names its columns: row i (from 0, the header not counted) as a
+    dict of its cells by column, an empty cell a missing field (as a null parquet cell is). A row may span
+    lines (a quoted cell holding newlines): one scan finds where each row starts and how long it is
+    without holding it (an index keeps them), and a row longer than max_line_bytes is never read."""
+
+    format = "table"
+
+    def __init__(self, path: Path, max_line_bytes: int | None = None, places=None):
+        self.path, self.max_line_bytes = path, max_line_bytes
+        self.delimiter = TABLES[path.suffix.lower()]
+        self.columns, body = table_header(path)
+        self._body = body  # where the first row starts
+        self.offsets = self.sizes = self.numbers = None  # (N,) int64 each, after scan
+        if places is not None:
+            self.offsets, self.sizes, self.numbers = (np.asarray(places[k]) for k in ("offsets", "sizes", "numbers"))
+
+    def scan(self) -> None:
+        if self.offsets is None:
+            self.offsets, self.sizes, self.numbers = _table_rows(self.path, self._body, self._header_lines())
+
+    def _header_lines(self) -> int:
+        with open(self.path, "rb") as f:
+            return f.read(self._body).count(b"\n")
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def where(self, i: int) -> str:
+        return f"{self.path}:{int(self.numbers[i])}"
+
+    def _read(self, f, i: int) -> dict:
+        size, bound = int(self.sizes[i]), self.max_line_bytes
+        if bound is not None and size > bound:
+            raise SourceError(self.where(i), f"a row of {size} bytes, longer than max_line_bytes {bound}: not read")
+        f.seek(int(self.offsets[i]))
+        raw = f.read(size)
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise SourceError(self.where(i), f"not UTF-8 ({e.reason} at byte {e.start})") from None
+        try:
+            rows = list(csv.reader(io.StringIO(text, newline=""), delimiter=self.delimiter, strict=True))
+        except csv.Error as e:
+            raise SourceError(self.where(i), f"not a table row ({e})") from None
+        if len(raw) != size or len(rows) != 1:
+            raise SourceError(self.where(i), "the file changed since it was read, or a quoted cell is not closed")
+        cells = rows[0]
+        if len(cells) != len(self.columns):
+            raise SourceError(self.where(i), f"has {len(cells)} cells; the header names {len(self.columns)} columns")
+        return {name: cell for name, cell in zip(self.columns, cells) if cell != ""}
+
+    def example(self, i: int) -> dict:
+        with open(self.path, "rb") as f:
+            return self._read(f, i)
+
+    def examples(self, start: int, stop: int) -> Iterator[tuple[int, object]]:
+        with open(self.path, "rb") as f:
+            for i in range(start, stop):
+                try:
+                    yield i, self._read(f, i)
+                except SourceError as e:
+                    yield i, e
+
+    def places(self) -> dict[str, np.ndarray]:
+        return {"offsets": self.offsets, "sizes": self.sizes, "numbers": self.numbers}
+
+    @classmethod
+    def from_places(cls, path: Path, max_line_bytes: int | None, places) -> "TableSource":
+        return cls(path, max_line_bytes, places)
+
+
+def table_header(path: Path) -> tuple[list[str], int]:
+    """(the column names, the byte offset after the header row) of a CSV or TSV file; ValueError naming
+    the file when it has no header, an empty or repeated column name, or a header over HEADER_BYTES."""
+    delimiter = TABLES[path.suffix.lower()]
+    with open(path, "rb") as f:
+        ends, size, _ = _record_end(f)
+        if ends is None:
+            raise ValueError(f"data source {path} is empty: a table's first row names its columns")
+        if size > HEADER_BYTES:
+            raise ValueError(f"data source {path}: its header row is {size} bytes, more than {HEADER_BYTES}")
+        f.seek(0)
+        text = f.read(size).decode("utf-8-sig", errors="replace")
+    names = next(csv.reader(io.StringIO(text, newline=""), delimiter=delimiter), [])
+    if not names or any(not n.strip() for n in names) or len(set(names)) != len(names):
+        raise ValueError(f"data source {path}: its header row must name each column once, got {names}")
+    return names, size
+
+
+def _record_end(f) -> tuple[int | None, int, bool]:
+    """From f's position, one record (its lines until the quotes balance), read in pieces and never held:
+    (the lines it spans, None at the end of the file; its size in bytes; whether it is blank)."""
+    size, lines, quotes, blank = 0, 0, 0, True
+    while True:
+        piece = f.readline(1 << 16)
+        if not piece:
+            return (None if size == 0 else lines + 1), size, blank
+        size += len(piece)
+        quotes += piece.count(b'"')
+        blank = blank and not piece.strip()
+        if piece.endswith(b"\n"):
+            lines += 1
+            if quotes % 2 == 0:
+                return lines, size, blank
+
+
+def _table_rows(path: Path, start: int, line: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each row's byte offset, size and first line number (from 1), blank lines left out."""
+    offsets, sizes, numbers = [], [], []
+    with open(path, "rb") as f:
+        f.seek(start)
+        offset = start
+        while (got := _record_end(f))[0] is not None:
+            spanned, size, blank = got
+            if not blank:
+                offsets.append(offset)
+                sizes.append(size)
+                numbers.append(line + 1)
+            offset += size
+            line += spanned
+    return tuple(np.asarray(x, np.int64) for x in (offsets, sizes, numbers))
+
+
 def parquet_file(path: Path):
     """The pyarrow ParquetFile of `path` (its footer read); ValueError naming the file when it is not one
     (truncated, damaged, another format)."""
@@ -205,19 +340,24 @@ def parquet_file(path: Path):
 
 
 def check_readable(path: str | Path) -> None:
-    """Before any work: a parquet source whose footer cannot be read (truncated, damaged) raises ValueError
-    naming it. JSON lines need no check: a bad line is skipped and counted."""
+    """Before any work: a parquet source whose footer cannot be read (truncated, damaged), or a table whose
+    header row does not name its columns, raises ValueError naming it. JSON lines need no check: a bad
+    line is skipped and counted, as a bad table row is."""
     path = Path(path)
     if path.is_file() and path.suffix.lower() in PARQUET:
         parquet_file(path)
+    if path.is_file() and path.suffix.lower() in TABLES:
+        table_header(path)
 
 
-def open_source(path: str | Path, max_line_bytes: int | None = None, places=None) -> JsonlSource | ParquetSource:
+def open_source(
+    path: str | Path, max_line_bytes: int | None = None, places=None
+) -> JsonlSource | ParquetSource | TableSource:
     """The reader of a source file; `places`: what its index kept (no scan is needed then)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"data source {path} does not exist")
-    kind = JsonlSource if source_format(path) == "jsonl" else ParquetSource
+    kind = {"jsonl": JsonlSource, "parquet": ParquetSource, "table": TableSource}[source_format(path)]
     if places is not None:
         return kind.from_places(path, max_line_bytes, places)
     return kind(path, max_line_bytes)

@@ -12,7 +12,7 @@ from pathlib import Path
 from lwm.configs import from_dict
 from lwm.data import DataConfig, Source, TextTokenizer, Vocab
 from lwm.data.batches import StreamOptions
-from lwm.data.sources import source_format
+from lwm.data.sources import FORMATS, source_format
 from lwm.eval.needle import NeedleGrid
 from lwm.interop.hf import start_config
 from lwm.model import ModelConfig
@@ -377,9 +377,7 @@ def check_data_files(data: DataSpec) -> None:
         try:
             source_format(source.path)
         except ValueError:
-            raise ValueError(
-                f"data.sources.{name}.path {source.path}: expected a JSON-lines (.jsonl, .json) or parquet (.parquet) file"
-            ) from None
+            raise ValueError(f"data.sources.{name}.path {source.path}: expected {FORMATS}") from None
 
 
 def stage_model_config(model_config: ModelConfig, stage: StageConfig) -> ModelConfig:
