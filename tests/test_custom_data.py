@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 
-import yaml
+from omegaconf import OmegaConf
 from readme_commands import readme_command
 from train_runs import ROOT, forked_train
 
@@ -31,7 +31,7 @@ def test_the_readmes_custom_data_command_runs_as_written(tmp_path):
     short = [f"schedule.stages.{i}.{k}=3" for i in (0, 1) for k in ("steps", "warmup_steps")] + ["data.num_workers=0"]
     proc = forked_train(tmp_path / "run", *args, *short, debug=False)
     run = tmp_path / "run"
-    config = yaml.safe_load((run / "config.yaml").read_text())
+    config = OmegaConf.to_container(OmegaConf.load(run / "config.yaml"))
     assert config["schedule"]["name"] == "custom" and list(config["data"]["sources"]) == ["mine"]
     assert config["evaluate"]["lengths"] is None and not (run / "needle").exists()  # no needle grid
     for stage in config["schedule"]["stages"]:  # conf/schedule/custom.yaml's: no sources named, so all

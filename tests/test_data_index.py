@@ -371,10 +371,11 @@ def test_a_failed_parallel_indexing_stops_workers_that_hold_back_sigterm(tmp_pat
     assert proc.returncode == 0 and "raised: broken encoder" in proc.stdout, proc.stderr[-2000:]
 
 
-def test_parquet_tables_and_json_lines_give_the_same_batches(tmp_path, tok, vocab, codes_dir):
-    """The same examples as JSON lines, as parquet in row groups of 7, and as CSV and TSV tables written by
-    Python's csv module (a null answer, an empty cell: a missing field, skipped naming its row or line;
-    texts with the delimiter, quotes and newlines in them): the same sequences, epoch after epoch."""
+def test_parquet_tables_json_arrays_and_json_lines_give_the_same_batches(tmp_path, tok, vocab, codes_dir):
+    """The same examples as JSON lines, as parquet in row groups of 7, as CSV and TSV tables written by
+    Python's csv module, and as one JSON array (a null answer, an empty cell: a missing field, skipped
+    naming its row, line or element; texts with the delimiter, quotes and newlines in them): the same
+    sequences, epoch after epoch."""
     import csv
 
     import pyarrow as pa
@@ -392,18 +393,21 @@ def test_parquet_tables_and_json_lines_give_the_same_batches(tmp_path, tok, voca
     ]
     rows[3]["text"] = 'a "quoted", text\nover two lines\tand a tab'
     write_jsonl(tmp_path / "ex.jsonl", [{k: v for k, v in r.items() if v is not None} for r in rows])
+    (tmp_path / "ex.json").write_text(
+        json.dumps([{k: v for k, v in r.items() if v is not None} for r in rows], indent=1)
+    )
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "ex.parquet", row_group_size=7)
     for kind, dialect in (("csv", "excel"), ("tsv", "excel-tab")):
         with open(tmp_path / f"ex.{kind}", "w", newline="", encoding="utf-8") as f:
             writer = csv.DictWriter(f, list(rows[0]), dialect=dialect)
             writer.writeheader()
             writer.writerows(rows)
-    kinds = ("jsonl", "parquet", "csv", "tsv")
+    kinds = ("jsonl", "parquet", "csv", "tsv", "json")
     streams = [
         stream_of([Source(str(tmp_path / f"ex.{kind}"), fields="text", overflow="window")], tok, vocab, codes_dir)
         for kind in kinds
     ]
-    assert [s.indexes[0].reader.format for s in streams] == ["jsonl", "parquet", "table", "table"]
+    assert [s.indexes[0].reader.format for s in streams] == ["jsonl", "parquet", "table", "table", "array"]
     assert all(len(s.indexes[0]) == 40 for s in streams)
     for epoch in (0, 1):
         a, *others = (list(s.sequences(epoch)) for s in streams)

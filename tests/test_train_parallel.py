@@ -21,12 +21,12 @@ from lwm.interop.hf import from_hf
 # cp = 2 runs under torchrun (striped) below; every layout and N is exact at the attention level
 # (tests/test_parallel_dist.py), and every mode and tp x cp x dp mesh at the training-step level
 # (tests/test_tensor_parallel.py), so train.py needs one run of each size: cp 4 as hybrid (Ulysses 2
-# inside, a ring of 2 across, zigzag) in Lightning's own processes.
+# inside, a ring of 2 across, zigzag), its four ranks forked (tests/train_runs.py); Lightning's own
+# processes are the dead-rank tests' below.
 def test_context_parallel_losses_equal_one_process(tmp_path, reference):
-    """The default out_dir (runs/${run_id:}) resolves to one folder in Lightning's re-launched ranks;
-    hybrid cp 4 gives one process's losses, and the checkpoint holds every rank's random state."""
-    proc = train(
-        Path(str(tmp_path) + "/${run_id:}"),
+    """Hybrid cp 4 gives one process's losses, and the checkpoint holds every rank's random state."""
+    proc = forked_train(
+        tmp_path,
         "stage_only=a",
         "trainer.devices=4",
         "+schedule.stages.0.cp=4",
@@ -34,13 +34,13 @@ def test_context_parallel_losses_equal_one_process(tmp_path, reference):
         "trainer.keep_checkpoints=true",
         "parallel.mode=hybrid",
         "parallel.ulysses=2",
+        ranks=4,
     )
     assert "cp 4 (hybrid: ulysses 2 x ring 2), dp 1" in proc.stdout, proc.stdout[-2000:]
-    runs = list(tmp_path.iterdir())
-    assert len(runs) == 1 and (runs[0] / "a" / "final.safetensors").exists(), runs
-    got = losses(runs[0])
+    assert (tmp_path / "a" / "final.safetensors").exists()
+    got = losses(tmp_path)
     assert sorted(got) == sorted(reference) and len(got) == 10
-    meta = torch.load(runs[0] / "a" / "checkpoints" / "last.ckpt" / "meta.pt", weights_only=True)
+    meta = torch.load(tmp_path / "a" / "checkpoints" / "last.ckpt" / "meta.pt", weights_only=True)
     assert set(meta["rng_states"]) == {str(r) for r in range(4)}  # every rank's random state
     for step, loss in reference.items():
         assert got[step] == pytest.approx(loss, rel=1e-5), (step, got[step], loss)
@@ -97,7 +97,9 @@ def test_torchrun_two_processes(tmp_path, reference):
 @pytest.mark.parametrize("how", ["killed", "frozen"])
 def test_a_dead_rank_stops_the_others(tmp_path, how):
     """Kill (SIGKILL) or freeze (SIGSTOP) rank 1 of a 2-process run mid-training: rank 0 must exit
-    with an error naming rank 1, not hang, within trainer.timeout_s (plus tear-down time)."""
+    with an error naming rank 1, not hang, within trainer.timeout_s (plus tear-down time). The run is
+    Lightning's own two processes (rank 1 re-launched by rank 0) in the default folder form
+    (${run_id:}): both resolve it to one folder, where each writes its checkpoint shards every step."""
     import signal
     import time
 
@@ -106,12 +108,13 @@ def test_a_dead_rank_stops_the_others(tmp_path, how):
     cmd = [
         sys.executable,
         "train.py",
-        f"trainer.out_dir={tmp_path}",
+        f"trainer.out_dir={tmp_path / 'runs' / '${run_id:}'}",
         *DEBUG,
         "stage_only=a",
         "trainer.devices=2",
         "+schedule.stages.0.cp=2",
         "schedule.stages.0.steps=100000",
+        "trainer.checkpoint_every=1",
         "data.num_workers=2",  # a dead rank's loader workers end with it
         f"trainer.timeout_s={timeout_s}",
     ]
@@ -151,6 +154,8 @@ def test_a_dead_rank_stops_the_others(tmp_path, how):
     assert not rest, [Path(f"/proc/{p}/cmdline").read_bytes()[:120] for p in rest if Path(f"/proc/{p}").exists()]
     assert proc.returncode != 0, out[-3000:]
     assert waited < timeout_s + 60, (waited, out[-3000:])
+    (run,) = (tmp_path / "runs").iterdir()  # one folder: rank 1 resolved the name rank 0 did
+    assert list((run / "a" / "checkpoints").iterdir()), "no checkpoint was written before the kill"
     # the survivor names the rank it lost, not just the backend's error
     what = "has died" if how == "killed" else "is stopped (SIGSTOP)"
     assert f"error: rank 0 lost another rank: rank 1 (pid {children[0]} on" in out and what in out, out[-3000:]

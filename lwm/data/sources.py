@@ -1,11 +1,11 @@
-"""Reading the examples of one data source by number: JSON lines, parquet (the form Hugging Face
-datasets are published in), or a CSV / TSV table with a header row (caption tables), chosen by the
-file's extension.
+"""Reading the examples of one data source by number: JSON lines, one JSON array (a .json whose first
+byte is "[", as conversation sets are published), parquet (the form Hugging Face datasets are published
+in), or a CSV / TSV table with a header row (caption tables), chosen by the file's extension.
 
     reader = open_source(path)          # .jsonl/.json: JSON lines; .parquet: read by row groups
     reader.scan()                       # the first pass: JSON lines find their byte offsets (a full read)
     len(reader); reader.example(i)      # the i-th example as a dict; raises SourceError naming its place
-    reader.where(i)                     # "path:line" (JSON lines and tables, from 1) or "path:row i" (parquet)
+    reader.where(i)                     # "path:line" (JSON lines, tables: from 1), "path:row i", "path:element i"
 
 A JSON-lines reader whose offsets are known (a source's index keeps them) reads line i with one seek.
 A parquet reader reads the row group holding row i and keeps the last few groups read; a null column of
@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import os
+import re
 from collections import OrderedDict
 from pathlib import Path
 from typing import Iterator
@@ -328,6 +330,127 @@ def _table_rows(path: Path, start: int, line: int) -> tuple[np.ndarray, np.ndarr
     return tuple(np.asarray(x, np.int64) for x in (offsets, sizes, numbers))
 
 
+class ArraySource:
+    """A JSON file holding one array (as LLaVA, LLaVA-Video and Video-ChatGPT publish their sets): element
+    i as example i. One scan finds where each element starts and ends without parsing it (an index keeps
+    the spans), reading the file in pieces; an element longer than max_line_bytes is never read, and one
+    cut short (a truncated file) is skipped naming it."""
+
+    format = "array"
+
+    def __init__(self, path: Path, max_line_bytes: int | None = None, places=None):
+        self.path, self.max_line_bytes = path, max_line_bytes
+        self.offsets = self.sizes = None  # (N,) int64 each, after scan
+        if places is not None:
+            self.offsets, self.sizes = np.asarray(places["offsets"]), np.asarray(places["sizes"])
+
+    def scan(self) -> None:
+        if self.offsets is None:
+            self.offsets, self.sizes = array_elements(self.path)
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def where(self, i: int) -> str:
+        return f"{self.path}:element {i}"  # from 0, as parquet's rows
+
+    def _read(self, f, i: int):
+        size, bound = int(self.sizes[i]), self.max_line_bytes
+        if bound is not None and size > bound:
+            raise SourceError(self.where(i), f"{size} bytes, longer than max_line_bytes {bound}: not read")
+        f.seek(int(self.offsets[i]))
+        try:
+            return json.loads(f.read(size))
+        except ValueError as e:  # JSONDecodeError, or bytes that are not UTF-8
+            raise SourceError(self.where(i), f"not JSON ({e})") from None
+
+    def example(self, i: int):
+        with open(self.path, "rb") as f:
+            return self._read(f, i)
+
+    def examples(self, start: int, stop: int) -> Iterator[tuple[int, object]]:
+        with open(self.path, "rb") as f:
+            for i in range(start, stop):
+                try:
+                    yield i, self._read(f, i)
+                except SourceError as e:
+                    yield i, e
+
+    def places(self) -> dict[str, np.ndarray]:
+        return {"offsets": self.offsets, "sizes": self.sizes}
+
+    @classmethod
+    def from_places(cls, path: Path, max_line_bytes: int | None, places) -> "ArraySource":
+        return cls(path, max_line_bytes, places)
+
+
+def is_json_array(path: Path) -> bool:
+    """Whether a .json file holds an array (its first byte that is not white space is "["), not JSON lines."""
+    with open(path, "rb") as f:
+        while piece := f.read(4096):
+            if stripped := piece.lstrip():
+                return stripped.startswith(b"[")
+    return False
+
+
+_OUTSIDE = re.compile(rb'["\[\]{},]')  # what changes the state outside strings
+_INSIDE = re.compile(rb'["\\]')  # inside a string: its end, or an escape
+
+
+def array_elements(path: Path, piece_bytes: int = 1 << 20) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets, sizes) of the elements of the JSON array in `path`, each span from after the "[" or ","
+    before it to the "," or "]" after it (white space included: json.loads takes it), found by tracking
+    strings, escapes and nesting in pieces of piece_bytes; an element the file ends inside runs to its end."""
+    offsets, sizes = [], []
+    depth, in_string, escaped, start, content, done = 0, False, False, None, False, False
+    with open(path, "rb") as f:
+        base = 0
+        while not done and (piece := f.read(piece_bytes)):
+            at, escaped = (1 if escaped else 0), False  # an escape at the end of the last piece skips a byte
+            while at < len(piece):
+                if in_string:
+                    m = _INSIDE.search(piece, at)
+                    if m is None:
+                        break
+                    if m.group() == b"\\":
+                        at = m.end() + 1
+                        escaped = at > len(piece)
+                    else:
+                        in_string, at = False, m.end()
+                    continue
+                m = _OUTSIDE.search(piece, at)
+                if depth == 1 and piece[at : m.start() if m else len(piece)].strip():
+                    content = True  # a number, true, false or null at the top level
+                if m is None:
+                    break
+                c, pos, at = m.group(), base + m.start(), m.end()
+                if c == b'"':
+                    in_string, content = True, content or depth >= 1
+                elif c in b"[{":
+                    depth += 1
+                    if depth == 1:
+                        start, content = pos + 1, False
+                    else:
+                        content = True
+                elif c in b"]}":
+                    depth -= 1
+                    if depth == 0:
+                        if content:
+                            offsets.append(start)
+                            sizes.append(pos - start)
+                        done = True
+                        break
+                elif depth == 1:  # the comma after an element
+                    offsets.append(start)
+                    sizes.append(pos - start)
+                    start, content = pos + 1, False
+            base += len(piece)
+    if not done and start is not None and content:  # the file ends inside the array: cut short, its read says so
+        offsets.append(start)
+        sizes.append(base - start)
+    return np.asarray(offsets, np.int64), np.asarray(sizes, np.int64)
+
+
 def parquet_file(path: Path):
     """The pyarrow ParquetFile of `path` (its footer read); ValueError naming the file when it is not one
     (truncated, damaged, another format)."""
@@ -358,6 +481,8 @@ def open_source(
     if not path.is_file():
         raise FileNotFoundError(f"data source {path} does not exist")
     kind = {"jsonl": JsonlSource, "parquet": ParquetSource, "table": TableSource}[source_format(path)]
+    if kind is JsonlSource and path.suffix.lower() == ".json" and is_json_array(path):
+        kind = ArraySource
     if places is not None:
         return kind.from_places(path, max_line_bytes, places)
     return kind(path, max_line_bytes)
