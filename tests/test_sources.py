@@ -67,7 +67,7 @@ def test_bad_rows_are_skipped_naming_their_line(tmp_path):
     reasons = {i: str(e) for i, e in got.items() if isinstance(e, SourceError)}
     assert reasons == {
         1: f"{path}:3: has 3 cells; the header names 2 columns",
-        2: f"{path}:4: a row of 207 bytes, longer than max_line_bytes 100: not read",
+        2: f"{path}:4: 207 bytes, longer than max_line_bytes 100: not read",
         3: f"{path}:5: not UTF-8 (invalid continuation byte at byte 9)",
         5: f"{path}:7: not a table row (unexpected end of data)",
     }

@@ -206,59 +206,42 @@ class ParquetSource:
         return cls(path, max_line_bytes)
 
 
-class TableSource:
-    """A CSV or TSV file whose first row names its columns: row i (from 0, the header not counted) as a
-    dict of its cells by column, an empty cell a missing field (as a null parquet cell is). A row may span
-    lines (a quoted cell holding newlines): one scan finds where each row starts and how long it is
-    without holding it (an index keeps them), and a row longer than max_line_bytes is never read."""
+class SpanSource:
+    """A source whose example i is the byte span (offsets[i], sizes[i]) of its file, found by one scan that
+    holds no example (`_spans`, an index keeps what `places` gives): a span longer than max_line_bytes is
+    never read; `_parse` makes the example of a span's bytes."""
 
-    format = "table"
+    format = ""
+    KEPT = ("offsets", "sizes")  # what places() gives and the constructor takes back
 
     def __init__(self, path: Path, max_line_bytes: int | None = None, places=None):
         self.path, self.max_line_bytes = path, max_line_bytes
-        self.delimiter = TABLES[path.suffix.lower()]
-        self.columns, body = table_header(path)
-        self._body = body  # where the first row starts
-        self.offsets = self.sizes = self.numbers = None  # (N,) int64 each, after scan
-        if places is not None:
-            self.offsets, self.sizes, self.numbers = (np.asarray(places[k]) for k in ("offsets", "sizes", "numbers"))
+        self.spans = None if places is None else {k: np.asarray(places[k]) for k in self.KEPT}  # (N,) int64 each
 
     def scan(self) -> None:
-        if self.offsets is None:
-            self.offsets, self.sizes, self.numbers = _table_rows(self.path, self._body, self._header_lines())
+        if self.spans is None:
+            self.spans = dict(zip(self.KEPT, self._spans()))
 
-    def _header_lines(self) -> int:
-        with open(self.path, "rb") as f:
-            return f.read(self._body).count(b"\n")
+    def _spans(self) -> tuple[np.ndarray, ...]:
+        raise NotImplementedError
+
+    def _parse(self, raw: bytes, i: int):
+        raise NotImplementedError
 
     def __len__(self) -> int:
-        return len(self.offsets)
+        return len(self.spans["offsets"])
 
-    def where(self, i: int) -> str:
-        return f"{self.path}:{int(self.numbers[i])}"
-
-    def _read(self, f, i: int) -> dict:
-        size, bound = int(self.sizes[i]), self.max_line_bytes
+    def _read(self, f, i: int):
+        size, bound = int(self.spans["sizes"][i]), self.max_line_bytes
         if bound is not None and size > bound:
-            raise SourceError(self.where(i), f"a row of {size} bytes, longer than max_line_bytes {bound}: not read")
-        f.seek(int(self.offsets[i]))
+            raise SourceError(self.where(i), f"{size} bytes, longer than max_line_bytes {bound}: not read")
+        f.seek(int(self.spans["offsets"][i]))
         raw = f.read(size)
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise SourceError(self.where(i), f"not UTF-8 ({e.reason} at byte {e.start})") from None
-        try:
-            rows = list(csv.reader(io.StringIO(text, newline=""), delimiter=self.delimiter, strict=True))
-        except csv.Error as e:
-            raise SourceError(self.where(i), f"not a table row ({e})") from None
-        if len(raw) != size or len(rows) != 1:
-            raise SourceError(self.where(i), "the file changed since it was read, or a quoted cell is not closed")
-        cells = rows[0]
-        if len(cells) != len(self.columns):
-            raise SourceError(self.where(i), f"has {len(cells)} cells; the header names {len(self.columns)} columns")
-        return {name: cell for name, cell in zip(self.columns, cells) if cell != ""}
+        if len(raw) != size:
+            raise SourceError(self.where(i), "the file changed since it was read: this example is gone")
+        return self._parse(raw, i)
 
-    def example(self, i: int) -> dict:
+    def example(self, i: int):
         with open(self.path, "rb") as f:
             return self._read(f, i)
 
@@ -271,11 +254,48 @@ class TableSource:
                     yield i, e
 
     def places(self) -> dict[str, np.ndarray]:
-        return {"offsets": self.offsets, "sizes": self.sizes, "numbers": self.numbers}
+        return dict(self.spans)
 
     @classmethod
-    def from_places(cls, path: Path, max_line_bytes: int | None, places) -> "TableSource":
+    def from_places(cls, path: Path, max_line_bytes: int | None, places) -> "SpanSource":
         return cls(path, max_line_bytes, places)
+
+
+class TableSource(SpanSource):
+    """A CSV or TSV file whose first row names its columns: row i (from 0, the header not counted) as a
+    dict of its cells by column, an empty cell a missing field (as a null parquet cell is). A row may span
+    lines (a quoted cell holding newlines); it is named by the line it starts on."""
+
+    format = "table"
+    KEPT = ("offsets", "sizes", "numbers")
+
+    def __init__(self, path: Path, max_line_bytes: int | None = None, places=None):
+        super().__init__(path, max_line_bytes, places)
+        self.delimiter = TABLES[path.suffix.lower()]
+        self.columns, self._body = table_header(path)  # the names, where the first row starts
+
+    def _spans(self) -> tuple[np.ndarray, ...]:
+        with open(self.path, "rb") as f:
+            header_lines = f.read(self._body).count(b"\n")
+        return _table_rows(self.path, self._body, header_lines)
+
+    def where(self, i: int) -> str:
+        return f"{self.path}:{int(self.spans['numbers'][i])}"
+
+    def _parse(self, raw: bytes, i: int) -> dict:
+        try:
+            text = raw.decode("utf-8")
+            rows = list(csv.reader(io.StringIO(text, newline=""), delimiter=self.delimiter, strict=True))
+        except UnicodeDecodeError as e:
+            raise SourceError(self.where(i), f"not UTF-8 ({e.reason} at byte {e.start})") from None
+        except csv.Error as e:
+            raise SourceError(self.where(i), f"not a table row ({e})") from None
+        if len(rows) != 1:
+            raise SourceError(self.where(i), "a quoted cell is not closed, or the file changed since it was read")
+        cells = rows[0]
+        if len(cells) != len(self.columns):
+            raise SourceError(self.where(i), f"has {len(cells)} cells; the header names {len(self.columns)} columns")
+        return {name: cell for name, cell in zip(self.columns, cells) if cell != ""}
 
 
 def table_header(path: Path) -> tuple[list[str], int]:
@@ -330,58 +350,24 @@ def _table_rows(path: Path, start: int, line: int) -> tuple[np.ndarray, np.ndarr
     return tuple(np.asarray(x, np.int64) for x in (offsets, sizes, numbers))
 
 
-class ArraySource:
+class ArraySource(SpanSource):
     """A JSON file holding one array (as LLaVA, LLaVA-Video and Video-ChatGPT publish their sets): element
-    i as example i. One scan finds where each element starts and ends without parsing it (an index keeps
-    the spans), reading the file in pieces; an element longer than max_line_bytes is never read, and one
-    cut short (a truncated file) is skipped naming it."""
+    i as example i, its span found without parsing it (array_elements); one cut short (a truncated file)
+    is skipped naming it."""
 
     format = "array"
 
-    def __init__(self, path: Path, max_line_bytes: int | None = None, places=None):
-        self.path, self.max_line_bytes = path, max_line_bytes
-        self.offsets = self.sizes = None  # (N,) int64 each, after scan
-        if places is not None:
-            self.offsets, self.sizes = np.asarray(places["offsets"]), np.asarray(places["sizes"])
-
-    def scan(self) -> None:
-        if self.offsets is None:
-            self.offsets, self.sizes = array_elements(self.path)
-
-    def __len__(self) -> int:
-        return len(self.offsets)
+    def _spans(self) -> tuple[np.ndarray, ...]:
+        return array_elements(self.path)
 
     def where(self, i: int) -> str:
         return f"{self.path}:element {i}"  # from 0, as parquet's rows
 
-    def _read(self, f, i: int):
-        size, bound = int(self.sizes[i]), self.max_line_bytes
-        if bound is not None and size > bound:
-            raise SourceError(self.where(i), f"{size} bytes, longer than max_line_bytes {bound}: not read")
-        f.seek(int(self.offsets[i]))
+    def _parse(self, raw: bytes, i: int):
         try:
-            return json.loads(f.read(size))
+            return json.loads(raw)
         except ValueError as e:  # JSONDecodeError, or bytes that are not UTF-8
             raise SourceError(self.where(i), f"not JSON ({e})") from None
-
-    def example(self, i: int):
-        with open(self.path, "rb") as f:
-            return self._read(f, i)
-
-    def examples(self, start: int, stop: int) -> Iterator[tuple[int, object]]:
-        with open(self.path, "rb") as f:
-            for i in range(start, stop):
-                try:
-                    yield i, self._read(f, i)
-                except SourceError as e:
-                    yield i, e
-
-    def places(self) -> dict[str, np.ndarray]:
-        return {"offsets": self.offsets, "sizes": self.sizes}
-
-    @classmethod
-    def from_places(cls, path: Path, max_line_bytes: int | None, places) -> "ArraySource":
-        return cls(path, max_line_bytes, places)
 
 
 def is_json_array(path: Path) -> bool:
