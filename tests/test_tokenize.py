@@ -386,3 +386,52 @@ def test_run_takes_the_config_the_command_line_gives(data, tmp_path, capsys):
     assert (a == b).all() and len(a) == 3
     with pytest.raises(UsageError, match="neither a folder nor a preset"):
         run_config(TokenizeConfig(inputs=[video], out=tmp_path / "c", vqgan="nope"))
+
+
+def test_images_are_one_frame_videos(data, tmp_path, capsys):
+    """A folder of images beside a video: each image one frame of codes, cropped to its center square as
+    frames are (a 64 x 64 PNG as it is, a 96 x 64 JPEG's middle 64 columns, a GIF's first frame, a
+    palette PNG in RGB), the video as before; a .jpg that is no image is recorded as failed and the run
+    goes on. An example naming an image's id trains on its 256 codes closed by <eov>, as LWM trains images."""
+    from PIL import Image
+
+    from lwm.data import CodeStore, TextTokenizer, Vocab, encode_example
+
+    rng = np.random.default_rng(0)
+    folder = tmp_path / "media"
+    folder.mkdir()
+    square = rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    wide = rng.integers(0, 256, (64, 96, 3), dtype=np.uint8)
+    Image.fromarray(square).save(folder / "square.png")
+    Image.fromarray(wide).save(folder / "wide.jpg", quality=95)
+    Image.fromarray(square).save(folder / "anim.gif", save_all=True, append_images=[Image.fromarray(wide[:, :64])])
+    Image.fromarray(square).convert("P").save(folder / "palette.png")
+    (folder / "broken.jpg").write_bytes(b"not an image at all")
+    video = data["good"]["landscape_mp4"]
+    out = tmp_path / "out"
+    assert run(data, out, "--ids", "stem", inputs=[str(folder), str(video)]) == 1  # broken.jpg failed
+    summary = capsys.readouterr().out
+    assert "6 videos: 5 done" in summary and "1 failed" in summary, summary
+    (failure,) = records(out, "failures.jsonl")
+    assert failure["source"].endswith("broken.jpg") and "cannot open as an image" in failure["error"]
+    manifest = {r["id"]: r for r in records(out, "manifest.jsonl")}
+    decoded = {
+        "square": square,
+        "wide": np.asarray(Image.open(folder / "wide.jpg").convert("RGB"))[:, 16:80],  # the JPEG's own pixels
+        "anim": np.asarray(Image.open(folder / "anim.gif").convert("RGB")),  # the first frame
+        "palette": np.asarray(Image.open(folder / "palette.png").convert("RGB")),
+    }
+    for name, pixels in decoded.items():
+        record = manifest[name]
+        assert record["frames"] == 1 and record["timestamps"] == [0.0] and record["video"]["num_frames"] == 1
+        want = data["model"].encode(torch.from_numpy(np.array(pixels))[None]).numpy()
+        np.testing.assert_array_equal(np.load(out / record["tokens"]), want, err_msg=name)
+    assert manifest["wide"]["video"]["width"] == 96 and manifest[video.stem]["frames"] > 1
+
+    tok = TextTokenizer(ROOT / "data" / "sample" / "tokenizer.model")
+    vocab = Vocab(tok.vocab_size)
+    example = {"vision": "square", "caption": "a square of noise", "fields": "[vision],caption"}
+    encoded = encode_example(example, vocab, tok, CodeStore(out, vocab.n_vision_codes))
+    codes = encoded.tokens[encoded.vision_mask]  # the codes and the <eov> that closes the one frame
+    assert len(codes) == 257 and codes[-1] == vocab.eov
+    np.testing.assert_array_equal(codes[:-1] - vocab.vision_offset, np.load(out / manifest["square"]["tokens"])[0])

@@ -5,9 +5,11 @@
     lwm-tokenize videos/ --out data/tokens --shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT
     (or python -m lwm.video.tokenize ...)
 
-Inputs are video files, folders (searched recursively for video extensions; hidden names are
-skipped) and list files (.txt/.lst/.list: one path per line, relative to the list's folder; blank
-lines and lines starting with # are skipped). In --out it writes:
+Inputs are video and image files, folders (searched recursively for their extensions; hidden names
+are skipped) and list files (.txt/.lst/.list: one path per line, relative to the list's folder; blank
+lines and lines starting with # are skipped). An image (.jpg, .png, .webp, ...) is a one-frame video,
+as LWM trains images: cropped and resized as frames are, one frame of codes; the sampling options do
+not apply to it. In --out it writes:
 
     tokens/<id>.npy      uint16 (T, 256) codes of one video; <id> is its file stem + a hash of its path
                          (--ids hashed, the default) or the file stem alone (--ids stem)
@@ -54,7 +56,8 @@ from lwm.interop.vqgan_sources import open_vqgan
 from lwm.io import append_jsonl, read_jsonl
 from lwm.out_lock import FolderLocked, output_lock
 from lwm.video.codes import encode_video, video_id
-from lwm.video.inputs import check_unique_ids, collect_videos
+from lwm.video.image import encode_image
+from lwm.video.inputs import check_unique_ids, collect_videos, is_image
 from lwm.video.reader import VideoError, default_rate
 from lwm.vision.vqgan_config import PRESETS
 from lwm.writes import NoSpaceLeft, atomic_file, writes_to
@@ -358,9 +361,14 @@ def tokenize(job: Job) -> int:
                     skipped += 1
                     continue
                 try:
-                    codes, timestamps, video = encode_video(
-                        path, job.model, job.sampling, job.batch_size, np.uint16, progress
-                    )
+                    if is_image(path):  # a one-frame video
+                        codes, timestamps, video = encode_image(path, job.model, np.uint16)
+                        progress.total += 1
+                        progress.update(1)
+                    else:
+                        codes, timestamps, video = encode_video(
+                            path, job.model, job.sampling, job.batch_size, np.uint16, progress
+                        )
                     job.out.write(manifest_record(job, vid, path, codes, video, timestamps), codes)
                     done += 1
                     frames += len(codes)

@@ -1,0 +1,48 @@
+"""Images as one-frame videos, as LWM trains them: a picture is cropped and resized as a video's frames
+are and encoded by the same VQGAN into one frame of codes (256 for LWM's), which the data then closes
+with <eov>. lwm-tokenize takes image files beside videos (lwm.video.inputs.IMAGE_EXTENSIONS)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from lwm.video.errors import VideoError
+from lwm.video.frame_size import crop_resize
+
+
+@dataclass(frozen=True)
+class Picture:
+    """What the manifest records of an image's source, in a video's terms (one frame, no duration)."""
+
+    width: int
+    height: int
+    num_frames: int = 1
+    duration: float = 0.0
+
+
+def read_image(path: str | Path, resolution: int) -> tuple[np.ndarray, Picture]:
+    """(1, resolution, resolution, 3) uint8: the image's RGB pixels, center-cropped to a square and
+    resized as video frames are; VideoError naming the file when it cannot be read as an image."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as image:
+            pixels = np.array(image.convert("RGB"))  # (h, w, 3) uint8, writable; a GIF's first frame, no alpha
+    except FileNotFoundError:
+        raise VideoError(f"{path}: no such file") from None
+    except (UnidentifiedImageError, OSError, ValueError) as e:
+        raise VideoError(f"{path}: cannot open as an image ({type(e).__name__}: {e})") from None
+    h, w, _ = pixels.shape
+    return crop_resize(pixels[None], resolution), Picture(width=w, height=h)
+
+
+def encode_image(path: str | Path, vqgan, dtype=np.int64) -> tuple[np.ndarray, np.ndarray, Picture]:
+    """Codes (1, tokens_per_frame) of the image, its timestamps ([0.0]) and what it was."""
+    frames, picture = read_image(path, vqgan.config.resolution)
+    device = next(vqgan.parameters()).device
+    codes = vqgan.encode(torch.from_numpy(frames).to(device)).cpu().numpy().astype(dtype)  # (1, r, r, 3) -> (1, 256)
+    return codes, np.zeros(1), picture
