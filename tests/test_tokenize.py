@@ -435,3 +435,19 @@ def test_images_are_one_frame_videos(data, tmp_path, capsys):
     codes = encoded.tokens[encoded.vision_mask]  # the codes and the <eov> that closes the one frame
     assert len(codes) == 257 and codes[-1] == vocab.eov
     np.testing.assert_array_equal(codes[:-1] - vocab.vision_offset, np.load(out / manifest["square"]["tokens"])[0])
+
+
+def test_inputs_without_any_video_or_image_are_refused_before_any_work(data, tmp_path, capsys):
+    """A folder holding no media (a caption table, notes) and an empty list file: exit 2 naming the
+    inputs and the extensions looked for, and the output folder is not claimed (no settings.json)."""
+    folder = tmp_path / "captions"
+    folder.mkdir()
+    (folder / "captions.csv").write_text("video,caption\na.mp4,hi\n")
+    (tmp_path / "empty.txt").write_text("# nothing yet\n")
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as info:
+        run(data, out, inputs=[str(folder), str(tmp_path / "empty.txt")])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"no video or image in {folder}, {tmp_path / 'empty.txt'}" in err and ".jpg" in err and ".mp4" in err, err
+    assert not (out / "settings.json").exists()

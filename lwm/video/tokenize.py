@@ -57,7 +57,7 @@ from lwm.io import append_jsonl, read_jsonl
 from lwm.out_lock import FolderLocked, output_lock
 from lwm.video.codes import encode_video, video_id
 from lwm.video.image import encode_image
-from lwm.video.inputs import check_unique_ids, collect_videos, is_image
+from lwm.video.inputs import MEDIA_EXTENSIONS, check_unique_ids, collect_videos, is_image
 from lwm.video.reader import VideoError, default_rate
 from lwm.vision.vqgan_config import PRESETS
 from lwm.writes import NoSpaceLeft, atomic_file, writes_to
@@ -271,6 +271,12 @@ class Job:
 def validate(args: TokenizeConfig, held: ExitStack) -> Job:
     """Everything checked before any video is read; a problem raises UsageError (NoSpaceLeft for a full
     disk). The output folder's lock is entered into `held`, which the caller keeps open while the job runs."""
+    all_videos = collect_videos(args.inputs)
+    if not all_videos:  # folders without media, an empty list file: nothing would be done, and nothing said
+        raise UsageError(
+            f"no video or image in {', '.join(args.inputs)} (folders are searched for "
+            f"{' '.join(sorted(MEDIA_EXTENSIONS))}; list files name one path a line)"
+        )
     try:
         sampling = default_rate(args.fps, args.max_frames, args.start, args.end)
     except ValueError as e:
@@ -313,7 +319,6 @@ def validate(args: TokenizeConfig, held: ExitStack) -> Job:
             f"--out {out.root} is claimed for other settings ({out.root / SETTINGS}): {_differences(held_by, settings)} "
             "(its setting -> this run's). Use its settings, or another --out"
         )
-    all_videos = collect_videos(args.inputs)
     clash = check_unique_ids(all_videos, args.ids)
     if clash:
         raise UsageError(clash)
