@@ -139,3 +139,28 @@ def test_loss_rows_compute_only_the_weighted_positions_and_change_nothing(chunk)
     assert (b.token_loss[~weighted] == 0).all()
     with pytest.raises(ValueError, match=r"rows must be \(n,\) with n <= 80 positions, got \(1, 8\)"):
         chunked_cross_entropy(hidden, weight, targets, coeff, chunk, rows=rows[None])
+
+
+def test_loss_rows_on_the_gpus_settings_need_no_values_and_no_host_sync():
+    """The rows path as a GPU runs it (bf16 hidden states and head, fp32 coefficients), on the meta device
+    and under FakeTensorMode, where no tensor has values: every shape follows from the rows' own shape
+    (known on the host), so it runs without a value read, and the planner's op counter sees no host
+    sync in forward or backward; the loss is fp32, the gradients keep bf16."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from lwm.train.plan.fake import OpCounter
+
+    B, S, D, V, n = 2, 64, 16, 300, 9
+    for context in (torch.device("meta"), FakeTensorMode()):
+        with context:
+            hidden = torch.empty(B, S, D, dtype=torch.bfloat16, requires_grad=True)
+            weight = torch.empty(V, D, dtype=torch.bfloat16, requires_grad=True)
+            targets = torch.zeros(B, S, dtype=torch.long)
+            coeff = torch.empty(B, S, dtype=torch.float32)
+            rows = torch.empty(n, dtype=torch.long)
+            with OpCounter() as counter:
+                out = chunked_cross_entropy(hidden, weight, targets, coeff, chunk_size=4, rows=rows)
+                out.loss.backward()
+        assert counter.syncs() == {}, counter.syncs()
+        assert out.loss.dtype == torch.float32 and out.token_loss.shape == (B, S)
+        assert hidden.grad.dtype == weight.grad.dtype == torch.bfloat16 and hidden.grad.shape == (B, S, D)

@@ -29,7 +29,7 @@ from filelock import FileLock
 from tqdm import tqdm
 
 from lwm.data.example import Encoder, ExampleError
-from lwm.data.sources import JsonlSource, ParquetSource, SourceError, is_json_array, open_source, source_format
+from lwm.data.sources import JsonlSource, ParquetSource, SourceError, open_source, source_format, source_kind
 from lwm.writes import atomic_file
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ def source_index(
     signature = {**encoder.signature(), "fields": fields, "max_line_bytes": max_line_bytes}
     if source_format(path) == "parquet":  # its rows are bounded by max_line_bytes since this key was added
         signature["rows_bounded"] = True
-    if path.suffix.lower() == ".json" and is_json_array(path):  # its places are an array's, not lines'
+    if source_kind(path) == "array":  # its places are an array's, not lines'
         signature["layout"] = "array"
     file = index_file(path, signature, index_dir)
     stat = path.stat()

@@ -459,6 +459,12 @@ def check_readable(path: str | Path) -> None:
         table_header(path)
 
 
+def source_kind(path: str | Path) -> str:
+    """source_format, with a .json holding one array told apart from JSON lines by its first byte."""
+    kind = source_format(path)
+    return "array" if kind == "jsonl" and Path(path).suffix.lower() == ".json" and is_json_array(path) else kind
+
+
 def open_source(
     path: str | Path, max_line_bytes: int | None = None, places=None
 ) -> JsonlSource | ParquetSource | TableSource:
@@ -466,9 +472,9 @@ def open_source(
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"data source {path} does not exist")
-    kind = {"jsonl": JsonlSource, "parquet": ParquetSource, "table": TableSource}[source_format(path)]
-    if kind is JsonlSource and path.suffix.lower() == ".json" and is_json_array(path):
-        kind = ArraySource
+    kind = {"jsonl": JsonlSource, "array": ArraySource, "parquet": ParquetSource, "table": TableSource}[
+        source_kind(path)
+    ]
     if places is not None:
         return kind.from_places(path, max_line_bytes, places)
     return kind(path, max_line_bytes)

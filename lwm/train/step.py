@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Partial, Replicate
 from torch.distributed.tensor.experimental import implicit_replication
 
+from lwm.data.batches import LOSS_ROWS
 from lwm.model import Transformer, token_coefficients
 from lwm.parallel import global_group_counts
 from lwm.train.config import OptimConfig, StageConfig
@@ -144,7 +145,7 @@ def batch_losses(model: Transformer, batch: dict, optim: OptimConfig, cp_group, 
         targets=batch["targets"],
         loss_coeff=coeff,
         segment_ids=segments,
-        loss_rows=batch.get("loss_rows"),  # the positions that carry loss weight, read on the host (None: all)
+        loss_rows=batch.get(LOSS_ROWS),  # the positions that carry loss weight, read on the host (None: all)
     )
     loss = out.loss.detach().clone()
     if cp > 1:
