@@ -75,6 +75,7 @@ class CodeStore:
             raise FileNotFoundError(f"{self.root} has no tokens/ folder; expected the output of lwm-tokenize")
         self.meta: dict[str, dict] = {}
         self.where: dict[str, str] = {}  # id -> "manifest:line" of the record that counts (the last)
+        self.by_source: dict[str, str] = {}  # the absolute path lwm-tokenize read (its "source") -> id
         # files already verified, by (size, mtime): a video sampled every epoch is hashed once, not each time
         self._verified: dict[Path, tuple[int, int]] = {}
         for manifest in sorted(self.root.glob("manifest*.jsonl")):
@@ -84,6 +85,19 @@ class CodeStore:
                     raise ValueError(f'{manifest}:{n}: a manifest record is a JSON object with an "id"')
                 self.meta[entry["id"]] = entry
                 self.where[entry["id"]] = f"{manifest}:{n}"
+                if isinstance(entry.get("source"), str):
+                    self.by_source[entry["source"]] = entry["id"]
+
+    def id_of(self, path: str) -> str:
+        """The id of the codes lwm-tokenize made from the media file at `path` (absolute); CodesError naming
+        the file when this store has none."""
+        found = self.by_source.get(path)
+        if found is None:
+            raise CodesError(
+                f"{path} has no codes in {self.root}: tokenize it first (lwm-tokenize --out {self.root} with the "
+                "file, its folder, or --source naming the data source)"
+            )
+        return found
 
     def verify(self, video_id: str, path: Path) -> None:
         """Raises CodesError naming the file when its bytes are not those the manifest's "sha256" records;
@@ -132,6 +146,8 @@ class CodeStore:
         the video's duration, else the last frame lasts a typical interval)."""
         meta = self.meta.get(video_id, {})
         stamps = meta.get("timestamps")
+        if n_frames == 1 and (meta.get("video") or {}).get("num_frames") == 1:  # an image: its one frame at any rate
+            return np.zeros(1, np.int64), None if stamps is None else np.asarray(stamps[:1], np.float64)
         stamps = np.asarray(stamps, dtype=np.float64) if stamps is not None and len(stamps) == n_frames else None
         if fps is None:  # by count or all: every cached frame is in the clip
             indices = np.arange(n_frames) if max_frames is None else uniform_indices(n_frames, max_frames)

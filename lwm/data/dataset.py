@@ -26,7 +26,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
@@ -34,11 +34,12 @@ import numpy as np
 import torch
 
 from lwm.data.codes import CodeStore
-from lwm.data.example import Encoded, Encoder, ExampleError
+from lwm.data.example import Encoded, Encoder, ExampleError, parse_fields
+from lwm.data.form import ROLES, Form, source_form
 from lwm.data.index import SourceIndex, example_key, source_index
 from lwm.data.packing import OVERFLOW, WEIGHTING, Packed, assemble, example_weights
 from lwm.data.plan import Plan, PlanFiles, plan
-from lwm.data.sources import SourceError, check_readable
+from lwm.data.sources import SourceError, check_readable, schema_columns
 from lwm.data.text_tokenizer import TextTokenizer
 from lwm.data.vocab import Vocab
 from lwm.weights import host_memory
@@ -79,10 +80,28 @@ class EpochTooLarge(TooLittleData):
 
 @dataclass
 class Source:
-    path: str  # a JSON-lines (.jsonl, .json), parquet (.parquet) or CSV / TSV table (.csv, .tsv) file
+    path: (
+        str  # a JSON-lines (.jsonl, .json), JSON-array (.json), parquet (.parquet) or CSV / TSV table (.csv, .tsv) file
+    )
     fields: str | list | None = None  # default spec for examples without their own "fields"
     overflow: str = "truncate"  # examples longer than the sequence: truncate | drop | window
     repeat: int = 1  # times each example appears per epoch (mixing weights)
+    # the columns whose values are media files (a video or an image, or a list of them; lwm.data.form)
+    media: list[str] = field(default_factory=list)
+    media_root: str | None = None  # what media paths are relative to; None: the source file's folder
+    conversation: str | None = None  # the column holding a conversation (LLaVA's "conversations")
+    roles: dict[str, str] | None = None  # the conversation's role names -> user | assistant | system (None: LLaVA's)
+
+    def form(self) -> Form:
+        return source_form(self.path, self.fields, self.media, self.media_root, self.conversation, self.roles)
+
+    def columns(self) -> list[str]:
+        """The columns the source says its records have: media, the conversation, the default spec's fields."""
+        specs = [] if self.fields is None else [self.fields] if isinstance(self.fields, str) else list(self.fields)
+        named = (
+            [n for spec in specs for group in parse_fields(spec) for n in group.fields] if not self.conversation else []
+        )
+        return list(dict.fromkeys([*self.media, *([self.conversation] if self.conversation else []), *named]))
 
     def check(self, name: str) -> None:
         """Range checks before any work, naming the source (`data.sources.<name>`, or its path): a planned
@@ -95,6 +114,15 @@ class Source:
             raise ValueError(f"{name}: overflow must be one of {OVERFLOW}, got {self.overflow!r}")
         if self.repeat < 1:
             raise ValueError(f"{name}: repeat (times each example appears per epoch) must be >= 1, got {self.repeat}")
+        bad_roles = {k: v for k, v in (self.roles or {}).items() if v not in ROLES}
+        if bad_roles:
+            raise ValueError(f"{name}: roles map a conversation's role names to one of {ROLES}, got {bad_roles}")
+        if self.conversation is None and self.roles is not None:
+            raise ValueError(f"{name}: roles name a conversation's roles; the source has no conversation column")
+        have = schema_columns(self.path)
+        missing = [c for c in self.columns() if have is not None and c not in have]
+        if missing:
+            raise ValueError(f"{name}: {self.path} has no column {missing[0]!r} (its columns: {have})")
         most = host_memory() // PLAN_BYTES
         if self.repeat > most:
             raise ValueError(
@@ -154,9 +182,12 @@ class PackedStream:
         self.dp_rank, self.dp_size, self.weighting, self.strict = dp_rank, dp_size, weighting, strict
         self.max_line_bytes, self.max_skipped_fraction = max_line_bytes, max_skipped_fraction
         self.encoder = Encoder(vocab, text_tokenizer, codes, max_frames, fps, seed)
+        self.forms = [s.form() for s in sources]
         self.indexes: list[SourceIndex] = [
-            source_index(s.path, self.encoder, s.fields, max_line_bytes, index_dir, index_workers) for s in sources
+            source_index(s.path, self.encoder, form, max_line_bytes, index_dir, index_workers)
+            for s, form in zip(sources, self.forms)
         ]
+        self._warn_undeclared_media()
         self.trained: list[int] = []  # examples of each source trained on (the rest are held out)
         for source, index in zip(sources, self.indexes):
             if holdout and len(index) <= holdout:
@@ -180,6 +211,20 @@ class PackedStream:
         self._plan_files = self._plans_kept_in(index_dir)
         self._last: tuple | None = None  # ((source, example), Encoded): a windowed example spans sequences
         self._global_batches(self.plan(0))  # too little data is said here, before any batch is made
+
+    def _warn_undeclared_media(self) -> None:
+        """A source's first example with a text column of media paths: warned about, naming the source and
+        the column (its media are not trained on)."""
+        for source, form, index in zip(self.sources, self.forms, self.indexes):
+            first = next((i for i in range(min(len(index), 100)) if index.lengths[i] >= 0), None)
+            columns = [] if first is None else form.undeclared_media(index.reader.example(first))
+            if columns:
+                log.warning(
+                    "data source %s: column %r holds media file paths and is read as text; name it in the source's "
+                    "media to train on the files' codes",
+                    source.path,
+                    columns[0],
+                )
 
     def identities(self) -> list[dict]:
         """What each source was when its index was read: what a data position means (a checkpoint keeps it)."""
@@ -276,7 +321,7 @@ class PackedStream:
             return self._last[1]
         index, source = self.indexes[s], self.sources[s]
         try:
-            enc = self.encoder(index.reader.example(i), source.fields, example_key(source.path, i))
+            enc = self.encoder(index.reader.example(i), self.forms[s], example_key(source.path, i))
         except (ExampleError, SourceError) as e:
             index.file.unlink(missing_ok=True)
             raise StaleIndex(

@@ -31,7 +31,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from lwm.data.chat import SYSTEM, template_turns
-from lwm.data.codes import CodeStore
+from lwm.data.codes import CodesError, CodeStore
+from lwm.data.conversation import BOS, EOS, MEDIA, ConversationError, conversation_pieces
+from lwm.data.form import Form, MediaError
 from lwm.data.text_tokenizer import TextTokenizer
 from lwm.data.vocab import Vocab
 
@@ -104,22 +106,47 @@ def _video(value, codes: CodeStore | None, vocab: Vocab, max_frames, fps):
         raise ExampleError(f"cached codes {codes.path(video_id)}: {e}") from e
 
 
+def _media(example: dict, form: Form, codes: CodeStore | None, vocab: Vocab, max_frames, fps) -> list:
+    """(tokens, vision mask) of each media file the record's media columns name, in order."""
+    out = []
+    for column in form.media:
+        if example.get(column) is not None:  # None: a record without this kind of media (an image on a video's)
+            out += _media_column(example, column, form, codes, vocab, max_frames, fps)
+    return out
+
+
+def _media_column(
+    example: dict, column: str, form: Form, codes: CodeStore | None, vocab: Vocab, max_frames, fps
+) -> list:
+    if codes is None:
+        raise ExampleError(f"media column {column!r} needs a code store (data.codes)")
+    try:
+        ids = [codes.id_of(path) for path in form.media_paths(example, column)]
+    except (MediaError, CodesError) as e:
+        raise ExampleError(str(e)) from None
+    return [_video(i, codes, vocab, max_frames, fps) for i in ids]
+
+
 def encode_example(
     example: dict,
     vocab: Vocab,
     text_tokenizer: TextTokenizer,
     codes: CodeStore | None = None,
-    default_fields: str | list | None = None,
+    default_fields: str | list | Form | None = None,
     max_frames: int | None = None,
     fps: float | None = None,
     seed: int = 0,
     key: str = "",
 ) -> Encoded:
     """Encode one example; raises ExampleError saying what is wrong. `key` identifies the example
-    for the seeded choice among several specs (e.g. "file:line")."""
+    for the seeded choice among several specs (e.g. "file:line"). default_fields: the source's default spec,
+    or its whole Form (lwm.data.form: media columns, a conversation)."""
     if not isinstance(example, dict):
         raise ExampleError(f"an example must be a JSON object, got {type(example).__name__}")
-    spec = example.get("fields", default_fields)
+    form = Form.of(default_fields)
+    if form.conversation is not None:
+        return _conversation(example, form, vocab, text_tokenizer, codes, max_frames, fps)
+    spec = example.get("fields", form.spec())
     if spec is None:
         raise ExampleError("the example has no 'fields' spec and the source gives no default")
     chosen = choose_spec(spec, key, seed)
@@ -133,7 +160,9 @@ def encode_example(
             if name not in example:
                 raise ExampleError(f"unknown field {name!r} in spec {spec!r}; the example has {sorted(example)}")
             value = example[name]
-            if "vision" in name:
+            if name in form.media:
+                tokens, vmask = _join(_media_column(example, name, form, codes, vocab, max_frames, fps))
+            elif "vision" in name:
                 tokens, vmask = _video(value, codes, vocab, max_frames, fps)
             else:
                 if not isinstance(value, str) or not value.strip():
@@ -146,6 +175,35 @@ def encode_example(
     ids.append(np.array([text_tokenizer.eos_id]))
     loss.append(np.ones(1, bool))
     vis.append(np.zeros(1, bool))
+    return Encoded(np.concatenate(ids).astype(np.int64), np.concatenate(loss), np.concatenate(vis))
+
+
+def _join(parts: list) -> tuple[np.ndarray, np.ndarray]:
+    return np.concatenate([t for t, _ in parts]), np.concatenate([m for _, m in parts])
+
+
+def _conversation(example: dict, form: Form, vocab: Vocab, tokenizer: TextTokenizer, codes, max_frames, fps) -> Encoded:
+    media = _media(example, form, codes, vocab, max_frames, fps) if form.media else []
+    try:
+        pieces = conversation_pieces(example, form, tokenizer, len(media))
+    except ConversationError as e:
+        raise ExampleError(str(e)) from None
+    ids, loss, vis = [], [], []
+    media = iter(media)
+    for piece, weighted in pieces:
+        if piece is MEDIA:
+            tokens, vmask = next(media)
+        elif piece is BOS:
+            tokens = np.asarray(tokenizer.with_bos([]), np.int64)
+            vmask = np.zeros(len(tokens), bool)
+        elif piece is EOS:
+            tokens, vmask = np.array([tokenizer.eos_id], np.int64), np.zeros(1, bool)
+        else:
+            tokens = np.asarray(tokenizer.encode(piece), np.int64)
+            vmask = np.zeros(len(tokens), bool)
+        ids.append(tokens)
+        vis.append(vmask)
+        loss.append(np.full(len(tokens), weighted))
     return Encoded(np.concatenate(ids).astype(np.int64), np.concatenate(loss), np.concatenate(vis))
 
 
@@ -192,7 +250,7 @@ class Encoder:
         self.vocab, self.text_tokenizer, self.codes = vocab, text_tokenizer, codes
         self.max_frames, self.fps, self.seed = max_frames, fps, seed
 
-    def __call__(self, example, fields: str | list | None, key: str) -> Encoded:
+    def __call__(self, example, fields: str | list | Form | None, key: str) -> Encoded:
         return encode_example(
             example, self.vocab, self.text_tokenizer, self.codes, fields, self.max_frames, self.fps, self.seed, key
         )

@@ -29,6 +29,7 @@ from filelock import FileLock
 from tqdm import tqdm
 
 from lwm.data.example import Encoder, ExampleError
+from lwm.data.form import Form
 from lwm.data.sources import JsonlSource, ParquetSource, SourceError, open_source, source_format, source_kind
 from lwm.writes import atomic_file
 
@@ -81,7 +82,7 @@ def source_index(
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"data source {path} does not exist")
-    signature = {**encoder.signature(), "fields": fields, "max_line_bytes": max_line_bytes}
+    signature = {**encoder.signature(), **Form.of(fields).signature(), "max_line_bytes": max_line_bytes}
     if source_format(path) == "parquet":  # its rows are bounded by max_line_bytes since this key was added
         signature["rows_bounded"] = True
     if source_kind(path) == "array":  # its places are an array's, not lines'

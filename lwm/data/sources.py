@@ -459,6 +459,19 @@ def check_readable(path: str | Path) -> None:
         table_header(path)
 
 
+def schema_columns(path: str | Path) -> list[str] | None:
+    """The columns every record of a table or parquet source has (its header, its schema); None for JSON,
+    whose records each name their own keys, and for a file that is not there (refused elsewhere)."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    if path.suffix.lower() in TABLES:
+        return table_header(path)[0]
+    if path.suffix.lower() in PARQUET:
+        return list(parquet_file(path).schema_arrow.names)
+    return None
+
+
 def source_kind(path: str | Path) -> str:
     """source_format, with a .json holding one array told apart from JSON lines by its first byte."""
     kind = source_format(path)

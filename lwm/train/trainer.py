@@ -67,7 +67,7 @@ def build_trainer(
             Throughput(module.model_config, stage.seq_len, global_batch, cfg.trainer.peak_tflops),
             PeakMemory(),
             StopOnSignal(),
-            SkippedExamples(folder.path),
+            SkippedExamples(folder.path, dims.tp),
         ]
         + ([AnswerProbe(cfg.probe, folder.path, stage.name, stage.steps)] if cfg.probe.path else []),
         num_sanity_val_steps=0,

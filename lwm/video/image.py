@@ -1,6 +1,6 @@
 """Images as one-frame videos, as LWM trains them: a picture is cropped and resized as a video's frames
 are and encoded by the same VQGAN into one frame of codes (256 for LWM's), which the data then closes
-with <eov>. lwm-tokenize takes image files beside videos (lwm.video.inputs.IMAGE_EXTENSIONS)."""
+with <eov>. lwm-tokenize takes image files beside videos (lwm.data.form.IMAGE_EXTENSIONS)."""
 
 from __future__ import annotations
 

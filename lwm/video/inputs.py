@@ -1,23 +1,18 @@
 """lwm-tokenize's inputs: video and image files, folders searched recursively for their extensions
-(hidden names skipped) and list files (one path per line, relative to the list's folder; blank and #
-lines skipped) -> one sorted list of absolute paths, the order shards split. An image is a one-frame
-video (lwm.video.image)."""
+(hidden names skipped), list files (one path per line, relative to the list's folder; blank and #
+lines skipped) and the media files a data source's media columns name (lwm.data.form) -> one sorted
+list of absolute paths, the order shards split. An image is a one-frame video (lwm.video.image)."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
+from lwm.data.form import MEDIA_EXTENSIONS, MediaError, source_form
+from lwm.data.sources import SourceError, open_source
 from lwm.video.codes import video_id
 
-VIDEO_EXTENSIONS = frozenset(".mp4 .m4v .mkv .webm .avi .mov .mpg .mpeg .ts .flv .wmv .3gp .ogv".split())
-IMAGE_EXTENSIONS = frozenset(".jpg .jpeg .png .webp .bmp .gif .tif .tiff".split())
-MEDIA_EXTENSIONS = VIDEO_EXTENSIONS | IMAGE_EXTENSIONS
 LIST_EXTENSIONS = frozenset({".txt", ".lst", ".list"})
-
-
-def is_image(path: str | os.PathLike) -> bool:
-    return Path(path).suffix.lower() in IMAGE_EXTENSIONS
 
 
 def _walk(folder: Path) -> list[Path]:
@@ -43,6 +38,24 @@ def collect_videos(inputs: list[str]) -> list[str]:
     shards split)."""
     paths = {os.path.abspath(p) for arg in inputs for p in _expand(Path(arg).expanduser(), allow_list=True)}
     return sorted(paths)
+
+
+def source_media(path: str, media: list[str], media_root: str | None) -> tuple[list[str], list[str]]:
+    """(absolute paths of the media files the source's media columns name, in order without duplicates;
+    the records whose media cannot be used, "file:line: why"), read as a run reads the source."""
+    form = source_form(path, None, media, media_root, None, None)
+    reader = open_source(path)
+    reader.scan()
+    found, problems = {}, []
+    for i in range(len(reader)):
+        try:
+            record = reader.example(i)
+            for column in media:
+                if isinstance(record, dict) and record.get(column) is not None:
+                    found.update(dict.fromkeys(form.media_paths(record, column)))
+        except (SourceError, MediaError) as e:
+            problems.append(f"{reader.where(i)}: {e}" if isinstance(e, MediaError) else str(e))
+    return list(found), problems
 
 
 def check_unique_ids(paths: list[str], scheme: str) -> str | None:

@@ -51,13 +51,15 @@ import torch
 
 from lwm.arg_types import add_options, device_name, from_args, option, positive_float, positive_int, seconds
 from lwm.data.codes import save_codes
+from lwm.data.form import MEDIA_EXTENSIONS, is_image
 from lwm.data.sampling import Sampling
+from lwm.data.sources import schema_columns
 from lwm.interop.vqgan_sources import open_vqgan
 from lwm.io import append_jsonl, read_jsonl
 from lwm.out_lock import FolderLocked, output_lock
 from lwm.video.codes import encode_video, video_id
 from lwm.video.image import encode_image
-from lwm.video.inputs import MEDIA_EXTENSIONS, check_unique_ids, collect_videos, is_image
+from lwm.video.inputs import check_unique_ids, collect_videos, source_media
 from lwm.video.reader import VideoError, default_rate
 from lwm.vision.vqgan_config import PRESETS
 from lwm.writes import NoSpaceLeft, atomic_file, writes_to
@@ -90,9 +92,17 @@ class TokenizeConfig:
     """lwm-tokenize's options."""
 
     inputs: list[str] = option(
-        "video files, folders (recursive) and list files (.txt/.lst/.list)", positional=True, nargs="+"
+        "video and image files, folders (recursive) and list files (.txt/.lst/.list)",
+        default_factory=list,
+        positional=True,
+        nargs="*",
     )
     out: Path = option("output folder (tokens/, manifest, failures)", type=Path)
+    source: str | None = option(
+        "a data source (JSON lines, JSON array, parquet, CSV/TSV): the media files its --media columns name", None
+    )
+    media: list[str] = option("the source's media columns (paths of videos or images)", default_factory=list, nargs="+")
+    media_root: str | None = option("what the media paths are relative to (default: the source's folder)", None)
     fps: float | None = option("frames per second to sample (default 1.0)", None, type=positive_float, exclusive="rate")
     max_frames: int | None = option(
         "sample this many frames uniformly over the clip instead", None, type=positive_int, exclusive="rate"
@@ -268,15 +278,44 @@ class Job:
     shard: tuple[int, int]
 
 
+def _inputs(args: TokenizeConfig) -> list[str]:
+    """The media files of the inputs and the source, sorted; UsageError when they name none."""
+    if bool(args.source) != bool(args.media):
+        raise UsageError("--source and --media go together: a data source and its media columns")
+    if not args.inputs and not args.source:
+        raise UsageError(
+            "nothing to tokenize: give video or image files, folders, list files, or --source with --media"
+        )
+    named = []
+    if args.source:
+        if not Path(args.source).is_file():
+            raise UsageError(f"--source {args.source} does not exist")
+        try:
+            have = schema_columns(args.source)
+            missing = [c for c in args.media if have is not None and c not in have]
+            if missing:
+                raise UsageError(f"--source {args.source} has no column {missing[0]!r} (its columns: {have})")
+            named, problems = source_media(args.source, args.media, args.media_root)
+        except (OSError, ValueError) as e:
+            raise UsageError(f"--source {args.source}: {e}")
+        for problem in problems[:3]:
+            print(f"warning: {problem}", file=sys.stderr)
+        if problems:
+            print(f"warning: {len(problems)} record(s) of {args.source} name no usable media file", file=sys.stderr)
+    found = sorted(set(collect_videos(args.inputs)) | set(named))
+    if not found:  # folders without media, an empty list file: nothing would be done, and nothing said
+        where = ", ".join([*args.inputs, *([f"the {args.media} columns of {args.source}"] if args.source else [])])
+        raise UsageError(
+            f"no video or image in {where} (folders are searched for "
+            f"{' '.join(sorted(MEDIA_EXTENSIONS))}; list files name one path a line)"
+        )
+    return found
+
+
 def validate(args: TokenizeConfig, held: ExitStack) -> Job:
     """Everything checked before any video is read; a problem raises UsageError (NoSpaceLeft for a full
     disk). The output folder's lock is entered into `held`, which the caller keeps open while the job runs."""
-    all_videos = collect_videos(args.inputs)
-    if not all_videos:  # folders without media, an empty list file: nothing would be done, and nothing said
-        raise UsageError(
-            f"no video or image in {', '.join(args.inputs)} (folders are searched for "
-            f"{' '.join(sorted(MEDIA_EXTENSIONS))}; list files name one path a line)"
-        )
+    all_videos = _inputs(args)
     try:
         sampling = default_rate(args.fps, args.max_frames, args.start, args.end)
     except ValueError as e:
