@@ -1,6 +1,6 @@
-"""The launch commands the docs show, as the tests run them: a line of a ```bash block of README.md or
-docs/clusters.md (where the cluster commands live) that starts with a given prefix, split as the
-shell would (without its trailing comment)."""
+"""The launch commands the docs show, as the tests run them: a line of a ```bash block of README.md,
+docs/clusters.md (where the cluster commands live) or docs/data.md (one per form of data) that starts with a
+given prefix, split as the shell would (without its trailing comment)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import shlex
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = [ROOT / "README.md", ROOT / "docs" / "clusters.md"]
+DOCS = [ROOT / "README.md", ROOT / "docs" / "clusters.md", ROOT / "docs" / "data.md"]
 
 
 def readme_command(prefix: str) -> list[str]:

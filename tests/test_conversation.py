@@ -159,3 +159,67 @@ def test_a_template_conversation_is_apply_chat_template(tmp_path, kind):
     split = hf.apply_chat_template(messages[:3], tokenize=False).split("What ")[0] + "What "
     at = len(hf(split, add_special_tokens=False)["input_ids"])
     assert video.vision_mask[at + 1 : at + 1 + 2 * 257].all() and video.tokens[at] == vocab.vision_start
+
+
+def test_a_sources_direction_trains_media_to_text_text_to_media_or_both(sp):
+    """direction (LWM-Chat's): understanding is the spec as written (the caption carries loss), generation its
+    groups reversed with the loss moved (the codes carry it: the "[caption],clip" example), both either one per
+    example, by a seeded draw that gives an example the same one every time."""
+    tok, vocab = sp
+    record = {"clip": "a.mp4", "caption": "a red square"}
+
+    def enc(direction, key="f:0", spec="[clip],caption"):
+        form = Form(fields=spec, media=("clip",), media_root="/data", direction=direction)
+        return encode_example(record, vocab, tok, _Codes(), form, key=key)
+
+    understanding, generation = enc("understanding"), enc("generation")
+    np.testing.assert_array_equal(understanding.tokens, enc(None).tokens)
+    assert not understanding.loss_mask[understanding.vision_mask].any()
+    want = enc(None, spec="[caption],clip")
+    np.testing.assert_array_equal(generation.tokens, want.tokens)
+    np.testing.assert_array_equal(generation.loss_mask, want.loss_mask)
+    assert generation.loss_mask[generation.vision_mask].all()
+    assert tok.decode(generation.tokens[~generation.loss_mask]) == "a red square"
+    drawn = [enc("both", key=f"f:{i}").tokens.tolist() for i in range(40)]
+    assert drawn == [enc("both", key=f"f:{i}").tokens.tolist() for i in range(40)]
+    kinds = {tuple(d) for d in drawn}
+    assert kinds == {tuple(understanding.tokens.tolist()), tuple(generation.tokens.tolist())}
+
+
+def test_a_sources_columns_and_options_are_checked_before_any_work(tmp_path):
+    """Refused when the config is built (train.py exits 2), naming the source: a column the table's header lacks
+    (a media column, a field of its spec), roles without a conversation or mapping to no role, a direction that
+    is not one or is given to a conversation."""
+    from lwm.configs import from_dict
+    from lwm.train.config import DataSpec
+
+    table = tmp_path / "caps.csv"
+    table.write_text("clip,caption\na.mp4,a cat\n")
+    chats = tmp_path / "chat.json"
+    chats.write_text("[]")
+    bad = {
+        "has no column 'video'": {"path": str(table), "media": ["video"], "fields": "[video],caption"},
+        "has no column 'text'": {"path": str(table), "media": ["clip"], "fields": "[clip],text"},
+        "roles name a conversation's roles": {"path": str(chats), "roles": {"human": "user"}},
+        "roles map a conversation's role names": {"path": str(chats), "conversation": "c", "roles": {"a": "bot"}},
+        "direction must be one of": {"path": str(table), "fields": "[clip],caption", "direction": "sideways"},
+        "for a source of field specs": {"path": str(chats), "conversation": "c", "direction": "both"},
+    }
+    for message, source in bad.items():
+        with pytest.raises(ValueError, match=f"data.sources.mine: .*{message}"):
+            from_dict(DataSpec, {"sources": {"mine": source}}, "data")
+    from_dict(DataSpec, {"sources": {"mine": {"path": str(table), "media": ["clip"], "fields": "[clip],caption"}}})
+
+
+def test_a_text_column_of_media_paths_is_warned_about(tmp_path, sp, caplog):
+    """A column the source does not name in its media whose values are media paths is read as text: said once,
+    naming the source and the column."""
+    from lwm.data import PackedStream, Source
+
+    tok, vocab = sp
+    src = tmp_path / "caps.jsonl"
+    src.write_text("".join(f'{{"video": "clips/{i}.mp4", "caption": "a clip number {i}"}}\n' for i in range(8)))
+    with caplog.at_level("WARNING"):
+        PackedStream([Source(str(src), fields="caption")], vocab, tok, seq_len=16, batch_size=1)
+    said = [r.getMessage() for r in caplog.records if "media file paths" in r.getMessage()]
+    assert len(said) == 1 and str(src) in said[0] and "'video'" in said[0], said

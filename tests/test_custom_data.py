@@ -16,7 +16,7 @@ def test_the_readmes_custom_data_command_runs_as_written(tmp_path):
     """The README's line, its placeholders (tok.model, mine.jsonl) files of the test's (the sample's
     committed tokenizer, 40 texts of 210 words in LWM's format), on a clean clone (no data/sample made); shortened
     to 3 steps a stage and loader-free, nothing else added."""
-    cmd = readme_command("python train.py data=custom")
+    cmd = readme_command("python train.py data=custom data.tokenizer=tok.model data.sources=")
     assert any(a.startswith("data.sources=") for a in cmd), cmd
     tok, mine = tmp_path / "tok.model", tmp_path / "mine.jsonl"
     shutil.copy(ROOT / "data" / "sample" / "tokenizer.model", tok)

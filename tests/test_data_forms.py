@@ -4,11 +4,15 @@ source names, and `python train.py data=custom` trains on both sources as they a
 
 from __future__ import annotations
 
+import io
 import json
+import re
+import tarfile
 
 import numpy as np
 import pytest
 from PIL import Image
+from readme_commands import readme_command
 from train_runs import ROOT, forked_train
 from video_samples import write_video
 
@@ -51,6 +55,26 @@ def make_sources(root):
     ]
     chats.append({"id": "t", "conversations": turns("Say hi.", "Hi.")})
     (root / "llava.json").write_text(json.dumps(chats, indent=1))
+    write_shard(root / "shards" / "000000.tar", root / "images")
+
+
+def write_shard(path, images):
+    """A webdataset shard as LAION's are written: per sample a .jpg, a .txt caption and a .json of metadata;
+    12 samples (4 of each image), enough for a batch of the custom schedule's first stage."""
+    path.parent.mkdir()
+    with tarfile.open(path, "w") as tar:
+        for i, image in enumerate(sorted(images.glob("*.png")) * 4):
+            jpg = io.BytesIO()
+            Image.open(image).save(jpg, format="JPEG")
+            members = {
+                "jpg": jpg.getvalue(),
+                "txt": f"noise picture {i}".encode(),
+                "json": json.dumps({"i": i}).encode(),
+            }
+            for ext, data in members.items():
+                info = tarfile.TarInfo(f"{i:06d}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
 
 
 @pytest.fixture(scope="module")
@@ -94,24 +118,42 @@ def test_a_source_without_the_column_is_refused_before_any_work(codes, tmp_path,
     assert not (tmp_path / "o").exists()
 
 
-def test_a_run_trains_on_the_sources_as_they_are(codes, tmp_path):
-    root, out = codes
-    sources = (
-        f"data.sources={{caps: {{path: '{root / 'captions.csv'}', media: [clip], fields: '[clip],caption'}}, "
-        f"chat: {{path: '{root / 'llava.json'}', media: [video, image], conversation: conversations}}}}"
+FORMS = {  # docs/data.md's commands of each form: the source's name in data.sources, its lwm-tokenize line
+    "caps": "lwm-tokenize --out codes --source captions.csv",
+    "chat": "lwm-tokenize --out codes --source llava.json",
+    "pairs": "lwm-tokenize --out codes shards/",
+}
+
+
+def as_written(command: list[str], root) -> list[str]:
+    """A docs line with its placeholders the test's files."""
+    names = {"tok.model": str(SAMPLE_TOKENIZER), "codes": str(root / "codes"), "shards/": str(root / "shards")}
+    for name in ("captions.csv", "llava.json", "shards/000000.tar"):
+        names[name] = str(root / name)
+    out = []
+    for arg in command:
+        for placeholder, path in sorted(names.items(), key=lambda kv: -len(kv[0])):
+            arg = re.sub(rf"(?<![\w/.]){re.escape(placeholder)}(?![\w/.])", path, arg)
+        out.append(arg)
+    return out
+
+
+@pytest.mark.parametrize("form", list(FORMS))
+def test_each_form_trains_from_raw_files_as_the_docs_write_it(codes, tmp_path, form):
+    """docs/data.md's two commands of the form, as written but for the test's files, the tiny VQGAN and 3 steps a
+    stage: every example of the source trains (none skipped), and the stage's report counts its vision tokens."""
+    root, _ = codes
+    tokenize_line = as_written(readme_command(FORMS[form]), root)
+    assert tokenize([*tokenize_line[1:], "--vqgan", "tiny", "--device", "cpu"]) == 0
+    train_line = as_written(
+        readme_command(
+            f"python train.py data=custom data.tokenizer=tok.model data.codes=codes data.sources='{{{form}:"
+        ),
+        root,
     )
-    short = [f"schedule.stages.{i}.{k}=3" for i in (0, 1) for k in ("steps", "warmup_steps")]
+    short = [f"schedule.stages.{i}.{k}=3" for i in (0, 1) for k in ("steps", "warmup_steps")] + ["data.num_workers=0"]
     run = tmp_path / "run"
-    proc = forked_train(
-        run,
-        "data=custom",
-        f"data.tokenizer={SAMPLE_TOKENIZER}",
-        f"data.codes={out}",
-        sources,
-        *short,
-        "data.num_workers=0",
-        debug=False,
-    )
+    proc = forked_train(run, *train_line[2:], *short, debug=False)
     for stage in ("s512", "s2k"):
         report = json.loads((run / stage / "data.json").read_text())
         assert report["skipped"] == 0 and report["read"] > 0, (report, proc.stdout[-3000:])

@@ -418,7 +418,7 @@ def test_parquet_tables_json_arrays_and_json_lines_give_the_same_batches(tmp_pat
     assert streams[0].errors[0].startswith(f"{tmp_path / 'ex.jsonl'}:{bad[0] + 1}: unknown field 'answer'")
     line = bad[0] + 2 + int(bad[0] > 3)  # after the header, and the two-line text of row 3
     assert streams[2].errors[0].startswith(f"{tmp_path / 'ex.csv'}:{line}: unknown field 'answer'")
-    with pytest.raises(ValueError, match=r"data source .*ex\.txt: expected a JSON-lines .*, parquet .* or table"):
+    with pytest.raises(ValueError, match=r"data source .*ex\.txt: expected a JSON-lines .*, parquet .*, table"):
         (tmp_path / "ex.txt").write_text("a,b\n")
         stream_of([Source(str(tmp_path / "ex.txt"))], tok, vocab, codes_dir)
     (tmp_path / "broken.parquet").write_bytes(b"PAR1 not really")

@@ -140,3 +140,88 @@ def test_a_json_arrays_bad_elements_are_skipped_naming_them(tmp_path):
     assert len(array_elements(path)[0]) == 0
     path.write_text("".join(json.dumps(e) + "\n" for e in LLAVA))
     assert open_source(path).format == "jsonl"
+
+
+def _shard(path, samples, gnu_dirs=False):
+    """A webdataset shard written member by member with tarfile: samples = [(key, {ext: bytes})]."""
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tar:
+        if gnu_dirs:
+            tar.addfile(_dir("part"))
+        for key, members in samples:
+            for ext, data in members.items():
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def _dir(name):
+    import tarfile
+
+    info = tarfile.TarInfo(name)
+    info.type = tarfile.DIRTYPE
+    return info
+
+
+def test_a_webdataset_shard_reads_as_its_members_grouped_by_key(tmp_path):
+    """Each sample is the members that share a key (the name up to its file name's first dot, folders kept, as
+    webdataset groups them), read back from tarfile's own extraction: text members as text, a .json member's
+    object (its fields spread where no member has that name), an image member as the reference lwm-tokenize
+    reads it by; a long name (a GNU long-name header) and a folder entry read as well; places give the same
+    samples without a scan."""
+    import tarfile
+
+    from lwm.data.shards import read_member
+
+    samples = [
+        ("000001", {"jpg": b"\xff\xd8 one", "txt": b"a cat ", "json": b'{"caption": "from json", "txt": "x", "w": 5}'}),
+        ("000002", {"jpg": b"\xff\xd8 two", "seg.png": b"\x89PNG two", "txt": "ünïcode".encode()}),
+        ("part/" + "k" * 120, {"txt": b"long name"}),
+    ]
+    path = _shard(tmp_path / "000000.tar", samples, gnu_dirs=True)
+    with tarfile.open(path) as tar:  # the reference: every member of the shard, by tarfile
+        contents = {m.name: tar.extractfile(m).read() for m in tar if m.isfile()}
+    reader = open_source(path)
+    reader.scan()
+    assert reader.format == "tar" and len(reader) == 3
+    got = [reader.example(i) for i in range(3)]
+    assert got[0] == {
+        "__key__": "000001",
+        "jpg": f"{path}::000001.jpg",
+        "txt": "a cat",
+        "json": {"caption": "from json", "txt": "x", "w": 5},
+        "caption": "from json",
+        "w": 5,
+    }
+    assert got[1]["seg.png"] == f"{path}::000002.seg.png" and got[1]["txt"] == "ünïcode"
+    assert got[2] == {"__key__": "part/" + "k" * 120, "txt": "long name"}
+    for record in got[:2]:
+        for ext in ("jpg", "seg.png"):
+            if ext in record:
+                assert read_member(record[ext]) == contents[record[ext].split("::")[1]]
+    again = type(reader).from_places(path, None, reader.places())
+    assert [again.example(i) for i in range(3)] == got
+
+
+def test_a_corrupt_or_cut_short_shard_skips_what_cannot_be_read_naming_it(tmp_path):
+    """A shard cut in the middle of its last member, and one with a damaged header: the samples before are read,
+    the rest is one sample that is skipped naming its place (the source's index counts it as any bad example)."""
+    samples = [(f"{i:06d}", {"txt": f"caption {i}".encode() * 40, "jpg": bytes(900)}) for i in range(4)]
+    whole = _shard(tmp_path / "whole.tar", samples).read_bytes()
+    cut = tmp_path / "cut.tar"
+    at = 3 * (
+        512 + 512 + 512 + 1024
+    )  # the fourth sample's first header (each: a header, the text, a header, the image)
+    cut.write_bytes(whole[: at + 512 + 512 + 512 + 300])  # inside the last image
+    damaged = tmp_path / "damaged.tar"
+    damaged.write_bytes(whole[:at] + b"\x07" * 512 + whole[at + 512 :])
+    for path in (cut, damaged):
+        reader = open_source(path)
+        reader.scan()
+        assert len(reader) == 4, path
+        assert [reader.example(i)["txt"] for i in range(3)] == [f"caption {i}" * 40 for i in range(3)]
+        with pytest.raises(SourceError, match=rf"{path.name}:sample 3: "):
+            reader.example(3)

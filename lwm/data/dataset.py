@@ -35,7 +35,7 @@ import torch
 
 from lwm.data.codes import CodeStore
 from lwm.data.example import Encoded, Encoder, ExampleError, parse_fields
-from lwm.data.form import ROLES, Form, source_form
+from lwm.data.form import DIRECTIONS, ROLES, Form, source_form
 from lwm.data.index import SourceIndex, example_key, source_index
 from lwm.data.packing import OVERFLOW, WEIGHTING, Packed, assemble, example_weights
 from lwm.data.plan import Plan, PlanFiles, plan
@@ -91,9 +91,11 @@ class Source:
     media_root: str | None = None  # what media paths are relative to; None: the source file's folder
     conversation: str | None = None  # the column holding a conversation (LLaVA's "conversations")
     roles: dict[str, str] | None = None  # the conversation's role names -> user | assistant | system (None: LLaVA's)
+    direction: str | None = None  # understanding | generation | both (LWM-Chat's; lwm.data.form); None: as written
 
     def form(self) -> Form:
-        return source_form(self.path, self.fields, self.media, self.media_root, self.conversation, self.roles)
+        fields = (self.fields, self.media, self.media_root, self.conversation, self.roles, self.direction)
+        return source_form(self.path, *fields)
 
     def columns(self) -> list[str]:
         """The columns the source says its records have: media, the conversation, the default spec's fields."""
@@ -117,6 +119,11 @@ class Source:
         bad_roles = {k: v for k, v in (self.roles or {}).items() if v not in ROLES}
         if bad_roles:
             raise ValueError(f"{name}: roles map a conversation's role names to one of {ROLES}, got {bad_roles}")
+        if self.direction is not None and (self.direction not in DIRECTIONS or self.conversation is not None):
+            raise ValueError(
+                f"{name}: direction must be one of {DIRECTIONS}, for a source of field specs (a conversation's "
+                f"direction is where its media are), got {self.direction!r}"
+            )
         if self.conversation is None and self.roles is not None:
             raise ValueError(f"{name}: roles name a conversation's roles; the source has no conversation column")
         have = schema_columns(self.path)

@@ -76,6 +76,21 @@ def parse_fields(spec: str) -> list[Group]:
     return groups
 
 
+def reverse_spec(spec: str) -> str:
+    """The other direction of a spec: its groups in reverse order, each with loss where it had none."""
+    groups = parse_fields(spec)
+    return ",".join("+".join(g.fields) if not g.loss else f"[{'+'.join(g.fields)}]" for g in reversed(groups))
+
+
+def directed(spec: str, direction: str | None, key: str, seed: int) -> str:
+    """The spec in a source's direction (lwm.data.form): as written, reversed, or either by a seeded draw."""
+    if direction is None or direction == "understanding" or spec.strip() == CHAT:
+        return spec
+    if direction == "generation":
+        return reverse_spec(spec)
+    return choose_spec([spec, reverse_spec(spec)], f"{key}:direction", seed)
+
+
 def choose_spec(spec, key: str, seed: int) -> str:
     """A list of specs: one, chosen by a seeded RNG keyed by the example (order-independent)."""
     if isinstance(spec, str):
@@ -149,7 +164,7 @@ def encode_example(
     spec = example.get("fields", form.spec())
     if spec is None:
         raise ExampleError("the example has no 'fields' spec and the source gives no default")
-    chosen = choose_spec(spec, key, seed)
+    chosen = directed(choose_spec(spec, key, seed), form.direction, key, seed)
     if chosen.strip() == CHAT:
         return _template_chat(example, vocab, text_tokenizer, codes, max_frames, fps)
     groups = parse_fields(chosen)

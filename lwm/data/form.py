@@ -9,7 +9,10 @@ lie inside it too); such a column in a spec expands to the codes lwm-tokenize ca
 image is a one-frame video). conversation: the column holding a conversation (LLaVA's "conversations":
 turns of {"from", "value"}, or {"role", "content"}); a record is then that conversation (lwm.data.
 conversation), its media where its `<video>` and `<image>` placeholders are, and the spec is not used.
-roles: the conversation's role names -> user, assistant or system.
+roles: the conversation's role names -> user, assistant or system. direction (LWM-Chat's, per source):
+"understanding" trains each spec as written (a caption's "[clip],caption": the media, then the text with loss),
+"generation" the other way round (the groups in reverse order, each carrying loss where it did not:
+"[caption],clip", text to video), "both" either one, chosen per example by a seeded draw.
 
 A field whose name holds "vision" is a cached video's id, as LWM's own format writes it.
 """
@@ -24,6 +27,8 @@ VIDEO_EXTENSIONS = frozenset(".mp4 .m4v .mkv .webm .avi .mov .mpg .mpeg .ts .flv
 IMAGE_EXTENSIONS = frozenset(".jpg .jpeg .png .webp .bmp .gif .tif .tiff".split())
 MEDIA_EXTENSIONS = VIDEO_EXTENSIONS | IMAGE_EXTENSIONS
 ROLES = ("user", "assistant", "system")
+# LWM-Chat's directions: media then text with loss on the text, text then media with loss on the codes, or either
+DIRECTIONS = ("understanding", "generation", "both")
 # LLaVA's and Video-ChatGPT's role names, and the chat-message ones
 DEFAULT_ROLES = {"human": "user", "gpt": "assistant", "user": "user", "assistant": "assistant", "system": "system"}
 
@@ -54,6 +59,7 @@ class Form:
     media_root: str | None = None  # absolute
     conversation: str | None = None
     roles: tuple[tuple[str, str], ...] = tuple(DEFAULT_ROLES.items())
+    direction: str | None = None  # None: each spec as written
 
     @staticmethod
     def of(spec) -> "Form":
@@ -66,9 +72,9 @@ class Form:
     def signature(self) -> dict:
         """What an index of the source depends on: a change makes it stale."""
         sig = {"fields": self.spec()}
-        if self.media or self.conversation:
+        if self.media or self.conversation or self.direction:
             sig["form"] = {"media": list(self.media), "media_root": self.media_root, "conversation": self.conversation}
-            sig["form"]["roles"] = [list(r) for r in self.roles]
+            sig["form"].update(roles=[list(r) for r in self.roles], direction=self.direction)
         return sig
 
     def media_paths(self, record: dict, column: str) -> list[str]:
@@ -100,7 +106,7 @@ class Form:
         return dict(self.roles).get(name)
 
 
-def source_form(path: str, fields, media, media_root, conversation, roles) -> Form:
+def source_form(path: str, fields, media, media_root, conversation, roles, direction=None) -> Form:
     """A source's Form with its media root made absolute (None: the source file's folder)."""
     root = Path(media_root).expanduser() if media_root is not None else Path(path).expanduser().parent
     return Form(
@@ -109,4 +115,5 @@ def source_form(path: str, fields, media, media_root, conversation, roles) -> Fo
         media_root=os.path.abspath(root),
         conversation=conversation,
         roles=tuple((roles or DEFAULT_ROLES).items()),
+        direction=direction,
     )

@@ -1,15 +1,18 @@
 """Images as one-frame videos, as LWM trains them: a picture is cropped and resized as a video's frames
 are and encoded by the same VQGAN into one frame of codes (256 for LWM's), which the data then closes
-with <eov>. lwm-tokenize takes image files beside videos (lwm.data.form.IMAGE_EXTENSIONS)."""
+with <eov>. lwm-tokenize takes image files beside videos (lwm.data.form.IMAGE_EXTENSIONS), and the images
+of webdataset shards (lwm.data.shards: "<shard>::<member>")."""
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from lwm.data.shards import read_member, split_ref
 from lwm.video.errors import VideoError
 from lwm.video.frame_size import crop_resize
 
@@ -30,7 +33,8 @@ def read_image(path: str | Path, resolution: int) -> tuple[np.ndarray, Picture]:
     from PIL import Image, UnidentifiedImageError
 
     try:
-        with Image.open(path) as image:
+        member = split_ref(str(path))  # an image inside a webdataset shard
+        with Image.open(io.BytesIO(read_member(str(path))) if member else path) as image:
             pixels = np.array(image.convert("RGB"))  # (h, w, 3) uint8, writable; a GIF's first frame, no alpha
     except FileNotFoundError:
         raise VideoError(f"{path}: no such file") from None

@@ -9,17 +9,19 @@ import os
 from pathlib import Path
 
 from lwm.data.form import MEDIA_EXTENSIONS, MediaError, source_form
+from lwm.data.shards import TAR, image_members
 from lwm.data.sources import SourceError, open_source
 from lwm.video.codes import video_id
 
 LIST_EXTENSIONS = frozenset({".txt", ".lst", ".list"})
+WALKED = MEDIA_EXTENSIONS | set(TAR)  # a webdataset shard gives its images
 
 
 def _walk(folder: Path) -> list[Path]:
     found = []
     for root, dirs, files in os.walk(folder):
         dirs[:] = [d for d in dirs if not d.startswith(".")]
-        found += [Path(root, f) for f in files if not f.startswith(".") and Path(f).suffix.lower() in MEDIA_EXTENSIONS]
+        found += [Path(root, f) for f in files if not f.startswith(".") and Path(f).suffix.lower() in WALKED]
     return found
 
 
@@ -33,11 +35,21 @@ def _expand(path: Path, allow_list: bool) -> list[Path]:
     return [path]  # a video or image, or a path that does not exist (it becomes a failure)
 
 
-def collect_videos(inputs: list[str]) -> list[str]:
-    """Absolute paths of all videos and images named by the inputs, without duplicates, sorted (the order
-    shards split)."""
+def collect_videos(inputs: list[str], problems: list[str] | None = None) -> list[str]:
+    """Absolute paths of all videos and images named by the inputs (a webdataset shard's images as
+    "<shard>::<member>"), without duplicates, sorted (the order shards split). problems: gets what stopped
+    a shard's reading early (a corrupt or cut-short shard: its images before that are taken)."""
     paths = {os.path.abspath(p) for arg in inputs for p in _expand(Path(arg).expanduser(), allow_list=True)}
-    return sorted(paths)
+    found = set()
+    for p in paths:
+        if not p.lower().endswith(TAR):
+            found.add(p)
+            continue
+        refs, problem = image_members(p)
+        found.update(refs)
+        if problem and problems is not None:
+            problems.append(problem)
+    return sorted(found)
 
 
 def source_media(path: str, media: list[str], media_root: str | None) -> tuple[list[str], list[str]]:

@@ -286,7 +286,7 @@ def _inputs(args: TokenizeConfig) -> list[str]:
         raise UsageError(
             "nothing to tokenize: give video or image files, folders, list files, or --source with --media"
         )
-    named = []
+    named, problems = [], []
     if args.source:
         if not Path(args.source).is_file():
             raise UsageError(f"--source {args.source} does not exist")
@@ -298,11 +298,11 @@ def _inputs(args: TokenizeConfig) -> list[str]:
             named, problems = source_media(args.source, args.media, args.media_root)
         except (OSError, ValueError) as e:
             raise UsageError(f"--source {args.source}: {e}")
-        for problem in problems[:3]:
-            print(f"warning: {problem}", file=sys.stderr)
         if problems:
-            print(f"warning: {len(problems)} record(s) of {args.source} name no usable media file", file=sys.stderr)
-    found = sorted(set(collect_videos(args.inputs)) | set(named))
+            problems.append(f"{len(problems)} record(s) of {args.source} name no usable media file")
+    found = sorted(set(collect_videos(args.inputs, problems)) | set(named))
+    for problem in problems[:3] + problems[-1:] * (len(problems) > 3):
+        print(f"warning: {problem}", file=sys.stderr)
     if not found:  # folders without media, an empty list file: nothing would be done, and nothing said
         where = ", ".join([*args.inputs, *([f"the {args.media} columns of {args.source}"] if args.source else [])])
         raise UsageError(
