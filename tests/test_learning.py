@@ -31,6 +31,7 @@ def test_debug_model_learns_retrieval_from_chance_to_90_percent(tmp_path):
     make_retrieval.main(["--out", str(data), "--n", "4200", "--needles", "1", "--ask", "1", "--filler", "12"])
     cfg = composed(
         "+experiment=retrieval",
+        "data.num_workers=0",  # the batches loader workers make (tests/test_run_identity.py), without their start-up
         f"trainer.out_dir={tmp_path / 'run'}",
         f"data.sources.retrieval.path={data / 'train.jsonl'}",
         f"probe.path={data / 'heldout.jsonl'}",
@@ -74,6 +75,7 @@ def test_debug_model_learns_visual_needles_from_chance(tmp_path):
     assert make_vniah.main(["--out", str(data), "--n", "600", "--heldout", "100", "--frames", "2", "3"]) == 0
     cfg = composed(
         "+experiment=video_demo",
+        "data.num_workers=0",
         f"trainer.out_dir={tmp_path / 'run'}",
         f"data.codes={data / 'codes'}",
         f"probe.path={data / 'heldout.jsonl'}",
@@ -97,7 +99,10 @@ def test_needle_extension_model_learns_two_digit_needles_from_chance(tmp_path):
         + ["--no-instruction", "--numberless", "--lengths", "64", "80", "--heldout", "100"]
     )
     cfg = composed(
-        "+experiment=needle_256x", f"trainer.out_dir={tmp_path / 'run'}", f"probe.path={data / 'heldout.jsonl'}"
+        "+experiment=needle_256x",
+        "data.num_workers=0",
+        f"trainer.out_dir={tmp_path / 'run'}",
+        f"probe.path={data / 'heldout.jsonl'}",
     )
     assert cfg.model.n_kv_heads == cfg.model.n_heads == 4
     assert cfg.schedule.stages[0].name == "d2" and cfg.schedule.stages[0].seq_len == 128

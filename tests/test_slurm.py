@@ -27,7 +27,7 @@ from train_runs import DEBUG, ROOT, STOPPED, forked_train, losses
 
 CLUSTER = ROOT / "scripts" / "slurm" / "local-cluster.sh"
 STEPS = 30  # stage a: long enough to be stopped three times at random steps; stage b keeps its 4
-SMALL = [*DEBUG, f"schedule.stages.0.steps={STEPS}", "data.num_workers=2"]  # loader workers through requeues
+SMALL = [*DEBUG, f"schedule.stages.0.steps={STEPS}", "data.num_workers=1"]  # a loader worker through requeues
 DONE = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL"}
 
 

@@ -132,7 +132,7 @@ def test_a_dead_rank_stops_the_others(tmp_path, how):
                 if b"LOCAL_RANK=1\0" in _environ(int(p))
             ]
         assert children, "rank 1 never started"
-        time.sleep(3)  # inside the training loop
+        time.sleep(1)  # inside the training loop
         os.kill(children[0], signal.SIGKILL if how == "killed" else signal.SIGSTOP)
         killed = time.monotonic()
         proc.wait(timeout=timeout_s + 120)
