@@ -86,13 +86,14 @@ def test_default_run_config_is_valid():
         (["data.sources.text.path=/no/such.jsonl"], "data.sources.text.path /no/such.jsonl does not exist"),
         (
             ["data.sources.text.path=README.md"],
-            r"data.sources.text.path README.md: expected a JSON-lines \(.jsonl, .json\), parquet \(.parquet\) or table "
-            r"\(.csv, .tsv: a header row, then a row an example\) file",
+            r"data.sources.text.path README.md: expected a JSON-lines \(.jsonl, .json\), parquet \(.parquet\), table "
+            r"\(.csv, .tsv: a header row, then a row an example\) or webdataset shard \(.tar\) file",
         ),
         (["data=custom"], r"data.sources, data.tokenizer must be given \(no default\), e.g. data.sources="),
         (
             ["data=custom", "data.tokenizer=data/sample/tokenizer.model", "data.sources={text: {pth: x}}"],
-            r"data.sources.text: unknown key\(s\) \['pth'\] for Source; expected some of \['fields', 'overflow', 'path', 'repeat'\]",
+            r"data.sources.text: unknown key\(s\) \['pth'\] for Source; expected some of \['conversation', 'direction', "
+            r"'fields', 'media', 'media_root', 'overflow', 'path', 'repeat', 'roles'\]",
         ),
         (["resume=true"], "resume=true: trainer.out_dir .* does not exist"),
         (["evaluate.lengths=[128]", "evaluate.haystack=/no/such.txt"], "evaluate.haystack /no/such.txt does not exist"),
@@ -560,7 +561,9 @@ def test_skipped_examples_reach_the_metrics_and_the_summary(tmp_path, monkeypatc
     assert len(skipped) == 3 and skipped[-1] >= 2 and skipped == sorted(skipped), rows
     summary = out[out.index("finished in") :]
     assert re.search(
-        r"skipped +a: \d+ of the \d+ examples read \(\d+%; every epoch reads them all\); first reasons:\n", summary
+        r"skipped +a: \d+ of the \d+ examples read \(\d+%; every epoch reads them all\); 0 vision tokens trained on; "
+        r"first reasons:\n",
+        summary,
     ), summary
     assert (
         "docs.jsonl:4: not JSON" in summary
