@@ -94,31 +94,39 @@ def setup(tmp_path_factory):
     return {"root": root, "rows": rows, "videos": videos}
 
 
+TASKS = ("lwm_videomme_local", "lwm_videomme_local_mc")  # run by one process for the one-process tests
+
+
 def run_lmms_eval(setup, task: str, extra: str = "", log: list | None = None) -> tuple[dict, list[dict]]:
     """`python -m lmms_eval` with the lwm model on a task: (results, samples by doc_id). A run is made once
-    per module: the tests that compare with one process's run share it."""
+    per module, one-process runs of both tasks by one command (as lmms-eval runs a list of tasks): the tests
+    that compare with one process's run share it."""
     runs = setup.setdefault("runs", {})
-    if (task, extra) not in runs:
-        runs[task, extra] = _run_lmms_eval(setup, task, extra)
-    output, results, samples = runs[task, extra]
+    tasks = TASKS if not extra and task in TASKS else (task,)
+    if (tasks, extra) not in runs:
+        runs[tasks, extra] = _run_lmms_eval(setup, tasks, extra)
+    output, results, samples = runs[tasks, extra]
     if log is not None:
         log.append(output)
-    return results, samples
+    return results, samples[task]
 
 
-def _run_lmms_eval(setup, task: str, extra: str) -> tuple[str, dict, list[dict]]:
+def _run_lmms_eval(setup, tasks: tuple[str, ...], extra: str) -> tuple[str, dict, dict[str, list[dict]]]:
     root = setup["root"]
-    out = root / f"out_{task}{''.join(c for c in extra if c.isalnum())}"
+    out = root / f"out_{'_'.join(tasks)}{''.join(c for c in extra if c.isalnum())}"
     env = {**os.environ, "HF_HOME": str(root / "hf_home"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     args = f"pretrained={root / 'hf'},vqgan={VQGAN},fps={FPS},max_frames={MAX_FRAMES},device=cpu{extra}"
-    cmd = [sys.executable, "-m", "lmms_eval", "--model", "lwm", "--model_args", args, "--tasks", task]
+    cmd = [sys.executable, "-m", "lmms_eval", "--model", "lwm", "--model_args", args, "--tasks", ",".join(tasks)]
     cmd += ["--include_path", str(root / "tasks"), "--batch_size", "1", "--output_path", str(out), "--log_samples"]
     proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
     found = list(out.rglob("*_results.json"))  # lmms-eval logs an error and exits 0: no results file says it
     assert proc.returncode == 0 and found, (proc.stdout + proc.stderr)[-4000:]
     results = json.loads(found[0].read_text())
-    samples = [json.loads(line) for line in next(out.rglob(f"*_samples_{task}.jsonl")).read_text().splitlines()]
-    return proc.stdout + proc.stderr, results, sorted(samples, key=lambda s: int(s["doc_id"]))
+    samples = {}
+    for task in tasks:
+        rows = [json.loads(line) for line in next(out.rglob(f"*_samples_{task}.jsonl")).read_text().splitlines()]
+        samples[task] = sorted(rows, key=lambda s: int(s["doc_id"]))
+    return proc.stdout + proc.stderr, results, samples
 
 
 def lwm_reference(setup):
