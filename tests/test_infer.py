@@ -351,3 +351,43 @@ def test_a_replaced_cache_is_freed_at_once_not_by_the_cycle_collector():
         assert kept() is None
     finally:
         gc.enable()
+
+
+def test_an_image_is_a_one_frame_video_for_generation(tmp_path, stub_model, monkeypatch, capsys):
+    """lwm-generate --image: the prompt holds the image's one frame of codes, the tiny VQGAN's encoding of its
+    center square (as lwm-tokenize makes it), where a video's frames go; CodeSource reads an image so for every
+    command built on it (video QA, the lmms-eval model). --image with --video, or a file that is no image, is
+    refused naming the option."""
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    from lwm.data.chat import chat_prompt
+    from lwm.infer import cli
+    from lwm.interop.vqgan_sources import load_vqgan
+    from lwm.paths import TINY_VQGAN
+    from lwm.video.codes import CodeSource
+
+    pixels = np.random.default_rng(0).integers(0, 256, (64, 96, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(tmp_path / "wide.png")
+    vqgan = load_vqgan(TINY_VQGAN, preset="tiny")
+    want = vqgan.encode(torch.from_numpy(np.ascontiguousarray(pixels[:, 16:80]))[None]).numpy()  # (1, 256)
+    got = CodeSource(vqgan=vqgan, n_codes=8192).from_video(tmp_path / "wide.png")
+    np.testing.assert_array_equal(got.codes, want)
+    assert got.timestamps.tolist() == [0.0] and got.duration == 0.0
+
+    seen = []
+    monkeypatch.setattr(cli, "chat_prompt", lambda *a, **k: seen.append(a[3]) or chat_prompt(*a, **k))
+    argv = ["--model", str(tmp_path), "--prompt", "What?", "--max-new-tokens", "2", "--device", "cpu"]
+    assert cli.main([*argv, "--image", str(tmp_path / "wide.png")]) == 0
+    np.testing.assert_array_equal(seen[0], want)
+    for extra, message in (
+        (
+            ["--image", str(tmp_path / "wide.png"), "--video", str(tmp_path / "wide.png")],
+            "give one of --video, --image",
+        ),
+        (["--image", str(tmp_path)], f"--image {tmp_path}: expected an image file"),
+    ):
+        with pytest.raises(SystemExit) as e:
+            cli.main([*argv, *extra])
+        assert e.value.code == 2 and message in capsys.readouterr().err

@@ -1,6 +1,7 @@
 """lwm-generate: answer a text prompt, optionally about a video, with any model we can load.
 
     lwm-generate --model runs/X/hf --prompt "What color is the circle?" --video clip.mp4
+    lwm-generate --model runs/X/hf --prompt "What is in the picture?" --image photo.jpg   # a one-frame video
     lwm-generate --model runs/X/s8k --tokenizer data/sample/tokenizer.model --prompt "Once upon a time" --raw
     torchrun --nproc_per_node 2 -m lwm.infer.cli --model ... --prompt ... --video long.mp4   # prompt and KV cache split over 2 ranks
 
@@ -18,6 +19,7 @@ import time
 
 from lwm.arg_types import non_negative_float, positive_float, positive_int, seed_value
 from lwm.data.chat import PROMPT_STYLES, chat_prompt
+from lwm.data.form import IMAGE_EXTENSIONS, is_image
 from lwm.infer import GenerationConfig
 from lwm.infer.generator import length_warning
 from lwm.infer.runtime import add_model_args, load_generator, require_paths, start
@@ -36,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--raw", action="store_true", help="no chat form: BOS (if the tokenizer has one) + the prompt's tokens"
     )
     p.add_argument("--video", help="a video file, read and tokenized on the fly")
+    p.add_argument("--image", help="an image file, read and tokenized on the fly as a one-frame video")
     p.add_argument("--codes", help="cached codes folder (lwm-tokenize output); use with --video-id")
     p.add_argument("--video-id", help="the video's id in --codes")
     p.add_argument("--fps", type=positive_float, default=1.0)
@@ -68,11 +71,11 @@ def prompt_ids(args, loaded) -> list[int]:
             raise ValueError("--codes and --video-id go together")
         n_codes = loaded.vocab.n_vision_codes  # codes outside the vocabulary are refused naming their file
         codes = CodeSource(args.fps, args.max_frames, cache=args.codes, n_codes=n_codes).from_cache(args.video_id).codes
-    elif args.video:
+    elif args.video or args.image:
         vqgan = args.vqgan or loaded.vqgan or TINY_VQGAN
         load = lambda: load_vqgan(vqgan, preset="tiny").to(args.device)  # noqa: E731
         source = CodeSource(args.fps, args.max_frames, vqgan=load, n_codes=loaded.vocab.n_vision_codes)
-        codes = source.from_video(args.video).codes
+        codes = source.from_video(args.video or args.image).codes
     if args.raw:
         if codes is not None:
             raise ValueError("--raw takes text only; a video goes in the chat form")
@@ -85,8 +88,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The arguments, with every input path checked (exit 2 naming the option) before anything loads."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    require_paths(parser, args, "--model", "--tokenizer", "--video", "--codes")
-    if args.video and not (args.codes or args.video_id):  # only then is the VQGAN needed
+    require_paths(parser, args, "--model", "--tokenizer", "--video", "--image", "--codes")
+    if sum(bool(x) for x in (args.video, args.image, args.codes or args.video_id)) > 1:
+        parser.error("give one of --video, --image, or --codes with --video-id")
+    if args.image and not is_image(args.image):
+        parser.error(f"--image {args.image}: expected an image file ({' '.join(sorted(IMAGE_EXTENSIONS))})")
+    if (args.video or args.image) and not (args.codes or args.video_id):  # only then is the VQGAN needed
         require_paths(parser, args, "--vqgan")
     return args
 

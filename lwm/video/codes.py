@@ -23,7 +23,9 @@ import numpy as np
 import torch
 
 from lwm.data.codes import CodeStore, check_range, out_of_range
+from lwm.data.form import is_image
 from lwm.data.sampling import Sampling
+from lwm.video.image import encode_image
 from lwm.video.reader import Plan, Video
 
 
@@ -135,8 +137,12 @@ class CodeSource:
         return self._vqgan
 
     def from_video(self, path) -> VideoCodes:
-        """Raises VideoError for a missing or unreadable file, ValueError for codes the model cannot read."""
-        codes, stamps, video = encode_video(path, self.vqgan(), self.sampling, self.batch_size)
+        """Raises VideoError for a missing or unreadable file, ValueError for codes the model cannot read. An
+        image (lwm.data.form.IMAGE_EXTENSIONS) is a one-frame video, as lwm-tokenize reads it."""
+        if is_image(path):
+            codes, stamps, video = encode_image(path, self.vqgan())
+        else:
+            codes, stamps, video = encode_video(path, self.vqgan(), self.sampling, self.batch_size)
         if self.n_codes is not None:
             problem = out_of_range(codes, self.n_codes)
             if problem:  # no codes file's fault: the VQGAN does not match the model
