@@ -227,3 +227,33 @@ def test_the_entry_point_names_the_model():
     (ep,) = [ep for ep in entry_points(group="lmms_eval.models") if ep.name == "lwm"]
     manifest = ep.load()()
     assert (manifest.model_id, manifest.simple_class_path) == ("lwm", "lwm.eval.lmms.LWM")
+
+
+def test_an_image_task_gets_the_picture_as_a_one_frame_video(setup):
+    """Image benchmarks hand the model a PIL image (doc_to_visual): its prompt is lwm's chat prompt over the
+    picture's one frame of codes, as lwm-tokenize encodes the same picture saved to a file; an image file's
+    path gives the same prompt; two visuals are refused naming the doc."""
+    import numpy as np
+    from lmms_eval.api.instance import Instance
+    from PIL import Image
+
+    from lwm.eval.lmms import LWM
+    from lwm.interop.vqgan_sources import load_vqgan
+    from lwm.video.image import encode_image
+
+    picture = Image.fromarray(np.random.default_rng(0).integers(0, 256, (48, 80, 3), dtype=np.uint8))
+    picture.save(setup["root"] / "picture.png")
+    model = LWM(pretrained=str(setup["root"] / "hf"), vqgan=str(VQGAN), device="cpu")
+    visuals = {0: [picture], 1: [str(setup["root"] / "picture.png")], 2: [picture, picture]}
+    model.task_dict = {"images": {"test": {i: {} for i in visuals}}}
+
+    def prompt(doc_id):
+        args = ("What is it?", {}, lambda doc, i=doc_id: visuals[i], doc_id, "images", "test")
+        request = Instance("generate_until", args, idx=0, metadata={"task": "images", "doc_id": doc_id, "repeats": 1})
+        return model._prompt(request, "What is it?")[0]
+
+    codes = encode_image(setup["root"] / "picture.png", load_vqgan(VQGAN, preset="tiny"))[0]
+    want = chat_prompt(model.tokenizer, model.vocab, "What is it?", codes, style="native")
+    assert prompt(0) == want and prompt(1) == want
+    with pytest.raises(ValueError, match="images doc 2: lwm answers about one video or image"):
+        prompt(2)

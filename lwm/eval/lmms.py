@@ -4,9 +4,10 @@
         --tasks videomme --batch_size 1
 
 lmms-eval finds it through the entry point `lwm` of the group `lmms_eval.models` (pyproject.toml). Each
-request's video (the path the task's doc_to_visual gives) becomes codes as `python -m lwm.eval.video_qa`
-makes them (lwm.eval.video_qa.videos.VideoSource: the code cache where it holds the video, else its frames
-sampled by the one sampling rule and encoded by the folder's VQGAN), the task's text goes after the video
+request's video becomes codes as `python -m lwm.eval.video_qa` makes them (lwm.eval.video_qa.videos.VideoSource:
+the code cache where it holds the video, else its frames sampled by the one sampling rule and encoded by the
+folder's VQGAN); an image (a file, or the PIL image image tasks hand over) is a one-frame video, encoded as
+lwm-tokenize encodes an image file. The task's text goes after the video
 in the folder's chat form, and lwm.infer generates greedily (text tokens only) or scores a continuation.
 lmms-eval then reads the answers and computes the metrics by the task's own rules.
 """
@@ -92,12 +93,18 @@ class LWM(lmms):
         _, _, doc_to_visual, doc_id, task, split = request.args[:6]
         doc = self.task_dict[task][split][doc_id]
         visuals = doc_to_visual(doc) if doc_to_visual is not None else []
-        videos = [v for v in visuals if isinstance(v, (str, Path))]
-        if len(videos) != 1 or len(visuals) != 1:
-            raise ValueError(f"{task} doc {doc_id}: lwm answers about one video (a file path), got {visuals!r}")
-        path = str(videos[0])
+        picture = len(visuals) == 1 and hasattr(visuals[0], "convert")  # a PIL image: a one-frame video
+        if len(visuals) != 1 or not (picture or isinstance(visuals[0], (str, Path))):
+            raise ValueError(
+                f"{task} doc {doc_id}: lwm answers about one video or image (a file path, or a PIL image), "
+                f"got {visuals!r}"
+            )
         try:
-            codes, _ = self.source.load(Item(id=f"{task}:{doc_id}", video=path, video_key=Path(path).stem))
+            if picture:
+                codes = self.source.image_codes(visuals[0])
+            else:
+                path = str(visuals[0])  # a video or an image file
+                codes, _ = self.source.load(Item(id=f"{task}:{doc_id}", video=path, video_key=Path(path).stem))
         except ItemError as e:
             raise ValueError(f"{task} doc {doc_id}: {e}") from e
         return self.prompts.prompt(context, codes), doc

@@ -27,26 +27,32 @@ class Picture:
     duration: float = 0.0
 
 
-def read_image(path: str | Path, resolution: int) -> tuple[np.ndarray, Picture]:
-    """(1, resolution, resolution, 3) uint8: the image's RGB pixels, center-cropped to a square and
-    resized as video frames are; VideoError naming the file when it cannot be read as an image."""
+def read_pixels(path: str | Path) -> tuple[np.ndarray, Picture]:
+    """(h, w, 3) uint8: the image's RGB pixels (a GIF's first frame, no alpha), and what it was; VideoError
+    naming the file when it cannot be read as an image."""
     from PIL import Image, UnidentifiedImageError
 
     try:
         member = split_ref(str(path))  # an image inside a webdataset shard
         with Image.open(io.BytesIO(read_member(str(path))) if member else path) as image:
-            pixels = np.array(image.convert("RGB"))  # (h, w, 3) uint8, writable; a GIF's first frame, no alpha
+            pixels = np.array(image.convert("RGB"))  # writable
     except FileNotFoundError:
         raise VideoError(f"{path}: no such file") from None
     except (UnidentifiedImageError, OSError, ValueError) as e:
         raise VideoError(f"{path}: cannot open as an image ({type(e).__name__}: {e})") from None
     h, w, _ = pixels.shape
-    return crop_resize(pixels[None], resolution), Picture(width=w, height=h)
+    return pixels, Picture(width=w, height=h)
+
+
+def encode_pixels(pixels: np.ndarray, vqgan, dtype=np.int64) -> np.ndarray:
+    """(h, w, 3) uint8 RGB -> codes (1, tokens_per_frame): center-cropped to a square and resized as video
+    frames are, then encoded."""
+    frames = crop_resize(pixels[None], vqgan.config.resolution)  # (1, r, r, 3)
+    device = next(vqgan.parameters()).device
+    return vqgan.encode(torch.from_numpy(frames).to(device)).cpu().numpy().astype(dtype)  # (1, 256)
 
 
 def encode_image(path: str | Path, vqgan, dtype=np.int64) -> tuple[np.ndarray, np.ndarray, Picture]:
     """Codes (1, tokens_per_frame) of the image, its timestamps ([0.0]) and what it was."""
-    frames, picture = read_image(path, vqgan.config.resolution)
-    device = next(vqgan.parameters()).device
-    codes = vqgan.encode(torch.from_numpy(frames).to(device)).cpu().numpy().astype(dtype)  # (1, r, r, 3) -> (1, 256)
-    return codes, np.zeros(1), picture
+    pixels, picture = read_pixels(path)
+    return encode_pixels(pixels, vqgan, dtype), np.zeros(1), picture

@@ -8,10 +8,12 @@ from pathlib import Path
 
 import numpy as np
 
+from lwm.data.codes import out_of_range
 from lwm.eval.video_qa.items import Item, ItemError
 from lwm.interop.vqgan_sources import load_vqgan
 from lwm.paths import TINY_VQGAN
 from lwm.video.codes import CodeSource
+from lwm.video.image import encode_pixels
 from lwm.video.reader import VideoError
 
 
@@ -55,6 +57,15 @@ class VideoSource:
             raise ItemError(
                 "vqgan", f"cannot load the VQGAN checkpoint {self.vqgan_path}: {type(e).__name__}: {e}"
             ) from e
+
+    def image_codes(self, image) -> np.ndarray:
+        """(1, 256) codes of a picture given as pixels (a PIL image, as image benchmarks hand them): a one-frame
+        video, as lwm-tokenize encodes an image file."""
+        codes = encode_pixels(np.asarray(image.convert("RGB")), self.codes.vqgan())
+        problem = out_of_range(codes, self.codes.n_codes) if self.codes.n_codes is not None else None
+        if problem:
+            raise ItemError("vqgan", f"the VQGAN's codes of the image {problem}: the VQGAN is not the model's")
+        return codes
 
     def load(self, item: Item) -> tuple[np.ndarray, dict]:
         """codes (T, 256) and what to record about them: where they came from, frames, the video's length;
