@@ -652,3 +652,21 @@ def test_usage_names_the_command_as_it_is_run():
     from lwm.eval.video_qa.cli import build_parser
 
     assert build_parser().format_usage().startswith("usage: python -m lwm.eval.video_qa ")
+
+
+def test_an_items_image_is_a_one_frame_video(tmp_path):
+    """A QA item whose file is an image: its codes are one frame, the tiny VQGAN's encoding of the picture as
+    lwm-tokenize makes it, with no duration to record."""
+    from PIL import Image
+
+    from lwm.eval.video_qa.items import Item
+    from lwm.eval.video_qa.videos import VideoSource
+    from lwm.interop.vqgan_sources import load_vqgan
+    from lwm.paths import TINY_VQGAN
+    from lwm.video.image import encode_image
+
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (40, 64, 3), dtype=np.uint8)).save(tmp_path / "p.jpg")
+    codes, info = VideoSource(None, TINY_VQGAN).load(Item(id="q1", video=str(tmp_path / "p.jpg"), video_key="p"))
+    want = encode_image(tmp_path / "p.jpg", load_vqgan(TINY_VQGAN, preset="tiny"))[0]
+    np.testing.assert_array_equal(codes, want)
+    assert info["frames"] == 1 and info["codes_from"] == "video" and info["timestamps"].tolist() == [0.0]
