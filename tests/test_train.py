@@ -594,3 +594,34 @@ def test_too_little_data_for_one_batch_exits_2_naming_the_sources(tmp_path, monk
     code, out, err = main_in_process(monkeypatch, capsys, tmp_path / "run", *data)
     assert code == 2 and "Traceback" not in err, err[-3000:]
     assert f"error: the sources ({tmp_path / 'docs.jsonl'}) yield fewer than one global batch" in err, err[-3000:]
+
+
+def test_the_vision_count_reads_no_device_value_per_step():
+    """The data report's vision tokens are summed on the device each step and read once (a checkpoint, the
+    stage's end): with the GPU's batch on the meta device and under FakeTensorMode, where reading a value
+    fails, every step's count goes through; reading it is the reduce at the end, exact past 2**24."""
+    from types import SimpleNamespace
+
+    from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
+
+    from lwm.train.skipped import SkippedExamples
+
+    trainer = SimpleNamespace(datamodule=None)
+    meta = SkippedExamples("unused", tp=2)
+    for _ in range(3):
+        meta.on_train_batch_end(
+            trainer, None, None, {"vision_mask": torch.ones(2, 8, dtype=torch.bool, device="meta")}, 0
+        )
+    assert meta.vision.device.type == "meta" and meta.vision.dtype == torch.int64
+    with FakeTensorMode():
+        fake = SkippedExamples("unused")
+        for _ in range(3):
+            fake.on_train_batch_end(trainer, None, None, {"vision_mask": torch.ones(2, 8, dtype=torch.bool)}, 0)
+        with pytest.raises(DataDependentOutputException):  # a value is read only where it is meant to be: the end
+            fake.vision.item()
+    real = SkippedExamples("unused", tp=2)
+    real.before = 5
+    real.vision = torch.tensor(2**25 + 6)  # two tp ranks' count of the same slices: counted once
+    strategy = SimpleNamespace(reduce=lambda t, reduce_op: t)  # one process
+    module = SimpleNamespace(device=torch.device("cpu"))
+    assert real._vision_tokens(SimpleNamespace(strategy=strategy), module) == 5 + 2**24 + 3

@@ -39,7 +39,7 @@ from lwm.data.form import DIRECTIONS, ROLES, Form, source_form
 from lwm.data.index import SourceIndex, example_key, source_index
 from lwm.data.packing import OVERFLOW, WEIGHTING, Packed, assemble, example_weights
 from lwm.data.plan import Plan, PlanFiles, plan
-from lwm.data.sources import SourceError, check_readable, schema_columns
+from lwm.data.sources import SourceError, check_columns, check_readable
 from lwm.data.text_tokenizer import TextTokenizer
 from lwm.data.vocab import Vocab
 from lwm.weights import host_memory
@@ -80,9 +80,7 @@ class EpochTooLarge(TooLittleData):
 
 @dataclass
 class Source:
-    path: (
-        str  # a JSON-lines (.jsonl, .json), JSON-array (.json), parquet (.parquet) or CSV / TSV table (.csv, .tsv) file
-    )
+    path: str  # a source file in one of lwm.data.sources.FORMATS
     fields: str | list | None = None  # default spec for examples without their own "fields"
     overflow: str = "truncate"  # examples longer than the sequence: truncate | drop | window
     repeat: int = 1  # times each example appears per epoch (mixing weights)
@@ -126,10 +124,10 @@ class Source:
             )
         if self.conversation is None and self.roles is not None:
             raise ValueError(f"{name}: roles name a conversation's roles; the source has no conversation column")
-        have = schema_columns(self.path)
-        missing = [c for c in self.columns() if have is not None and c not in have]
-        if missing:
-            raise ValueError(f"{name}: {self.path} has no column {missing[0]!r} (its columns: {have})")
+        try:
+            check_columns(self.path, self.columns())
+        except ValueError as e:
+            raise ValueError(f"{name}: {e}") from None
         most = host_memory() // PLAN_BYTES
         if self.repeat > most:
             raise ValueError(

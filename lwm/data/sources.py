@@ -1,11 +1,13 @@
 """Reading the examples of one data source by number: JSON lines, one JSON array (a .json whose first
 byte is "[", as conversation sets are published), parquet (the form Hugging Face datasets are published
-in), or a CSV / TSV table with a header row (caption tables), chosen by the file's extension.
+in), a CSV / TSV table with a header row (caption tables), or a webdataset tar shard (lwm.data.shards),
+chosen by the file's extension.
 
     reader = open_source(path)          # .jsonl/.json: JSON lines; .parquet: read by row groups
     reader.scan()                       # the first pass: JSON lines find their byte offsets (a full read)
     len(reader); reader.example(i)      # the i-th example as a dict; raises SourceError naming its place
-    reader.where(i)                     # "path:line" (JSON lines, tables: from 1), "path:row i", "path:element i"
+    reader.where(i)                     # "path:line" (JSON lines, tables: from 1), "path:row i", "path:element i",
+                                        # "path:sample i"
 
 A JSON-lines reader whose offsets are known (a source's index keeps them) reads line i with one seek.
 A parquet reader reads the row group holding row i and keeps the last few groups read; a null column of
@@ -28,7 +30,7 @@ from typing import Iterator
 
 import numpy as np
 
-from lwm.data.shards import TarSource
+from lwm.data.shards import TAR, TarSource
 from lwm.data.spans import SourceError, SpanSource
 from lwm.io import JsonlError, LineIndex, read_lines
 
@@ -52,7 +54,7 @@ def source_format(path: str | Path) -> str:
         return "parquet"
     if suffix in TABLES:
         return "table"
-    if suffix == ".tar":
+    if suffix in TAR:
         return "tar"
     raise ValueError(f"data source {path}: expected {FORMATS}")
 
@@ -401,8 +403,8 @@ def check_readable(path: str | Path) -> None:
 
 
 def schema_columns(path: str | Path) -> list[str] | None:
-    """The columns every record of a table or parquet source has (its header, its schema); None for JSON,
-    whose records each name their own keys, and for a file that is not there (refused elsewhere)."""
+    """The columns every record of a table or parquet source has (its header, its schema); None for JSON and
+    tar shards, whose records each name their own keys, and for a file that is not there (refused elsewhere)."""
     path = Path(path)
     if not path.is_file():
         return None
@@ -413,21 +415,34 @@ def schema_columns(path: str | Path) -> list[str] | None:
     return None
 
 
+def check_columns(path: str | Path, columns) -> None:
+    """ValueError naming the first of `columns` that a table's header or a parquet schema lacks (JSON and tar
+    records name their own keys: nothing to check before reading them)."""
+    have = schema_columns(path)
+    missing = [c for c in columns if have is not None and c not in have]
+    if missing:
+        raise ValueError(f"{path} has no column {missing[0]!r} (its columns: {have})")
+
+
 def source_kind(path: str | Path) -> str:
     """source_format, with a .json holding one array told apart from JSON lines by its first byte."""
     kind = source_format(path)
     return "array" if kind == "jsonl" and Path(path).suffix.lower() == ".json" and is_json_array(path) else kind
 
 
-def open_source(
-    path: str | Path, max_line_bytes: int | None = None, places=None
-) -> JsonlSource | ParquetSource | TableSource:
+def open_source(path: str | Path, max_line_bytes: int | None = None, places=None):
     """The reader of a source file; `places`: what its index kept (no scan is needed then)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"data source {path} does not exist")
-    readers = {"jsonl": JsonlSource, "array": ArraySource, "parquet": ParquetSource, "table": TableSource}
-    kind = {**readers, "tar": TarSource}[source_kind(path)]
+    kinds = {
+        "jsonl": JsonlSource,
+        "array": ArraySource,
+        "parquet": ParquetSource,
+        "table": TableSource,
+        "tar": TarSource,
+    }
+    kind = kinds[source_kind(path)]
     if places is not None:
         return kind.from_places(path, max_line_bytes, places)
     return kind(path, max_line_bytes)

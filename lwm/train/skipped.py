@@ -51,7 +51,7 @@ class SkippedExamples(L.Callback):
     def _vision_tokens(self, trainer, pl_module) -> int:
         """The stage's vision tokens so far, over all ranks (a collective: every rank calls it)."""
         mine = self.vision if self.vision is not None else torch.zeros((), dtype=torch.long, device=pl_module.device)
-        return self.before + int(trainer.strategy.reduce(mine.float(), reduce_op="sum").item()) // self.tp
+        return self.before + int(trainer.strategy.reduce(mine.double(), reduce_op="sum").item()) // self.tp
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
         checkpoint["vision_tokens"] = self._vision_tokens(trainer, pl_module)

@@ -76,6 +76,20 @@ def encode_video(
     return codes[copies], plan.timestamps, video
 
 
+def encode_media(
+    path, vqgan, sampling: Sampling, batch_size: int = 16, dtype=np.int64, progress=None
+) -> tuple[np.ndarray, np.ndarray, object]:
+    """encode_video's result for a video, or encode_image's for an image (a one-frame video: the sampling does
+    not apply), counted on the progress bar alike."""
+    if not is_image(path):
+        return encode_video(path, vqgan, sampling, batch_size, dtype, progress)
+    got = encode_image(path, vqgan, dtype)
+    if progress is not None:
+        progress.total += 1
+        progress.update(1)
+    return got
+
+
 def video_codes(path, vqgan, fps: float | None = 1.0, max_frames: int | None = None, batch_size: int = 16):
     """(T, 256) int64 codes of a video read at `fps`, at most `max_frames` of those spread evenly."""
     return encode_video(path, vqgan, Sampling(fps=fps, max_frames=max_frames), batch_size)[0]
@@ -139,10 +153,7 @@ class CodeSource:
     def from_video(self, path) -> VideoCodes:
         """Raises VideoError for a missing or unreadable file, ValueError for codes the model cannot read. An
         image (lwm.data.form.IMAGE_EXTENSIONS) is a one-frame video, as lwm-tokenize reads it."""
-        if is_image(path):
-            codes, stamps, video = encode_image(path, self.vqgan())
-        else:
-            codes, stamps, video = encode_video(path, self.vqgan(), self.sampling, self.batch_size)
+        codes, stamps, video = encode_media(path, self.vqgan(), self.sampling, self.batch_size)
         if self.n_codes is not None:
             problem = out_of_range(codes, self.n_codes)
             if problem:  # no codes file's fault: the VQGAN does not match the model

@@ -51,14 +51,13 @@ import torch
 
 from lwm.arg_types import add_options, device_name, from_args, option, positive_float, positive_int, seconds
 from lwm.data.codes import save_codes
-from lwm.data.form import MEDIA_EXTENSIONS, is_image
+from lwm.data.form import MEDIA_EXTENSIONS
 from lwm.data.sampling import Sampling
-from lwm.data.sources import schema_columns
+from lwm.data.sources import check_columns
 from lwm.interop.vqgan_sources import open_vqgan
 from lwm.io import append_jsonl, read_jsonl
 from lwm.out_lock import FolderLocked, output_lock
-from lwm.video.codes import encode_video, video_id
-from lwm.video.image import encode_image
+from lwm.video.codes import encode_media, video_id
 from lwm.video.inputs import check_unique_ids, collect_videos, source_media
 from lwm.video.reader import VideoError, default_rate
 from lwm.vision.vqgan_config import PRESETS
@@ -291,18 +290,15 @@ def _inputs(args: TokenizeConfig) -> list[str]:
         if not Path(args.source).is_file():
             raise UsageError(f"--source {args.source} does not exist")
         try:
-            have = schema_columns(args.source)
-            missing = [c for c in args.media if have is not None and c not in have]
-            if missing:
-                raise UsageError(f"--source {args.source} has no column {missing[0]!r} (its columns: {have})")
+            check_columns(args.source, args.media)
             named, problems = source_media(args.source, args.media, args.media_root)
         except (OSError, ValueError) as e:
             raise UsageError(f"--source {args.source}: {e}")
-        if problems:
-            problems.append(f"{len(problems)} record(s) of {args.source} name no usable media file")
     found = sorted(set(collect_videos(args.inputs, problems)) | set(named))
-    for problem in problems[:3] + problems[-1:] * (len(problems) > 3):
+    for problem in problems[:3]:
         print(f"warning: {problem}", file=sys.stderr)
+    if len(problems) > 3:
+        print(f"warning: and {len(problems) - 3} more such problems", file=sys.stderr)
     if not found:  # folders without media, an empty list file: nothing would be done, and nothing said
         where = ", ".join([*args.inputs, *([f"the {args.media} columns of {args.source}"] if args.source else [])])
         raise UsageError(
@@ -405,14 +401,9 @@ def tokenize(job: Job) -> int:
                     skipped += 1
                     continue
                 try:
-                    if is_image(path):  # a one-frame video
-                        codes, timestamps, video = encode_image(path, job.model, np.uint16)
-                        progress.total += 1
-                        progress.update(1)
-                    else:
-                        codes, timestamps, video = encode_video(
-                            path, job.model, job.sampling, job.batch_size, np.uint16, progress
-                        )
+                    codes, timestamps, video = encode_media(
+                        path, job.model, job.sampling, job.batch_size, np.uint16, progress
+                    )
                     job.out.write(manifest_record(job, vid, path, codes, video, timestamps), codes)
                     done += 1
                     frames += len(codes)
