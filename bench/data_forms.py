@@ -31,7 +31,7 @@ import numpy as np
 
 from bench.report import command_line, host_line, publish
 from lwm.data.sources import open_source
-from lwm.synth.video import write_mp4
+from lwm.video.writer import write_mp4
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = "the a red green blue circle square triangle moves left right up down appears turns stops".split()

@@ -21,12 +21,14 @@ from lwm.parallel.comm import group_size_and_rank
 
 
 class LayerCache:
-    """Keys and values (B, Hkv, length, D) of this rank's tokens, in a buffer that grows by doubling."""
+    """Keys and values (B, Hkv, length, D) of this rank's tokens, in a buffer that grows by doubling.
+    Rows of different lengths (two prompts decoded together) are left-padded: row b's keys begin at starts[b]."""
 
     def __init__(self):
         self.k: torch.Tensor | None = None
         self.v: torch.Tensor | None = None
         self.length = 0
+        self.starts: list[int] | None = None
 
     def reserve(self, like: torch.Tensor, capacity: int) -> None:
         B, H, _, D = like.shape
@@ -45,6 +47,18 @@ class LayerCache:
         self.k[:, :, self.length : self.length + n] = k
         self.v[:, :, self.length : self.length + n] = v
         self.length += n
+
+    def stack(self, other: LayerCache, reserve: int) -> None:
+        """This cache's rows, then other's, each row left-padded to the longer length, with room for
+        `reserve` more tokens."""
+        C = max(self.length, other.length)
+        rows = [(c, r) for c in (self, other) for r in range(c.k.shape[0])]
+        k = self.k.new_zeros(len(rows), self.k.shape[1], C + reserve, self.k.shape[3])  # (B, Hkv, C + reserve, D)
+        v = torch.zeros_like(k)
+        for b, (c, r) in enumerate(rows):
+            k[b, :, C - c.length : C], v[b, :, C - c.length : C] = c.keys[r], c.values[r]
+        self.starts = [C - c.length + (c.starts[r] if c.starts else 0) for c, r in rows]
+        self.k, self.v, self.length = k, v, C
 
     @property
     def keys(self) -> torch.Tensor:
@@ -87,6 +101,7 @@ class CachedLayer:
             self.cache.values if self.cache.length else None,
             o.group,
             backend=o.backend,
+            starts=self.cache.starts,
         )
         if o.own_count:  # the new tokens this rank keeps: every world-size-th, from own_first
             mine = slice(o.own_first, None, o.world_size)
@@ -106,8 +121,10 @@ class KVCache:
         self.state = state = PassState(group, layout, backend)
         self.world_size, self.rank = state.world_size, state.rank
         self.layers = [CachedLayer(state) for _ in model.layers]
+        self.model = model
         model.set_attention(self.layers)
         self.seen = 0  # tokens of the sequence so far (all ranks)
+        self.offsets: torch.Tensor | None = None  # (B,) each row's positions past row 0's, once rows are stacked
 
     def reserve(self, like: torch.Tensor, capacity: int) -> None:
         for layer in self.layers:
@@ -123,16 +140,31 @@ class KVCache:
         for layer, n in zip(self.layers, lengths):
             layer.cache.length = n
 
+    def stack(self, other: KVCache, reserve: int = 0) -> None:
+        """Other's rows after this cache's (B = 2 for two prompts decoded together, as classifier-free
+        guidance runs its conditional and unconditional prompts), and the model's attention back on this
+        cache's layers. Extends then run B rows of the same number of new tokens, each at its own positions,
+        each attending only to its own row's keys; the new tokens are kept by the ranks that keep this
+        cache's (row 0's positions), which only balances the slices."""
+        rows = [layer.cache.k.shape[0] for layer in (self.layers[0], other.layers[0])]
+        mine = self.offsets if self.offsets is not None else torch.zeros(rows[0], dtype=torch.long)
+        self.offsets = torch.cat([mine, torch.full((rows[1],), other.seen - self.seen, dtype=torch.long)])  # (B,)
+        for layer, theirs in zip(self.layers, other.layers):
+            layer.cache.stack(theirs.cache, reserve)
+        self.model.set_attention(self.layers)
+
     def start_prefill(self, n_new: int) -> None:
         """The next pass is a prompt segment of n_new tokens (all ranks), each rank holding its
         layout's slice; every rank keeps its slice's keys and values."""
         self.state.prefilling, self.seen = True, self.seen + n_new
 
     def start_extend(self, n_new: int, device) -> torch.Tensor:
-        """The next pass is n_new tokens that every rank runs whole: their positions (n_new,) on `device`;
-        marks the ones this rank will keep (position p is kept by rank p mod N), by arithmetic on the
-        host, so that decoding reads nothing back from the device."""
+        """The next pass is n_new tokens that every rank runs whole: their positions (n_new,) on `device`, or
+        (B, n_new) once rows are stacked; marks the ones this rank will keep (position p is kept by rank
+        p mod N), by arithmetic on the host, so that decoding reads nothing back from the device."""
         pos = torch.arange(self.seen, self.seen + n_new, device=device)
+        if self.offsets is not None:
+            pos = pos + self.offsets.to(device)[:, None]  # (n_new,) -> (B, n_new)
         state = self.state
         state.own_first = (self.rank - self.seen) % self.world_size
         state.own_count = len(range(state.own_first, n_new, self.world_size))

@@ -123,6 +123,32 @@ class Generator:
         return torch.empty(1, c.n_kv_heads, 0, c.head_dim, dtype=w.dtype, device=w.device)
 
     @torch.no_grad()
+    def prefill_rows(self, prompts: list, reserve: int = 0) -> torch.Tensor:
+        """Prompts of any lengths, each prefilled as `prefill` does, then stacked into one cache of B rows
+        (KVCache.stack): B = len(prompts). -> logits (B, V) after each prompt's last token. Then extend_rows
+        runs the same new tokens on every row, each at its own positions."""
+        prompts = [self._ids(p) for p in prompts]
+        caches, logits = [], []
+        for i, prompt in enumerate(prompts):
+            self._start(prompt, reserve=reserve if i == 0 else 0)
+            if i == 0:
+                self._meet()
+            logits.append(self._fill(prompt))
+            caches.append(self.cache)
+        for other in caches[1:]:
+            caches[0].stack(other, reserve=-(-reserve // caches[0].world_size) + 1)
+        self.cache = caches[0]
+        return torch.stack(logits)  # (B, V)
+
+    @torch.no_grad()
+    def extend_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids (n,) on the device, the same new tokens for every row of the cache -> logits (B, V) after the last."""
+        B = 1 if self.cache.offsets is None else len(self.cache.offsets)
+        pos = self.cache.start_extend(ids.numel(), self.device)  # (n,) or (B, n)
+        h = self.model.hidden(ids[None].expand(B, -1), pos)  # (B, n, dim)
+        return self.model.logits(h[:, -1]).float()  # (B, V)
+
+    @torch.no_grad()
     def generate(self, prompt, config: GenerationConfig | None = None) -> list[int]:
         """New token ids after the prompt (a stop token ends generation and is not returned)."""
         config = config or GenerationConfig()

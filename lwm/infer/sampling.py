@@ -28,21 +28,21 @@ class GenerationConfig:
     stop_check_every: int = 8
 
     def __post_init__(self) -> None:
-        _integer("max_new_tokens", self.max_new_tokens, 1)
+        check_integer("max_new_tokens", self.max_new_tokens, 1)
         t = self.temperature
         if isinstance(t, bool) or not isinstance(t, numbers.Real) or not math.isfinite(t) or t < 0:
             raise ValueError(f"temperature must be >= 0 (0 is greedy) and finite, got {t!r}")
         if self.top_k is not None:
-            _integer("top_k", self.top_k, 1, "or None")
+            check_integer("top_k", self.top_k, 1, "or None")
         if self.restrict not in RESTRICT:
             raise ValueError(f"restrict must be one of {RESTRICT}, got {self.restrict!r}")
         s = self.seed
         if isinstance(s, bool) or not isinstance(s, numbers.Integral) or not SEED_RANGE[0] <= s < SEED_RANGE[1]:
             raise ValueError(f"seed must be an integer in [-2**63, 2**64) (what torch seeds with), got {s!r}")
-        _integer("stop_check_every", self.stop_check_every, 1)
+        check_integer("stop_check_every", self.stop_check_every, 1)
 
 
-def _integer(name: str, value, minimum: int, more: str = "") -> None:
+def check_integer(name: str, value, minimum: int, more: str = "") -> None:
     """Raises ValueError naming the field unless value is an integer (not a bool) >= minimum."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         raise ValueError(f"{name} must be >= {minimum}{' ' + more if more else ''} (an integer), got {value!r}")

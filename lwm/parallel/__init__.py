@@ -2,62 +2,52 @@
 comm, block kernels, ring / Ulysses / hybrid attention, tensor parallelism, activation offload, and
 `parallelize`, which applies them all to a model from outside."""
 
-from lwm.parallel.comm import RingComm
-from lwm.parallel.dims import ParallelDims
-from lwm.parallel.hybrid import hybrid_attention, hybrid_groups
-from lwm.parallel.kernels import block_backward, block_forward
-from lwm.parallel.layout import LAYOUTS, check_divisible, positions, shard, unshard
-from lwm.parallel.mesh import Meshes, build_meshes
-from lwm.parallel.offload import ActivationOffload, CudaCopyEngine, SyncCopyEngine, apply_activation_offload
-from lwm.parallel.parallelize import (
-    ComputeSettings,
-    allocate,
-    apply_activation_checkpointing,
-    apply_context_parallel,
-    build_parallel_model,
-    compute_settings,
-    global_group_counts,
-    meta_parallel_model,
-    parallelize,
-    parameter_device,
-    state_offload,
-)
-from lwm.parallel.ring import ring_attention, simulate_ring
-from lwm.parallel.schedule import block_plan, block_work
-from lwm.parallel.ulysses import ulysses_attention
+import importlib
 
-__all__ = [
-    "LAYOUTS",
-    "ActivationOffload",
-    "CudaCopyEngine",
-    "SyncCopyEngine",
-    "apply_activation_offload",
-    "ComputeSettings",
-    "allocate",
-    "Meshes",
-    "ParallelDims",
-    "apply_activation_checkpointing",
-    "apply_context_parallel",
-    "build_meshes",
-    "build_parallel_model",
-    "compute_settings",
-    "RingComm",
-    "block_backward",
-    "block_forward",
-    "block_plan",
-    "block_work",
-    "check_divisible",
-    "global_group_counts",
-    "hybrid_attention",
-    "hybrid_groups",
-    "meta_parallel_model",
-    "parallelize",
-    "parameter_device",
-    "state_offload",
-    "positions",
-    "ring_attention",
-    "shard",
-    "simulate_ring",
-    "ulysses_attention",
-    "unshard",
-]
+# Each name's module, imported on first use (PEP 562): a process that needs only comm, layout or the
+# kernels (inference, evaluation, data loader workers) does not pay for importing FSDP, DTensor and
+# distributed checkpointing, about a second of CPU a process.
+_HOMES = {
+    "RingComm": "comm",
+    "ParallelDims": "dims",
+    "hybrid_attention": "hybrid",
+    "hybrid_groups": "hybrid",
+    "block_backward": "kernels",
+    "block_forward": "kernels",
+    "LAYOUTS": "layout",
+    "check_divisible": "layout",
+    "positions": "layout",
+    "shard": "layout",
+    "unshard": "layout",
+    "Meshes": "mesh",
+    "build_meshes": "mesh",
+    "ActivationOffload": "offload",
+    "CudaCopyEngine": "offload",
+    "SyncCopyEngine": "offload",
+    "apply_activation_offload": "offload",
+    "ComputeSettings": "parallelize",
+    "allocate": "parallelize",
+    "apply_activation_checkpointing": "parallelize",
+    "apply_context_parallel": "parallelize",
+    "build_parallel_model": "parallelize",
+    "compute_settings": "parallelize",
+    "global_group_counts": "parallelize",
+    "meta_parallel_model": "parallelize",
+    "parallelize": "parallelize",
+    "parameter_device": "parallelize",
+    "state_offload": "parallelize",
+    "ring_attention": "ring",
+    "simulate_ring": "ring",
+    "block_plan": "schedule",
+    "block_work": "schedule",
+    "ulysses_attention": "ulysses",
+}
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
+    globals()[name] = value
+    return value

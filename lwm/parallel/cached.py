@@ -22,16 +22,20 @@ from lwm.parallel.ring import ring_blocks, ring_forward
 from lwm.parallel.steps import ring_steps
 
 
-def cached_attention(q, k_new, v_new, k_cache=None, v_cache=None, group=None, backend: str = "auto") -> torch.Tensor:
+def cached_attention(
+    q, k_new, v_new, k_cache=None, v_cache=None, group=None, backend: str = "auto", starts: list[int] | None = None
+) -> torch.Tensor:
     """q (B, H, L, D); k_new, v_new (B, Hkv, L, D); k_cache, v_cache (B, Hkv, C, D) this rank's
-    slice of the earlier tokens (C may be 0 or differ between ranks) -> (B, H, L, D)."""
-    B, H, L, _ = q.shape
-    if k_cache is not None and k_cache.shape[2] > 0:
-        out, lse = block_forward(q, k_cache, v_cache, causal=False, backend=backend)
-        out, lse = out.to(acc_dtype(q.dtype)), lse.to(acc_dtype(q.dtype))
-    else:  # nothing cached here: a part that weighs nothing
-        out = torch.zeros(q.shape, dtype=acc_dtype(q.dtype), device=q.device)
-        lse = torch.full((B, H, L), float("-inf"), dtype=acc_dtype(q.dtype), device=q.device)
+    slice of the earlier tokens (C may be 0 or differ between ranks) -> (B, H, L, D). starts: per row,
+    where its cached keys begin (rows of different lengths, left-padded to C; None: all at 0)."""
+    if starts is None or not any(starts) or k_cache is None:
+        out, lse = _cache_part(q, k_cache, v_cache, backend)
+    else:  # each row over its own keys: the padding before starts[b] is never read
+        parts = [
+            _cache_part(q[b : b + 1], k_cache[b : b + 1, :, s:], v_cache[b : b + 1, :, s:], backend)
+            for b, s in enumerate(starts)
+        ]
+        out, lse = torch.cat([o for o, _ in parts]), torch.cat([lse for _, lse in parts])
     # One collective per layer: lse rides along as an extra channel. (B, H, L, D+1) -> (N, B, H, L, D+1)
     both = all_gather_stack(torch.cat([out, lse.unsqueeze(-1)], dim=-1), group)
     outs, lses = both[..., :-1], both[..., -1]  # (N, B, H, L, D), (N, B, H, L)
@@ -39,6 +43,17 @@ def cached_attention(q, k_new, v_new, k_cache=None, v_cache=None, group=None, ba
     outs = torch.cat([outs, own_out.to(outs.dtype).unsqueeze(0)])
     lses = torch.cat([lses, own_lse.to(lses.dtype).unsqueeze(0)])
     return merge_stack(outs, lses)[0].to(q.dtype)
+
+
+def _cache_part(q, k_cache, v_cache, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """q (B, H, L, D) over all of k_cache, v_cache (B, Hkv, C, D), no mask -> (out, lse) in the accumulation
+    dtype; C = 0 (or no cache) is a part that weighs nothing."""
+    B, H, L, _ = q.shape
+    if k_cache is not None and k_cache.shape[2] > 0:
+        out, lse = block_forward(q, k_cache, v_cache, causal=False, backend=backend)
+        return out.to(acc_dtype(q.dtype)), lse.to(acc_dtype(q.dtype))
+    out = torch.zeros(q.shape, dtype=acc_dtype(q.dtype), device=q.device)
+    return out, torch.full((B, H, L), float("-inf"), dtype=acc_dtype(q.dtype), device=q.device)
 
 
 PAST_PASSES = 2  # ring passes over the cache per prefill segment: the buffers halve, the passes double

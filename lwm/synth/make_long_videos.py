@@ -50,7 +50,7 @@ from lwm.paths import DATA
 from lwm.synth.language import event_text, multiple_choice, questions
 from lwm.synth.make_sample import _mb, _rng, _write_jsonl
 from lwm.synth.scene import random_scene, render, scene_to_json
-from lwm.synth.video import write_mp4
+from lwm.video.writer import write_mp4
 
 DEFAULT_OUT = DATA / "long_videos"
 FORMAT = 1  # bump when the output changes, so old folders are remade

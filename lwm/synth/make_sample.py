@@ -72,7 +72,7 @@ from lwm.paths import SAMPLE
 from lwm.synth.language import caption, event_text, multiple_choice, questions
 from lwm.synth.prose import document
 from lwm.synth.scene import FPS, random_scene, render, scene_to_json
-from lwm.synth.video import write_mp4
+from lwm.video.writer import write_mp4
 
 DEFAULT_OUT = SAMPLE
 N_DOCS = 8

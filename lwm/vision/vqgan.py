@@ -23,6 +23,11 @@ from lwm.vision.vqgan_config import VQGANConfig
 _FLOAT_RANGE_SLACK = 0.5
 
 
+def to_uint8(x: torch.Tensor) -> torch.Tensor:
+    """Decoded frames (..., 3, H, W) float in [-1, 1] -> (..., H, W, 3) uint8 (clamped) on the host."""
+    return ((x.detach().float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).movedim(-3, -1).cpu()
+
+
 class VQGANOutput(NamedTuple):
     recon: torch.Tensor  # (B, 3, H, W) float, roughly in [-1, 1]
     codes: torch.Tensor  # (B, tokens_per_frame) long

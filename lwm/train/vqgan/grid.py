@@ -8,10 +8,7 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-
-def to_uint8(x: torch.Tensor) -> torch.Tensor:
-    """(..., 3, H, W) float in [-1, 1] -> (..., H, W, 3) uint8 (clamped)."""
-    return ((x.detach().float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).movedim(-3, -1).cpu()
+from lwm.vision.vqgan import to_uint8
 
 
 def recon_grid(originals: torch.Tensor, recons: torch.Tensor) -> Image.Image:
