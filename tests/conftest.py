@@ -1,5 +1,10 @@
+import contextlib
 import functools
+import multiprocessing.process
 import os
+import re
+import subprocess
+from pathlib import Path
 
 import comm_contract
 import pytest
@@ -35,10 +40,73 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # under -n 2: one core per worker, an
 LAUNCHES = ("test_train_parallel.py", "test_slurm.py", "test_multinode.py")
 
 
+# Tests by what they cost, a marker each (python -m pytest -q -n 2 -m unit: a developer's loop of about a minute):
+#   repo         checks of the repository: docs and their commands, floors, style, dependencies
+#   integration  a file that starts processes or process groups, or trains through train.py's path, or a
+#                test using a fixture that does
+#   unit         the rest: in this process, no process started (refused while the test runs: see below)
+REPO_CHECKS = {"test_docs.py", "test_doc_commands.py", "test_style.py", "test_floors.py", "test_dependencies.py"}
+STARTS = re.compile(
+    r"subprocess|Popen|run_distributed|forked_train|run_schedule|torchrun|multiprocessing|sbatch|spawn|"
+    r"init_process_group|train_runs import[^\n]*\btrain\b"
+)
+PROCESS_FIXTURES = {"reference"}  # conftest's fixtures that start processes
+
+
+@functools.cache
+def cost(path: Path) -> str:
+    if path.name in REPO_CHECKS:
+        return "repo"
+    return "integration" if STARTS.search(path.read_text()) else "unit"
+
+
 def pytest_collection_modifyitems(items):
-    """The files of LAUNCHES first, in that order (the longest first), the rest as collected."""
+    """Each test marked by its file's cost; the files of LAUNCHES first, in that order (the longest first), the
+    rest as collected."""
+    for item in items:
+        if any(item.get_closest_marker(k) for k in ("unit", "integration", "repo")):
+            continue  # marked in its file: a test that starts processes where its file's other tests do not
+        kind = cost(item.path)
+        item.add_marker("integration" if kind == "unit" and PROCESS_FIXTURES & set(item.fixturenames) else kind)
     rank = {name: i for i, name in enumerate(LAUNCHES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(LAUNCHES)))  # stable
+
+
+@contextlib.contextmanager
+def starts_nothing(item):
+    """While a unit test is set up and runs: starting a process (subprocess, multiprocessing) or a process group
+    other than a fake one fails it, naming the test, so the unit marker stays true."""
+    if item.get_closest_marker("unit") is None:
+        yield
+        return
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"{item.nodeid} is a unit test but starts a process or a process group; "
+                             "mark it @pytest.mark.integration (tests/conftest.py, STARTS)")  # fmt: skip
+
+    def init_process_group(backend=None, *args, **kwargs):
+        if backend != "fake":  # FakeTensorMode's process group: in this process, no peers
+            refuse()
+        return dist_init(backend, *args, **kwargs)
+
+    dist_init = torch.distributed.init_process_group
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(subprocess.Popen, "__init__", refuse)
+        patch.setattr(multiprocessing.process.BaseProcess, "start", refuse)
+        patch.setattr(torch.distributed, "init_process_group", init_process_group)
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    with starts_nothing(item):
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    with starts_nothing(item):
+        yield
 
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: not called without it

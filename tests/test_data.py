@@ -282,6 +282,7 @@ def test_bad_example_is_skipped_and_counted_with_file_and_line(spm_model, codes_
     assert "missing_clip" in caplog.text
 
 
+@pytest.mark.integration  # starts loader workers or a process group
 def test_targets_are_made_before_sharding(spm_model, codes_dir, sources):
     full = take(make_dm(spm_model, codes_dir, sources), 1)[0]
     assert torch.equal(full["targets"][:, :-1], full["tokens"][:, 1:])
@@ -316,6 +317,7 @@ def test_each_rank_is_given_the_positions_of_its_slice_that_carry_loss(layout):
     assert sum(p[LOSS_ROWS].numel() for p in parts) == 6
 
 
+@pytest.mark.integration  # starts loader workers or a process group
 def test_cp_ranks_share_a_sample_and_dp_ranks_do_not(spm_model, codes_dir, sources):
     def first_tokens(dp_rank, cp_rank):
         dm = make_dm(spm_model, codes_dir, sources, dp_rank=dp_rank, dp_size=2, cp_rank=cp_rank, cp_size=2)
@@ -328,12 +330,14 @@ def test_cp_ranks_share_a_sample_and_dp_ranks_do_not(spm_model, codes_dir, sourc
     assert all(not torch.equal(x, y) for x, y in zip(a0, b0))  # dp ranks read different samples
 
 
+@pytest.mark.integration  # starts loader workers or a process group
 def test_loss_weights_and_vision_mask_are_the_targets(spm_model, codes_dir, sources, vocab):
     batch = take(make_dm(spm_model, codes_dir, sources), 1)[0]
     assert torch.equal(batch["vision_mask"], torch.from_numpy(vocab.is_vision(batch["targets"].numpy())))
     assert (batch["loss_weight"][batch["targets"] == vocab.pad_id] == 0).all()
 
 
+@pytest.mark.integration  # starts loader workers or a process group
 def test_exact_resume_of_the_data_order(spm_model, codes_dir, sources):
     dm = make_dm(spm_model, codes_dir, sources)
     per_epoch = sum(1 for _ in dm.stream.sequences(0)) // 2
@@ -357,6 +361,7 @@ def states(dm, n):
     return [(dm.on_before_batch_transfer(next(it)), dm.state)[1] for _ in range(n)]
 
 
+@pytest.mark.integration  # starts loader workers or a process group
 def test_skipped_count_goes_on_across_epochs_resume_and_ranks(spm_model, codes_dir, sources):
     """The state's skipped and read (data/skipped) are the whole stream's counts through each batch:
     the bad line is skipped once an epoch, a resume in either epoch goes on with the same counts,

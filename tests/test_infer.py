@@ -391,3 +391,22 @@ def test_an_image_is_a_one_frame_video_for_generation(tmp_path, stub_model, monk
         with pytest.raises(SystemExit) as e:
             cli.main([*argv, *extra])
         assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_inference_imports_no_training_parallelism():
+    """lwm-generate's modules leave FSDP, DTensor and distributed checkpointing unimported (lwm.parallel's names
+    load on first use): about a second of CPU for every inference process and loader worker."""
+    import subprocess
+    import sys
+
+    code = "import sys, lwm.infer.cli, lwm.data.batches; print(sorted(m for m in HEAVY if m in sys.modules))"
+    heavy = [
+        "torch.distributed.fsdp",
+        "torch.distributed.tensor",
+        "torch.distributed.checkpoint",
+        "lwm.parallel.tensor",
+    ]
+    out = subprocess.run(
+        [sys.executable, "-c", f"HEAVY = {heavy!r}; {code}"], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == "[]", out

@@ -3,9 +3,12 @@ and the real step's device peak (offload's host buffers taken out) and host byte
 
 from __future__ import annotations
 
+import pytest
+
 import bench.memory_features as bench
 
 
+@pytest.mark.integration  # starts loader workers or a process group
 def test_each_configuration_measured_equals_its_plan():
     args = bench.parse(["--preset", "debug", "--lengths", "128", "--real-lengths", "128", "--chunk", "64"])
     args.features = ["checkpointing", "offload", "all"]

@@ -13,6 +13,8 @@ from lwm.train.plan.devices import GIB
 from lwm.train.plan.preflight import PreflightJob, WillNotFit, check, device_kind, device_memory, preflight, wanted
 from lwm.train.plan.stage_plan import plan_stage
 
+pytestmark = pytest.mark.integration  # the preflight plans in a child process
+
 WORLD = 2
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from omegaconf import OmegaConf
 from train_runs import ROOT, main_in_process
 
@@ -92,6 +93,7 @@ def test_a_finished_step_is_final_weights_a_checkpoint_or_a_metrics_row(tmp_path
     assert stepped(tmp_path, config)
 
 
+@pytest.mark.integration  # starts loader workers or a process group
 def test_loader_workers_and_the_index_folder_give_the_same_batches(tmp_path):
     """data.num_workers 0 and 2, the index beside the source or in data.index_dir: the same batches, so
     neither is part of what a run trains (index workers: tests/test_data_index.py, the same index)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 
 import lightning as L
+import pytest
 import torch
 
 from lwm.data.batches import Sharding, shard_batch
@@ -35,6 +36,7 @@ def _loader(steps: int):
     return torch.utils.data.DataLoader(batches, batch_size=None)
 
 
+@pytest.mark.integration  # starts loader workers or a process group
 def test_lightning_and_the_planner_run_one_step_function(monkeypatch):
     """The objective is computed inside lwm.train.step.train_step, called from both: a step
     re-assembled anywhere else (a copy in module.py, in the planner) calls it from another function
