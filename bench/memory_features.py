@@ -30,9 +30,9 @@ from bench.report import command_line, host_line, publish
 from lwm.model import ModelConfig
 from lwm.parallel import build_parallel_model, compute_settings
 from lwm.train.config import OptimConfig, ParallelConfig, StageConfig
-from lwm.train.module import activation_offload
 from lwm.train.plan.fake import make_batch, place
 from lwm.train.plan.memory import Mesh, StepMemory, plan_step, tracked_step
+from lwm.train.step import activation_offload
 
 OPTIM = OptimConfig()
 MIB = 2**20

@@ -39,12 +39,11 @@ from bench.report import command_line, host_line, peak_mib, peak_tflops, publish
 from lwm.model import ModelConfig, Transformer
 from lwm.parallel import build_parallel_model, compute_settings
 from lwm.train.config import OptimConfig, StageConfig
-from lwm.train.module import activation_offload
 from lwm.train.plan.devices import DEVICES
 from lwm.train.plan.fake import make_batch, place
 from lwm.train.plan.memory import Mesh, plan_step
 from lwm.train.plan.time import step_time, step_work
-from lwm.train.step import build_optimizer, train_step
+from lwm.train.step import activation_offload, build_optimizer, train_step
 
 ROOT = Path(__file__).resolve().parent.parent
 

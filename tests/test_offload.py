@@ -271,8 +271,9 @@ def test_the_planner_puts_the_layer_inputs_in_host_memory():
 
 
 def test_the_config_field_takes_effect_and_needs_checkpointing(monkeypatch):
-    from lwm.train import module as module_file
-    from lwm.train.module import LWMModule, activation_offload
+    from lwm.train import step as step_file
+    from lwm.train.module import LWMModule
+    from lwm.train.step import activation_offload
 
     with pytest.raises(
         ValueError, match="parallel.activation_offload=true needs parallel.activation_checkpointing=true"
@@ -282,7 +283,7 @@ def test_the_config_field_takes_effect_and_needs_checkpointing(monkeypatch):
     on = ParallelConfig(activation_checkpointing=True, activation_offload=True)
     cpu = activation_offload(on, torch.device("cpu"))
     assert isinstance(cpu.engine, SyncCopyEngine) and cpu.engine.host == torch.device("cpu")
-    monkeypatch.setattr(module_file, "CudaCopyEngine", lambda device: ("cuda engine", device))
+    monkeypatch.setattr(step_file, "CudaCopyEngine", lambda device: ("cuda engine", device))
     assert activation_offload(on, torch.device("cuda", 1)).engine == ("cuda engine", torch.device("cuda", 1))
     # LWMModule's one-process model offloads: each block's input goes out, all but the last come back
     copies = []

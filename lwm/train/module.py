@@ -24,10 +24,7 @@ import torch.distributed as dist
 
 from lwm.model import ModelConfig, Transformer
 from lwm.parallel import (
-    ActivationOffload,
-    CudaCopyEngine,
     ParallelDims,
-    SyncCopyEngine,
     apply_activation_checkpointing,
     apply_activation_offload,
     build_meshes,
@@ -41,20 +38,11 @@ from lwm.train import rng
 from lwm.train.callbacks import KIND_LOSSES
 from lwm.train.config import OptimConfig, ParallelConfig, StageConfig
 from lwm.train.console import say
-from lwm.train.step import NonFiniteStep, batch_loss, build_optimizer, kind_losses, train_step
+from lwm.train.step import NonFiniteStep, activation_offload, batch_loss, build_optimizer, kind_losses, train_step
 
 Weights = dict[str, torch.Tensor]
 
 _LOOP = "epoch_loop.automatic_optimization.optim_progress", "epoch_loop.manual_optimization.optim_step_progress"
-
-
-def activation_offload(parallel: ParallelConfig, device: torch.device) -> ActivationOffload | None:
-    """The offload the run's device asks for (None: parallel.activation_offload is off): pinned host
-    memory on a side stream on a GPU, plain copies into CPU tensors on a CPU."""
-    if not parallel.activation_offload:
-        return None
-    engine = CudaCopyEngine(device) if device.type == "cuda" else SyncCopyEngine("cpu")
-    return ActivationOffload(engine)
 
 
 def steps_from_automatic_optimization(checkpoint: dict) -> None:

@@ -27,8 +27,8 @@ from torch.distributed.tensor.experimental import implicit_replication
 
 from lwm.data.batches import LOSS_ROWS
 from lwm.model import Transformer, token_coefficients
-from lwm.parallel import global_group_counts
-from lwm.train.config import OptimConfig, StageConfig
+from lwm.parallel import ActivationOffload, CudaCopyEngine, SyncCopyEngine, global_group_counts
+from lwm.train.config import OptimConfig, ParallelConfig, StageConfig
 from lwm.train.lr import lr_factor
 
 
@@ -196,3 +196,12 @@ def lr_lambda(stage: StageConfig):
         )
 
     return factor
+
+
+def activation_offload(parallel: ParallelConfig, device: torch.device) -> ActivationOffload | None:
+    """The offload the run's device asks for (None: parallel.activation_offload is off): pinned host
+    memory on a side stream on a GPU, plain copies into CPU tensors on a CPU."""
+    if not parallel.activation_offload:
+        return None
+    engine = CudaCopyEngine(device) if device.type == "cuda" else SyncCopyEngine("cpu")
+    return ActivationOffload(engine)
