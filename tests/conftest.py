@@ -48,7 +48,7 @@ LAUNCHES = ("test_train_parallel.py", "test_slurm.py", "test_multinode.py")
 REPO_CHECKS = {"test_docs.py", "test_doc_commands.py", "test_style.py", "test_floors.py", "test_dependencies.py"}
 STARTS = re.compile(
     r"subprocess|Popen|run_distributed|forked_train|run_schedule|torchrun|multiprocessing|sbatch|spawn|"
-    r"init_process_group|train_runs import[^\n]*\btrain\b"
+    r"init_process_group|main_in_process|train_runs import[^\n]*\btrain\b"
 )
 PROCESS_FIXTURES = {"reference"}  # conftest's fixtures that start processes
 

@@ -625,3 +625,40 @@ def test_the_vision_count_reads_no_device_value_per_step():
     strategy = SimpleNamespace(reduce=lambda t, reduce_op: t)  # one process
     module = SimpleNamespace(device=torch.device("cpu"))
     assert real._vision_tokens(SimpleNamespace(strategy=strategy), module) == 5 + 2**24 + 3
+
+
+def test_a_failed_evaluation_fails_the_run_and_its_rerun_evaluates_again(tmp_path, monkeypatch, capsys):
+    """The needle evaluation after training failing (its child exits 1: a trial failed) is exit 6 naming it, not
+    "finished" with exit 0; the weights are kept, and the same command evaluates them again without training;
+    once evaluated whole, the run is finished."""
+    from lwm.train import evaluate
+
+    run = ["stage_only=a", "schedule.stages.0.steps=1", "evaluate.lengths=[128]", "evaluate.depths=[0]"]
+    run += ["evaluate.trials=1", f"evaluate.haystack={ROOT / 'data' / 'sample' / 'text.jsonl'}"]
+    calls = []
+
+    def needle_child(status: int, complete: bool):
+        def run_in_child(fn, config, env=None):
+            calls.append(config.out)
+            out = tmp_path / "needle"
+            out.mkdir(exist_ok=True)
+            results = {"config": {"complete": complete}, "trials": [], "trials_failed": status}
+            (out / "needle.json").write_text(json.dumps(results))
+            return status
+
+        return run_in_child
+
+    with monkeypatch.context() as patch:
+        patch.setattr(evaluate, "run_in_child", needle_child(1, True))
+        code, out, err = main_in_process(patch, capsys, tmp_path, *run)
+    assert code == 6 and "error: the needle evaluation failed" in err and "needle failed" in out, (out + err)[-3000:]
+    final = tmp_path / "a" / "final.safetensors"
+    weights = final.read_bytes()
+
+    with monkeypatch.context() as patch:
+        patch.setattr(evaluate, "run_in_child", needle_child(0, True))
+        code, out, err = main_in_process(patch, capsys, tmp_path, *run)  # the same command
+    assert code == 0 and "is finished" not in out and "stage a:" not in out, (out + err)[-3000:]
+    assert len(calls) == 2 and final.read_bytes() == weights
+    code, out, err = main_in_process(monkeypatch, capsys, tmp_path, *run)
+    assert code == 0 and f"run {tmp_path} is finished" in out and len(calls) == 2, (out + err)[-3000:]

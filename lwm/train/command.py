@@ -25,6 +25,7 @@ from lwm.train.checkpointing import resumes
 from lwm.train.config import check_files, validate
 from lwm.train.console import is_rank0, quiet_lightning, say
 from lwm.train.entry import ensure_sample_data, to_run_config
+from lwm.train.evaluate import EVALUATION_FAILED, evaluated
 from lwm.train.plan.preflight import WillNotFit
 from lwm.train.run import run_schedule
 from lwm.train.run_folder import CONFIG, LOCK, OtherRun, check, clear, resolved
@@ -36,6 +37,9 @@ from lwm.writes import NoSpaceLeft, complete, write_atomic
 EXIT_BAD_INPUT, EXIT_NO_SPACE = 2, 3  # as lwm-tokenize: 2 is bad input, 3 a full disk
 EXIT_STOPPED = 4  # a stage stopped before its end (a signal, stop_at_step): the same command continues it
 EXIT_NONFINITE = 5  # a step's loss, gradient norm or weights were not finite: the stage stopped, nothing of it saved
+EXIT_EVALUATION = (
+    6  # trained (weights and export kept), but the needle evaluation failed: the same command evaluates again
+)
 _started = [False]  # run_command was entered: Hydra composed the config (its own refusals come before)
 
 
@@ -123,6 +127,13 @@ def run_command(cfg: DictConfig) -> None:
         say(line)
     if "stopped" in where:
         sys.exit(EXIT_STOPPED)
+    if EVALUATION_FAILED in where:
+        print(
+            f"error: the needle evaluation failed (its output above; what it finished is in {where[EVALUATION_FAILED]}); "
+            "the trained weights are kept and the same command evaluates them again",
+            file=sys.stderr,
+        )
+        sys.exit(EXIT_EVALUATION)
 
 
 def model_summary(config) -> str:
@@ -146,6 +157,8 @@ def finished(run, out: Path) -> bool:
         return False
     if run.export and not complete(out / "hf"):
         return False
+    if run.evaluate.lengths is not None and not evaluated(out / "needle"):
+        return False  # an evaluation that failed or was cut short: the rerun evaluates
     say(
         f"run {out} is finished: {', '.join(names)} {'has its' if len(names) == 1 else 'have their'} final weights "
         f"({out}/<stage>/final.safetensors); nothing to train. To train again: another trainer.out_dir, or "

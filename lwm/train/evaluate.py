@@ -8,6 +8,7 @@ needle_heatmap.png. A failed evaluation is reported and leaves the trained weigh
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from lwm.arg_types import to_argv
@@ -32,6 +33,18 @@ def needle_config(grid: NeedleGrid, model: Path, tokenizer: str, out: Path, devi
     return NeedleConfig(
         model=ModelOptions(model=str(model), tokenizer=str(tokenizer), device=device), grid=grid, out=str(out)
     )
+
+
+EVALUATION_FAILED = "needle failed"  # the run's summary line for an evaluation that did not finish whole
+
+
+def evaluated(out: Path) -> bool:
+    """Whether `out` (a run's needle/ folder) holds a whole evaluation: needle.json complete, no trial failed."""
+    try:
+        results = json.loads((out / "needle.json").read_text())
+        return results["config"]["complete"] is True and results.get("trials_failed") == 0
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
 
 
 def evaluate_needles(

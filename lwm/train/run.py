@@ -23,7 +23,7 @@ from lwm.train.checkpointing import resume_point
 from lwm.train.config import RunConfig, StageConfig, stage_dims, stage_model_config
 from lwm.train.console import say
 from lwm.train.datamodule import LWMDataModule
-from lwm.train.evaluate import evaluate_needles
+from lwm.train.evaluate import EVALUATION_FAILED, evaluate_needles
 from lwm.train.export import codes_vqgan, export_weights
 from lwm.train.module import LWMModule
 from lwm.train.plan.preflight import device_kind, device_memory, preflight, wanted
@@ -130,4 +130,6 @@ def run_schedule(cfg: RunConfig) -> dict[str, Path]:
         needle = evaluate_needles(cfg.evaluate, finished.parent, cfg.data.tokenizer, out / "needle", device)
         if needle is not None:
             where["needle"] = needle
+        else:  # train.py exits EXIT_EVALUATION; the same command evaluates again (command.finished)
+            where[EVALUATION_FAILED] = out / "needle"
     return where
