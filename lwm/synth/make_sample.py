@@ -10,8 +10,8 @@ From Python:
     out = make_sample.ensure_sample()               # -> Path of data/sample, made if missing
     out = make_sample.run(make_sample.SampleConfig(out=Path("/tmp/s"), n_videos=4))
 
-The pieces live beside it in lwm/synth/: scene.py (random scenes, numpy rendering), video.py (mp4 with
-PyAV), language.py (captions, questions), prose.py (documents).
+The pieces live beside it in lwm/synth/: scene.py (random scenes, numpy rendering), language.py (captions,
+questions), prose.py (documents); the mp4s are written by lwm.video.writer (PyAV).
 
 Layout of the output folder:
 

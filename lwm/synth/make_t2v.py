@@ -1,0 +1,108 @@
+"""Make the text-to-video demo's data: short clips of one shape of one color moving one way, each with its
+prompt ("a red circle moving left"), and prompts held out as unseen combinations of the three.
+
+    python -m lwm.synth.make_t2v --out data/t2v [--seed 0] [--per-prompt 8] [--held-out 16]
+
+8 colors x 3 shapes x 4 directions = 96 prompts; --held-out of them (a seeded draw that leaves every color,
+shape and direction among the trained ones) have no clips, only their line in heldout.jsonl. Layout:
+
+    videos/t2v_0000.mp4 ...  64x64, 4 fps, 1 s (4 frames): the shape on a dark background, moving in a straight
+                             line without reaching an edge (lwm.synth.scene renders it)
+    train.jsonl              {"vision": "t2v_0000", "caption": "a red circle moving left", "color": "red",
+                              "shape": "circle", "motion": "left", "fields": "[caption],vision"}
+    heldout.jsonl            {"caption": ..., "color": ..., "shape": ..., "motion": ...}, one line per held-out prompt
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+
+from lwm.arg_types import positive_int, seed_value
+from lwm.synth.scene import COLORS, DIRECTIONS, SHAPES, SIZE, Obj, Scene, render
+from lwm.video.writer import write_mp4
+
+FPS, SECONDS = 4, 1
+OBJECT_SIZE, SPEED = 9, 12  # half-width and pixels a second: 9 pixels of motion over the clip's 4 frames
+BACKGROUND = (16, 16, 24)
+
+
+def caption(color: str, shape: str, motion: str) -> str:
+    return f"a {color} {shape} moving {motion}"
+
+
+def prompts() -> list[tuple[str, str, str]]:
+    """Every (color, shape, motion) the demo knows, in a fixed order."""
+    return list(itertools.product(COLORS, SHAPES, tuple(DIRECTIONS)))
+
+
+def held_out(n: int, rng: np.random.Generator) -> list[tuple[str, str, str]]:
+    """n prompts drawn so that each color, shape and direction stays among the other prompts (seen in training)."""
+    every = prompts()
+    rest, out = list(every), []
+    for i in rng.permutation(len(every)):
+        left = [p for p in rest if p != every[i]]
+        if len(out) < n and all({p[k] for p in left} == {q[k] for q in every} for k in range(3)):
+            out.append(every[i])
+            rest = left
+    if len(out) < n:
+        raise ValueError(f"cannot hold out {n} prompts and keep every attribute trained; at most {len(out)}")
+    return out
+
+
+def scene(video_id: str, color: str, shape: str, motion: str, rng: np.random.Generator) -> Scene:
+    """The shape starting where its motion over the clip keeps it inside the frame."""
+    dx, dy = DIRECTIONS[motion]
+    travel = SPEED * SECONDS
+    lo, hi = OBJECT_SIZE, SIZE - 1 - OBJECT_SIZE
+    x_range = (lo + travel * (dx < 0), hi - travel * (dx > 0))
+    y_range = (lo + travel * (dy < 0), hi - travel * (dy > 0))
+    start = (int(rng.integers(x_range[0], x_range[1] + 1)), int(rng.integers(y_range[0], y_range[1] + 1)))
+    obj = Obj(shape, color, OBJECT_SIZE, start, motion, SPEED)
+    return Scene(video_id, SECONDS, BACKGROUND, [obj], None, [], FPS)
+
+
+def run(out: Path, seed: int = 0, per_prompt: int = 8, n_held_out: int = 16) -> Path:
+    rng = np.random.default_rng(seed)
+    unseen = held_out(n_held_out, rng)
+    (out / "videos").mkdir(parents=True, exist_ok=True)
+    rows, n = [], 0
+    for color, shape, motion in prompts():
+        if (color, shape, motion) in unseen:
+            continue
+        for _ in range(per_prompt):
+            video_id = f"t2v_{n:04d}"
+            write_mp4(out / "videos" / f"{video_id}.mp4", render(scene(video_id, color, shape, motion, rng)), FPS)
+            truth = {"color": color, "shape": shape, "motion": motion}
+            rows.append({"vision": video_id, "caption": caption(color, shape, motion), **truth})
+            n += 1
+    order = rng.permutation(len(rows))
+    lines = [json.dumps({**rows[i], "fields": "[caption],vision"}) for i in order]
+    (out / "train.jsonl").write_text("\n".join(lines) + "\n")
+    held = [{"caption": caption(*p), "color": p[0], "shape": p[1], "motion": p[2]} for p in unseen]
+    (out / "heldout.jsonl").write_text("".join(json.dumps(h) + "\n" for h in held))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m lwm.synth.make_t2v", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=Path("data/t2v"))
+    p.add_argument("--seed", type=seed_value, default=0)
+    p.add_argument("--per-prompt", type=positive_int, default=8, help="clips of each trained prompt")
+    p.add_argument("--held-out", type=positive_int, default=16, help="prompts kept out of training")
+    args = p.parse_args(argv)
+    try:
+        held_out(args.held_out, np.random.default_rng(args.seed))
+    except ValueError as e:
+        p.error(f"--held-out {args.held_out}: {e}")
+    out = run(args.out, args.seed, args.per_prompt, args.held_out)
+    print(f"wrote {out}: {len(prompts()) - args.held_out} prompts x {args.per_prompt} clips, {args.held_out} held out")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
