@@ -26,6 +26,7 @@ import torch
 from lwm.arg_types import non_negative_float, positive_float, positive_int, seed_value
 from lwm.data.chat import PROMPT_STYLES, chat_prompt
 from lwm.data.form import IMAGE_EXTENSIONS, is_image
+from lwm.data.vocab import TOKENS_PER_FRAME
 from lwm.infer import GenerationConfig
 from lwm.infer.generator import length_warning
 from lwm.infer.runtime import add_model_args, load_generator, require_paths, start
@@ -210,6 +211,14 @@ def vision_main(args, runtime) -> int:
     except (FileNotFoundError, ValueError, VideoError) as e:
         print(f"lwm-generate: {e}", file=sys.stderr)
         return 2
+    new = config.n_frames * (TOKENS_PER_FRAME + 1)
+    warning = length_warning(
+        len(cond) + new,
+        loaded.model.config.max_seq_len,
+        f"the prompt ({len(cond)} tokens) with up to {new} codes reaches",
+    )
+    if warning and is_rank0():
+        print(warning, file=sys.stderr)
     t0 = time.perf_counter()
     codes = generate_vision(gen, cond, config, uncond=None if args.cfg_scale == 1 else uncond)
     seconds = time.perf_counter() - t0

@@ -130,7 +130,7 @@ class Generator:
         prompts = [self._ids(p) for p in prompts]
         caches, logits = [], []
         for i, prompt in enumerate(prompts):
-            self._start(prompt, reserve=reserve if i == 0 else 0)
+            self._start(prompt, reserve=reserve if len(prompts) == 1 else 0)  # stacked: stack makes the room
             if i == 0:
                 self._meet()
             logits.append(self._fill(prompt))
