@@ -308,3 +308,26 @@ def test_ring_ulysses_hybrid_on_gloo_with_cuda_flash(world):
     for rank_errors in run_distributed(_dist_worker, world, timeout=120):
         for name, err in rank_errors.items():
             assert err <= 4 * base + 1e-4, f"{name} on {world} ranks: error {err} (plain bf16 attention: {base})"
+
+
+def test_guided_rows_decode_with_cuda_flash(standins):
+    """The two rows of guided vision generation (KVCache.stack: rows left-padded, each row's keys read from its
+    own start) through the flash kernel's stand-in, bf16: what the kernel is handed passes its checks, and each
+    step's logits of both rows are cpu_flash's."""
+    from lwm.data.vocab import Vocab
+    from lwm.infer import Generator
+
+    vocab = Vocab(300, n_vision_codes=64, pad_multiple=8)
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig.from_preset("debug", vocab_size=vocab.size)).to(torch.bfloat16).eval()
+    rows = [[1, *range(20, 43), vocab.vision_start], [1, vocab.vision_start]]
+    steps = {}
+    for backend in ("cpu_flash", "cuda_flash"):
+        gen = Generator(model, vocab, prefill_chunk=8, backend=backend)
+        logits = [gen.prefill_rows(rows, reserve=4)]  # (2, V)
+        for code in (3, 7, 11):
+            logits.append(gen.extend_rows(torch.tensor([vocab.vision_offset + code])))
+        gen.release()
+        steps[backend] = torch.stack(logits)  # (4, 2, V)
+    assert standins["flash forward"] > 0
+    torch.testing.assert_close(steps["cuda_flash"], steps["cpu_flash"], atol=0.1, rtol=0.02)

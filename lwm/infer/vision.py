@@ -31,7 +31,7 @@ from lwm.data.vocab import TOKENS_PER_FRAME, Vocab
 from lwm.infer.generator import Generator
 from lwm.infer.sampling import GenerationConfig, check_integer, next_token
 from lwm.parallel.comm import broadcast_from_first
-from lwm.video.writer import FRAME_SUFFIXES, write_frames
+from lwm.video.writer import frames_path, write_frames
 from lwm.vision.vqgan import to_uint8
 
 
@@ -144,9 +144,7 @@ def generate_vision(gen: Generator, prompt, config: VisionConfig, uncond=None) -
 def save_vision(codes: torch.Tensor, vqgan, path: str | Path, fps: int = 4) -> tuple[Path, Path]:
     """codes (T, 256) decoded by the VQGAN into path (.png for one frame, .gif or .mp4: lwm.video.writer) and
     saved beside it as <name>.codes.npy (int32) -> (the picture or video, the codes)."""
-    path = Path(path)
-    if path.suffix.lower() not in FRAME_SUFFIXES:  # before decoding
-        raise ValueError(f"{path}: expected a file ending in one of {', '.join(FRAME_SUFFIXES)}")
+    path = frames_path(path)  # checked before decoding
     ref = next(vqgan.parameters())
     frames = to_uint8(vqgan.decode(torch.as_tensor(codes).to(ref.device)))  # (T, 256) -> (T, H, W, 3)
     write_frames(path, frames.numpy(), fps)

@@ -31,15 +31,21 @@ def write_mp4(path: Path, frames: np.ndarray, fps: int) -> None:
         container.mux(stream.encode(None))
 
 
+def frames_path(path: str | Path) -> Path:
+    """path, checked to end in a suffix write_frames writes (ValueError naming it otherwise)."""
+    path = Path(path)
+    if path.suffix.lower() not in FRAME_SUFFIXES:
+        raise ValueError(f"{path}: expected a file ending in one of {', '.join(FRAME_SUFFIXES)}")
+    return path
+
+
 def write_frames(path: str | Path, frames: np.ndarray, fps: int = 4) -> Path:
     """frames (T, H, W, 3) uint8 RGB -> path, in the form its suffix names: .png (one frame, lossless),
     .gif (every frame, each quantized to a palette of 256 colors, 1000/fps ms a frame) or .mp4 (fps frames a
     second). Raises ValueError naming the path for another suffix or a PNG of several frames."""
-    path = Path(path)
+    path = frames_path(path)
     frames = np.asarray(frames)
     suffix = path.suffix.lower()
-    if suffix not in FRAME_SUFFIXES:
-        raise ValueError(f"{path}: expected a file ending in one of {', '.join(FRAME_SUFFIXES)}")
     if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8 or not len(frames):
         raise ValueError(f"{path}: frames must be (T, H, W, 3) uint8 with T >= 1, got {frames.dtype} {frames.shape}")
     if suffix == ".png":
