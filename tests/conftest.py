@@ -28,19 +28,33 @@ def _checked_run_distributed(fn, world_size: int, *args, **kwargs) -> list:
 launch.run_distributed = _checked_run_distributed
 launch.FORKSERVER_PRELOAD = fork_server_preload()  # the one fork server of a test process: what both helpers fork
 
-if os.environ.get("PYTEST_XDIST_WORKER"):  # under -n 2: one core per worker, and the processes it starts
-    # OpenMP threads spin while they wait for one another; two workers' threads on two cores spin more than they work
+if os.environ.get("PYTEST_XDIST_WORKER"):  # under -n 3: one thread per worker, and the processes it starts
+    # OpenMP threads spin while they wait for one another; several workers' threads on two cores spin more than they work
     torch.set_num_threads(1)
     os.environ["OMP_NUM_THREADS"] = "1"
 
 
-# The files whose runs start several train.py processes each: one unit of work under -n 2 (the README's
-# command), so one worker runs them one after another while the other runs the rest (their times
-# balance); two multi-process runs at once would put twice as many processes on the cores.
+# The files whose runs start several train.py processes each: one unit of work under -n 3 (the README's
+# command), so one worker runs them one after another while the others run the rest; two multi-process runs
+# at once would put twice as many processes on the cores. Much of that unit is waiting (SLURM's requeues, a
+# dead rank's timeout), which the third worker fills.
 LAUNCHES = ("test_train_parallel.py", "test_slurm.py", "test_multinode.py")
+# The longest of the other files (each about 30-180 s under -n 3, measured), handed out first: one of them
+# begun last would end the suite alone.
+LONGEST = (
+    "test_learning.py",
+    "test_lmms.py",
+    "test_train.py",
+    "test_interop_walk.py",
+    "test_plan.py",
+    "test_data_index.py",
+    "test_infer.py",
+    "test_gpu_check.py",
+    "test_parallel_dist.py",
+)
 
 
-# Tests by what they cost, a marker each (python -m pytest -q -n 2 -m unit: a developer's loop of about a minute):
+# Tests by what they cost, a marker each (python -m pytest -q -n 3 -m unit: a developer's loop of about a minute):
 #   repo         checks of the repository: docs and their commands, floors, style, dependencies
 #   integration  a file that starts processes or process groups, or trains through train.py's path, or a
 #                test using a fixture that does
@@ -61,15 +75,15 @@ def cost(path: Path) -> str:
 
 
 def pytest_collection_modifyitems(items):
-    """Each test marked by its file's cost; the files of LAUNCHES first, in that order (the longest first), the
-    rest as collected."""
+    """Each test marked by its file's cost; the files of LAUNCHES first, in that order (the longest first), then
+    those of LONGEST, the rest as collected."""
     for item in items:
         if any(item.get_closest_marker(k) for k in ("unit", "integration", "repo")):
             continue  # marked in its file: a test that starts processes where its file's other tests do not
         kind = cost(item.path)
         item.add_marker("integration" if kind == "unit" and PROCESS_FIXTURES & set(item.fixturenames) else kind)
-    rank = {name: i for i, name in enumerate(LAUNCHES)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(LAUNCHES)))  # stable
+    rank = {name: i for i, name in enumerate(LAUNCHES + LONGEST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable
 
 
 @contextlib.contextmanager

@@ -128,7 +128,7 @@ def test_ci_runs_the_readmes_commands():
     got = quick_start_commands()
     assert got == [
         "pip install -e . && python train.py",
-        'pip install -e ".[dev]" && pip install --no-deps lmms-eval==0.7.3 && python -m pytest -q -n 2',
+        'pip install -e ".[dev]" && pip install --no-deps lmms-eval==0.7.3 && python -m pytest -q -n 3',
     ]
     ci = (ROOT / ".ci" / "run").read_text()
     assert got[1] in ci.splitlines() and "-m venv" in ci and "system-site-packages" not in ci
