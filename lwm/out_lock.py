@@ -35,6 +35,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from lwm.processes import alive
 from lwm.writes import writes_to
 
 log = logging.getLogger(__name__)
@@ -83,13 +84,7 @@ def _dead_here(holder: dict) -> bool:
     """Whether the holder ran on this host and its pid is gone."""
     if holder.get("host") != socket.gethostname() or not isinstance(holder.get("pid"), int):
         return False
-    try:
-        os.kill(holder["pid"], 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:  # alive, another user's
-        return False
-    return False
+    return not alive(holder["pid"])
 
 
 def _same_file(fd: int, path: Path) -> bool:

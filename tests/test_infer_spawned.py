@@ -1,7 +1,6 @@
 """Context-parallel ranks started from one process (lwm.infer.spawned): answers equal one process's, bad
 input fails on the host and the ranks go on, and the ranks end when the host is killed."""
 
-import os
 import signal
 import subprocess
 import sys
@@ -12,6 +11,7 @@ import pytest
 import torch
 
 from lwm.paths import REPO
+from lwm.processes import alive
 
 SPM = REPO / "data" / "sample" / "tokenizer.model"
 
@@ -71,12 +71,3 @@ def test_ranks_answer_as_one_process_and_end_when_the_host_is_killed(hf, tmp_pat
     while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not any(alive(pid) for pid in pids), pids
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as f:  # a zombie is ended (its parent, the host, is gone: init reaps it)
-        return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")

@@ -9,12 +9,14 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 import lwm.out_lock
 from lwm.out_lock import FolderLocked, output_lock
+from lwm.processes import state
 
 ROOT = Path(__file__).resolve().parents[1]
 HOLD = """import sys
@@ -77,6 +79,24 @@ def no_flock(monkeypatch):
         raise OSError(errno.ENOLCK, "No locks available")
 
     monkeypatch.setattr(lwm.out_lock.fcntl, "flock", flock)
+
+
+def test_without_flock_a_zombie_holder_holds_nothing(tmp_path, no_flock):
+    """A holder that died and is not yet reaped (a zombie) is dead: its lock is taken over (its pid was taken
+    for a running one's)."""
+    with output_lock(tmp_path) as path:
+        pass
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        deadline = time.monotonic() + 10
+        while state(child.pid) != "has died (a zombie)" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        holder = {"pid": child.pid, "host": socket.gethostname(), "command": "lwm-tokenize x", "since": "then"}
+        path.write_text(json.dumps(holder))
+        with output_lock(tmp_path):
+            assert json.loads(path.read_text())["pid"] == os.getpid()
+    finally:
+        child.wait()
 
 
 def test_without_flock_the_file_is_the_lock(tmp_path, no_flock, caplog):

@@ -21,6 +21,7 @@ from lwm.data.dataset import PackedStream, Source, StreamState, to_tensors
 from lwm.data.packing import WEIGHTING
 from lwm.model.documents import Documents
 from lwm.parallel.layout import positions, shard
+from lwm.processes import alive
 
 POSITIONS = ("sequence", "document")
 ON_CHANGED_SOURCE = ("refuse", "restart_epoch")
@@ -193,18 +194,3 @@ def exit_with(owner: int, every_s: float = 1.0) -> None:
         os._exit(0)
 
     threading.Thread(target=watch, daemon=True, name="rank-watchdog").start()
-
-
-def alive(pid: int) -> bool:
-    """Whether process `pid` runs (a zombie, dead and not yet reaped, does not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except FileNotFoundError:
-        return False
-    except OSError:  # no /proc: whether the pid exists at all
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        return True

@@ -13,9 +13,10 @@ import json
 import os
 import socket
 from datetime import timedelta
-from pathlib import Path
 
 import torch.distributed as dist
+
+from lwm.processes import state
 
 _peers: dict[int, dict] = {}  # rank -> {"pid", "host"}, this process's view after register()
 _KEY = "lwm/peer/{}"
@@ -34,18 +35,6 @@ def register(timeout_s: float = 600.0) -> None:
     store.wait(keys, timedelta(seconds=timeout_s))
     _peers.clear()
     _peers.update({r: json.loads(store.get(k)) for r, k in enumerate(keys)})
-
-
-def state(pid: int) -> str | None:
-    """A process of this host: None while it runs; else what became of it."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return "has died (no such process)"
-    code = stat.rsplit(")", 1)[1].split()[0]  # the field after the command name, which may hold spaces
-    return {"Z": "has died (a zombie)", "X": "has died", "T": "is stopped (SIGSTOP)", "t": "is stopped (traced)"}.get(
-        code
-    )
 
 
 def lost() -> str | None:
