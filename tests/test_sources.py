@@ -225,3 +225,28 @@ def test_a_corrupt_or_cut_short_shard_skips_what_cannot_be_read_naming_it(tmp_pa
         assert [reader.example(i)["txt"] for i in range(3)] == [f"caption {i}" * 40 for i in range(3)]
         with pytest.raises(SourceError, match=rf"{path.name}:sample 3: "):
             reader.example(3)
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "array"])
+def test_a_json_sources_misspelt_field_is_refused_before_any_work(tmp_path, kind):
+    """JSON records name their own keys: a field none of the first records holds is refused when the source
+    is checked, naming it (every record would be skipped as read); one some records lack goes through (those
+    are skipped and counted as read), as does a conversation's media column that text-only records lack."""
+    from lwm.data import Source
+
+    records = [{"caption": f"a red circle {i}", "vision": f"v{i}"} for i in range(5)] + [{"caption": "no video"}]
+    path = tmp_path / ("caps.jsonl" if kind == "jsonl" else "caps.json")
+    if kind == "jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    else:
+        path.write_text(json.dumps(records, indent=1))
+    Source(str(path), fields="[caption],vision").check("caps")
+    with pytest.raises(ValueError, match=r"caps: .* none of its first 6 records has a field 'captoin' \(they have "
+                       r"\['caption', 'vision'\]\)"):  # fmt: skip
+        Source(str(path), fields="[captoin],vision").check("caps")
+    chats = [{"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]}] * 3
+    chat = tmp_path / "llava.json"
+    chat.write_text(json.dumps(chats))
+    Source(str(chat), conversation="conversations", media=["image"]).check("chat")
+    with pytest.raises(ValueError, match="chat: .* has a field 'conversation'"):
+        Source(str(chat), conversation="conversation", media=["image"]).check("chat")

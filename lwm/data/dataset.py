@@ -39,7 +39,7 @@ from lwm.data.form import DIRECTIONS, ROLES, Form, source_form
 from lwm.data.index import SourceIndex, example_key, source_index
 from lwm.data.packing import OVERFLOW, WEIGHTING, Packed, assemble, example_weights
 from lwm.data.plan import Plan, PlanFiles, plan
-from lwm.data.sources import SourceError, check_columns, check_readable
+from lwm.data.sources import SourceError, check_columns, check_readable, check_record_keys
 from lwm.data.text_tokenizer import TextTokenizer
 from lwm.data.vocab import Vocab
 from lwm.weights import host_memory
@@ -126,6 +126,8 @@ class Source:
             raise ValueError(f"{name}: roles name a conversation's roles; the source has no conversation column")
         try:
             check_columns(self.path, self.columns())
+            # a conversation's media column may be absent from text-only records
+            check_record_keys(self.path, [c for c in self.columns() if not (self.conversation and c in self.media)])
         except ValueError as e:
             raise ValueError(f"{name}: {e}") from None
         most = host_memory() // PLAN_BYTES

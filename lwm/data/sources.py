@@ -424,6 +424,48 @@ def check_columns(path: str | Path, columns) -> None:
         raise ValueError(f"{path} has no column {missing[0]!r} (its columns: {have})")
 
 
+def first_records(path: str | Path, count: int = 100, read_bytes: int = 1 << 18) -> list[dict] | None:
+    """The first records of a JSON-lines or JSON-array source (up to `count`, those whole within its first
+    `read_bytes` that parse as objects), read before any work; None for a source of another kind."""
+    if not Path(path).is_file() or Path(path).suffix.lower() not in JSONL:
+        return None  # not there (refused elsewhere), a folder, or another kind
+    records = []
+    with open(path, "rb") as f:
+        if source_kind(path) == "jsonl":
+            while len(records) < count and f.tell() < read_bytes and (line := f.readline(read_bytes)):
+                try:
+                    records.append(json.loads(line))
+                except ValueError:
+                    continue
+            return [r for r in records if isinstance(r, dict)]
+        text, decoder = f.read(read_bytes).decode("utf-8", errors="ignore"), json.JSONDecoder()
+    i = text.index("[") + 1
+    while len(records) < count:
+        while i < len(text) and text[i] in " \t\r\n,":
+            i += 1
+        try:
+            record, i = decoder.raw_decode(text, i)
+        except ValueError:  # the array's end, or an element cut by read_bytes
+            break
+        records.append(record)
+    return [r for r in records if isinstance(r, dict)]
+
+
+def check_record_keys(path: str | Path, columns) -> None:
+    """ValueError naming the first of `columns` that none of a JSON source's first records holds (a misspelt
+    column, which would skip every record as it is read): its records name their own keys, so these are the
+    check a table's header gets. Nothing is said where no first record parses (each is skipped and counted)."""
+    records = first_records(path)
+    if not records:
+        return
+    for column in columns:
+        if not any(column in r for r in records):
+            keys = sorted({k for r in records for k in r})
+            raise ValueError(
+                f"{path}: none of its first {len(records)} records has a field {column!r} (they have {keys})"
+            )
+
+
 def source_kind(path: str | Path) -> str:
     """source_format, with a .json holding one array told apart from JSON lines by its first byte."""
     kind = source_format(path)
