@@ -244,6 +244,10 @@ def test_a_json_sources_misspelt_field_is_refused_before_any_work(tmp_path, kind
     with pytest.raises(ValueError, match=r"caps: .* none of its first 6 records has a field 'captoin' \(they have "
                        r"\['caption', 'vision'\]\)"):  # fmt: skip
         Source(str(path), fields="[captoin],vision").check("caps")
+    # records with a spec of their own are not asked for the source's
+    own = tmp_path / "own.jsonl"
+    own.write_text("".join(json.dumps({"q": "a?", "a": "b", "fields": "[q],a"}) + "\n" for _ in range(3)))
+    Source(str(own), fields="[caption],vision").check("own")
     chats = [{"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]}] * 3
     chat = tmp_path / "llava.json"
     chat.write_text(json.dumps(chats))

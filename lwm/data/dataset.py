@@ -95,13 +95,17 @@ class Source:
         fields = (self.fields, self.media, self.media_root, self.conversation, self.roles, self.direction)
         return source_form(self.path, *fields)
 
-    def columns(self) -> list[str]:
-        """The columns the source says its records have: media, the conversation, the default spec's fields."""
+    def spec_columns(self) -> list[str]:
+        """The columns the source's default fields spec names (none for a conversation source)."""
         specs = [] if self.fields is None else [self.fields] if isinstance(self.fields, str) else list(self.fields)
-        named = (
+        return (
             [n for spec in specs for group in parse_fields(spec) for n in group.fields] if not self.conversation else []
         )
-        return list(dict.fromkeys([*self.media, *([self.conversation] if self.conversation else []), *named]))
+
+    def columns(self) -> list[str]:
+        """The columns the source says its records have: media, the conversation, the default spec's fields."""
+        conversation = [self.conversation] if self.conversation else []
+        return list(dict.fromkeys([*self.media, *conversation, *self.spec_columns()]))
 
     def check(self, name: str) -> None:
         """Range checks before any work, naming the source (`data.sources.<name>`, or its path): a planned
@@ -126,8 +130,12 @@ class Source:
             raise ValueError(f"{name}: roles name a conversation's roles; the source has no conversation column")
         try:
             check_columns(self.path, self.columns())
-            # a conversation's media column may be absent from text-only records
-            check_record_keys(self.path, [c for c in self.columns() if not (self.conversation and c in self.media)])
+            # JSON records: a conversation source's conversation column (its text-only records lack the media);
+            # else the media and the default spec's names, where a record has no spec of its own
+            if self.conversation:
+                check_record_keys(self.path, [self.conversation])
+            else:
+                check_record_keys(self.path, [*self.media, *self.spec_columns()], unless="fields")
         except ValueError as e:
             raise ValueError(f"{name}: {e}") from None
         most = host_memory() // PLAN_BYTES
