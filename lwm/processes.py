@@ -28,8 +28,8 @@ def _letter(pid: int) -> str | None:
             os.kill(pid, 0)
         except ProcessLookupError:
             return None
-        except PermissionError:  # another user's
-            return "R"
+        except PermissionError:  # another user's: it exists
+            pass
         return "R"
 
 

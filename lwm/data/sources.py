@@ -425,8 +425,9 @@ def check_columns(path: str | Path, columns) -> None:
 
 
 def first_records(path: str | Path, count: int = 100, read_bytes: int = 1 << 18) -> list[dict] | None:
-    """The first records of a JSON-lines or JSON-array source (up to `count`, those whole within its first
-    `read_bytes` that parse as objects), read before any work; None for a source of another kind."""
+    """The first records of a JSON-lines or JSON-array source that parse as objects (up to `count`, from about
+    its first `read_bytes`: a line begun before them is read whole, an element cut by them is not), read
+    before any work; None for a source of another kind."""
     if not Path(path).is_file() or Path(path).suffix.lower() not in JSONL:
         return None  # not there (refused elsewhere), a folder, or another kind
     records = []
