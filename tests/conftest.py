@@ -1,5 +1,6 @@
 import contextlib
 import functools
+import io
 import multiprocessing.process
 import os
 import re
@@ -109,6 +110,17 @@ def starts_nothing(item):
         patch.setattr(multiprocessing.process.BaseProcess, "start", refuse)
         patch.setattr(torch.distributed, "init_process_group", init_process_group)
         yield
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session):
+    """data/sample (made, not committed) made before any test, by whichever process comes first (the others wait
+    on its lock): many tests read it, and on a clean clone the first of them may run before any test that
+    makes it."""
+    from lwm.synth.make_sample import ensure_sample
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        ensure_sample()
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -167,6 +167,32 @@ def test_haystack_inputs(tok, tmp_path):
         prompts.Haystack.from_file(tok, tmp_path / "empty.txt", 10)
 
 
+def test_the_default_haystack_is_made_where_the_sample_is_not(tmp_path, monkeypatch):
+    """On a clean clone data/sample is not there yet: make_retrieval with its default haystack makes it, as
+    lwm.eval.needle does (it exited 2, "--haystack .../text.jsonl does not exist", when the suite ran it
+    before anything had made the sample); any other missing haystack is still named."""
+    from lwm.synth import make_retrieval
+
+    default = tmp_path / "sample" / "text.jsonl"
+    made = []
+
+    def ensure_sample():
+        default.parent.mkdir()
+        default.write_text(json.dumps({"text": " ".join(["Some words of text here."] * 40)}) + "\n")
+        made.append(default)
+
+    monkeypatch.setattr(prompts, "DEFAULT_HAYSTACK", default)
+    monkeypatch.setattr(make_sample, "ensure_sample", ensure_sample)
+    config = dict(n=3, heldout=2, needles=1, ask=1)
+    assert make_retrieval.run(make_retrieval.RetrievalConfig(out=tmp_path / "r", haystack=default, **config)) == 0
+    assert made == [default] and len((tmp_path / "r" / "train.jsonl").read_text().splitlines()) == 3
+    assert prompts.haystack_path(None) == default and made == [default]  # made once
+    with pytest.raises(ValueError, match="--haystack .*other.jsonl does not exist"):
+        make_retrieval.run(
+            make_retrieval.RetrievalConfig(out=tmp_path / "s", haystack=tmp_path / "other.jsonl", **config)
+        )
+
+
 # --- scoring ---------------------------------------------------------------------------------------
 
 

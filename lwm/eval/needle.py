@@ -30,7 +30,6 @@ goes on. Exit status: 0, 1 if some trial failed, 2 for bad input. Only rank 0 wr
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 from dataclasses import dataclass, field
 from functools import partial
@@ -45,8 +44,7 @@ from lwm.infer.load import find_tokenizer
 from lwm.infer.runtime import ModelOptions, load_generator, start
 from lwm.paths import REPO
 from lwm.ranks import is_rank0
-from lwm.synth.make_sample import ensure_sample
-from lwm.synth.needle_prompts import DEFAULT_HAYSTACK, INSTRUCTION, Haystack, number_range
+from lwm.synth.needle_prompts import DEFAULT_HAYSTACK, INSTRUCTION, Haystack, haystack_path, number_range
 
 
 @dataclass(kw_only=True)
@@ -113,10 +111,7 @@ def validate(config: NeedleConfig) -> Haystack:
     check_out_dir(Path(config.out))
     tokenizer = TextTokenizer(find_tokenizer(Path(model.model), model.tokenizer))
     check_lengths(tokenizer, grid.lengths, grid.needles, grid.ask)
-    if grid.haystack is None and not DEFAULT_HAYSTACK.exists():  # the sample data is made, not committed
-        with contextlib.redirect_stdout(sys.stderr):  # stdout is the grid's
-            ensure_sample()
-    return Haystack.from_file(tokenizer, grid.haystack or DEFAULT_HAYSTACK, max(grid.lengths) + 4096)
+    return Haystack.from_file(tokenizer, haystack_path(grid.haystack), max(grid.lengths) + 4096)
 
 
 def _so_far(grid: NeedleGrid, run_info: dict, records: list[dict]) -> dict:

@@ -22,13 +22,13 @@ from lwm.infer import GenerationConfig
 from lwm.parallel.comm import run_agreed
 from lwm.synth.needle_prompts import (
     CITIES,
-    DEFAULT_HAYSTACK,
     INSTRUCTION,
     NEEDLE,
     QUESTION,
     QUESTION_MANY,
     Haystack,
     build_prompt,
+    haystack_path,
     make_needles,
     min_length,
     number_range,
@@ -168,8 +168,7 @@ def run_needle(
 def _haystack(haystack, tokenizer, longest: int) -> Haystack:
     """A Haystack as given, or read from a path (None: the bundled sample), long enough for `longest`."""
     if not isinstance(haystack, Haystack):
-        path = Path(haystack) if haystack is not None else DEFAULT_HAYSTACK
-        haystack = Haystack.from_file(tokenizer, path, longest + 4096)
+        haystack = Haystack.from_file(tokenizer, haystack_path(haystack), longest + 4096)
     if len(haystack) <= longest:
         raise ValueError(f"haystack {haystack.name} has {len(haystack)} tokens; the longest length needs {longest + 1}")
     return haystack

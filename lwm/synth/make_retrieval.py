@@ -51,6 +51,7 @@ from lwm.synth.needle_prompts import (
     QUESTION,
     Haystack,
     build_prompt,
+    haystack_path,
     make_needles,
     number_range,
     question_for,
@@ -203,7 +204,7 @@ def run(config: RetrievalConfig) -> int:
         raise ValueError(f"need 1 <= --ask ({c.ask}) <= --needles ({c.needles}) <= {len(CITIES)}")
     if c.digits < 1 or c.n < 1 or c.heldout < 1 or c.filler < 0:
         raise ValueError("--digits, --n and --heldout must be positive and --filler >= 0")
-    if not c.haystack.is_file():
+    if not haystack_path(c.haystack).is_file():
         raise ValueError(f"--haystack {c.haystack} does not exist")
     c.out.mkdir(parents=True, exist_ok=True)
     haystack = c.haystack

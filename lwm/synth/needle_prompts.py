@@ -13,7 +13,9 @@ from its ids by a few tokens at the seams; the ids the model gets still have the
 
 from __future__ import annotations
 
+import contextlib
 import random
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
@@ -25,6 +27,20 @@ from lwm.io import JsonlError, records
 from lwm.paths import SAMPLE
 
 DEFAULT_HAYSTACK = SAMPLE / "text.jsonl"
+
+
+def haystack_path(path: str | Path | None = None) -> Path:
+    """The haystack to read: `path`, or (None or the default) the sample's text, made first on a clean clone,
+    where the sample is not committed (its progress on stderr: stdout may be a command's result)."""
+    path = DEFAULT_HAYSTACK if path is None else Path(path)
+    if path == DEFAULT_HAYSTACK and not path.exists():
+        from lwm.synth.make_sample import ensure_sample  # its video and tokenizer libraries only when needed
+
+        with contextlib.redirect_stdout(sys.stderr):
+            ensure_sample()
+    return path
+
+
 NEEDLE = "The special magic {city} number is: {number}."
 QUESTION = "What is the special magic {city} number?"
 QUESTION_MANY = "What are the special magic numbers for {cities}?"
