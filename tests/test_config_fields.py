@@ -20,7 +20,7 @@ Shown elsewhere (tests/test_train.py and tests/test_train_parallel.py unless nam
   schedule.init_hf       test_first_stage_from_hugging_face
   stage name, seq_len,
     rope_theta, steps    test_output_one_line_per_stage_and_one_checkpoint (stage hand-over), test_context_parallel_losses_equal_one_process
-  stage.cp, trainer.devices  test_context_parallel_losses_equal_one_process, test_torchrun_two_processes
+  stage.cp, trainer.devices  test_context_parallel_losses_equal_one_process, test_tensor_parallel_runs_exports_and_resumes
   trainer.timeout_s      test_a_dead_rank_stops_the_others
   trainer.out_dir        every run
   model.*                test_model_fields_and_schedule_name, test_conf_models_are_the_presets

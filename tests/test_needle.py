@@ -13,8 +13,6 @@ import io
 import json
 import os
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +20,7 @@ import pytest
 import torch
 from PIL import Image
 from tables import squeeze
+from train_runs import forked_command
 
 from lwm.data.chat import chat_prompt
 from lwm.data.text_tokenizer import TextTokenizer
@@ -385,17 +384,6 @@ CLI_ARGS = [
 ]
 
 
-def run_cli(launcher, args, timeout=120):
-    return subprocess.run(
-        launcher + ["-m", "lwm.eval.needle", *args],
-        cwd=ROOT,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
 @pytest.fixture(scope="module")
 def one_process(hf_model, tmp_path_factory) -> Path:
     """The command in this process (main(argv), as the script runs it)."""
@@ -426,9 +414,9 @@ def test_command_writes_json_and_heatmap(one_process, hf_model):
 
 
 def test_command_under_torchrun_matches_one_process(one_process, hf_model, tmp_path):
-    """cp=2 over torchrun: the same trials and answers; only rank 0 writes and prints."""
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    proc = run_cli(launcher, ["--model", str(hf_model), "--out", str(tmp_path / "cp2"), *CLI_ARGS], timeout=180)
+    """cp=2 with the ranks torchrun --nproc_per_node=2 starts (forked, under the NCCL contract): the same trials
+    and answers; only rank 0 writes and prints."""
+    proc = forked_command("lwm.eval.needle", ["--model", str(hf_model), "--out", str(tmp_path / "cp2"), *CLI_ARGS], 2)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("accuracy") == 1  # rank 0 only
     one = json.loads((one_process / "needle.json").read_text())

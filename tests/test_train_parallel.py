@@ -1,6 +1,7 @@
-"""train.py in several processes, as users launch it: context parallelism (hybrid), tensor
-parallelism with its export and resume, torchrun, the default run folder shared by Lightning's ranks,
-and a rank that dies. Runs are subprocesses (Lightning re-launches its command per rank)."""
+"""train.py in several processes: context parallelism (hybrid), tensor parallelism with its export and
+resume (their ranks forked as a launcher starts them, under the NCCL contract), and, as users launch it
+(Lightning re-launches its command per rank), the default run folder shared by Lightning's ranks and a rank
+that dies."""
 
 from __future__ import annotations
 
@@ -13,16 +14,16 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from train_runs import DEBUG, ROOT, STOPPED, forked_train, losses, train
+from train_runs import DEBUG, ROOT, STOPPED, forked_train, losses
 
 from lwm.interop.hf import from_hf
 
 
-# cp = 2 runs under torchrun (striped) below; every layout and N is exact at the attention level
-# (tests/test_parallel_dist.py), and every mode and tp x cp x dp mesh at the training-step level
-# (tests/test_tensor_parallel.py), so train.py needs one run of each size: cp 4 as hybrid (Ulysses 2
-# inside, a ring of 2 across, zigzag), its four ranks forked (tests/train_runs.py); Lightning's own
-# processes are the dead-rank tests' below.
+# Every layout and N is exact at the attention level (tests/test_parallel_dist.py), and every mode and
+# tp x cp x dp mesh at the training-step level (tests/test_tensor_parallel.py), so train.py needs one run of
+# each size: cp 4 as hybrid (Ulysses 2 inside, a ring of 2 across, zigzag) here, cp 2 (striped) with tp 2
+# below, their ranks forked (tests/train_runs.py). How the ranks are started is tested apart: Lightning's
+# own processes in the dead-rank tests below, torchrun in tests/test_multinode.py, srun in tests/test_slurm.py.
 def test_context_parallel_losses_equal_one_process(tmp_path, reference):
     """Hybrid cp 4 gives one process's losses, and the checkpoint holds every rank's random state."""
     proc = forked_train(
@@ -84,14 +85,6 @@ def test_tensor_parallel_runs_exports_and_resumes(tmp_path, reference):
     assert sorted(got) == list(range(10))
     for step in range(5, 10):
         assert got[step] == pytest.approx(reference[step], rel=1e-5), step
-
-
-def test_torchrun_two_processes(tmp_path, reference):
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    train(tmp_path, "stage_only=a", "trainer.devices=2", "+schedule.stages.0.cp=2", launcher=launcher)
-    got = losses(tmp_path)
-    for step, loss in reference.items():
-        assert got[step] == pytest.approx(loss, rel=1e-5)
 
 
 @pytest.mark.parametrize("how", ["killed", "frozen"])

@@ -9,9 +9,6 @@ Longer than most test files: one subject's tests kept together, beside the helpe
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +16,7 @@ import pytest
 import torch
 from char_tokenizer import Tok  # the tests' helper: tests/char_tokenizer.py
 from tables import squeeze
+from train_runs import forked_command
 
 ROOT = Path(__file__).resolve().parents[1]
 from video_samples import write_video  # noqa: E402
@@ -616,29 +614,11 @@ def test_cli_usage_errors(e2e, tmp_path, capsys):
 
 
 def test_torchrun_two_ranks_match_one(e2e, tmp_path):
-    """Context parallelism over 2 CPU processes: the same predictions and scores as one process; only
-    rank 0 writes."""
+    """Context parallelism over the 2 CPU ranks torchrun starts (forked, under the NCCL contract): the same
+    predictions and scores as one process; only rank 0 writes."""
     one, two = tmp_path / "one", tmp_path / "two"
     assert vqa.main(_args(e2e, one, "--limit", "2")) == 0
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node",
-            "2",
-            "-m",
-            "lwm.eval.video_qa",
-            *_args(e2e, two, "--limit", "2"),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=120,
-    )
+    proc = forked_command("lwm.eval.video_qa", _args(e2e, two, "--limit", "2"), 2)
     assert proc.returncode == 0, proc.stderr[-3000:]
     a = json.loads((one / "video_qa.json").read_text())
     b = json.loads((two / "video_qa.json").read_text())

@@ -5,14 +5,12 @@ the needle (or the cards) back from the prompt or the written videos."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from tables import squeeze
+from train_runs import forked_command
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -165,22 +163,11 @@ ARGS = [
     "--device",
     "cpu",
 ]
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-
-
-def run_cli(launcher, args):
-    return subprocess.run(
-        [*launcher, "-m", "lwm.eval.vniah", *args],
-        cwd=ROOT,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
 
 
 def test_command_one_process_and_torchrun_agree(stage_model, tmp_path, capsys):
-    """The command in this process and under torchrun (2 ranks): the same trials and scores."""
+    """The command in this process and on the 2 ranks torchrun starts (forked, under the NCCL contract): the
+    same trials and scores."""
     assert vniah.main(["--model", str(stage_model), "--out", str(tmp_path / "one"), *ARGS]) == 0
     out = capsys.readouterr().out
     assert "| depth \\ frames |" in squeeze(out) and "chance 0.167" in out
@@ -189,10 +176,7 @@ def test_command_one_process_and_torchrun_agree(stage_model, tmp_path, capsys):
     assert all(r["error"] is None for r in res["trials"])
     assert (tmp_path / "one" / "vniah_heatmap.png").stat().st_size > 1000
     assert (tmp_path / "one" / "vniah_heatmap_ll.png").stat().st_size > 1000
-    two = run_cli(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"],
-        ["--model", str(stage_model), "--out", str(tmp_path / "two"), *ARGS],
-    )
+    two = forked_command("lwm.eval.vniah", ["--model", str(stage_model), "--out", str(tmp_path / "two"), *ARGS], 2)
     assert two.returncode == 0, two.stderr[-3000:]
     assert two.stdout.count("accuracy generated") == 1  # rank 0 only
     cp2 = json.loads((tmp_path / "two" / "vniah.json").read_text())

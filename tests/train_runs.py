@@ -73,19 +73,19 @@ def fork_server_preload() -> list[str]:
     return sorted({*FORKSERVER_PRELOAD, *TRAIN_IMPORTS})
 
 
-def _forked_rank(rank: int, ranks: int, port: int, logs: str, argv: list[str], environ: dict) -> None:
-    """One rank of forked_train, in a process forked from the fork server: train.py run as its own
-    __main__, with what a launcher that starts its processes externally (torchrun, srun) gives a rank."""
+def _forked_rank(rank: int, logs: str, target: str, argv: list[str], environ: dict, contract: bool) -> None:
+    """One rank of forked_ranks, in a process forked from the fork server: `target` (a script of the repository
+    or a module) run as its own __main__ in `environ`, which holds what its launcher gives the rank; under the
+    NCCL communication contract (tests/comm_contract.py) where `contract`."""
+    import contextlib
     import runpy
     import warnings
 
+    import comm_contract
     import torch
 
     os.environ.clear()  # the caller's environment now, not the fork server's from its start
     os.environ.update(environ)
-    if ranks > 1:  # as Lightning gives the ranks it starts itself: LOCAL_RANK set means started externally
-        ranks_env = {"LOCAL_RANK": rank, "NODE_RANK": 0, "WORLD_SIZE": ranks, "MASTER_PORT": port}
-        os.environ.update({k: str(v) for k, v in ranks_env.items()}, MASTER_ADDR="127.0.0.1")
     warnings.simplefilter("ignore")  # PYTHONWARNINGS=ignore, read only as an interpreter starts
     torch.set_num_threads(int(environ.get("OMP_NUM_THREADS", "1")))
     for fd, name in ((1, "out"), (2, "err")):
@@ -95,7 +95,11 @@ def _forked_rank(rank: int, ranks: int, port: int, logs: str, argv: list[str], e
     sys.argv = argv
     code = 0
     try:
-        runpy.run_path(str(ROOT / "train.py"), run_name="__main__")
+        with comm_contract.contract(torch.device("cpu")) if contract else contextlib.nullcontext():
+            if target.endswith(".py"):
+                runpy.run_path(str(ROOT / target), run_name="__main__")
+            else:
+                runpy.run_module(target, run_name="__main__", alter_sys=True)
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except BaseException:
@@ -108,31 +112,27 @@ def _forked_rank(rank: int, ranks: int, port: int, logs: str, argv: list[str], e
     os._exit(code)
 
 
-def forked_train(
-    out: Path,
-    *overrides: str,
-    ranks: int = 1,
-    check: bool = True,
-    expect: int = 0,
-    timeout: float = 600,
-    debug: bool = True,
-) -> subprocess.CompletedProcess:
-    """train.py as `train` runs it, its ranks forked from a server that imported what it imports (a rank
-    starts in milliseconds, not seconds): for the tests of what a run does, not of how its processes
-    start (those launch train.py itself: Lightning's own launcher, torchrun, srun). ranks > 1 starts them
-    as torchrun does, each told its LOCAL_RANK (trainer.devices must say as many); debug=False leaves
-    the debug model and schedule (DEBUG) off the command line. The result holds rank
-    0's exit status and output, and every rank's output where a rank failed."""
+def forked_ranks(
+    target: str, argv: list[str], rank_env, ranks: int = 1, timeout: float = 600, contract: bool = False
+) -> list[tuple[int, str, str]]:
+    """`target` run as `python target argv` runs it, on `ranks` processes forked from a server that imported
+    what train.py imports (a rank starts in milliseconds, not seconds); rank_env(rank, port) -> what the
+    launcher tells rank `rank` (nothing for one rank). -> each rank's (exit status, stdout, stderr)."""
     import multiprocessing
 
     from lwm.parallel.launch import free_port
 
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(fork_server_preload())  # read as the server starts: the first call
-    argv, env = train_argv(out, overrides, debug), run_environ()
     with tempfile.TemporaryDirectory() as logs:
-        port = free_port()
-        procs = [context.Process(target=_forked_rank, args=(r, ranks, port, logs, argv, env)) for r in range(ranks)]
+        port, env = free_port(), run_environ()
+        procs = [
+            context.Process(
+                target=_forked_rank,
+                args=(r, logs, target, [target, *argv], {**env, **(rank_env(r, port) if ranks > 1 else {})}, contract),
+            )
+            for r in range(ranks)
+        ]
         for proc in procs:
             proc.start()
         deadline = time.monotonic() + timeout
@@ -142,15 +142,62 @@ def forked_train(
             if proc.exitcode is None:
                 proc.kill()
                 proc.join()
-        codes = [proc.exitcode for proc in procs]
-        read = [(Path(logs, f"{r}.out").read_text(), Path(logs, f"{r}.err").read_text()) for r in range(ranks)]
-    result = subprocess.CompletedProcess(argv, codes[0], *read[0])
+        return [
+            (proc.exitcode, Path(logs, f"{r}.out").read_text(), Path(logs, f"{r}.err").read_text())
+            for r, proc in enumerate(procs)
+        ]
+
+
+LOCALHOST = {"MASTER_ADDR": "127.0.0.1"}
+
+
+def lightning_rank_env(ranks: int):
+    """rank_env of forked_ranks: what Lightning gives the ranks it starts itself (LOCAL_RANK set: started
+    externally)."""
+    world = {"NODE_RANK": "0", "WORLD_SIZE": str(ranks)} | LOCALHOST
+    return lambda rank, port: {"LOCAL_RANK": str(rank), "MASTER_PORT": str(port)} | world
+
+
+def torchrun_rank_env(ranks: int):
+    """rank_env of forked_ranks: what torchrun --standalone --nproc_per_node=ranks gives each rank."""
+    world = {"WORLD_SIZE": str(ranks), "LOCAL_WORLD_SIZE": str(ranks)} | LOCALHOST
+    return lambda rank, port: {"RANK": str(rank), "LOCAL_RANK": str(rank), "MASTER_PORT": str(port)} | world
+
+
+def forked_command(module: str, argv: list[str], ranks: int = 1, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`python -m module argv` (under torchrun --nproc_per_node=ranks where ranks > 1), its ranks forked
+    (forked_ranks) and run under the NCCL communication contract. -> rank 0's status and output; raises, with
+    every rank's output, where another rank's status differs."""
+    results = forked_ranks(module, argv, torchrun_rank_env(ranks), ranks, timeout, contract=True)
+    if any(code != results[0][0] for code, _, _ in results):
+        raise AssertionError(f"{module} {argv} (forked, {ranks} ranks):\n" + ranks_text(results))
+    return subprocess.CompletedProcess([module, *argv], *results[0])
+
+
+def ranks_text(results) -> str:
+    return "\n".join(f"rank {r} ({c}):\n{o[-3000:]}\n{e[-5000:]}" for r, (c, o, e) in enumerate(results))
+
+
+def forked_train(
+    out: Path,
+    *overrides: str,
+    ranks: int = 1,
+    check: bool = True,
+    expect: int = 0,
+    timeout: float = 600,
+    debug: bool = True,
+) -> subprocess.CompletedProcess:
+    """train.py as `train` runs it, its ranks forked (forked_ranks): for the tests of what a run does, not of
+    how its processes start (those launch train.py itself: Lightning's own launcher, torchrun, srun). ranks > 1
+    starts them as torchrun does, each told its LOCAL_RANK (trainer.devices must say as many); debug=False
+    leaves the debug model and schedule (DEBUG) off the command line. The result holds rank 0's exit status
+    and output, and every rank's output where a rank failed."""
+    argv = train_argv(out, overrides, debug)
+    results = forked_ranks("train.py", argv[1:], lightning_rank_env(ranks), ranks, timeout, contract=ranks > 1)
+    codes = [code for code, _, _ in results]
     if check and (codes[0] != expect or any(c not in (0, expect) for c in codes)):
-        ranks_text = "\n".join(
-            f"rank {r} ({c}):\n{o[-3000:]}\n{e[-5000:]}" for r, (c, (o, e)) in enumerate(zip(codes, read))
-        )
-        raise AssertionError(f"{' '.join(argv)} (forked, {ranks} ranks) exited {codes}:\n{ranks_text}")
-    return result
+        raise AssertionError(f"{' '.join(argv)} (forked, {ranks} ranks) exited {codes}:\n{ranks_text(results)}")
+    return subprocess.CompletedProcess(argv, *results[0])
 
 
 def losses(out: Path, stage: str = "a") -> dict[int, float]:
