@@ -105,7 +105,9 @@ class AnswerProbe(L.Callback):
         for enc in self.examples:
             batch, n = probe_batch(enc, 2 * sharding.cp_size * sharding.ulysses_size)
             local = {k: v.to(pl_module.device) for k, v in shard_batch(batch, sharding, position_mode).items()}
-            h = model.hidden(local["tokens"], local["positions"], local["segment_ids"] if masked else None)  # (1, L, dim)
+            h = model.hidden(
+                local["tokens"], local["positions"], local["segment_ids"] if masked else None
+            )  # (1, L, dim)
             rows = local["answers"][0].nonzero()[:, 0]  # the head runs on the answers' positions only (k,)
             wrong = model.logits(h[0, rows]).argmax(-1) != local["targets"][0, rows]  # (k, V) -> (k,)
             per_answer = torch.zeros(n + 1, dtype=torch.long, device=pl_module.device)
