@@ -152,7 +152,11 @@ def pytest_xdist_make_scheduler(config, log):
 
 @pytest.fixture(autouse=True)
 def _seed():
+    """Each test starts from seed 0, and leaves torch's threads (the process's, one under -n) as it found them."""
     torch.manual_seed(0)
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")

@@ -189,7 +189,8 @@ def forked_train(
 ) -> subprocess.CompletedProcess:
     """train.py as `train` runs it, its ranks forked (forked_ranks): for the tests of what a run does, not of
     how its processes start (those launch train.py itself: Lightning's own launcher, torchrun, srun). ranks > 1
-    starts them as torchrun does, each told its LOCAL_RANK (trainer.devices must say as many); debug=False
+    starts them as torchrun does, each told its LOCAL_RANK (trainer.devices must say as many), and runs them
+    under the NCCL communication contract (tests/comm_contract.py); debug=False
     leaves the debug model and schedule (DEBUG) off the command line. The result holds rank 0's exit status
     and output, and every rank's output where a rank failed."""
     argv = train_argv(out, overrides, debug)
