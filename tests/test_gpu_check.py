@@ -46,11 +46,24 @@ def _broken_plugin(folder: Path) -> Path:
     return folder
 
 
+def _no_pyav(folder: Path) -> Path:
+    """PyAV absent, as on the device's image (it is not among the wheels the check carries): an `av` found
+    first on the path that fails to import as a missing one does."""
+    (folder / "av").mkdir()
+    (folder / "av" / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'av'\", name='av')\n")
+    return folder
+
+
 def test_dry_run_runs_every_part_and_writes_the_report(tmp_path):
+    """Every part, with PyAV absent as on the device: its tests part's collection imported it through the
+    suite's session start (making data/sample), and the train and memory parts through lwm.train.config ->
+    lwm.eval.needle -> lwm.synth.make_sample before the haystack was made only where it is read."""
     out = tmp_path / "out"
     env = {**os.environ, "PYTHON": sys.executable}
     env.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD", None)  # the script must set it itself
-    env["PYTHONPATH"] = f"{_broken_plugin(tmp_path)}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(_broken_plugin(tmp_path)), str(_no_pyav(tmp_path)), env.get("PYTHONPATH", "")]
+    )
     proc = subprocess.run(
         ["bash", "scripts/gpu_check.sh", "--dry-run", "--out", str(out)],
         cwd=ROOT,
