@@ -63,6 +63,15 @@ def test_the_step_computes_in_bf16_with_the_cuda_flash_kernel(fake):
     assert "step" in fake.seconds and any("4 documents masked" in line for line in fake.lines)
 
 
+def test_fsdp2_gathers_each_block_once_a_step_but_the_ones_backward_needs_again(fake):
+    """All-gathers of a step: the root's and each block's in the forward, and in the backward each block's
+    again but the last one's, whose backward follows its forward at once (it was resharded after the
+    forward and gathered again straight away: 5 for 2 blocks, not 4), as FSDP2 keeps the root's itself."""
+    layers = 2
+    assert fake.step.counter.ops["_allgather_base_"] == (1 + layers) + (layers - 1)
+    assert fake.step.counter.ops["_reduce_scatter_base_"] == 1 + layers
+
+
 def test_the_step_and_prefill_run_the_fused_rms_norm_as_a_gpu_does(fake):
     """On a CUDA tensor torch runs each RMSNorm as one fused op each way; fake CPU tensors left to
     torch run its composite (pow, mean, rsqrt, mul: fp32 temporaries a GPU never makes)."""

@@ -35,6 +35,7 @@ _HOMES = {
     "meta_parallel_model": "parallelize",
     "parallelize": "parallelize",
     "parameter_device": "parallelize",
+    "reshards_after_forward": "parallelize",
     "state_offload": "parallelize",
     "ring_attention": "ring",
     "simulate_ring": "ring",

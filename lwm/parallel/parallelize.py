@@ -110,6 +110,13 @@ def apply_activation_checkpointing(model: Transformer) -> Transformer:
     return model
 
 
+def reshards_after_forward(block: int, blocks: int) -> bool:
+    """Whether FSDP2 frees a block's gathered parameters after its forward, to gather them again for its
+    backward: every block but the last, whose backward comes right after its forward (gathered again at once,
+    for nothing). FSDP2 keeps the root's (embedding, final norm, head) by itself."""
+    return block < blocks - 1
+
+
 def parallelize(
     model: Transformer,
     meshes: Meshes,
@@ -132,8 +139,9 @@ def parallelize(
     if offload is not None:
         apply_activation_offload(model, offload)
     policy = settings.mp_policy()
-    for layer in model.layers:
-        fully_shard(layer, mesh=meshes.fsdp, mp_policy=policy, offload_policy=states)
+    for i, layer in enumerate(model.layers):
+        reshard = reshards_after_forward(i, len(model.layers))
+        fully_shard(layer, mesh=meshes.fsdp, mp_policy=policy, offload_policy=states, reshard_after_forward=reshard)
     fully_shard(model, mesh=meshes.fsdp, mp_policy=policy, offload_policy=states)
     return model
 

@@ -24,6 +24,7 @@ from lwm.parallel import (
     ParallelDims,
     SyncCopyEngine,
     meta_parallel_model,
+    reshards_after_forward,
     state_offload,
 )
 from lwm.train.config import OptimConfig, ParallelConfig, StageConfig
@@ -168,12 +169,17 @@ def state_copies(model) -> int:
     """Bytes FSDP2's CPU offload copies between host and device in a step, per rank (under the
     planner its copies go from "cpu" to "cpu" and move nothing, so they are counted here): each
     gather of a module's parameters brings their fp32 shards in (before the cast to the compute
-    dtype), each gradient's fp32 shard goes out once. FSDP2 gathers each block twice (forward, and
-    backward after resharding) and the root (embedding, final norm, head) once: it keeps the
-    root's parameters from forward through backward."""
+    dtype), each gradient's fp32 shard goes out once. FSDP2 gathers a block twice where it reshards it
+    after the forward (lwm.parallel.reshards_after_forward), once where it keeps it, and the root (embedding,
+    final norm, head) once: it keeps the root's parameters from forward through backward."""
+    n = len(model.layers)
+    gathers = sum(
+        (2 if reshards_after_forward(i, n) else 1) * sum(p.to_local().nbytes for p in layer.parameters())
+        for i, layer in enumerate(model.layers)
+    )
     blocks = sum(p.to_local().nbytes for p in model.layers.parameters())
     every = sum(p.to_local().nbytes for p in model.parameters())
-    return 2 * blocks + (every - blocks) + every
+    return gathers + (every - blocks) + every
 
 
 def planned_offload(parallel: ParallelConfig) -> ActivationOffload | None:
