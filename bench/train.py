@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gc
 import os
 import statistics
 import subprocess
@@ -96,6 +97,7 @@ def layer_step(
     device = torch.device(device_type, 0) if device_type == "cuda" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    gc.collect()  # the previous configuration's model: FSDP2 and the offload hooks hold it in reference cycles
     config, stage = layer_setup(preset, layers, seq_len, steps, memory)
     parallel = memory.feature.parallel()
     torch.manual_seed(0)

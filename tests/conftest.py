@@ -100,7 +100,8 @@ def starts_nothing(item):
                              "mark it @pytest.mark.integration (tests/conftest.py, STARTS)")  # fmt: skip
 
     def init_process_group(backend=None, *args, **kwargs):
-        if backend != "fake":  # FakeTensorMode's process group: in this process, no peers
+        # FakeTensorMode's process group ("fake", or per device: "cpu:fake,meta:fake"): in this process, no peers
+        if not backend or any(part.split(":")[-1] != "fake" for part in backend.split(",")):
             refuse()
         return dist_init(backend, *args, **kwargs)
 
