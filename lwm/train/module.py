@@ -38,7 +38,15 @@ from lwm.train import rng
 from lwm.train.callbacks import KIND_LOSSES
 from lwm.train.config import OptimConfig, ParallelConfig, StageConfig
 from lwm.train.console import say
-from lwm.train.step import NonFiniteStep, activation_offload, batch_loss, build_optimizer, kind_losses, train_step
+from lwm.train.step import (
+    NonFiniteStep,
+    activation_offload,
+    batch_loss,
+    build_optimizer,
+    kind_losses,
+    optimizer_on_host,
+    train_step,
+)
 
 Weights = dict[str, torch.Tensor]
 
@@ -223,5 +231,6 @@ class LWMModule(L.LightningModule):
             self.check_weights("final.safetensors")
 
     def configure_optimizers(self):
-        optimizer, scheduler = build_optimizer(self.model, self.stage, self.optim)
+        on_host = optimizer_on_host(self.device, self.parallel.param_offload)
+        optimizer, scheduler = build_optimizer(self.model, self.stage, self.optim, fused=on_host)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
