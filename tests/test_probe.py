@@ -1,5 +1,5 @@
 """lwm/train/probe.py: the held-out answer probe scores exactly what the full logits say (an answer is right
-when every one of its tokens is the argmax), though its head runs on the answers' positions only."""
+when every one of its tokens is the argmax)."""
 
 from __future__ import annotations
 

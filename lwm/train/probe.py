@@ -105,13 +105,10 @@ class AnswerProbe(L.Callback):
         for enc in self.examples:
             batch, n = probe_batch(enc, 2 * sharding.cp_size * sharding.ulysses_size)
             local = {k: v.to(pl_module.device) for k, v in shard_batch(batch, sharding, position_mode).items()}
-            h = model.hidden(
-                local["tokens"], local["positions"], local["segment_ids"] if masked else None
-            )  # (1, L, dim)
-            rows = local["answers"][0].nonzero()[:, 0]  # the head runs on the answers' positions only (k,)
-            wrong = model.logits(h[0, rows]).argmax(-1) != local["targets"][0, rows]  # (k, V) -> (k,)
+            logits = model(local["tokens"], local["positions"], segment_ids=local["segment_ids"] if masked else None)
+            wrong = (logits.argmax(-1) != local["targets"]) & (local["answers"] > 0)  # (1, L)
             per_answer = torch.zeros(n + 1, dtype=torch.long, device=pl_module.device)
-            per_answer.scatter_add_(0, local["answers"][0, rows], wrong.long())
+            per_answer.scatter_add_(0, local["answers"][0], wrong[0].long())
             if sharding.cp_size > 1:
                 dist.all_reduce(per_answer, group=group)  # an answer's tokens lie on every rank
             right += int((per_answer[1:] == 0).sum())
