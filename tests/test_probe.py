@@ -1,5 +1,5 @@
 """lwm/train/probe.py: the held-out answer probe scores exactly what the full logits say (an answer is right
-when every one of its tokens is the argmax)."""
+when every one of its tokens is the argmax), in one process and on an FSDP2 model over a cp 2 ring."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import torch
 from lwm.data import Sharding
 from lwm.data.example import Encoded
 from lwm.model import PRESETS, Transformer
+from lwm.parallel import ParallelDims, build_meshes, build_parallel_model, compute_settings
+from lwm.parallel.launch import run_distributed
 from lwm.train.probe import AnswerProbe, answer_ids
 
 
@@ -48,14 +50,43 @@ def reference(model, examples: list[Encoded]) -> float:
     return right / total
 
 
-def test_the_probe_scores_what_the_full_logits_say():
-    model = Transformer(dataclasses.replace(PRESETS["debug"], vocab_size=512)).eval()
-    rng = np.random.default_rng(0)
-    examples = [example(model, rng, r) for r in ([True, False], [False, False], [True, True], [True])]
-    module = SimpleNamespace(model=model, cp_group=None, parallel=SimpleNamespace(document_mask=True), device="cpu")
+CONFIG = dataclasses.replace(PRESETS["debug"], vocab_size=512)
+
+
+def scored(model, examples, group=None, sharding=Sharding()) -> tuple[float, int]:
+    module = SimpleNamespace(model=model, cp_group=group, parallel=SimpleNamespace(document_mask=True), device="cpu")
     probe = AnswerProbe(config=None, out=None, stage="a", steps=1)
     probe.examples = examples
-    accuracy, answers = probe.accuracy(module, Sharding(), "sequence")
+    return probe.accuracy(module, sharding, "sequence")
+
+
+def setup():
+    torch.manual_seed(0)
+    model = Transformer(CONFIG).eval()
+    rng = np.random.default_rng(0)
+    examples = [example(model, rng, r) for r in ([True, False], [False, False], [True, True], [True])]
+    return model, examples
+
+
+def test_the_probe_scores_what_the_full_logits_say():
+    model, examples = setup()
+    accuracy, answers = scored(model, examples)
     assert answers == 7
     # greedy answers are right, random ones wrong (a random 3-token answer all argmax: about 1 in 512**3)
     assert accuracy == reference(model, examples) == 4 / 7
+
+
+def _cp_rank(rank, world):
+    """The probe on rank `rank` of an FSDP2 model over a cp 2 ring (striped), the one process's weights."""
+    model, examples = setup()
+    where = build_meshes(ParallelDims(1, world, 1, "ring"), "cpu", rank)
+    settings = compute_settings(torch.device("cpu"), CONFIG.head_dim)
+    init = model.state_dict() if rank == 0 else {}
+    sharded = build_parallel_model(CONFIG, where, settings, "cpu", init, "striped").eval()
+    return scored(sharded, examples, where.cp_group, Sharding(cp_rank=rank, cp_size=world))
+
+
+def test_the_probe_on_an_fsdp2_model_over_a_cp_2_ring_scores_as_one_process():
+    """The probe runs the model's forward, which gathers FSDP2's root parameters (embedding, final norm, head):
+    each rank scores the answers as one process does."""
+    assert run_distributed(_cp_rank, 2) == [(4 / 7, 7), (4 / 7, 7)]
