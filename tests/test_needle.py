@@ -46,10 +46,8 @@ def tok() -> TextTokenizer:
 
 @pytest.fixture(scope="module")
 def sample_text() -> Path:
-    """data/sample/text.jsonl, the commands' default haystack, made on first use as train.py makes it
-    (this file alone on a clean clone has no sample yet)."""
-    with contextlib.chdir(ROOT):
-        make_sample.ensure_sample()
+    """data/sample/text.jsonl, the commands' default haystack (the suite makes data/sample as it starts:
+    tests/conftest.py)."""
     return TEXT
 
 
