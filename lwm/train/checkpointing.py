@@ -36,6 +36,7 @@ from lwm.checkpoint_io import (
 )
 from lwm.stage_folder import StageFolder
 from lwm.train.console import say
+from lwm.train.launcher import NamingLauncher
 from lwm.train.requeue import slurm_job
 from lwm.writes import NoSpaceLeft
 
@@ -112,6 +113,10 @@ class AtomicModelParallelStrategy(ModelParallelStrategy):
     def model_to_device(self) -> None:
         if not self.params_on_host:
             super().model_to_device()
+
+    def _configure_launcher(self) -> None:
+        if not self.cluster_environment.creates_processes_externally:  # ranks Lightning starts: watched by ours
+            self._launcher = NamingLauncher(self.cluster_environment, self.num_processes, self.num_nodes)
 
     def save_checkpoint(self, checkpoint, filepath, storage_options=None) -> None:
         path = Path(self.broadcast(str(filepath)))
