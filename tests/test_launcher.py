@@ -36,7 +36,10 @@ def test_a_dead_rank_is_named_after_the_grace_then_all_are_ended(capfd):
         for p in (main, alive):
             p.kill()
     err = capfd.readouterr().err
-    assert f"error: rank 0 lost another rank: rank 2 (pid {dead.pid} on {socket.gethostname()}) has died (exit code -9)" in err
+    assert (
+        f"error: rank 0 lost another rank: rank 2 (pid {dead.pid} on {socket.gethostname()}) has died (exit code -9)"
+        in err
+    )
     assert "rank 1 " not in err  # the one still running is not named
 
 

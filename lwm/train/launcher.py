@@ -39,7 +39,9 @@ class NamingObserver(_ChildProcessObserver):
         time.sleep(self.grace_s)  # rank 0's own error names the rank, and its exit ends this thread
         host = socket.gethostname()
         named = "; ".join(f"rank {r} (pid {p.pid} on {host}) has died (exit code {p.returncode})" for r, p in dead)
-        print(f"error: rank 0 lost another rank: {named}; ending the run's other processes", file=sys.stderr, flush=True)
+        print(
+            f"error: rank 0 lost another rank: {named}; ending the run's other processes", file=sys.stderr, flush=True
+        )
         self._terminate_all()
         return True
 
