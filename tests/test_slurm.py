@@ -57,7 +57,9 @@ def submit(runs: Path, *overrides: str) -> tuple[str, Path]:
     }
     log = runs / "slurm-%j.out"
     cmd = [cmd[0], "--parsable", f"--output={log}", *cmd[1:], *SMALL, *overrides]
-    job = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout.strip()
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+    job = proc.stdout.strip()
     return job, runs / f"slurm-{job}.out"
 
 
@@ -154,7 +156,7 @@ def kill_tasks(job: str) -> None:
             os.kill(int(row.split()[0]), signal.SIGKILL)
 
 
-def test_requeued_at_random_steps_and_killed_resumes_by_itself(reference, tmp_path):
+def test_requeued_at_random_steps_and_killed_resumes_by_itself(cluster, reference, tmp_path):
     """One job stopped three times. SIGUSR1, what SLURM sends before the time limit (the job requeues
     itself), then SIGTERM, what a preemption or `scontrol requeue` sends (SLURM requeues the job), each at
     a random step after a periodic checkpoint: each time it goes on from the step it stopped at. Then its

@@ -110,7 +110,7 @@ class Generator:
             part = prompt[start : min(ring, start + segment)]
             cache.start_prefill(part.numel())
             local = shard(part, 0, rank, N, self.layout)  # this rank's slice of the segment
-            pos = start + layout_positions(part.numel(), rank, N, self.layout).to(self.device)
+            pos = start + layout_positions(part.numel(), rank, N, self.layout, device=self.device)
             self.model.hidden(local[None], pos)
         logits = None
         for start in range(ring, S, self.prefill_chunk):

@@ -42,39 +42,45 @@ def check_divisible(seq_len: int, world_size: int, layout: str, ulysses_size: in
         raise ValueError(f"ring piece of {seq_len // ring} tokens is not divisible by ulysses_size {ulysses_size}")
 
 
-def _ring_positions(seq_len: int, rank: int, ring: int, layout: str) -> torch.Tensor:
+def _ring_positions(seq_len: int, rank: int, ring: int, layout: str, device) -> torch.Tensor:
     if layout == "contiguous":
         n = seq_len // ring
-        return torch.arange(rank * n, (rank + 1) * n)
+        return torch.arange(rank * n, (rank + 1) * n, device=device)
     if layout == "striped":
-        return torch.arange(rank, seq_len, ring)
+        return torch.arange(rank, seq_len, ring, device=device)
     c = seq_len // (2 * ring)  # zigzag chunk
     return torch.cat(
-        [torch.arange(rank * c, (rank + 1) * c), torch.arange((2 * ring - 1 - rank) * c, (2 * ring - rank) * c)]
+        [
+            torch.arange(rank * c, (rank + 1) * c, device=device),
+            torch.arange((2 * ring - 1 - rank) * c, (2 * ring - rank) * c, device=device),
+        ]
     )
 
 
-def positions(seq_len: int, rank: int, world_size: int, layout: str = "striped", ulysses_size: int = 1) -> torch.Tensor:
-    """Global positions (LongTensor, increasing) of the tokens `rank` holds."""
+def positions(
+    seq_len: int, rank: int, world_size: int, layout: str = "striped", ulysses_size: int = 1, device=None
+) -> torch.Tensor:
+    """Global positions (LongTensor, increasing) of the tokens `rank` holds, made on `device` (host by default):
+    made where they are used, never copied there (a host-to-device copy waits for the GPU)."""
     check_divisible(seq_len, world_size, layout, ulysses_size)
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is outside [0, {world_size})")
     ring_rank, u = divmod(rank, ulysses_size)
-    pos = _ring_positions(seq_len, ring_rank, world_size // ulysses_size, layout)
+    pos = _ring_positions(seq_len, ring_rank, world_size // ulysses_size, layout, device)
     n = pos.numel() // ulysses_size
     return pos[u * n : (u + 1) * n]
 
 
-def gathered_positions(seq_len: int, world_size: int, layout: str, ulysses_size: int) -> torch.Tensor:
-    """Global positions of all ranks' tokens, concatenated in rank order."""
-    return torch.cat([positions(seq_len, r, world_size, layout, ulysses_size) for r in range(world_size)])
+def gathered_positions(seq_len: int, world_size: int, layout: str, ulysses_size: int, device=None) -> torch.Tensor:
+    """Global positions of all ranks' tokens, concatenated in rank order, made on `device`."""
+    return torch.cat([positions(seq_len, r, world_size, layout, ulysses_size, device) for r in range(world_size)])
 
 
 def shard(
     x: torch.Tensor, dim: int, rank: int, world_size: int, layout: str = "striped", ulysses_size: int = 1
 ) -> torch.Tensor:
     """The slice of the full tensor x (sequence along `dim`) that `rank` holds."""
-    idx = positions(x.shape[dim], rank, world_size, layout, ulysses_size).to(x.device)
+    idx = positions(x.shape[dim], rank, world_size, layout, ulysses_size, x.device)
     return x.index_select(dim, idx)
 
 
@@ -87,5 +93,5 @@ def unshard(
     if len(sizes) != 1:
         raise ValueError(f"pieces must have equal length along dim {dim}, got {[p.shape[dim] for p in pieces]}")
     joined = torch.cat(list(pieces), dim=dim)  # (..., N * L, ...) in rank order
-    perm = gathered_positions(joined.shape[dim], world_size, layout, ulysses_size)
-    return joined.index_select(dim, torch.argsort(perm).to(joined.device))
+    perm = gathered_positions(joined.shape[dim], world_size, layout, ulysses_size, joined.device)
+    return joined.index_select(dim, torch.argsort(perm))

@@ -82,10 +82,10 @@ class VarlenWork:
 class RingSteps:
     """One rank's steps for one batch and kernel: `steps(s)` is the work of step s."""
 
-    def __init__(self, planner: StepPlanner, kernel: str):
+    def __init__(self, planner: StepPlanner, kernel: str, pinned: bool = False):
         self.planner, self.kernel = planner, kernel
         one_call = planner.documents is not None and kernel == "cuda_flash"
-        self.varlen = varlen_plan(planner) if one_call else None
+        self.varlen = varlen_plan(planner, pinned) if one_call else None
 
     def __call__(self, step: int) -> PieceWork | VarlenWork:
         one = self.varlen.steps[step] if self.varlen is not None else None
@@ -95,5 +95,12 @@ class RingSteps:
 
 
 def ring_steps(planner: StepPlanner, q: torch.Tensor, backend: str = "auto") -> RingSteps:
-    """The planner's steps with the kernel `backend` selects for q (device, dtype, head dim)."""
-    return RingSteps(planner, select_backend(q, backend))
+    """The planner's steps with the kernel `backend` selects for q (device, dtype, head dim); the host tables
+    they copy to a CUDA q's device are pinned (VarlenPlan)."""
+    return RingSteps(planner, select_backend(q, backend), pinned=copies_pinned(q.device))
+
+
+def copies_pinned(device: torch.device) -> bool:
+    """Whether host tables bound for `device` are pinned first: a CUDA device's copies from pageable host
+    memory block the host until the GPU's queue drains (a planner's fake CPU tensors and meta ones copy none)."""
+    return device.type == "cuda"

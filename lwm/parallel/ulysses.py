@@ -82,7 +82,7 @@ def ulysses_attention(
     P = group_size_and_rank(group)[0]
     check_heads(q.shape[1], k.shape[1], P)
     S = P * q.shape[2]
-    perm = gathered_positions(S, P, layout, 1).to(q.device)  # global position of each gathered token
+    perm = gathered_positions(S, P, layout, 1, q.device)  # global position of each gathered token
     to_natural, to_layout = torch.argsort(perm), perm
     gather = lambda ids: gather_segments(ids, group, to_natural)  # noqa: E731  (B, L) -> (B, S) natural order
     documents = as_documents(segment_ids, q, gather)

@@ -96,28 +96,34 @@ def plan_varlen(planner: StepPlanner, step: int, table: list[int]) -> VarlenStep
 
 class VarlenPlan:
     """Every step's varlen call of one rank, and their cumulative lengths on the device: one
-    host-to-device copy per batch and device, never a read back."""
+    host-to-device copy per batch and device, never a read back. pinned (a CUDA run's): the table is
+    made in page-locked memory and copied without blocking, so the host does not wait for the GPU's
+    queue to drain at the first attention of each batch (a pageable copy does); the plan holds the
+    pinned table for as long as its copy may run."""
 
-    def __init__(self, planner: StepPlanner):
+    def __init__(self, planner: StepPlanner, pinned: bool = False):
         table: list[int] = []
         self.steps = [plan_varlen(planner, s, table) for s in range(planner.world_size)]
         self.table = torch.tensor(table, dtype=torch.int32)  # (sum of 2 (pairs + 1),) host
+        self.pinned = pinned
+        if pinned:
+            self.table = self.table.pin_memory()
         self._on: dict = {}
 
     def lengths(self, step: VarlenStep, device) -> tuple[torch.Tensor, torch.Tensor]:
         """(cum_q, cum_k) int32 (pairs + 1,) on `device`, views of one copy of the table."""
         key = str(device)
         if key not in self._on:
-            self._on[key] = self.table.to(device)
+            self._on[key] = self.table.to(device, non_blocking=self.pinned)
         t, n = self._on[key], step.pairs + 1
         return t[step.offset : step.offset + n], t[step.offset + n : step.offset + 2 * n]
 
 
-def varlen_plan(planner: StepPlanner) -> VarlenPlan:
+def varlen_plan(planner: StepPlanner, pinned: bool = False) -> VarlenPlan:
     """The planner's varlen plan, made once per batch (kept with its documents)."""
     p = planner
-    key = ("varlen", p.layout, p.rank, p.world_size, p.local_len, p.causal)
-    return kept(p.documents, key, lambda: VarlenPlan(p))
+    key = ("varlen", p.layout, p.rank, p.world_size, p.local_len, p.causal, pinned)
+    return kept(p.documents, key, lambda: VarlenPlan(p, pinned))
 
 
 # ----------------------------------------------------------------------------------------- calls
