@@ -96,7 +96,15 @@ from lwm.eval.needle import NeedleConfig, NeedleGrid
 from lwm.infer.runtime import ModelOptions
 from lwm.model import ModelConfig, Transformer, token_coefficients
 from lwm.train import evaluate
-from lwm.train.config import OptimConfig, ParallelConfig, StageConfig, TrainerConfig, stage_model_config, validate
+from lwm.train.config import (
+    OptimConfig,
+    ParallelConfig,
+    StageConfig,
+    TrainerConfig,
+    resolve_stage,
+    stage_model_config,
+    validate,
+)
 from lwm.train.datamodule import LWMDataModule
 from lwm.train.entry import ensure_sample_data
 from lwm.train.module import LWMModule
@@ -438,9 +446,21 @@ def test_run_stage_hands_every_field_to_its_component(sample, tmp_path, monkeypa
         "trainer.checkpoint_every=2",
     )
     stage = run.schedule.stages[0]
+    resolved = []
+    monkeypatch.setattr("lwm.train.run.resolve_stage", lambda *a: resolved.append(resolve_stage(*a)) or resolved[-1])
     with pytest.raises(_Stop):
-        run_stage(run, stage, run.model, None)
+        run_stage(run, stage, None)
+    # the stage resolved once, and what the components got is what it resolved
+    (setup,) = resolved
+    assert setup.stage is stage and (setup.dims.dp, setup.dims.cp, setup.per_rank_batch, setup.global_batch) == (
+        2, 2, 3, 6,
+    )  # fmt: skip
+    assert setup.model == stage_model_config(run.model, stage) and setup.model.rope_theta == stage.rope_theta
+    assert setup.data.batch_size == 3 and [s.path for s in setup.data.sources] == [
+        run.data.sources[n].path for n in stage.sources or run.data.sources
+    ]
     seen = _FakeTrainer.seen
+    assert seen["module"].model_config is setup.model and seen["datamodule"].config is setup.data
     assert (seen["accelerator"], seen["devices"], seen["num_nodes"], seen["precision"]) == ("cpu", 2, 2, "bf16-mixed")
     assert (seen["max_steps"], seen["log_every_n_steps"]) == (3, 7)
     strategy = seen["strategy"]  # world 4 = dp 2 x cp 2

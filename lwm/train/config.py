@@ -116,7 +116,7 @@ class ParallelConfig:
                 "parallel.activation_offload=true needs parallel.activation_checkpointing=true: offload moves "
                 "the checkpointed blocks' inputs (got activation_checkpointing=false)"
             )
-        # mode, ulysses and tp on their own (the stage's cp and the world are checked in stage_dims)
+        # mode, ulysses and tp on their own (the stage's cp and the world are checked in resolve_stage)
         ParallelDims(1, self.ulysses if self.mode == "hybrid" else 1, self.tp, self.mode, self.ulysses)
 
     def dims(self, world: int, cp: int) -> ParallelDims:
@@ -282,9 +282,7 @@ def validate(cfg: RunConfig) -> None:
         raise ValueError(f"stage_only {cfg.stage_only!r} is not a stage of schedule {cfg.schedule.name!r}: {names}")
 
     for stage in cfg.schedule.stages:
-        dims = stage_dims(cfg, stage)
-        stage.per_rank_batch(dims.dp)
-        cfg.data.for_stage(stage, 1)
+        resolve_stage(cfg, stage)
     if cfg.schedule.init_hf is not None:  # cfg.model is the folder's (start_model)
         rows = cfg.data.vocab_rows()
         if rows is not None and rows != cfg.model.vocab_size:
@@ -338,16 +336,34 @@ def start_model(run_model: ModelConfig, folder, explicit: Collection[str] = ()) 
     return start.replace(**{name: getattr(run_model, name) for name in RUN_MODEL_FIELDS})
 
 
-def stage_dims(cfg: RunConfig, stage: StageConfig) -> ParallelDims:
-    """The stage's ParallelDims on the run's world, checked against the model and the stage's
-    length; raises naming the stage and the values."""
+@dataclass(frozen=True)
+class StageSetup:
+    """Everything one stage of a run trains with, resolved once from the run config (resolve_stage): what
+    the run, its Trainer, the module and the datamodule read, none of them deriving it again."""
+
+    stage: StageConfig
+    model: ModelConfig  # the stage's: its RoPE theta, a max_seq_len covering its sequences (stage_model_config)
+    dims: ParallelDims  # on the run's world, checked against the model and the stage's length
+    per_rank_batch: int  # sequences a data-parallel rank takes a step
+    data: DataConfig  # the stage's sources at per_rank_batch, positions as the document mask says
+
+    @property
+    def global_batch(self) -> int:
+        return self.per_rank_batch * self.dims.dp
+
+
+def resolve_stage(cfg: RunConfig, stage: StageConfig) -> StageSetup:
+    """The stage's StageSetup; raises naming the stage and the values (validate resolves every stage before
+    any process starts; run_stage resolves its stage once, as it begins)."""
     try:
         dims = cfg.parallel.dims(cfg.trainer.world_size, stage.cp)
         dims.check_model(cfg.model.n_heads, cfg.model.n_kv_heads, cfg.model.attn_head_groups)
         dims.check_seq(stage.seq_len, cfg.parallel.layout)
     except ValueError as e:
         raise ValueError(f"stage {stage.name!r} (seq_len {stage.seq_len}, cp {stage.cp}): {e}") from None
-    return dims
+    batch = stage.per_rank_batch(dims.dp)
+    data = cfg.data.for_stage(stage, batch, cfg.parallel.document_mask)
+    return StageSetup(stage, stage_model_config(cfg.model, stage), dims, batch, data)
 
 
 def check_files(cfg: RunConfig) -> None:

@@ -68,7 +68,7 @@ def steps_from_automatic_optimization(checkpoint: dict) -> None:
 class LWMModule(L.LightningModule):
     """init_state: the starting weights, or a function that reads them (called on global rank 0
     only: the other ranks receive rank 0's by broadcast); None: fresh weights from `seed`. dims: the
-    stage's ParallelDims as the run made them (lwm.train.config.stage_dims); None: from `parallel` and
+    stage's ParallelDims as the run made them (lwm.train.config.resolve_stage); None: from `parallel` and
     the device mesh's size."""
 
     def __init__(

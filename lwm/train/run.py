@@ -15,12 +15,11 @@ import torch
 import torch.distributed as dist
 
 from lwm.interop.hf import from_hf, start_config
-from lwm.model import ModelConfig
 from lwm.ranks import is_rank0
 from lwm.stage_folder import StageFolder
 from lwm.train.callbacks import KEPT_METRICS, MetricHistory
 from lwm.train.checkpointing import resume_point
-from lwm.train.config import RunConfig, StageConfig, stage_dims, stage_model_config
+from lwm.train.config import RunConfig, StageConfig, resolve_stage, stage_model_config
 from lwm.train.console import say
 from lwm.train.datamodule import LWMDataModule
 from lwm.train.evaluate import EVALUATION_FAILED, evaluate_needles
@@ -55,33 +54,28 @@ def stage_weights(final: Path) -> Callable[[], dict]:
     return partial(read_weights, final)
 
 
-def run_stage(cfg: RunConfig, stage: StageConfig, model_config: ModelConfig, init: Callable | None) -> Path | None:
+def run_stage(cfg: RunConfig, stage: StageConfig, init: Callable | None) -> Path | None:
     folder = StageFolder.of(cfg.trainer.out_dir, stage.name)
     final = folder.final
     resume_from = resume_point(folder, cfg.resume)
-    stage_model = stage_model_config(model_config, stage)
-    dims = stage_dims(cfg, stage)
+    setup = resolve_stage(cfg, stage)
+    dims = setup.dims
     say(
         f"stage {stage.name}: seq_len {stage.seq_len}, rope_theta {stage.rope_theta:g}, {stage.steps} steps, "
         f"{dims.describe()}" + (f" (resuming from {resume_from})" if resume_from else "")
     )
     if wanted(cfg.trainer.preflight, cfg.trainer.accelerator):  # before anything is allocated
         kind = device_kind(cfg.trainer.accelerator)
-        plan = preflight(cfg, stage, device_memory(kind, cfg.trainer.devices), model=model_config, device=kind)
+        plan = preflight(cfg, stage, device_memory(kind, cfg.trainer.devices), device=kind)
         say(f"preflight: {plan.summary()}: fits")
     if is_rank0():
         folder.path.mkdir(parents=True, exist_ok=True)
-        folder.model_config.write_text(json.dumps(asdict(stage_model), indent=2))
+        folder.model_config.write_text(json.dumps(asdict(setup.model), indent=2))
     L.seed_everything(cfg.trainer.seed, workers=True, verbose=False)
-    module = LWMModule(stage_model, stage, cfg.optim, cfg.parallel, init_state=init, seed=cfg.trainer.seed, dims=dims)
-    datamodule = LWMDataModule(
-        cfg.data.for_stage(stage, stage.per_rank_batch(dims.dp), cfg.parallel.document_mask),
-        seq_len=stage.seq_len,
-        dims=dims,
-        layout=cfg.parallel.layout,
-    )
+    module = LWMModule(setup.model, stage, cfg.optim, cfg.parallel, init_state=init, seed=cfg.trainer.seed, dims=dims)
+    datamodule = LWMDataModule(setup.data, seq_len=stage.seq_len, dims=dims, layout=cfg.parallel.layout)
     history = MetricHistory.resumed(folder.logs, keep=is_rank0()) if resume_from else MetricHistory([])
-    trainer = build_trainer(cfg, stage, dims, folder, module, history)
+    trainer = build_trainer(cfg, setup, folder, module, history)
     trainer.fit(module, datamodule=datamodule, ckpt_path=str(resume_from) if resume_from else None)
     if trainer.global_step < stage.steps:  # stopped early (stop_at_step, a signal): resume later with resume=true
         return None
@@ -100,7 +94,6 @@ def run_schedule(cfg: RunConfig) -> dict[str, Path]:
     """Run (or resume) the schedule, checked by its caller (lwm.train.config.validate, once); returns
     where things went."""
     out = Path(cfg.trainer.out_dir)
-    model_config = cfg.model
     init: Callable[[], dict] | None = None  # the next stage's starting weights, read on rank 0 only
     if cfg.schedule.init_hf is not None:
         init = hf_start(cfg.schedule.init_hf)
@@ -115,7 +108,7 @@ def run_schedule(cfg: RunConfig) -> dict[str, Path]:
         if cfg.resume and final.exists():
             init, finished, last = stage_weights(final), final, stage
             continue
-        finished, last = run_stage(cfg, stage, model_config, init), stage
+        finished, last = run_stage(cfg, stage, init), stage
         if finished is None:
             return {"stopped": StageFolder.of(out, stage.name).last}
         init = stage_weights(finished)
@@ -123,7 +116,7 @@ def run_schedule(cfg: RunConfig) -> dict[str, Path]:
     if cfg.export and finished is not None and is_rank0():
         vqgan = codes_vqgan(cfg.data.codes) if cfg.data.codes is not None else None
         where["hf"] = export_weights(
-            finished, stage_model_config(model_config, last), out / "hf", cfg.data.tokenizer, vqgan, inside=out
+            finished, stage_model_config(cfg.model, last), out / "hf", cfg.data.tokenizer, vqgan, inside=out
         )
     if cfg.evaluate.lengths is not None and finished is not None and is_rank0():
         device = "cpu" if cfg.trainer.accelerator == "cpu" else None

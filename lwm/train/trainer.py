@@ -13,7 +13,7 @@ from lwm.parallel.mesh import lightning_sizes
 from lwm.stage_folder import LOGS, TB, StageFolder
 from lwm.train.callbacks import MetricHistory, MetricsCSV, MetricsTensorBoard, PeakMemory, StageProgress, Throughput
 from lwm.train.checkpointing import AtomicCheckpointIO, AtomicModelParallelStrategy, StageCheckpoint
-from lwm.train.config import RunConfig, StageConfig, TrainerConfig
+from lwm.train.config import RunConfig, StageSetup, TrainerConfig
 from lwm.train.module import LWMModule
 from lwm.train.probe import AnswerProbe
 from lwm.train.requeue import StopOnSignal
@@ -34,16 +34,11 @@ def strategy(dims: ParallelDims, trainer_cfg: TrainerConfig, param_offload: bool
 
 
 def build_trainer(
-    cfg: RunConfig,
-    stage: StageConfig,
-    dims: ParallelDims,
-    folder: StageFolder,
-    module: LWMModule,
-    history: MetricHistory,
+    cfg: RunConfig, setup: StageSetup, folder: StageFolder, module: LWMModule, history: MetricHistory
 ) -> L.Trainer:
-    """The stage's Trainer on its ParallelDims (lwm.train.config.stage_dims, made once by run_stage), writing
-    into its stage folder."""
-    global_batch = stage.per_rank_batch(dims.dp) * dims.dp
+    """The Trainer of a stage as run_stage resolved it (lwm.train.config.resolve_stage), writing into its stage
+    folder."""
+    stage, dims = setup.stage, setup.dims
     chosen = strategy(dims, cfg.trainer, cfg.parallel.param_offload)
     return L.Trainer(
         accelerator=cfg.trainer.accelerator,
@@ -64,7 +59,7 @@ def build_trainer(
             ),
             StageProgress(stage.name, stage.steps),
             history,
-            Throughput(module.model_config, stage.seq_len, global_batch, cfg.trainer.peak_tflops),
+            Throughput(setup.model, stage.seq_len, setup.global_batch, cfg.trainer.peak_tflops),
             PeakMemory(),
             StopOnSignal(),
             SkippedExamples(folder.path, dims.tp),
