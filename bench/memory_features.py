@@ -4,7 +4,7 @@ model beside lwm-plan's plan of it.
 
 Each configuration runs one real training step (lwm.train.step.train_step in a gloo world of one
 process: FSDP2 and the parallel path, fp32, the CPU kernel) under the planner's own tracker
-(lwm.train.plan.memory.tracked_step), and is planned under fake tensors with the same settings
+(lwm.plan.memory.tracked_step), and is planned under fake tensors with the same settings
 (plan_step). Ratios are against activation checkpointing alone, measured in the same run.
 
 Offload on CPU: the host a real CPU run copies to is the CPU itself, so the tracker counts the host
@@ -29,9 +29,9 @@ import torch.distributed as dist
 from bench.report import command_line, host_line, publish
 from lwm.model import ModelConfig
 from lwm.parallel import build_parallel_model, compute_settings
+from lwm.plan.fake import make_batch, place
+from lwm.plan.memory import Mesh, StepMemory, plan_step, tracked_step
 from lwm.train.config import OptimConfig, ParallelConfig, StageConfig
-from lwm.train.plan.fake import make_batch, place
-from lwm.train.plan.memory import Mesh, StepMemory, plan_step, tracked_step
 from lwm.train.step import activation_offload
 
 OPTIM = OptimConfig()
@@ -139,7 +139,7 @@ def section(args, rows: list[dict]) -> str:
         f"`{args.preset}` model ({c.n_layers} layers, dim {c.dim}, {c.n_heads}/{c.n_kv_heads} heads), one sequence, "
         "cp 1 in a gloo world of one process (FSDP2 and the parallel path), fp32 CPU settings, AdamW's state "
         "made before the measured step. Measured: the planner's tracker (FSDPMemTracker, "
-        "lwm/train/plan/tracker.py) on one real training step; planned: lwm-plan's plan of the same step under "
+        "lwm/plan/tracker.py) on one real training step; planned: lwm-plan's plan of the same step under "
         "fake tensors. Offload's host buffers are CPU memory in a real CPU run, counted by the tracker in the "
         "device's peak: measured device = tracker peak less the buffers' bytes (all live at a peak in backward, "
         "which the script checks), measured host = those bytes. Lengths not in --real-lengths "

@@ -29,7 +29,7 @@ from bench.attention import document_lengths
 from lwm.parallel.documents import StepPlanner
 from lwm.parallel.layout import shard
 from lwm.parallel.ring import ring_backward, ring_forward
-from lwm.train.plan.fake import OpCounter
+from lwm.plan.fake import OpCounter
 
 N = 8
 

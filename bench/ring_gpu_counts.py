@@ -8,13 +8,13 @@ Ring: the 7b attention shapes (32 q heads, 32 or 8 k/v heads, head dim 128, bf16
 cuda_flash), S tokens over cp = 8 ranks (striped), one sequence packed from documents of
 LOW-HIGH tokens (bench.attention.document_lengths). `lwm.parallel.simulate_ring` runs all 8
 ranks' forward+backward under FakeTensorMode (shapes only: the aten ops' meta kernels), its ops
-counted by lwm.train.plan.fake's OpCounter; per step = over the 8 x 8 rank-steps. A host sync
+counted by lwm.plan.fake's OpCounter; per step = over the 8 x 8 rank-steps. A host sync
 under fake tensors cannot happen unseen: a read of a value raises. Rank 0's step loops alone
 (ring_forward / ring_backward) also run on real CPU tensors (4 q heads, 1 kv head, head dim 8,
 bf16) through the CUDA kernels' CPU stand-ins (tests/cuda_standins.py): the counts code that reads
 document runs from device values can be measured with (the code before the varlen path).
 
-Training step: lwm.train.fake_step's 7b step at S tokens, cp 8, dp 4, with and without masks.
+Training step: lwm.plan.fake_step's 7b step at S tokens, cp 8, dp 4, with and without masks.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from lwm.parallel import simulate_ring
 from lwm.parallel.pieces import step_planner
 from lwm.parallel.ring import new_dq, ring_backward, ring_forward
 from lwm.parallel.steps import ring_steps
-from lwm.train.plan.fake import OpCounter
+from lwm.plan.fake import OpCounter
 
 N = 8
 
@@ -97,8 +97,8 @@ def rank0_counts(S: int, ids: torch.Tensor) -> dict:
 
 
 def step_counts(S: int, documents: int) -> tuple[int, int]:
-    """(aten calls, host syncs) of lwm.train.fake_step's training step, 7b, cp 8, dp 4."""
-    from lwm.train.fake_step import FakeStepConfig, run
+    """(aten calls, host syncs) of lwm.plan.fake_step's training step, 7b, cp 8, dp 4."""
+    from lwm.plan.fake_step import FakeStepConfig, run
 
     report = run(FakeStepConfig(preset="7b", seq_len=S, cp=N, dp=4, prefill_chunk=S // N, documents=documents))
     return sum(report.step.counter.ops.values()), sum(report.step.device_syncs().values())

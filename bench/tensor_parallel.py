@@ -3,7 +3,7 @@
 Each configuration is a real training step in gloo processes (lwm.parallel.launch.run_distributed):
 the tiny preset built by lwm.parallel.build_parallel_model (tensor parallelism, FSDP2 over the
 remaining ranks), the chunked loss, backward, clipping, AdamW. FSDP2's memory tracker (the
-planner's, lwm/train/plan/tracker.py) reports rank 0's peak of the second step and its parts; the
+planner's, lwm/plan/tracker.py) reports rank 0's peak of the second step and its parts; the
 table gives each part per rank and as a ratio to tp 1 in the same run.
 
     python -m bench.tensor_parallel                 # 8K tokens, writes docs/benchmarks.md
@@ -21,9 +21,9 @@ from bench.report import command_line, host_line, publish
 from lwm.model import ModelConfig
 from lwm.parallel import ParallelDims, build_meshes, build_parallel_model, compute_settings
 from lwm.parallel.launch import run_distributed
+from lwm.plan.fake import make_batch
+from lwm.plan.memory import tracked_step
 from lwm.train.config import OptimConfig, StageConfig
-from lwm.train.plan.fake import make_batch
-from lwm.train.plan.memory import tracked_step
 
 PARTS = ("parameters", "gradients", "optimizer", "activations", "temporaries")
 

@@ -39,11 +39,11 @@ from bench.memory_features import FEATURES, Feature
 from bench.report import command_line, host_line, peak_mib, peak_tflops, publish, sync
 from lwm.model import ModelConfig, Transformer
 from lwm.parallel import build_parallel_model, compute_settings
+from lwm.plan.devices import DEVICES
+from lwm.plan.fake import make_batch, place
+from lwm.plan.memory import Mesh, plan_step
+from lwm.plan.time import step_time, step_work
 from lwm.train.config import OptimConfig, StageConfig
-from lwm.train.plan.devices import DEVICES
-from lwm.train.plan.fake import make_batch, place
-from lwm.train.plan.memory import Mesh, plan_step
-from lwm.train.plan.time import step_time, step_work
 from lwm.train.step import activation_offload, build_optimizer, train_step
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -160,7 +160,7 @@ def layer_setup(
 
 def planned_step(preset: str, layers: int, seq_len: int, device: torch.device, memory: Memory | None = None) -> dict:
     """lwm-plan's plan of the same step (fake tensors, the device's settings): the tracked peak and
-    host peak, and the step time on the device's roofline where lwm.train.plan.devices knows the GPU."""
+    host peak, and the step time on the device's roofline where lwm.plan.devices knows the GPU."""
     memory = memory or Memory()
     config, stage = layer_setup(preset, layers, seq_len, 1, memory)
     parallel = memory.feature.parallel()

@@ -33,12 +33,14 @@ def _resolve(name: str):
 
 
 def run_in_child(
-    run: Callable[[object], int], config, env: Mapping[str, str] | None = None, stderr: BinaryIO | None = None
+    run: Callable[[object], int] | str, config, env: Mapping[str, str] | None = None, stderr: BinaryIO | None = None
 ) -> int:
     """run(config) in `python -m lwm.child` with environment `env` (None: this one's) -> its exit status.
-    run must be a module-level function of lwm and config one of lwm's config dataclasses. stderr: a
-    binary file the child's standard error goes to (None: this process's)."""
-    message = {"run": _name(run), "config": _name(type(config)), "values": dataclasses.asdict(config)}
+    run must be a module-level function of lwm, or its name "module:qualname" (a package above the caller's,
+    run as a program of its own: the preflight's planner), and config one of lwm's config dataclasses. stderr:
+    a binary file the child's standard error goes to (None: this process's)."""
+    name = run if isinstance(run, str) else _name(run)
+    message = {"run": name, "config": _name(type(config)), "values": dataclasses.asdict(config)}
     payload = json.dumps(message, default=str).encode()  # paths as text, as from_dict reads them
     return subprocess.run([sys.executable, "-m", "lwm.child"], input=payload, env=env, stderr=stderr).returncode
 

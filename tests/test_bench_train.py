@@ -10,7 +10,7 @@ import pytest
 import torch.distributed as dist
 
 import bench.train as bt
-from lwm.train.plan.fake import start_fake_group
+from lwm.plan.fake import start_fake_group
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
-"""The training step as a GPU would run it, checked without one (lwm/train/fake_step.py over
-lwm/train/plan/fake.py): rank 0 of dp 2 x cp 2 under fake tensors with the GPU's settings forced,
+"""The training step as a GPU would run it, checked without one (lwm/plan/fake_step.py over
+lwm/plan/fake.py): rank 0 of dp 2 x cp 2 under fake tensors with the GPU's settings forced,
 the same step on the meta device, and its host syncs at a small real shape on gloo. Also two defects of that path: FSDP2's mixed
 precision casting the blocks' RoPE angles to bf16, and every rank reading the starting weights."""
 
@@ -14,12 +14,12 @@ from lwm.data.vocab import Vocab
 from lwm.model import ModelConfig, Transformer
 from lwm.parallel import apply_context_parallel, compute_settings
 from lwm.parallel.launch import run_distributed
+from lwm.plan.fake import make_batch, place, run_prefill, run_step, shard_rows, start_fake_group
+from lwm.plan.fake_step import FakeStepConfig, run
 from lwm.train import module as module_file
 from lwm.train import run as run_module
 from lwm.train.config import OptimConfig, ParallelConfig, StageConfig
-from lwm.train.fake_step import FakeStepConfig, run
 from lwm.train.module import LWMModule
-from lwm.train.plan.fake import make_batch, place, run_prefill, run_step, shard_rows, start_fake_group
 from lwm.train.step import build_optimizer, train_step
 
 DEBUG = ModelConfig.from_preset("debug")
@@ -187,7 +187,7 @@ def test_run_schedule_hands_on_weights_unread(tmp_path, monkeypatch):
 
     reads, starts = [], {}
 
-    def run_stage(cfg, stage, model_config, init):
+    def run_stage(cfg, stage, init):
         starts[stage.name] = init
         return tmp_path / stage.name / "final.safetensors"
 
@@ -248,7 +248,7 @@ def test_a_qkv_bias_is_expected_split_by_tp_then_fsdp():
     """Qwen2's q/k/v bias goes with its weight's rows under tp (ColwiseParallel cuts both), then FSDP2's rows:
     qwen2_5_7b at tp 2 x dp 2 x cp 2 holds 448 of wq's 3584 bias rows on rank 0 (the check expected 896 and
     refused the right shard)."""
-    from lwm.train.plan.fake import expected_shard
+    from lwm.plan.fake import expected_shard
 
     assert expected_shard("layers.0.attn.wq.bias", (3584,), 4, 2) == (448,)
     assert expected_shard("layers.0.attn.wq.weight", (3584, 3584), 4, 2) == (448, 3584)

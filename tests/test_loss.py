@@ -148,7 +148,7 @@ def test_loss_rows_on_the_gpus_settings_need_no_values_and_no_host_sync():
     sync in forward or backward; the loss is fp32, the gradients keep bf16."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from lwm.train.plan.fake import OpCounter
+    from lwm.plan.fake import OpCounter
 
     B, S, D, V, n = 2, 64, 16, 300, 9
     for context in (torch.device("meta"), FakeTensorMode()):

@@ -13,7 +13,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from lwm.model import ModelConfig, Transformer
 from lwm.model.norm import RMSNorm
 from lwm.parallel import compute_settings
-from lwm.train.plan.fake import GPU_SETTINGS
+from lwm.plan.fake import GPU_SETTINGS
 
 DIM = 64
 

@@ -26,9 +26,9 @@ from lwm.parallel import (
 )
 from lwm.parallel import offload as offload_file
 from lwm.parallel.launch import run_distributed
+from lwm.plan.fake import GPU_SETTINGS, make_batch
+from lwm.plan.memory import Mesh, plan_step
 from lwm.train.config import OptimConfig, ParallelConfig, StageConfig
-from lwm.train.plan.fake import GPU_SETTINGS, make_batch
-from lwm.train.plan.memory import Mesh, plan_step
 from lwm.train.step import build_optimizer, train_step
 
 CFG = ModelConfig.from_preset("debug").replace(n_layers=3)  # a middle block: fetched ahead, neither end

@@ -15,11 +15,11 @@ from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
 from lwm.model import ModelConfig, Transformer
 from lwm.parallel import ParallelDims, build_meshes, build_parallel_model, compute_settings, state_offload
 from lwm.parallel.launch import run_distributed
+from lwm.plan.devices import parse_device
+from lwm.plan.fake import GPU_SETTINGS, make_batch
+from lwm.plan.memory import Mesh, StepMemory, plan_step
+from lwm.plan.time import step_time, step_work
 from lwm.train.config import OptimConfig, ParallelConfig, StageConfig
-from lwm.train.plan.devices import parse_device
-from lwm.train.plan.fake import GPU_SETTINGS, make_batch
-from lwm.train.plan.memory import Mesh, StepMemory, plan_step
-from lwm.train.plan.time import step_time, step_work
 from lwm.train.step import build_optimizer, train_step
 
 CFG = ModelConfig.from_preset("debug").replace(n_layers=3)
@@ -171,7 +171,7 @@ def test_the_time_model_runs_the_optimizer_on_the_host():
 
 
 def test_the_ladder_offers_param_offload_before_head_groups():
-    from lwm.train.plan.advice import steps
+    from lwm.plan.advice import steps
 
     parallel = ParallelConfig(activation_checkpointing=True)
     found = [override for override, _, _ in steps(CFG, parallel, Mesh(4096, 2, 1))]
@@ -184,7 +184,7 @@ def test_the_advice_keeps_only_the_features_the_fit_needs(monkeypatch, tmp_path)
     """At a length where the states are what does not fit, the ladder reaches parameter offload
     through checkpointing and activation offload; the advice then drops each of them that the run
     fits without (each dropped set planned), and names parameter offload alone."""
-    from lwm.train.plan import command
+    from lwm.plan import command
 
     calls = []
 

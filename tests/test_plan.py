@@ -1,4 +1,4 @@
-"""lwm-plan (lwm/train/plan): the command end to end at a small shape, its memory against the same
+"""lwm-plan (lwm/plan): the command end to end at a small shape, its memory against the same
 step run for real, its refusals before any fake work, the --longest boundary, and every option.
 
 Longer than most test files: one subject's tests kept together, beside the helpers they share.
@@ -20,16 +20,16 @@ from lwm.model import ModelConfig
 from lwm.parallel import compute_settings
 from lwm.parallel.launch import run_distributed
 from lwm.paths import REPO
+from lwm.plan import command
+from lwm.plan.accuracy import PARALLEL, _setup, real_step
+from lwm.plan.config import compose_run
+from lwm.plan.devices import DEVICES, GIB, parse_device
+from lwm.plan.fake import GPU_SETTINGS, PlanFakeMode
+from lwm.plan.memory import Mesh, StepMemory, plan_step
+from lwm.plan.search import longest_sequence
+from lwm.plan.time import block_params, step_time, step_work
+from lwm.plan.tracker import PlanTracker
 from lwm.train.config import OptimConfig
-from lwm.train.plan import command
-from lwm.train.plan.accuracy import PARALLEL, _setup, real_step
-from lwm.train.plan.config import compose_run
-from lwm.train.plan.devices import DEVICES, GIB, parse_device
-from lwm.train.plan.fake import GPU_SETTINGS, PlanFakeMode
-from lwm.train.plan.memory import Mesh, StepMemory, plan_step
-from lwm.train.plan.search import longest_sequence
-from lwm.train.plan.time import block_params, step_time, step_work
-from lwm.train.plan.tracker import PlanTracker
 
 SMALL = ["model=debug", "schedule=debug", "parallel=7b"]  # activation checkpointing on, as at 7b
 
@@ -215,7 +215,7 @@ def test_a_stage_that_does_not_fit_is_searched_and_timed_at_the_cp_that_does(mon
 
 def test_a_stage_no_cp_fits_is_told_the_cheapest_memory_feature_that_does(monkeypatch, tmp_path, capsys):
     """Where no cp fits, the ladder (checkpointing, tiled norms, blockwise MLP, activation offload,
-    parameter offload, head groups: lwm/train/plan/advice.py) is planned one more feature at a time
+    parameter offload, head groups: lwm/plan/advice.py) is planned one more feature at a time
     and the first that fits is named, with its peak and time; the preflight says the same."""
     calls = []
 
@@ -390,7 +390,7 @@ def test_the_prefills_cache_pass_holds_half_the_cache_slice():
     the cache at half the rate: from 512 to 2048 prompt tokens (64-token segments a rank) the
     planned temporaries grow by 0.78x the cache's growth (1.56x when the whole slice travelled at
     once: 5.5 GiB at an hour of video over 8 GPUs, which missed 8 H100-80G by half a GiB)."""
-    from lwm.train.plan.memory import plan_prefill
+    from lwm.plan.memory import plan_prefill
 
     config = ModelConfig.from_preset("debug", max_seq_len=8192)
     short, long = (plan_prefill(config, n, 2, 64, GPU_SETTINGS) for n in (512, 2048))

@@ -1,4 +1,4 @@
-"""lwm-plan's bounds (lwm/train/plan/bounds.py): a size the planner cannot plan in this machine's time
+"""lwm-plan's bounds (lwm/plan/bounds.py): a size the planner cannot plan in this machine's time
 and memory is refused with exit 2 naming the limit and the option, before any fake work; GPU specs are
 finite and positive; the documented largest plans stay within the bounds; --longest stops at them."""
 
@@ -8,11 +8,11 @@ import dataclasses
 
 import pytest
 
-from lwm.train.fake_step import FakeStepConfig
-from lwm.train.plan import bounds, command
-from lwm.train.plan.config import PlanConfig, compose_run
-from lwm.train.plan.devices import parse_device
-from lwm.train.plan.memory import StepMemory
+from lwm.plan import bounds, command
+from lwm.plan.config import PlanConfig, compose_run
+from lwm.plan.devices import parse_device
+from lwm.plan.fake_step import FakeStepConfig
+from lwm.plan.memory import StepMemory
 
 SMALL = ["model=debug", "schedule=debug"]
 

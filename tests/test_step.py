@@ -13,10 +13,10 @@ import torch
 from lwm.data.batches import Sharding, shard_batch
 from lwm.model import ModelConfig, Transformer
 from lwm.parallel import compute_settings
+from lwm.plan.memory import Mesh, plan_step
 from lwm.train import step as step_file
 from lwm.train.config import OptimConfig, ParallelConfig, StageConfig
 from lwm.train.module import LWMModule
-from lwm.train.plan.memory import Mesh, plan_step
 
 DEBUG = ModelConfig.from_preset("debug")
 SEQ = 64

@@ -26,7 +26,7 @@ from lwm.train.config import check_files, validate
 from lwm.train.console import is_rank0, quiet_lightning, say
 from lwm.train.entry import ensure_sample_data, to_run_config
 from lwm.train.evaluate import EVALUATION_FAILED, evaluated
-from lwm.train.plan.preflight import WillNotFit
+from lwm.train.preflight import WillNotFit
 from lwm.train.run import run_schedule
 from lwm.train.run_folder import CONFIG, LOCK, OtherRun, check, clear, resolved
 from lwm.train.skipped import summary as skipped_summary

@@ -25,7 +25,7 @@ from lwm.train.datamodule import LWMDataModule
 from lwm.train.evaluate import EVALUATION_FAILED, evaluate_needles
 from lwm.train.export import codes_vqgan, export_weights
 from lwm.train.module import LWMModule
-from lwm.train.plan.preflight import device_kind, device_memory, preflight, wanted
+from lwm.train.preflight import device_kind, device_memory, preflight, wanted
 from lwm.train.trainer import build_trainer
 from lwm.weights import read_weights, save_weights
 

@@ -1,5 +1,5 @@
 """The training step: one function, one home. Lightning's LWMModule.training_step, lwm-plan (under
-fake tensors, lwm/train/plan/memory.py), the preflight, the fake step (lwm/train/fake_step.py), the
+fake tensors, lwm/plan/memory.py), the preflight, the fake step (lwm/plan/fake_step.py), the
 planner's accuracy check and bench/train.py all run `train_step`, so what changes the step changes
 what the plan measures.
 

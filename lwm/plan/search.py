@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from lwm.model import ModelConfig
+from lwm.plan import bounds
+from lwm.plan.devices import GIB, Device
+from lwm.plan.memory import Mesh, mesh_dims
 from lwm.train.config import ParallelConfig, StageConfig
-from lwm.train.plan import bounds
-from lwm.train.plan.devices import GIB, Device
-from lwm.train.plan.memory import Mesh, mesh_dims
 
 
 def check_mesh(mesh: Mesh, model: ModelConfig, parallel: ParallelConfig, what: str) -> None:
@@ -151,7 +151,7 @@ def longest_sequence(
     longest that fits and the shortest that does not, bisecting when the same end moves twice.
     Ends when a length fits and the next one up does not. host_fits(mesh), asked after its peak is
     planned: whether the node's host memory holds the mesh's offloaded tensors too (None: yes).
-    ceiling: the longest length planned (lwm.train.plan.bounds); where it fits, it is the answer."""
+    ceiling: the longest length planned (lwm.plan.bounds); where it fits, it is the answer."""
     points: dict[int, int] = {}
     top = ceiling // granule if ceiling else None
 

@@ -2,7 +2,7 @@
 memory: a fake process group (collectives that do nothing), rank 0's meshes and batch, a model
 allocated as fake tensors, op and host-sync counting, and checks that every parameter, gradient
 and AdamW moment is rank 0's FSDP2 shard. The step itself is lwm.train.step.train_step, the one
-LWMModule runs; lwm/train/plan/memory.py tracks its memory, lwm/train/fake_step.py is the command
+LWMModule runs; lwm/plan/memory.py tracks its memory, lwm/plan/fake_step.py is the command
 that reports it at mission scale.
 
 Fake tensors carry shapes, dtypes and devices, never values. The autograd engine cannot run a

@@ -1,13 +1,13 @@
 """One training step and one inference prefill at mission scale, without the memory: rank 0's view
 of a (dp, cp) run under FakeTensorMode and a fake process group.
 
-    python -m lwm.train.fake_step --preset 7b --seq-len 1048576 --cp 8 --dp 4
+    python -m lwm.plan.fake_step --preset 7b --seq-len 1048576 --cp 8 --dp 4
 
 The step is the real one, lwm.train.step.train_step as LWMModule runs it: the model built on the
 meta device, context-parallel attention (lwm.parallel.parallelize), FSDP2 with bf16 mixed precision
 (lwm.parallel.build_parallel_model), the loss and backward objective, clipping, AdamW and the
 schedule. This is the command; the fake process group, the fake allocation, the op counting and
-the shard checks are the planner's library (lwm/train/plan/fake.py), where fake tensors run as
+the shard checks are the planner's library (lwm/plan/fake.py), where fake tensors run as
 fake CPU tensors with the GPU's settings forced (the bf16 policy and the CUDA flash kernel).
 The sequence is packed from `documents` equal documents with document masks on: the batch is cut
 on the host as the datamodule cuts it, where the documents are read once (lwm.model.documents.
@@ -27,9 +27,8 @@ from lwm.model import ModelConfig
 from lwm.model.config import PRESETS
 from lwm.parallel import ParallelDims, meta_parallel_model
 from lwm.parallel.layout import check_divisible
-from lwm.train.config import ParallelConfig, StageConfig, stage_model_config
-from lwm.train.plan import bounds
-from lwm.train.plan.fake import (
+from lwm.plan import bounds
+from lwm.plan.fake import (
     GPU_SETTINGS,
     PlanFakeMode,
     PrefillResult,
@@ -43,7 +42,8 @@ from lwm.train.plan.fake import (
     run_step,
     start_fake_group,
 )
-from lwm.train.plan.memory import Mesh
+from lwm.plan.memory import Mesh
+from lwm.train.config import ParallelConfig, StageConfig, stage_model_config
 
 
 @dataclass

@@ -27,9 +27,9 @@ from lwm.parallel import (
     reshards_after_forward,
     state_offload,
 )
+from lwm.plan.fake import PlanFakeMode, fake, fake_allocate, make_batch, place, run_prefill, start_fake_group
+from lwm.plan.tracker import PeakTracker, PlanTracker, WorkCounter
 from lwm.train.config import OptimConfig, ParallelConfig, StageConfig
-from lwm.train.plan.fake import PlanFakeMode, fake, fake_allocate, make_batch, place, run_prefill, start_fake_group
-from lwm.train.plan.tracker import PeakTracker, PlanTracker, WorkCounter
 from lwm.train.step import build_optimizer, train_step
 
 HOST = torch.device("meta")  # the host memory of a planned step: what activation offload copies to

@@ -1,7 +1,7 @@
 """How close the plan comes, measured on this machine's CPU: the plan of a step (fake tensors, CPU
 settings: fp32, the CPU kernel) against the same step run for real over gloo, 1 or 2 processes.
 
-    python -m lwm.train.plan.accuracy --preset tiny --seq-lens 2048 8192 --cps 1 2
+    python -m lwm.plan.accuracy --preset tiny --seq-lens 2048 8192 --cps 1 2
 
 Memory: the tracker's peak in both (equal when the plan is right), and the real process's peak
 RSS growth (VmHWM after the steps less RSS before the model is built; glibc told to return freed
@@ -24,11 +24,11 @@ from lwm.model import ModelConfig
 from lwm.model.config import PRESETS
 from lwm.parallel import build_parallel_model, compute_settings
 from lwm.parallel.launch import run_distributed
+from lwm.plan.devices import cpu_device
+from lwm.plan.fake import make_batch, place
+from lwm.plan.memory import Mesh, plan_step, tracked_step
+from lwm.plan.time import step_time, step_work
 from lwm.train.config import OptimConfig, ParallelConfig, StageConfig, stage_model_config
-from lwm.train.plan.devices import cpu_device
-from lwm.train.plan.fake import make_batch, place
-from lwm.train.plan.memory import Mesh, plan_step, tracked_step
-from lwm.train.plan.time import step_time, step_work
 from lwm.train.step import build_optimizer, train_step
 
 MALLOC = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}

@@ -4,19 +4,20 @@ to run on and stop with a clear message if it will not fit.
     plan = preflight(cfg, stage, device_memory(), model=model_config)   # WillNotFit if it does not fit
 
 The plan is lwm-plan's (rank 0's real step under fake tensors, FSDP2's memory tracker, the second
-step's peak; lwm/train/plan/memory.py) with the same margins: the caching allocator's 5% and 1.5 GiB
+step's peak; lwm/plan/memory.py) with the same margins: the caching allocator's 5% and 1.5 GiB
 for the CUDA context and NCCL's buffers. Every rank of a striped or zigzag run holds the same
 memory; rank 0 also holds the largest FSDP shards (torch.chunk puts the remainder first).
 
-It runs in a child process (lwm.child runs lwm.train.plan.stage_plan.run, the job as JSON on stdin): a
+It runs in a child process (lwm.child runs lwm.plan.stage_plan.run, the job as JSON on stdin): a
 fake process group and FakeTensorMode cannot share a process with a run's real process group
 (the second stage of a schedule already has one), and the child leaves no global state behind.
 It sees no GPU (CUDA_VISIBLE_DEVICES is empty), so it allocates nothing on the device. It takes
 as long as lwm-plan's plan of the stage: about 5-40 s for the 7b preset on 2 CPU cores, longer
 when the stage does not fit (the search for the smallest cp that does).
 
-This module is what training imports; it imports nothing that imports training (lwm.train.run),
-so run.py can call it. The planning itself is lwm/train/plan/stage_plan.py.
+This module is what training imports: what the child plans and answers (PreflightJob, StagePlan: plain
+dataclasses carried as JSON) and how a run asks. The planning itself is lwm/plan/stage_plan.py, in the
+planner's package above training; a run names it for its child and never imports it.
 """
 
 from __future__ import annotations
@@ -25,14 +26,78 @@ import dataclasses
 import json
 import os
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from lwm.child import run_in_child
 from lwm.configs import from_dict
 from lwm.model import ModelConfig
 from lwm.parallel.launch import single_process_env
-from lwm.train.config import RunConfig, StageConfig
-from lwm.train.plan.job import PreflightJob, StagePlan, size  # noqa: F401  (PreflightJob: the callers')
+from lwm.train.config import OptimConfig, ParallelConfig, RunConfig, StageConfig
+
+GIB = 2**30
+
+
+@dataclass
+class PreflightJob:
+    """What the child plans: the stage's step of `model` (before the stage's RoPE theta and length,
+    which the child applies) on `world` GPUs of `device_bytes` each."""
+
+    model: ModelConfig
+    stage: StageConfig
+    parallel: ParallelConfig
+    optim: OptimConfig
+    world: int
+    device_bytes: int
+    reserved_gib: float = 1.5  # the CUDA context and NCCL's buffers (lwm.plan.devices.Device)
+    fragmentation: float = 0.05  # the caching allocator's rounding and fragmentation
+    device: str = "cuda"  # cuda: bf16 compute on fp32 shards, the CUDA flash kernel; cpu: fp32, the CPU kernel
+    out: str = ""  # where the child writes its StagePlan as JSON (plan_in_child sets it)
+    ranks_per_node: int = 8  # the run's ranks on one node (trainer.devices): they share its host memory
+
+
+@dataclass
+class StagePlan:
+    """The preflight's answer: the stage's mesh, rank 0's planned peak and what it needs with the
+    margins, on a device of device_bytes."""
+
+    stage: str
+    seq_len: int
+    cp: int
+    dp: int
+    batch: int  # sequences per data-parallel rank
+    peak_bytes: int
+    needs_bytes: float
+    device_bytes: int
+    reserved_gib: float
+    fragmentation: float
+    parts: dict[str, int] = field(default_factory=dict)
+    tp: int = 1
+    fits_with: dict | None = None  # when it does not fit: the smallest larger cp that does ({"cp", "dp", "batch"})
+    why: str = ""  # when it does not fit: the search's answer in full
+
+    @property
+    def fits(self) -> bool:
+        return self.needs_bytes <= self.device_bytes
+
+    def summary(self) -> str:
+        margins = f"{self.fragmentation:.0%} for the allocator"
+        if self.reserved_gib:
+            margins += f" and {self.reserved_gib:.2f} GiB for the CUDA context and NCCL"
+        return (
+            f"stage {self.stage!r} (seq_len {self.seq_len}, cp {self.cp}, dp {self.dp}"
+            + (f", tp {self.tp}" if self.tp > 1 else "")
+            + f", {self.batch} sequence(s) per "
+            f"data-parallel rank): planned peak {size(self.peak_bytes)} per rank, {size(self.needs_bytes)} with "
+            f"{margins}, on a device of {size(self.device_bytes)}"
+        )
+
+
+def size(n: float) -> str:
+    return f"{n / GIB:.2f} GiB" if n >= GIB / 10 else f"{n / 2**20:.2f} MiB"
+
+
+PLANNER = "lwm.plan.stage_plan:run"  # what plan_in_child runs in its child (lwm.child resolves the name)
 
 
 class WillNotFit(RuntimeError):
@@ -100,15 +165,15 @@ def preflight(
 
 
 def plan_in_child(job: PreflightJob) -> StagePlan:
-    """lwm.train.plan.stage_plan.run(job) in a process of its own (lwm.child) -> its StagePlan (written to
-    a file), with no GPU visible to it."""
-    from lwm.train.plan import stage_plan  # the planner's modules load only when a stage is planned
+    """lwm.plan.stage_plan.run(job) in a process of its own (lwm.child) -> its StagePlan (written to a file),
+    with no GPU visible to it. The planner is named, not imported: it is a package above training, run as its
+    own program."""
 
     with tempfile.TemporaryDirectory(prefix="lwm-preflight-") as tmp:
         out, err = Path(tmp) / "plan.json", Path(tmp) / "stderr"
         env = single_process_env() | {"CUDA_VISIBLE_DEVICES": ""}
         with open(err, "w+b") as stderr:
-            code = run_in_child(stage_plan.run, dataclasses.replace(job, out=str(out)), env=env, stderr=stderr)
+            code = run_in_child(PLANNER, dataclasses.replace(job, out=str(out)), env=env, stderr=stderr)
         if code != 0 or not out.is_file():
             tail = err.read_text(errors="replace").strip().splitlines()[-3:]
             raise RuntimeError(f"preflight could not plan stage {job.stage.name!r} (exit {code}): " + " | ".join(tail))

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from lwm.model import ModelConfig
+from lwm.plan.devices import Device
+from lwm.plan.memory import Mesh, StepMemory, mesh_dims
 from lwm.train.config import ParallelConfig
-from lwm.train.plan.devices import Device
-from lwm.train.plan.memory import Mesh, StepMemory, mesh_dims
 
 CHUNK = 16384  # tokens per chunk of the tiled norms and MLP: fp32 work of 256 MiB at dim 4096
 

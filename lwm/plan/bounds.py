@@ -18,7 +18,7 @@ cores; qwen3_8b at 16M on 32: 13,824 ring steps).
 from __future__ import annotations
 
 from lwm.model import ModelConfig
-from lwm.train.plan.memory import Mesh
+from lwm.plan.memory import Mesh
 
 MAX_WORLD = 16384  # GPUs: the fake group's mesh is built on the host, linear in the world
 MAX_SEQ_LEN = 2**25  # tokens of one sequence (or prompt), made whole on the host: about 1 GB

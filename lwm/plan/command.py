@@ -13,15 +13,14 @@ import sys
 from dataclasses import asdict, fields
 from pathlib import Path
 
-from lwm.train.config import ParallelConfig, StageConfig, stage_model_config
-from lwm.train.plan import bounds, report
-from lwm.train.plan.advice import cheapest_fit
-from lwm.train.plan.config import PlanConfig, compose_run
-from lwm.train.plan.devices import GIB, parse_device
-from lwm.train.plan.fake import GPU_SETTINGS
-from lwm.train.plan.infer import plan_inference
-from lwm.train.plan.memory import Mesh, plan_step
-from lwm.train.plan.search import (
+from lwm.plan import bounds, report
+from lwm.plan.advice import cheapest_fit
+from lwm.plan.config import PlanConfig, compose_run
+from lwm.plan.devices import GIB, parse_device
+from lwm.plan.fake import GPU_SETTINGS
+from lwm.plan.infer import plan_inference
+from lwm.plan.memory import Mesh, plan_step
+from lwm.plan.search import (
     check_mesh,
     longest_sequence,
     no_fit,
@@ -29,7 +28,8 @@ from lwm.train.plan.search import (
     stage_dp,
     stage_meshes,
 )
-from lwm.train.plan.time import step_time, step_work
+from lwm.plan.time import step_time, step_work
+from lwm.train.config import ParallelConfig, StageConfig, stage_model_config
 
 NODE = 8  # GPUs per node when --cp/--dp give the world directly (an HGX node)
 
@@ -95,7 +95,7 @@ def run(config: PlanConfig) -> dict:
     given = "--cp x --dp x --tp" if config.dp else "trainer.devices x trainer.num_nodes"
     bounds.check_world(world, f"{given} = {world}")
     planned = planned_stages(config, run_cfg, world)
-    # Document masks are off: their runs are read on the host (lwm.train.fake_step's docstring).
+    # Document masks are off: their runs are read on the host (lwm.plan.fake_step's docstring).
     parallel = dataclasses.replace(run_cfg.parallel, document_mask=False)
     if config.infer:
         infer_cp = config.cp or world

@@ -13,10 +13,10 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from lwm.model import ModelConfig
-from lwm.train.plan.devices import Device
-from lwm.train.plan.fake import GPU_SETTINGS
-from lwm.train.plan.memory import plan_prefill
-from lwm.train.plan.time import matmul_params
+from lwm.plan.devices import Device
+from lwm.plan.fake import GPU_SETTINGS
+from lwm.plan.memory import plan_prefill
+from lwm.plan.time import matmul_params
 
 PREFILL_CHUNK = 8192  # Generator's default: prompt tokens per rank per segment
 LATENCY_S = {"NVLink": 10e-6, "IB": 20e-6}

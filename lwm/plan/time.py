@@ -42,8 +42,8 @@ from dataclasses import dataclass
 
 from lwm.model import ModelConfig
 from lwm.parallel.schedule import block_plan, block_work
-from lwm.train.plan.devices import Device
-from lwm.train.plan.memory import Mesh, StepMemory
+from lwm.plan.devices import Device
+from lwm.plan.memory import Mesh, StepMemory
 
 
 def attention_params(config: ModelConfig) -> int:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from lwm.train.plan import tracker
-from lwm.train.plan.devices import GIB, Device
+from lwm.plan import tracker
+from lwm.plan.devices import GIB, Device
 
 AT_THE_PEAK = 3  # the breakdown's largest groups a stage's table line names (plan.json has them all)
 

@@ -1,0 +1,3 @@
+from lwm.plan.command import main
+
+raise SystemExit(main())

@@ -1,3 +1,0 @@
-from lwm.train.plan.command import main
-
-raise SystemExit(main())
