@@ -24,11 +24,11 @@ import torch
 from omegaconf import DictConfig
 
 from lwm.doc_sections import host_line, write_section
-from lwm.train.vqgan.frames import FrameData
-from lwm.train.vqgan.lit_vqgan import LitVQGAN
-from lwm.train.vqgan.run_config import VQGANRunConfig, from_hydra
 from lwm.vision.checkpoint import save_vqgan
 from lwm.vision.vqgan import VQGAN
+from lwm.vqgan_training.frames import FrameData
+from lwm.vqgan_training.lit_vqgan import LitVQGAN
+from lwm.vqgan_training.run_config import VQGANRunConfig, from_hydra
 
 
 def make_trainer(run: VQGANRunConfig, out: Path):

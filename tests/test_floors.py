@@ -11,7 +11,20 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 # From the ground up (README, "The layout"); floor 0 is the shared modules lwm/<name>.py.
-FLOORS = ["model", "parallel", "data", "vision", "interop", "video", "infer", "synth", "eval", "train", "plan"]
+FLOORS = [
+    "model",
+    "parallel",
+    "data",
+    "vision",
+    "interop",
+    "video",
+    "infer",
+    "synth",
+    "eval",
+    "train",
+    "plan",
+    "vqgan_training",
+]
 TOP = {"lwm.demo"}  # lwm-demo: a command over the model, above everything in the package
 
 

@@ -193,7 +193,7 @@ def test_a_full_disk_names_the_file_and_leaves_no_temp(tmp_path, monkeypatch):
 
 
 def test_readers_on_a_partial_last_line(tmp_path):
-    from lwm.train.vqgan.frames import read_index
+    from lwm.vqgan_training.frames import read_index
 
     index = jsonl(tmp_path / "videos.jsonl", [{"path": "v/a.mp4"}, {"path": "v/b.mp4"}], '{"path": "v/c')
     assert read_index(index) == [tmp_path / "v/a.mp4", tmp_path / "v/b.mp4"]

@@ -12,9 +12,9 @@ import pytest
 from lwm.train.config import StageConfig
 from lwm.train.lr import lr_factor
 from lwm.train.step import lr_lambda
-from lwm.train.vqgan.config import VQGANTrainConfig
-from lwm.train.vqgan.lit_vqgan import LitVQGAN
 from lwm.vision import VQGANConfig
+from lwm.vqgan_training.config import VQGANTrainConfig
+from lwm.vqgan_training.lit_vqgan import LitVQGAN
 
 RATIOS = (0.0, 0.1, 0.2, 1 / 3, 0.5, 0.7, 1.0)
 

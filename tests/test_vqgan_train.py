@@ -1,4 +1,4 @@
-"""VQGAN training (train_vqgan.py, lwm/train/vqgan/lit_vqgan.py and helpers): losses go down, dead codes are
+"""VQGAN training (train_vqgan.py, lwm/vqgan_training/lit_vqgan.py and helpers): losses go down, dead codes are
 revived, usage/perplexity and the adaptive GAN weight are computed right, the grid PNG, the configs.
 
 Longer than most test files: one subject's tests kept together, beside the helpers they share.
@@ -16,14 +16,14 @@ import torch
 from hydra import compose, initialize_config_dir
 from PIL import Image
 
-from lwm.train.vqgan.config import VQGANTrainConfig
-from lwm.train.vqgan.discriminator import GANConfig, PatchDiscriminator, adaptive_weight, hinge_d_loss
-from lwm.train.vqgan.frames import FrameDataset, FramesConfig, read_index, split_videos
-from lwm.train.vqgan.grid import recon_grid, save_grid
-from lwm.train.vqgan.lit_vqgan import LitVQGAN, frame_psnr
-from lwm.train.vqgan.run_config import VQGANTrainerConfig, from_hydra
 from lwm.vision import VQGANConfig
 from lwm.vision.codebook import CodeUsage, EMACodebook, code_histogram, perplexity, restart_codes, usage_fraction
+from lwm.vqgan_training.config import VQGANTrainConfig
+from lwm.vqgan_training.discriminator import GANConfig, PatchDiscriminator, adaptive_weight, hinge_d_loss
+from lwm.vqgan_training.frames import FrameDataset, FramesConfig, read_index, split_videos
+from lwm.vqgan_training.grid import recon_grid, save_grid
+from lwm.vqgan_training.lit_vqgan import LitVQGAN, frame_psnr
+from lwm.vqgan_training.run_config import VQGANTrainerConfig, from_hydra
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"

@@ -1,3 +1,3 @@
-"""Training runs (floor 10, the top of the package): train.py's LM schedule (config, run, module,
-datamodule, checkpointing, export, the fake-tensor step) and the VQGAN's (vqgan/, train_vqgan.py).
-Nothing below imports from here."""
+"""train.py's training runs (floor 10): the run's configs, the one training step, the LightningModule,
+datamodule, checkpointing, export and the preflight's request. The planner (lwm.plan) and the VQGAN's
+training (lwm.vqgan_training) are packages above it; nothing below imports from here."""

@@ -1,5 +1,5 @@
 """Vision: the VQGAN video tokenizer (encoder, quantizer, decoder) and its checkpoints; its training is
-lwm.train.vqgan, video reading and lwm-tokenize are lwm.video."""
+lwm.vqgan_training, video reading and lwm-tokenize are lwm.video."""
 
 from lwm.vision.vqgan import VQGAN, VQGANOutput
 from lwm.vision.vqgan_config import PRESETS, TOKENS_PER_FRAME, VQGANConfig

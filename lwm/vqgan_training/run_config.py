@@ -17,9 +17,9 @@ from typing import NamedTuple
 
 from lwm.configs import from_dict
 from lwm.train.config import TrainerBase
-from lwm.train.vqgan.config import VQGANTrainConfig
-from lwm.train.vqgan.frames import FramesConfig
 from lwm.vision.vqgan_config import VQGANConfig
+from lwm.vqgan_training.config import VQGANTrainConfig
+from lwm.vqgan_training.frames import FramesConfig
 
 PRECISIONS = ("32-true", "bf16-mixed")
 

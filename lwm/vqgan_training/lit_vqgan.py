@@ -26,12 +26,12 @@ import torch.nn.functional as F
 from lightning.pytorch.callbacks import Timer
 
 from lwm.train.lr import lr_factor
-from lwm.train.vqgan.config import VQGANTrainConfig
-from lwm.train.vqgan.discriminator import PatchDiscriminator, adaptive_weight, generator_loss, hinge_d_loss
-from lwm.train.vqgan.grid import save_grid
 from lwm.vision.codebook import CodeUsage, EMACodebook, code_histogram, perplexity, restart_codes, usage_fraction
 from lwm.vision.vqgan import VQGAN
 from lwm.vision.vqgan_config import VQGANConfig
+from lwm.vqgan_training.config import VQGANTrainConfig
+from lwm.vqgan_training.discriminator import PatchDiscriminator, adaptive_weight, generator_loss, hinge_d_loss
+from lwm.vqgan_training.grid import save_grid
 
 
 def frame_psnr(x: torch.Tensor, recon: torch.Tensor) -> torch.Tensor:

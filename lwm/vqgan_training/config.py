@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from lwm.configs import from_dict
 from lwm.train.lr import SCHEDULES
-from lwm.train.vqgan.discriminator import GANConfig
+from lwm.vqgan_training.discriminator import GANConfig
 
 
 @dataclass
