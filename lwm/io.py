@@ -17,7 +17,7 @@ as a failed item and go on (lwm/eval/video_qa/) take the raw lines (`lines`) and
 Nothing here keeps a Python object per line: a data source of millions of lines is an index of byte
 offsets (LineIndex), and each line is read from the file when it is wanted.
 
-A full disk is NoSpaceLeft naming the file (lwm.writes, where every write that must not be left
+A full disk is NoSpaceLeft naming the file (lwm.disk.writes, where every write that must not be left
 half done lives).
 """
 
@@ -34,7 +34,7 @@ from typing import Any, BinaryIO, Callable, Iterator
 
 import numpy as np
 
-from lwm.writes import writes_to
+from lwm.disk.writes import writes_to
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from dataclasses import asdict
 import pytest
 import torch
 
-from lwm.checkpoint_io import CheckpointError, check_sharded, load_verified, save_verified
+from lwm.disk.checkpoints import CheckpointError, check_sharded, load_verified, save_verified
 from lwm.interop.stage_outputs import load_stage
 from lwm.model import ModelConfig
 from lwm.train import rng
@@ -245,7 +245,7 @@ def small_tmpfs(tmp_path):
 
 
 def test_a_full_disk_during_a_checkpoint_write_is_named_and_keeps_the_previous_one(small_tmpfs):
-    from lwm.writes import NoSpaceLeft
+    from lwm.disk.writes import NoSpaceLeft
 
     path = small_tmpfs / "last.ckpt"
     save_verified({"step": 1, "w": torch.zeros(1000)}, path)
@@ -259,7 +259,7 @@ def sharded_stage(tmp_path) -> pathlib.Path:
     """A stage folder whose last.ckpt is a sharded checkpoint with its SHA256SUMS, as the strategy writes."""
     import torch.distributed.checkpoint as dcp
 
-    from lwm.checkpoint_io import sha256, write_sums
+    from lwm.disk.checkpoints import sha256, write_sums
 
     stage = tmp_path / "stage"
     last = stage / "checkpoints" / "last.ckpt"
@@ -285,7 +285,7 @@ def test_a_sharded_checkpoint_read_as_weights_is_verified(tmp_path):
 
 @pytest.mark.parametrize("name", ["../../secret", "/etc/passwd"])
 def test_checksum_lists_never_name_a_file_outside_their_folder(tmp_path, name):
-    from lwm.checkpoint_io import verify_folder
+    from lwm.disk.checkpoints import verify_folder
 
     last = sharded_stage(tmp_path) / "checkpoints" / "last.ckpt"
     (last / "SHA256SUMS").write_text(f"{'0' * 64}  {name}\n")
@@ -332,7 +332,7 @@ def test_a_full_disk_during_a_sharded_checkpoint_write_is_named_and_keeps_the_pr
     import torch.distributed.checkpoint as dcp
     from lightning.pytorch.strategies import ModelParallelStrategy
 
-    from lwm.writes import NoSpaceLeft
+    from lwm.disk.writes import NoSpaceLeft
 
     def dcp_save(self, checkpoint, filepath, storage_options=None):
         dcp.save(checkpoint, checkpoint_id=filepath, no_dist=True)

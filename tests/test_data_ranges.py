@@ -10,7 +10,7 @@ from train_runs import composed, main_in_process
 
 from lwm.data import DataConfig, Source
 from lwm.data.dataset import PLAN_BYTES
-from lwm.weights import host_memory
+from lwm.disk.weights import host_memory
 
 REFUSED = [
     (["+data.sources.qa.repeat=-2"], r"data\.sources\.qa: repeat .* must be >= 1, got -2"),

@@ -13,9 +13,9 @@ import pytest
 from safetensors import SafetensorError
 from train_runs import main_in_process
 
+from lwm.disk.weights import save_weights
 from lwm.model import ModelConfig, Transformer
 from lwm.train.export import main as export_main
-from lwm.weights import save_weights
 
 FULL = "Error while serializing: I/O error: No space left on device (os error 28)"
 

@@ -9,9 +9,9 @@ from dataclasses import asdict
 import pytest
 import torch
 
+from lwm.disk.weights import read_weights, save_weights
 from lwm.model import ModelConfig, Transformer
 from lwm.train.export import main
-from lwm.weights import read_weights, save_weights
 
 
 @pytest.fixture
@@ -72,7 +72,7 @@ JUNK = [b"(junk", b"tea", b"e\x9a\x8f", b"hello", b"j\x01h", b"G", b"M", b"\x80\
 
 @pytest.mark.parametrize("junk", JUNK, ids=repr)
 def test_junk_bytes_are_named_as_not_weights(tmp_path, junk):
-    from lwm.checkpoint_io import CheckpointError, load_verified
+    from lwm.disk.checkpoints import CheckpointError, load_verified
 
     path = tmp_path / "w.pt"
     path.write_bytes(junk + b"\n")
@@ -97,7 +97,7 @@ def test_a_vqgan_that_is_not_one_is_refused_before_anything_is_written(stage, tm
 
 
 def test_weights_are_written_with_a_checksum_and_verified_on_read(tmp_path):
-    from lwm.checkpoint_io import CheckpointError
+    from lwm.disk.checkpoints import CheckpointError
 
     path = save_weights({"w": torch.arange(64.0)}, tmp_path / "a" / "final.safetensors")
     assert sorted(p.name for p in path.parent.iterdir()) == ["final.safetensors", "final.safetensors.sha256"]
@@ -156,8 +156,8 @@ def test_export_never_writes_through_a_symlink(stage, tmp_path, capsys):
 
 
 def test_export_replaces_its_own_earlier_export_exactly(stage, tmp_path, capsys):
+    from lwm.disk.writes import OWN_FILES
     from lwm.paths import TINY_VQGAN
-    from lwm.writes import OWN_FILES
 
     out = tmp_path / "hf"
     first = exported(stage, out, capsys, "--vqgan", TINY_VQGAN)

@@ -41,7 +41,7 @@ def test_overwrite_refuses_a_folder_that_holds_no_run(tmp_path, monkeypatch, cap
 
 
 def test_overwrite_takes_an_empty_folder_and_clears_only_a_run(tmp_path):
-    from lwm.train.run_folder import check, clear
+    from lwm.disk.run_folder import check, clear
 
     (tmp_path / "train.lock").write_text("{}")  # the run's own lock, held while check runs again
     assert check(tmp_path, {}, overwrite=True) is False
@@ -83,7 +83,7 @@ def test_a_symlinked_out_dir_is_resolved_and_said(tmp_path, monkeypatch, capsys)
 def test_a_loop_of_symlinks_is_refused_naming_it(tmp_path):
     import pytest
 
-    from lwm.train.run_folder import OtherRun, resolved
+    from lwm.disk.run_folder import OtherRun, resolved
 
     (tmp_path / "x").symlink_to(tmp_path / "y")
     (tmp_path / "y").symlink_to(tmp_path / "x")

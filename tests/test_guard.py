@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from train_runs import main_in_process
 
-from lwm.checkpoint_io import load_verified
+from lwm.disk.checkpoints import load_verified
 from lwm.model import ModelConfig, Transformer
 from lwm.train.config import OptimConfig, StageConfig
 from lwm.train.module import LWMModule

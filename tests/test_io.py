@@ -168,7 +168,7 @@ def test_a_line_over_the_limit_is_counted_never_held(tmp_path, monkeypatch):
 
 
 def test_a_full_disk_names_the_file_and_leaves_no_temp(tmp_path, monkeypatch):
-    from lwm.writes import NoSpaceLeft, write_atomic
+    from lwm.disk.writes import NoSpaceLeft, write_atomic
 
     def fsync(fd, error=errno.ENOSPC):
         raise OSError(error, os.strerror(error))

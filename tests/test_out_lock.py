@@ -1,4 +1,4 @@
-"""lwm.out_lock: one run per output folder. A second run is refused naming the holder; a holder killed
+"""lwm.disk.folder_lock: one run per output folder. A second run is refused naming the holder; a holder killed
 with SIGKILL leaves a lock the next run takes over; the same where the filesystem has no flock."""
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-import lwm.out_lock
-from lwm.out_lock import FolderLocked, output_lock
+import lwm.disk.folder_lock
+from lwm.disk.folder_lock import FolderLocked, output_lock
 from lwm.processes import state
 
 ROOT = Path(__file__).resolve().parents[1]
 HOLD = """import sys
-from lwm.out_lock import output_lock
+from lwm.disk.folder_lock import output_lock
 with output_lock(sys.argv[1], "run"):
     print("held", flush=True)
     sys.stdin.read()
@@ -78,7 +78,7 @@ def no_flock(monkeypatch):
     def flock(fd, op):
         raise OSError(errno.ENOLCK, "No locks available")
 
-    monkeypatch.setattr(lwm.out_lock.fcntl, "flock", flock)
+    monkeypatch.setattr(lwm.disk.folder_lock.fcntl, "flock", flock)
 
 
 def test_without_flock_a_zombie_holder_holds_nothing(tmp_path, no_flock):

@@ -8,7 +8,7 @@ from __future__ import annotations
 from omegaconf import OmegaConf
 from train_runs import main_in_process
 
-from lwm.train.run_folder import clear, differences
+from lwm.disk.run_folder import clear, differences
 
 SHORT = ["stage_only=a", "schedule.stages.0.steps=4"]
 

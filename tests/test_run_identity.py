@@ -10,7 +10,7 @@ import pytest
 from omegaconf import OmegaConf
 from train_runs import ROOT, main_in_process
 
-from lwm.train.run_folder import differences
+from lwm.disk.run_folder import differences
 
 SHORT = ["stage_only=a", "schedule.stages.0.steps=2"]
 # what the preflight suggests when a stage does not fit, and how the data is read: none changes the weights
@@ -74,7 +74,7 @@ def test_a_command_refused_before_its_first_step_holds_no_run(tmp_path, monkeypa
 
 
 def test_a_finished_step_is_final_weights_a_checkpoint_or_a_metrics_row(tmp_path):
-    from lwm.train.run_folder import stepped
+    from lwm.disk.run_folder import stepped
 
     config = {"schedule": {"stages": [{"name": "a"}, {"name": "b"}]}}
     (tmp_path / "b" / "logs").mkdir(parents=True)

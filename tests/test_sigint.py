@@ -16,7 +16,7 @@ import time
 
 from train_runs import DEBUG, ROOT, STOPPED, main_in_process
 
-from lwm.checkpoint_io import load_verified
+from lwm.disk.checkpoints import load_verified
 
 
 def test_ctrl_c_saves_where_the_stage_is_and_the_rerun_resumes(tmp_path, monkeypatch, capsys):

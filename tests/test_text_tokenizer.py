@@ -353,9 +353,9 @@ def test_to_hf_writes_the_tokenizers_ids_into_config_and_generation_config(made,
 def test_export_command_takes_the_bases_folder(made, tmp_path, capsys):
     from dataclasses import asdict
 
+    from lwm.disk.weights import save_weights
     from lwm.model import ModelConfig, Transformer
     from lwm.train.export import main
-    from lwm.weights import save_weights
 
     stage = tmp_path / "a"
     (stage / "checkpoints").mkdir(parents=True)

@@ -296,7 +296,7 @@ def test_stem_ids_and_clashes(tmp_path):
 def test_a_second_run_on_the_folder_is_refused(data, tmp_path, capsys):
     """Two runs on one --out would do every video twice: the second is refused naming the first, and
     writes nothing."""
-    from lwm.out_lock import output_lock
+    from lwm.disk.folder_lock import output_lock
 
     out, source = tmp_path / "out", [str(data["good"]["tiny"])]
     with output_lock(out, "lwm-tokenize"):

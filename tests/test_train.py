@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file
 from train_runs import DEBUG, ROOT, STOPPED, forked_train, losses, main_in_process, train
 
-from lwm.checkpoint_io import load_verified
+from lwm.disk.checkpoints import load_verified
 from lwm.train.config import validate
 from lwm.train.entry import to_run_config
 
@@ -428,7 +428,7 @@ def test_preflight_stops_a_stage_that_will_not_fit(tmp_path, monkeypatch, capsys
 
 
 def test_a_second_run_on_one_folder_is_refused(tmp_path, monkeypatch, capsys):
-    from lwm.out_lock import output_lock
+    from lwm.disk.folder_lock import output_lock
 
     with output_lock(tmp_path, "train"):
         code, err = _main_exit(monkeypatch, capsys, tmp_path, "stage_only=a")
@@ -491,7 +491,7 @@ def test_init_hf_is_checked_before_anything_is_built_or_written(tmp_path, monkey
 def test_a_full_disk_is_named_with_its_own_status(tmp_path, monkeypatch, capsys):
     import errno
 
-    from lwm.writes import NoSpaceLeft
+    from lwm.disk.writes import NoSpaceLeft
 
     def full(cfg):
         raise NoSpaceLeft(tmp_path / "a" / "final.safetensors", OSError(errno.ENOSPC, "No space left on device"))
@@ -506,8 +506,8 @@ def test_a_damaged_previous_stage_is_refused_naming_it(tmp_path, monkeypatch, ca
     """stage_only=b starts from a/final.safetensors: cut short (no checksum beside it, as copied from
     elsewhere) or with a flipped byte (its checksum disagrees), it is refused with exit 2 as stage b
     builds its model, before a step."""
+    from lwm.disk.weights import save_weights
     from lwm.model import ModelConfig, Transformer
-    from lwm.weights import save_weights
 
     final = save_weights(
         Transformer(ModelConfig.from_preset("debug")).state_dict(), tmp_path / "a" / "final.safetensors"

@@ -384,10 +384,10 @@ def test_safetensors_headers_are_checked_against_the_file_before_mapping(
 ):
     """Every reader of safetensors: the one weights reader, a Hugging Face folder (lwm-generate
     --model, schedule.init_hf), a diffusers VQGAN folder (lwm-generate --vqgan)."""
+    from lwm.disk.weights import WeightsError, read_weights
     from lwm.infer.cli import main as generate_main
     from lwm.interop.hf import check_hf_folder
     from lwm.interop.vqgan_sources import load_vqgan
-    from lwm.weights import WeightsError, read_weights
 
     lone = safetensors_file(tmp_path / "w.safetensors", entries, data, apparent)
     with pytest.raises(WeightsError, match=re.escape(f"{lone} {message}")):

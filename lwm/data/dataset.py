@@ -42,7 +42,7 @@ from lwm.data.plan import Plan, PlanFiles, plan
 from lwm.data.sources import SourceError, check_columns, check_readable, check_record_keys
 from lwm.data.text_tokenizer import TextTokenizer
 from lwm.data.vocab import Vocab
-from lwm.weights import host_memory
+from lwm.disk.weights import host_memory
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ from tqdm import tqdm
 from lwm.data.example import Encoder, ExampleError
 from lwm.data.form import Form
 from lwm.data.sources import JsonlSource, ParquetSource, SourceError, open_source, source_format, source_kind
-from lwm.writes import atomic_file
+from lwm.disk.writes import atomic_file
 
 log = logging.getLogger(__name__)
 

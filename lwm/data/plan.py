@@ -28,7 +28,7 @@ import numpy as np
 from filelock import FileLock
 
 from lwm.data.packing import OVERFLOW, pieces
-from lwm.writes import atomic_file
+from lwm.disk.writes import atomic_file
 
 log = logging.getLogger(__name__)
 

@@ -16,6 +16,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from lwm.disk.writes import write_atomic
 from lwm.eval.plots import heatmap, human_count
 from lwm.eval.trials import group_of, run_trials
 from lwm.infer import GenerationConfig
@@ -34,7 +35,6 @@ from lwm.synth.needle_prompts import (
     number_range,
     question_for,
 )
-from lwm.writes import write_atomic
 
 
 def found_in(number: int, answer: str) -> bool:

@@ -15,12 +15,12 @@ from typing import Callable, Sequence
 import numpy as np
 
 from lwm.data.chat import chat_prompt
+from lwm.disk.writes import write_atomic
 from lwm.eval.plots import heatmap
 from lwm.eval.trials import group_of, run_trials
 from lwm.infer import GenerationConfig
 from lwm.parallel.comm import run_agreed
 from lwm.synth.make_vniah import NEEDLE_COLORS, QUESTION, code_pool
-from lwm.writes import write_atomic
 
 METHODS = ("generated", "ll")
 EVAL_SEED = 3 * 10**6  # the frame pools: make_vniah trains on seed 0.. and holds out 10**6..

@@ -23,13 +23,13 @@ import torch
 from tqdm import tqdm
 
 from lwm.data.text_tokenizer import TextTokenizer
+from lwm.disk.writes import check_output_folder, staged_folder
 from lwm.interop.bundle import write_bundle_info
 from lwm.interop.hf import to_hf
 from lwm.interop.lwm_jax import convert_params
 from lwm.interop.lwm_params import load_lwm_config, parse_load_string, read_params
 from lwm.interop.lwm_vqgan import from_lwm_vqgan
 from lwm.model import Transformer
-from lwm.writes import check_output_folder, staged_folder
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import torch
 
+from lwm.disk.weights import check_safetensors
 from lwm.interop.keymap import KeyMap
 from lwm.vision.vqgan import VQGAN
 from lwm.vision.vqgan_config import TOKENS_PER_FRAME, VQGANConfig
-from lwm.weights import check_safetensors
 
 # Sub-modules of one ResNet block: ours -> diffusers'.
 _RESNET = {"norm1": "norm1", "conv1": "conv1", "norm2": "norm2", "conv2": "conv2", "shortcut": "conv_shortcut"}

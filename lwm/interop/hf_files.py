@@ -16,8 +16,8 @@ from pathlib import Path, PurePosixPath
 import torch
 from safetensors import SafetensorError, safe_open
 
+from lwm.disk.weights import check_safetensors, read_weights
 from lwm.interop.hf_families import family_named
-from lwm.weights import check_safetensors, read_weights
 
 CONFIG = "config.json"
 INDEX = "model.safetensors.index.json"

@@ -1,6 +1,6 @@
 """Our own training outputs as weights + model config: a stage folder (final.safetensors, else
 checkpoints/last.ckpt), a final.safetensors, or a Lightning checkpoint (file or sharded folder).
-The model's shape and RoPE theta come from the stage folder's model_config.json (lwm.stage_folder: the
+The model's shape and RoPE theta come from the stage folder's model_config.json (lwm.disk.stage_folder: the
 layout)."""
 
 from __future__ import annotations
@@ -11,16 +11,16 @@ from pathlib import Path
 
 import torch
 
-from lwm.checkpoint_io import CheckpointError, check_sharded, load_verified, verify_folder
 from lwm.configs import from_dict
+from lwm.disk.checkpoints import CheckpointError, check_sharded, load_verified, verify_folder
+from lwm.disk.stage_folder import StageFolder
+from lwm.disk.weights import read_weights
 from lwm.model import ModelConfig
-from lwm.stage_folder import StageFolder
-from lwm.weights import read_weights
 
 
 def checkpoint_weights(path: Path) -> dict[str, torch.Tensor]:
     """The model's full state dict from a Lightning checkpoint (file or sharded folder), read
-    without unpickling anything but tensors and plain data (lwm.checkpoint_io)."""
+    without unpickling anything but tensors and plain data (lwm.disk.checkpoints)."""
     if path.is_dir():  # distributed checkpoint: checked, then gathered into one file
         from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import torch
 
+from lwm.disk.weights import read_weights
 from lwm.interop.diffusers import from_diffusers
 from lwm.vision.checkpoint import config_path, weights_hash
 from lwm.vision.vqgan import VQGAN
 from lwm.vision.vqgan_config import VQGANConfig
-from lwm.weights import read_weights
 
 
 def open_vqgan(source: str | Path | None = None, preset: str | None = None) -> tuple[VQGAN, dict]:

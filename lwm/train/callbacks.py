@@ -17,9 +17,10 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
+from lwm.disk.stage_folder import KEPT_METRICS
+from lwm.disk.writes import write_atomic
 from lwm.model import ModelConfig
 from lwm.ranks import is_rank0
-from lwm.writes import write_atomic
 
 # each kind's mean cross entropy, logged every step: nan where the step has no target of the kind
 KIND_LOSSES = ("train/text_loss", "train/vision_loss")
@@ -136,9 +137,6 @@ class StageProgress(TQDMProgressBar):
         metrics = super().get_metrics(trainer, pl_module)
         metrics.pop("v_num", None)  # the logger's version name, not a metric
         return metrics
-
-
-KEPT_METRICS = "metrics.kept.csv"  # a resumed stage's rows until it finishes
 
 
 class MetricHistory(L.Callback):

@@ -1,5 +1,5 @@
-"""A stage's checkpoints from saving to resuming, in one place (lwm.checkpoint_io does the files and
-their checksums; lwm.stage_folder says where they are):
+"""A stage's checkpoints from saving to resuming, in one place (lwm.disk.checkpoints does the files and
+their checksums; lwm.disk.stage_folder says where they are):
 
 - when: StageCheckpoint writes checkpoints/last.ckpt every trainer.checkpoint_every steps and at the
   step a stage stops before its end;
@@ -24,7 +24,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch.distributed.checkpoint.api import CheckpointException
 
-from lwm.checkpoint_io import (
+from lwm.disk.checkpoints import (
     CheckpointError,
     check_sharded,
     checksum_path,
@@ -34,11 +34,11 @@ from lwm.checkpoint_io import (
     sha256,
     write_sums,
 )
-from lwm.stage_folder import StageFolder
+from lwm.disk.stage_folder import StageFolder
+from lwm.disk.writes import NoSpaceLeft
 from lwm.train.console import say
 from lwm.train.launcher import NamingLauncher
 from lwm.train.requeue import slurm_job
-from lwm.writes import NoSpaceLeft
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

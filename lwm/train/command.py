@@ -13,12 +13,15 @@ import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from lwm.checkpoint_io import CheckpointError
 from lwm.data import ExampleError, IndexNotWritable, SkippedTooMany, StaleIndex, TooLittleData
-from lwm.out_lock import FolderLocked, output_lock
+from lwm.disk.checkpoints import CheckpointError
+from lwm.disk.folder_lock import FolderLocked, output_lock
+from lwm.disk.run_folder import CONFIG, LOCK, OtherRun, check, clear, resolved
+from lwm.disk.stage_folder import StageFolder
+from lwm.disk.weights import WeightsError
+from lwm.disk.writes import NoSpaceLeft, complete, write_atomic
 from lwm.parallel import peers
 from lwm.parallel.launch import end_process_groups
-from lwm.stage_folder import StageFolder
 from lwm.train import requeue
 from lwm.train.callbacks import loss_summary
 from lwm.train.checkpointing import resumes
@@ -28,11 +31,8 @@ from lwm.train.entry import ensure_sample_data, to_run_config
 from lwm.train.evaluate import EVALUATION_FAILED, evaluated
 from lwm.train.preflight import WillNotFit
 from lwm.train.run import run_schedule
-from lwm.train.run_folder import CONFIG, LOCK, OtherRun, check, clear, resolved
 from lwm.train.skipped import summary as skipped_summary
 from lwm.train.step import NonFiniteStep
-from lwm.weights import WeightsError
-from lwm.writes import NoSpaceLeft, complete, write_atomic
 
 EXIT_BAD_INPUT, EXIT_NO_SPACE = 2, 3  # as lwm-tokenize: 2 is bad input, 3 a full disk
 EXIT_STOPPED = 4  # a stage stopped before its end (a signal, stop_at_step): the same command continues it

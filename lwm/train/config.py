@@ -13,13 +13,13 @@ from lwm.configs import from_dict
 from lwm.data import DataConfig, Source, TextTokenizer, Vocab
 from lwm.data.batches import StreamOptions
 from lwm.data.sources import FORMATS, source_format
+from lwm.disk.writes import FolderRefused, check_output_folder
 from lwm.eval.needle import NeedleGrid
 from lwm.interop.hf import start_config
 from lwm.model import ModelConfig
 from lwm.parallel.dims import ParallelDims
 from lwm.parallel.layout import LAYOUTS
 from lwm.train.lr import SCHEDULES
-from lwm.writes import FolderRefused, check_output_folder
 
 FLOAT32_MAX = 3.4028234663852886e38  # the largest float32: AdamW's arithmetic on the parameters
 

@@ -10,7 +10,7 @@ VQGAN that made the run's codes: our safetensors checkpoint or a diffusers folde
 it as vqgan/ and an lwm.json (lwm.interop.bundle), so that `lwm-generate --model OUT --video clip.mp4`
 and lwm/eval/video_qa/ need nothing else.
 
-The files are written into a folder beside --out and moved in when all are made (lwm.writes.staged_folder),
+The files are written into a folder beside --out and moved in when all are made (lwm.disk.writes.staged_folder),
 and lwm_files.json lists them: --out may be absent, empty, or an earlier export (whose files are then
 replaced, stale shards and a vqgan/ included); a folder holding other files, or one reached through
 a symlink, is refused (exit 2) before anything is read or written. A full disk exits 3, naming --out
@@ -27,14 +27,14 @@ import torch
 
 from lwm.data.chat import native_or_template
 from lwm.data.text_tokenizer import TextTokenizer
+from lwm.disk.weights import read_weights
+from lwm.disk.writes import FolderRefused, NoSpaceLeft, check_output_folder, staged_folder
 from lwm.interop.bundle import write_bundle_info
 from lwm.interop.hf import to_hf
 from lwm.interop.stage_outputs import read_model_config, resolve
 from lwm.interop.vqgan_sources import load_vqgan, open_vqgan
 from lwm.io import records
 from lwm.model import ModelConfig, Transformer
-from lwm.weights import read_weights
-from lwm.writes import FolderRefused, NoSpaceLeft, check_output_folder, staged_folder
 
 EXIT_NO_SPACE = 3  # as train.py and lwm-tokenize: 2 is bad input, 3 a full disk
 
@@ -60,7 +60,7 @@ def codes_vqgan(codes_dir) -> Path | None:
 def export_weights(weights, model_config: ModelConfig, out_dir, tokenizer_model=None, vqgan=None, inside=None) -> Path:
     """weights: a path to a safetensors file or a state dict; vqgan: a VQGAN checkpoint or folder to bundle.
     Both are read before anything is written: a bad one leaves no half-made folder. out_dir is checked
-    first (lwm.writes.check_output_folder; symlinks only below `inside`, a folder the caller owns, when given)."""
+    first (lwm.disk.writes.check_output_folder; symlinks only below `inside`, a folder the caller owns, when given)."""
     out_dir = Path(out_dir)
     check_output_folder(out_dir, inside)
     bundled = load_vqgan(vqgan, preset="tiny") if vqgan is not None else None

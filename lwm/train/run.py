@@ -1,5 +1,5 @@
 """Running a schedule: stage after stage, each from the previous stage's final weights, each in its
-stage folder (lwm.stage_folder: the layout)."""
+stage folder (lwm.disk.stage_folder: the layout)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,11 @@ import lightning as L
 import torch
 import torch.distributed as dist
 
+from lwm.disk.stage_folder import KEPT_METRICS, StageFolder
+from lwm.disk.weights import read_weights, save_weights
 from lwm.interop.hf import from_hf, start_config
 from lwm.ranks import is_rank0
-from lwm.stage_folder import StageFolder
-from lwm.train.callbacks import KEPT_METRICS, MetricHistory
+from lwm.train.callbacks import MetricHistory
 from lwm.train.checkpointing import resume_point
 from lwm.train.config import RunConfig, StageConfig, resolve_stage, stage_model_config
 from lwm.train.console import say
@@ -27,7 +28,6 @@ from lwm.train.export import codes_vqgan, export_weights
 from lwm.train.module import LWMModule
 from lwm.train.preflight import device_kind, device_memory, preflight, wanted
 from lwm.train.trainer import build_trainer
-from lwm.weights import read_weights, save_weights
 
 
 def full_state(module: LWMModule) -> dict[str, torch.Tensor]:

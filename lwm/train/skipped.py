@@ -23,8 +23,8 @@ from pathlib import Path
 import lightning as L
 import torch
 
+from lwm.disk.writes import write_atomic
 from lwm.ranks import is_rank0
-from lwm.writes import write_atomic
 
 REPORT = "data.json"  # in the stage's folder: {"skipped", "read", "reasons"}
 SHOWN = 3  # reasons in the summary

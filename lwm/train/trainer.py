@@ -8,9 +8,9 @@ from datetime import timedelta
 import lightning as L
 import torch
 
+from lwm.disk.stage_folder import LOGS, TB, StageFolder
 from lwm.parallel.dims import ParallelDims
 from lwm.parallel.mesh import lightning_sizes
-from lwm.stage_folder import LOGS, TB, StageFolder
 from lwm.train.callbacks import MetricHistory, MetricsCSV, MetricsTensorBoard, PeakMemory, StageProgress, Throughput
 from lwm.train.checkpointing import AtomicCheckpointIO, AtomicModelParallelStrategy, StageCheckpoint
 from lwm.train.config import RunConfig, StageSetup, TrainerConfig

@@ -19,7 +19,7 @@ not apply to it. In --out it writes:
     failures.jsonl       one JSON object per video that failed in the latest run: source, error
     settings.json        the sampling and tokenizer every video of the folder is made with, claimed by the
                          first run (created whole, never replaced): a run with other settings is refused
-    lwm-tokenize.lock    while a run works in the folder: its pid, host and command (lwm.out_lock)
+    lwm-tokenize.lock    while a run works in the folder: its pid, host and command (lwm.disk.folder_lock)
 
 A rerun skips the videos the manifest holds, and retries the failed ones. The .npy is written to a
 temporary file and renamed, and the manifest line is appended after that, so a killed run loses at
@@ -54,14 +54,14 @@ from lwm.data.codes import save_codes
 from lwm.data.form import MEDIA_EXTENSIONS
 from lwm.data.sampling import Sampling
 from lwm.data.sources import check_columns
+from lwm.disk.folder_lock import FolderLocked, output_lock
+from lwm.disk.writes import NoSpaceLeft, atomic_file, writes_to
 from lwm.interop.vqgan_sources import open_vqgan
 from lwm.io import append_jsonl, read_jsonl
-from lwm.out_lock import FolderLocked, output_lock
 from lwm.video.codes import encode_media, video_id
 from lwm.video.inputs import check_unique_ids, collect_videos, source_media
 from lwm.video.reader import VideoError, default_rate
 from lwm.vision.vqgan_config import PRESETS
-from lwm.writes import NoSpaceLeft, atomic_file, writes_to
 
 # Codes are stored as uint16.
 _MAX_CODES = 1 << 16

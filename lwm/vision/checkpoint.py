@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
+from lwm.disk.weights import save_weights
 from lwm.vision.vqgan import VQGAN
-from lwm.weights import save_weights
 
 
 def config_path(weights: str | Path) -> Path:

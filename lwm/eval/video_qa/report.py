@@ -10,11 +10,11 @@ from pathlib import Path
 
 import numpy as np
 
+from lwm.disk.writes import write_atomic
 from lwm.eval.plots import markdown_table
 from lwm.eval.video_qa.benchmarks import BENCHMARKS, Rules, named
 from lwm.eval.video_qa.scoring import METHODS
 from lwm.io import JsonlAppender
-from lwm.writes import write_atomic
 
 
 def _pct(x) -> str:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from lwm.writes import write_atomic, writes_to
+from lwm.disk.writes import write_atomic, writes_to
 
 CHUNK = 1 << 20
 # What torch's unpickler raises on bytes that are no torch file, cut short or corrupted: junk opcodes

@@ -5,7 +5,7 @@
       model_config.json    the stage's model (shape, RoPE theta), written before it trains
       checkpoints/         Lightning checkpoints (sharded folders when distributed): model, optimizer, LR
                            schedule, loop and data position; last.ckpt resumes the stage
-      logs/  tb/           CSV metrics; TensorBoard
+      logs/  tb/           CSV metrics (and a resumed stage's earlier rows until it finishes); TensorBoard
       final.safetensors    the stage's weights when its last step is done (the next stage starts from them)
     out_dir/hf/            the last stage exported as a Hugging Face LLaMA folder
 """
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 LOGS, TB, CHECKPOINTS = "logs", "tb", "checkpoints"
+KEPT_METRICS = "metrics.kept.csv"  # in logs/: a resumed stage's rows until it finishes
 
 
 @dataclass(frozen=True)

@@ -27,11 +27,10 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from lwm.stage_folder import StageFolder
-from lwm.train.callbacks import KEPT_METRICS
+from lwm.disk.stage_folder import KEPT_METRICS, StageFolder
 
 CONFIG = "config.yaml"
-LOCK = "train"  # the run's output lock (lwm.out_lock): <out_dir>/train.lock while it runs
+LOCK = "train"  # the run's output lock (lwm.disk.folder_lock): <out_dir>/train.lock while it runs
 # The keys that do not change what a run trains: where it runs and on how many processes, how often it
 # logs and saves, how it splits the work (exact on any layout), where it keeps activations (checkpointing
 # and offload are exact), how it tiles the model's work (the memory features the preflight suggests: the

@@ -1,6 +1,6 @@
 """One run per output folder: a lock file in the folder that names its holder.
 
-    from lwm.out_lock import FolderLocked, output_lock
+    from lwm.disk.folder_lock import FolderLocked, output_lock
 
     with output_lock(out_dir, "train"):    # FolderLocked if a live run holds out_dir/train.lock
         ...                                # the run; on leaving, the lock is released and its file removed
@@ -17,7 +17,7 @@ no locks (ENOLCK: NFS without a lock daemon), the file itself is the lock, creat
 a holder whose pid is dead on this host is stale and taken over, and one on another host keeps the
 folder until a person removes the file (the message says so); two runs taking over one stale file
 at the same instant can both win there, a gap flock does not have. A full disk while the holder is
-written raises lwm.writes.NoSpaceLeft.
+written raises lwm.disk.writes.NoSpaceLeft.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from lwm.disk.writes import writes_to
 from lwm.processes import alive
-from lwm.writes import writes_to
 
 log = logging.getLogger(__name__)
 

@@ -27,8 +27,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from lwm.checkpoint_io import UNREADABLE, install, sha256, verify
-from lwm.writes import writes_to
+from lwm.disk.checkpoints import UNREADABLE, install, sha256, verify
+from lwm.disk.writes import writes_to
 
 
 class WeightsError(ValueError):
