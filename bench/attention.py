@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from bench.report import command_line, host_line, publish, sync
 from lwm.model.documents import Documents
-from lwm.parallel import block_backward, block_forward, block_plan, block_work, ring_attention, simulate_ring
+from lwm.parallel import block_backward, block_forward, block_part, block_work, ring_attention, simulate_ring
 from lwm.parallel.launch import run_distributed
 from lwm.parallel.layout import LAYOUTS
 from lwm.parallel.pieces import StepPlanner, piece_work
@@ -73,7 +73,7 @@ def balance(seq_len, heads, dim, repeats):
             cache: dict = {}  # plans repeat across (rank, step): time each distinct one once
             worst_work, worst_time = 1.0, 1.0
             for step in range(n):
-                plans = [block_plan(layout, r, (r - step) % n, L, True) for r in range(n)]
+                plans = [block_part(layout, r, (r - step) % n, L, True) for r in range(n)]
                 work = [block_work(p, L) for p in plans]
                 secs = []
                 for p in plans:

@@ -33,7 +33,7 @@ import sentencepiece as spm
 
 from bench.report import command_line, host_line, publish
 from lwm.data import CodeStore, PackedStream, Source, StreamState, TextTokenizer, Vocab
-from lwm.data.codes import save_codes
+from lwm.data.code_cache import save_codes
 
 WORDS = "the a red green blue yellow circle square triangle moves left right up down appears turns stops frame video second".split()
 VIDEOS = 200

@@ -22,7 +22,7 @@ class _Codes:
         self.known = known
 
     def id_of(self, path: str) -> str:
-        from lwm.data.codes import CodesError
+        from lwm.data.code_cache import CodesError
 
         if self.known is not None and path not in self.known:
             raise CodesError(f"{path} has no codes in the store")

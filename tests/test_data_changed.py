@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from lwm.data import DataConfig, Sharding, Source, StaleIndex
-from lwm.data.dataset import SourceChanged
+from lwm.data.stream import SourceChanged
 from lwm.train.datamodule import LWMDataModule
 
 

@@ -18,9 +18,9 @@ import torch
 from code_samples import T_FRAMES
 
 from lwm.data import CodeStore, DataConfig, PackedStream, Packer, Sharding, Source
-from lwm.data.dataset import StaleIndex
 from lwm.data.example import Encoder, ExampleError
 from lwm.data.index import IndexNotWritable, example_key, source_index
+from lwm.data.stream import StaleIndex
 from lwm.train.datamodule import LWMDataModule
 
 WORDS = "the red green blue circle square moves left right up down frame".split()
@@ -258,7 +258,7 @@ def test_an_epochs_plan_is_kept_and_later_starts_map_it(tmp_path, tok, vocab, co
     again, never trusted; a folder that cannot be written plans in memory."""
     import pickle
 
-    import lwm.data.dataset as dataset
+    import lwm.data.stream as dataset
     from lwm.data.plan import ARRAYS
 
     src = write_jsonl(tmp_path / "docs.jsonl", examples(40, 7))

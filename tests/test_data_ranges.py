@@ -9,7 +9,7 @@ import pytest
 from train_runs import composed, main_in_process
 
 from lwm.data import DataConfig, Source
-from lwm.data.dataset import PLAN_BYTES
+from lwm.data.stream import PLAN_BYTES
 from lwm.disk.weights import host_memory
 
 REFUSED = [
@@ -59,7 +59,7 @@ def test_an_epoch_past_the_host_memory_is_refused_before_planning(tmp_path, tok,
     import json
 
     from lwm.data import PackedStream, TooLittleData
-    from lwm.data import dataset as dataset_module
+    from lwm.data import stream as dataset_module
 
     path = tmp_path / "docs.jsonl"
     path.write_text("".join(json.dumps({"text": f"the red circle {i}"}) + "\n" for i in range(100)))

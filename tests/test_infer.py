@@ -287,7 +287,7 @@ def _cache(root, codes) -> tuple[str, str]:
     """An lwm-tokenize folder holding one video, v, with its checksum recorded as lwm-tokenize does."""
     import json
 
-    from lwm.data.codes import save_codes
+    from lwm.data.code_cache import save_codes
 
     (root / "tokens").mkdir(parents=True)
     with open(root / "tokens" / "v.npy", "wb") as f:

@@ -227,7 +227,7 @@ def test_tokenize_output_dir_reads_and_appends_through_lwm_io(tmp_path):
 
 def test_video_qa_records_a_bad_last_line_and_goes_on(tmp_path):
     """video_qa keeps its behaviour: every bad line, the last one included, is an item recorded as malformed."""
-    from lwm.eval.video_qa.reader import read_items
+    from lwm.eval.video_qa.files import read_items
     from lwm.eval.video_qa.report import RecordLog
 
     data = jsonl(

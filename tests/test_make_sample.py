@@ -192,7 +192,7 @@ def test_chat_rows_encode_to_the_inference_prompt(sample, tmp_path):
     """A qa row's encoding starts with exactly the prompt lwm.data.chat.chat_prompt builds for its question and
     video; then come the answer (the only loss on text) and EOS."""
     from lwm.data.chat import chat_prompt
-    from lwm.data.codes import CodeStore
+    from lwm.data.code_cache import CodeStore
     from lwm.data.example import encode_example
     from lwm.data.text_tokenizer import TextTokenizer
     from lwm.data.vocab import Vocab

@@ -3,7 +3,7 @@ import itertools
 import pytest
 import torch
 
-from lwm.parallel import block_plan, block_work, check_divisible, positions, shard, unshard
+from lwm.parallel import block_part, block_work, check_divisible, positions, shard, unshard
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "striped", "zigzag"])
@@ -54,7 +54,7 @@ def test_block_plans_compute_exactly_the_causal_mask(layout, world):
         src = (rank - step) % world
         qpos, kpos = positions(S, rank, world, layout), positions(S, src, world, layout)
         truth = qpos[:, None] >= kpos[None, :]
-        plan = block_plan(layout, rank, src, L, causal=True)
+        plan = block_part(layout, rank, src, L, causal=True)
         got = torch.zeros(L, L, dtype=torch.bool)
         if plan is not None:
             rows, cols = torch.arange(L)[plan.q], torch.arange(L)[plan.k]
@@ -71,7 +71,7 @@ def test_striped_and_zigzag_are_balanced_contiguous_is_not(world):
     L = 1024
     for layout in ("striped", "zigzag", "contiguous"):
         for step in range(world):
-            work = [block_work(block_plan(layout, r, (r - step) % world, L, True), L) for r in range(world)]
+            work = [block_work(block_part(layout, r, (r - step) % world, L, True), L) for r in range(world)]
             ratio = max(work) / (sum(work) / world)
             if layout == "zigzag":
                 assert ratio == 1.0

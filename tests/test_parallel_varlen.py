@@ -10,7 +10,7 @@ from cuda_standins import KernelContractError, installed
 from document_refs import allowed, masked_sdpa, packings
 
 from lwm.model.documents import Documents
-from lwm.parallel import block_plan, shard, simulate_ring
+from lwm.parallel import block_part, shard, simulate_ring
 from lwm.parallel.pieces import StepPlanner
 from lwm.parallel.varlen import VarlenPlan
 
@@ -146,5 +146,5 @@ def test_masked_ring_on_the_varlen_kernel_matches_the_reference(layout, standins
     grads = torch.autograd.grad(out, low, dout.bfloat16())
     for a, b in zip((out, *grads), (ref, *ref_grads)):
         assert (a.float() - b).abs().max() < 0.1
-    steps = sum(block_plan(layout, r, s, S // world, True) is not None for r in range(world) for s in range(world))
+    steps = sum(block_part(layout, r, s, S // world, True) is not None for r in range(world) for s in range(world))
     assert standins == {"flash varlen forward": steps, "flash varlen backward": steps}

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from lwm.data import CodeStore, ExampleError, PackedStream, Source, Vocab, encode_example
-from lwm.data.codes import CodesError, save_codes
+from lwm.data.code_cache import CodesError, save_codes
 
 
 @pytest.fixture
@@ -122,7 +122,7 @@ def test_a_store_hashes_a_file_once_and_still_sees_it_change(store, monkeypatch)
     (new bytes, a new mtime) is hashed and refused."""
     import os
 
-    from lwm.data import codes as codes_module
+    from lwm.data import code_cache as codes_module
 
     hashed = []
     real = codes_module.file_sha256

@@ -20,7 +20,7 @@ from deps import skip_module_without_decord
 skip_module_without_decord()
 from video_samples import VFR_PTS_MS, write_video  # noqa: E402
 
-from lwm.data.codes import CodeStore  # noqa: E402
+from lwm.data.code_cache import CodeStore  # noqa: E402
 from lwm.data.sampling import Sampling, SamplingError, frame_indices  # noqa: E402
 from lwm.eval.video_qa.items import Item  # noqa: E402
 from lwm.eval.video_qa.videos import VideoSource  # noqa: E402

@@ -14,7 +14,7 @@ from char_tokenizer import Tok  # the tests' helper: tests/char_tokenizer.py
 from lwm.data.vocab import Vocab
 from lwm.eval import video_qa as vqa
 from lwm.eval.video_qa import cli
-from lwm.eval.video_qa.reader import read_items
+from lwm.eval.video_qa.files import read_items
 
 OPTIONS = ["Red", "Blue"]
 

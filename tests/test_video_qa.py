@@ -23,8 +23,8 @@ from video_samples import write_video  # noqa: E402
 
 from lwm.data.chat import chat_prompt  # noqa: E402
 from lwm.eval import video_qa as vqa  # noqa: E402
+from lwm.eval.video_qa.files import read_items  # noqa: E402
 from lwm.eval.video_qa.items import ItemError, answer_index, parse_options  # noqa: E402
-from lwm.eval.video_qa.reader import read_items  # noqa: E402
 from lwm.eval.video_qa.report import markdown  # noqa: E402
 from lwm.eval.video_qa.summary import Buckets  # noqa: E402
 from lwm.eval.video_qa.text import (  # noqa: E402
@@ -357,7 +357,7 @@ def test_open_answers_exact_match(tmp_path):
 
 def _code_store(root: Path, ids: list[str], high: int = 8192) -> Path:
     """An lwm-tokenize folder of 6-frame videos, each file's sha256 in the manifest as lwm-tokenize writes it."""
-    from lwm.data.codes import save_codes
+    from lwm.data.code_cache import save_codes
 
     (root / "tokens").mkdir(parents=True)
     rng = np.random.default_rng(0)

@@ -28,8 +28,8 @@ from video_samples import write_video
 from lwm.data.vocab import Vocab
 from lwm.eval import video_qa as vqa
 from lwm.eval.video_qa.benchmarks.videomme import results as videomme_results
+from lwm.eval.video_qa.files import FormatError, read_items
 from lwm.eval.video_qa.items import ItemError, answer_index, parse_options
-from lwm.eval.video_qa.reader import FormatError, read_items
 from lwm.eval.video_qa.report import markdown, write_outputs
 from lwm.eval.video_qa.videos import VideoSource
 

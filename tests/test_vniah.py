@@ -44,7 +44,7 @@ def test_examples_hold_one_needle_whose_color_is_the_answer(tmp_path, vqgan):
     chat form."""
     import json
 
-    from lwm.data.codes import CodeStore
+    from lwm.data.code_cache import CodeStore
 
     make_vniah.write_examples(vqgan, tmp_path, n=12, heldout=4, frames=(2, 4), seed=0, pool=6)
     train_x, train_y = make_vniah.labelled_frames(10, seed=5)

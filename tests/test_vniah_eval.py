@@ -201,7 +201,7 @@ def test_card_qa_answers_are_what_the_videos_show(tmp_path, vqgan):
     """Every question's answer letter points at the option the video holds: each frame is looked up
     in the frame pool (remade from its seed) to learn what it shows; the first and the last card's
     colors are the answers. The held-out rows load in lwm/eval/video_qa/."""
-    from lwm.eval.video_qa.reader import read_items
+    from lwm.eval.video_qa.files import read_items
     from lwm.eval.video_qa.videos import VideoSource
 
     make_card_qa.write(vqgan, tmp_path, n=6, heldout=6, frames=(3, 6), pool=6)

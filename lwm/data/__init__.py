@@ -2,8 +2,11 @@
 stream and its batches for one rank (no Lightning here: the datamodule that serves them is lwm.train.datamodule)."""
 
 from lwm.data.batches import DataConfig, ShardedBatches, Sharding, shard_batch
-from lwm.data.codes import CodeStore
-from lwm.data.dataset import (
+from lwm.data.code_cache import CodeStore
+from lwm.data.example import Encoded, ExampleError, encode_example, parse_fields
+from lwm.data.index import IndexNotWritable
+from lwm.data.packing import Packed, Packer
+from lwm.data.stream import (
     EpochTooLarge,
     PackedStream,
     SkippedTooMany,
@@ -14,9 +17,6 @@ from lwm.data.dataset import (
     TooLittleData,
     to_tensors,
 )
-from lwm.data.example import Encoded, ExampleError, encode_example, parse_fields
-from lwm.data.index import IndexNotWritable
-from lwm.data.packing import Packed, Packer
 from lwm.data.text_tokenizer import TextTokenizer
 from lwm.data.vocab import SPECIAL_TOKENS, Vocab, vision_token_name
 

@@ -17,8 +17,8 @@ from typing import Iterator
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from lwm.data.dataset import PackedStream, Source, StreamState, to_tensors
 from lwm.data.packing import WEIGHTING
+from lwm.data.stream import PackedStream, Source, StreamState, to_tensors
 from lwm.model.documents import Documents
 from lwm.parallel.layout import positions, shard
 from lwm.processes import alive

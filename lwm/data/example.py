@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lwm.data.chat import SYSTEM, template_turns
-from lwm.data.codes import CodesError, CodeStore
+from lwm.data.code_cache import CodesError, CodeStore
 from lwm.data.conversation import BOS, EOS, MEDIA, ConversationError, conversation_pieces
 from lwm.data.form import Form, MediaError
 from lwm.data.text_tokenizer import TextTokenizer

@@ -1,5 +1,5 @@
 """The one rule for which frames of a video are used, as a function of frame times alone, so decoded
-videos (lwm.video) and cached codes (lwm.data.codes: the timestamps lwm-tokenize recorded) are sampled
+videos (lwm.video) and cached codes (lwm.data.code_cache: the timestamps lwm-tokenize recorded) are sampled
 alike, and a model is trained and evaluated on the same frames.
 
 By rate (`fps`): at each time start + k / fps, the frame on screen then (the last one that started at

@@ -39,8 +39,8 @@ _HOMES = {
     "state_offload": "parallelize",
     "ring_attention": "ring",
     "simulate_ring": "ring",
-    "block_plan": "schedule",
-    "block_work": "schedule",
+    "block_part": "blocks",
+    "block_work": "blocks",
     "ulysses_attention": "ulysses",
 }
 __all__ = sorted(_HOMES)

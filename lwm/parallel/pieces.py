@@ -1,6 +1,6 @@
 """The rectangles a ring step computes: its block plan, cut to the documents of packed sequences.
 
-A step's BlockPlan (schedule.py) says which query rows of the local block see which key rows of
+A step's BlockPart (blocks.py) says which query rows of the local block see which key rows of
 the visiting block: all of them, or a plain causal square. Without documents that is one kernel
 call, one Piece. With documents (query i sees key j only when both are in one document) every
 layout keeps token order, so in each block a document is a contiguous run of local indices. For
@@ -29,7 +29,7 @@ from typing import Callable
 import numpy as np
 
 from lwm.model.documents import BatchRuns, Documents, Run
-from lwm.parallel.schedule import ALL, BlockPlan, block_plan, block_work
+from lwm.parallel.blocks import ALL, BlockPart, block_part, block_work
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ def pair_groups(q_runs: BatchRuns, k_runs: BatchRuns, batch: int) -> list[tuple[
     return [(slice(b, b + 1), qr, kr) for b, (qr, kr) in enumerate(zip(per_row(q_runs), per_row(k_runs)))]
 
 
-def document_pieces(plan: BlockPlan, local_len: int, q_runs: BatchRuns, k_runs: BatchRuns, batch: int) -> list[Piece]:
+def document_pieces(plan: BlockPart, local_len: int, q_runs: BatchRuns, k_runs: BatchRuns, batch: int) -> list[Piece]:
     qs, qe, _ = plan.q.indices(local_len)
     ks, ke, _ = plan.k.indices(local_len)
     pieces = []
@@ -123,9 +123,9 @@ class StepPlanner:
         self.documents = documents
         self._pieces: dict[int, list[Piece]] = {}
 
-    def plan(self, step: int) -> BlockPlan | None:
+    def plan(self, step: int) -> BlockPart | None:
         src = (self.rank - step) % self.world_size
-        return block_plan(self.layout, self.rank, src, self.local_len, self.causal)
+        return block_part(self.layout, self.rank, src, self.local_len, self.causal)
 
     def runs(self, rank: int) -> BatchRuns:
         return self.documents.runs(held_before(self.layout, rank, self.world_size, self.local_len))
@@ -178,4 +178,4 @@ def kept(documents: Documents, key: tuple, make: Callable):
 
 def piece_work(pieces: list[Piece], batch: int, local_len: int) -> int:
     """Score entries the pieces compute (schedule.block_work of each), over the batch rows."""
-    return sum(len(range(*p.b.indices(batch))) * block_work(BlockPlan(p.q, p.k, p.causal), local_len) for p in pieces)
+    return sum(len(range(*p.b.indices(batch))) * block_work(BlockPart(p.q, p.k, p.causal), local_len) for p in pieces)

@@ -3,7 +3,7 @@
 ring.py runs the steps (one loop per direction: it merges what each step returns and passes K/V and
 dK/dV around the ring); this module says what each step is, for one rank, batch and kernel:
 
-    pieces   the step's block plan (schedule.py) cut to the batch's documents (pieces.py): one block
+    pieces   the step's block part (blocks.py) cut to the batch's documents (pieces.py): one block
              kernel call per rectangle (kernels.py); no rectangle, a skipped step
     varlen   packed documents on CUDA flash: the whole step in one variable-length call (varlen.py),
              where the step fits one
@@ -21,9 +21,9 @@ from typing import Iterator
 
 import torch
 
+from lwm.parallel.blocks import ALL
 from lwm.parallel.kernels import block_backward, block_forward, select_backend, softmax_scale
 from lwm.parallel.pieces import Piece, StepPlanner
-from lwm.parallel.schedule import ALL
 from lwm.parallel.varlen import VarlenPlan, VarlenStep, packed_lse, varlen_backward, varlen_forward, varlen_plan
 
 WHOLE = Piece(ALL, ALL, ALL, False)  # a varlen step's results cover the whole block

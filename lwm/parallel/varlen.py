@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import torch
 
 from lwm.model.documents import BatchRuns, Run
+from lwm.parallel.blocks import BlockPart
 from lwm.parallel.pieces import StepPlanner, kept, pair_groups
-from lwm.parallel.schedule import BlockPlan
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class VarlenStep:
     covers: bool  # every query row sees a key (its logsumexp may start the accumulators)
 
 
-def _row_pairs(plan: BlockPlan, L: int, q_runs: list[Run], k_runs: list[Run]) -> list[tuple[int, int]] | None:
+def _row_pairs(plan: BlockPart, L: int, q_runs: list[Run], k_runs: list[Run]) -> list[tuple[int, int]] | None:
     """(query rows, keys) of each pair of one batch row, tiling [0, L) on both sides; None if the
     step does not fit one call."""
     qs, qe, _ = plan.q.indices(L)
@@ -65,7 +65,7 @@ def _row_pairs(plan: BlockPlan, L: int, q_runs: list[Run], k_runs: list[Run]) ->
     return [p for p in pairs if p != (0, 0)]
 
 
-def _covers(pairs: list[tuple[int, int]], plan: BlockPlan, L: int) -> bool:
+def _covers(pairs: list[tuple[int, int]], plan: BlockPart, L: int) -> bool:
     """Whether every query row sees a key (a causal pair's first row sees its first key)."""
     return all(nk > 0 and (not plan.causal or nk >= nq) for nq, nk in pairs if nq > 0)
 

@@ -6,7 +6,7 @@ Work, per rank and step (rank 0; with striped or zigzag every rank does the same
               the chunked loss computes its head gradients in its forward, which this counts. The
               tilings that recompute in backward add theirs: the attention's projections once more
               under head groups (model.attn_head_groups), the MLP's under model.mlp_chunk_size.
-  attention   the score entries the ring schedule computes (lwm.parallel.schedule.block_work over
+  attention   the score entries the ring schedule computes (lwm.parallel.blocks.block_work over
               every ring step) x heads x head_dim x 2 flops, for 2 products in forward, 5 in
               backward (FlashAttention's recomputed scores, dV, dP, dQ, dK), 2 more with recompute,
               2 more again under head groups (each group's forward is recomputed in its backward).
@@ -41,7 +41,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lwm.model import ModelConfig
-from lwm.parallel.schedule import block_plan, block_work
+from lwm.parallel.blocks import block_part, block_work
 from lwm.plan.devices import Device
 from lwm.plan.memory import Mesh, StepMemory
 
@@ -82,7 +82,7 @@ def attention_entries(seq_len: int, cp: int, layout: str, mode: str, rank: int =
     if mode == "ulysses" or cp == 1:  # the whole sequence per head; heads are split (ulysses)
         return seq_len * (seq_len + 1) // 2
     local = seq_len // cp
-    return sum(block_work(block_plan(layout, rank, (rank - s) % cp, local, True), local) for s in range(cp))
+    return sum(block_work(block_part(layout, rank, (rank - s) % cp, local, True), local) for s in range(cp))
 
 
 @dataclass

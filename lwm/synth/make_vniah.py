@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from lwm.data.chat import CHAT_SPEC, chat_fields
-from lwm.data.codes import save_codes
+from lwm.data.code_cache import save_codes
 from lwm.interop.vqgan_sources import load_vqgan
 from lwm.paths import TINY_VQGAN
 from lwm.synth.scene import PALETTE, SIZE, _shape_mask, random_scene, render

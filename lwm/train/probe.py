@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from lwm.data import Sharding, shard_batch
-from lwm.data.codes import CodeStore
+from lwm.data.code_cache import CodeStore
 from lwm.data.example import Encoded, ExampleError, encode_example
 from lwm.io import records
 from lwm.ranks import is_rank0

@@ -1,5 +1,5 @@
 """One path from a video to its codes, for every command that needs them (lwm-tokenize, lwm-generate,
-video QA; the datamodule reads the same cache through lwm.data.codes):
+video QA; the datamodule reads the same cache through lwm.data.code_cache):
 
     source = CodeSource(fps=1.0, max_frames=64, cache="codes/", vqgan=lambda: load_vqgan(...))
     got = source.codes(path="clip.mp4")          # got.codes (T, 256), got.timestamps (T,), got.origin
@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lwm.data.codes import CodeStore, check_range, out_of_range
+from lwm.data.code_cache import CodeStore, check_range, out_of_range
 from lwm.data.form import is_image
 from lwm.data.sampling import Sampling
 from lwm.video.image import encode_image
@@ -136,7 +136,7 @@ class CodeSource:
         return next((c for c in candidates if self.store.path(c).is_file()), None)
 
     def from_cache(self, cid: str) -> VideoCodes:
-        """Raises FileNotFoundError or ValueError (lwm.data.codes.CodesError among them) naming the file."""
+        """Raises FileNotFoundError or ValueError (lwm.data.code_cache.CodesError among them) naming the file."""
         codes, stamps = self.store.sample(cid, self.sampling.max_frames, self.sampling.fps)
         if self.n_codes is not None and self.store.n_codes is None:  # a store the caller built
             check_range(codes, self.n_codes, self.store.path(cid))

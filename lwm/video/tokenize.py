@@ -50,7 +50,7 @@ import numpy as np
 import torch
 
 from lwm.arg_types import add_options, device_name, from_args, option, positive_float, positive_int, seconds
-from lwm.data.codes import save_codes
+from lwm.data.code_cache import save_codes
 from lwm.data.form import MEDIA_EXTENSIONS
 from lwm.data.sampling import Sampling
 from lwm.data.sources import check_columns

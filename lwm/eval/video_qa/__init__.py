@@ -4,7 +4,7 @@ duration, and as each benchmark reports it. The package:
   benchmarks/   one module per benchmark, each with its reader, prompt and answer rule, subtitles and
                 results file (videomme, longvideobench, mlvu; plain for JSON lines), what a benchmark
                 is (base) and the registry the rest looks them up in (__init__)
-  reader        a data file or folder -> items, each object read by its benchmark
+  files         a data file or folder -> items, each object read by its benchmark
   items         the Item every form is read into, and what the readers share
   text, subtitles, videos   answers as text, a subtitle line, a video's codes
   scoring       one item -> its record; summary: the records summed up; report: the output files
@@ -16,7 +16,7 @@ duration, and as each benchmark reports it. The package:
     python -m lwm.eval.video_qa --model runs/X/hf --data qa.jsonl --out runs/X/eval
     torchrun --nproc_per_node 2 -m lwm.eval.video_qa --model M --data qa.jsonl     # prompts split over 2 ranks (context parallel)
 
-Data, as the benchmarks release it (lwm.eval.video_qa.reader reads each through its benchmark's module;
+Data, as the benchmarks release it (lwm.eval.video_qa.files reads each through its benchmark's module;
 the format is chosen by the file and its content, and a file in none of them is a usage error before the
 model loads): Video-MME's parquet or GitHub JSON, LongVideoBench's lvb_val.json or parquet, MLVU's task
 JSONs, or the plain form, JSON lines, one question each,

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from lwm.arg_types import add_options, csv_list, from_args, option, positive_float, positive_int
 from lwm.eval.video_qa.evaluate import run_video_qa
+from lwm.eval.video_qa.files import FormatError, Reader
 from lwm.eval.video_qa.items import DuplicateIdError, Item
-from lwm.eval.video_qa.reader import FormatError, Reader
 from lwm.eval.video_qa.report import RecordLog, markdown, write_outputs
 from lwm.eval.video_qa.scoring import METHODS
 from lwm.eval.video_qa.summary import Buckets

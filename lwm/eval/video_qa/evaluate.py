@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from lwm.eval.video_qa.files import Reader
 from lwm.eval.video_qa.items import Item, check_unique_ids
-from lwm.eval.video_qa.reader import Reader
 from lwm.eval.video_qa.scoring import METHODS, evaluate_item
 from lwm.eval.video_qa.summary import Buckets, summarize
 from lwm.ranks import is_rank0

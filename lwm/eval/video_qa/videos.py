@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lwm.data.codes import out_of_range
+from lwm.data.code_cache import out_of_range
 from lwm.eval.video_qa.items import Item, ItemError
 from lwm.interop.vqgan_sources import load_vqgan
 from lwm.paths import TINY_VQGAN

@@ -33,7 +33,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from lwm.data.codes import CodeStore
+from lwm.data.code_cache import CodeStore
 from lwm.data.example import Encoded, Encoder, ExampleError, parse_fields
 from lwm.data.form import DIRECTIONS, ROLES, Form, source_form
 from lwm.data.index import SourceIndex, example_key, source_index

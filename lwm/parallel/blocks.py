@@ -1,7 +1,7 @@
 """Which part of a (query block, key block) pair a ring step computes, per layout.
 
 At ring step s, rank r holds the keys of rank src = (r - s) mod N. Under a causal mask the
-layout decides which rows attend to which keys; every plan here is a (query rows, key rows)
+layout decides which rows attend to which keys; every part here is a (query rows, key rows)
 rectangle that is either fully visible or plain-causal (lower triangle, diagonal included,
 equal lengths), so one kernel call serves it:
 
@@ -21,30 +21,30 @@ ALL = slice(None)
 
 
 @dataclass(frozen=True)
-class BlockPlan:
+class BlockPart:
     q: slice  # query rows of the local block
     k: slice  # key rows of the visiting block
     causal: bool
 
 
-def block_plan(layout: str, rank: int, src: int, local_len: int, causal: bool) -> BlockPlan | None:
+def block_part(layout: str, rank: int, src: int, local_len: int, causal: bool) -> BlockPart | None:
     if not causal:
-        return BlockPlan(ALL, ALL, False)
+        return BlockPart(ALL, ALL, False)
     if src == rank:
-        return BlockPlan(ALL, ALL, True)
+        return BlockPart(ALL, ALL, True)
     if layout == "contiguous":
-        return BlockPlan(ALL, ALL, False) if src < rank else None
+        return BlockPart(ALL, ALL, False) if src < rank else None
     if layout == "striped":
         if src < rank:
-            return BlockPlan(ALL, ALL, True)
+            return BlockPart(ALL, ALL, True)
         if local_len == 1:
             return None
-        return BlockPlan(slice(1, None), slice(0, local_len - 1), True)
+        return BlockPart(slice(1, None), slice(0, local_len - 1), True)
     if layout == "zigzag":
         half = local_len // 2
         if src < rank:
-            return BlockPlan(ALL, slice(0, half), False)
-        return BlockPlan(slice(half, None), ALL, False)
+            return BlockPart(ALL, slice(0, half), False)
+        return BlockPart(slice(half, None), ALL, False)
     raise ValueError(f"unknown layout {layout!r}")
 
 
@@ -52,9 +52,9 @@ def _length(s: slice, n: int) -> int:
     return len(range(*s.indices(n)))
 
 
-def block_work(plan: BlockPlan | None, local_len: int) -> int:
-    """Attention score entries the plan computes (unmasked ones)."""
-    if plan is None:
+def block_work(part: BlockPart | None, local_len: int) -> int:
+    """Attention score entries the part computes (unmasked ones)."""
+    if part is None:
         return 0
-    nq, nk = _length(plan.q, local_len), _length(plan.k, local_len)
-    return nq * (nq + 1) // 2 if plan.causal else nq * nk
+    nq, nk = _length(part.q, local_len), _length(part.k, local_len)
+    return nq * (nq + 1) // 2 if part.causal else nq * nk
