@@ -85,3 +85,24 @@ def test_text_and_vision_losses_are_each_kinds_mean():
     assert vision_loss == pytest.approx(sum(want_vision) / len(want_vision), rel=1e-5)
     assert metrics.loss.item() == pytest.approx(0.5 * text + 0.5 * vision_loss, rel=1e-5)
     assert kind_losses(torch.tensor([2.0, 4.0, 0.0, 0.0])) == (0.5, None)  # a kind without targets has no loss
+
+
+def test_a_sparse_row_holds_its_own_steps_values(tmp_path, monkeypatch, capsys):
+    """The step's metrics other than the loss are logged only where Lightning writes a row (LWMModule.
+    on_train_batch_end): at log_every 3 the rows (steps 2, 5, 8 and the last, 9, where a callback stops the
+    stage) hold what the same run logs at those steps at log_every 1, every column but the measured ones."""
+    every = {"train/lr", "train/grad_norm", "train/text_loss", "train/loss"}
+    rows = {}
+    for log_every in (1, 3):
+        out = tmp_path / str(log_every)
+        common = ["stage_only=a", "schedule.stages.0.steps=10", "+schedule.stages.0.warmup_steps=10"]
+        code, _, err = main_in_process(monkeypatch, capsys, out, *common, f"trainer.log_every={log_every}")
+        assert code == 0, err[-3000:]
+        table = [r for r in csv.DictReader(open(out / "a" / "logs" / "metrics.csv")) if r.get("train/loss")]
+        rows[log_every] = {r["step"]: {k: v for k, v in r.items() if not k.startswith("perf/")} for r in table}
+    assert sorted(rows[3], key=int) == ["2", "5", "8", "9"] and len(rows[1]) == 10
+    for step, row in rows[3].items():
+        assert every <= {k for k, v in row.items() if v}, row
+        assert row == rows[1][step], step
+    lrs = [float(rows[1][str(s)]["train/lr"]) for s in range(10)]
+    assert len(set(lrs)) == 10  # warm-up: each step its own lr, so a row holding another step's shows

@@ -92,6 +92,7 @@ class LWMModule(L.LightningModule):
         self.cp_group = None
         self.nonfinite_steps = 0  # the stage's steps skipped so far (kept in its checkpoints)
         self._kinds: torch.Tensor | None = None  # the step's Losses.kinds summed over the ranks (the guard's)
+        self._step_metrics = None  # train_step's of the step, logged in on_train_batch_end where a row is written
 
     def configure_model(self) -> None:
         if self.model is not None:
@@ -154,16 +155,27 @@ class LWMModule(L.LightningModule):
             backward=self.manual_backward,
             guard=self._guard,
         )
-        self.log("train/loss", metrics.loss, prog_bar=True, sync_dist=self.trainer.world_size > 1)
-        # the same on every rank; both every step, since a key a step does not log keeps its last value in
-        # Lightning's rows: nan for a kind without targets, a cell the loggers leave empty (callbacks.present)
+        self.log("train/loss", metrics.loss, prog_bar=True, sync_dist=self.trainer.world_size > 1)  # the bar's
+        self._step_metrics = metrics
+        return metrics.loss
+
+    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        """The step's other metrics, logged only where Lightning writes a row: each self.log costs about a
+        millisecond (a debug step on CPU took a quarter longer with them every step). Here, after every
+        callback's on_train_batch_end (one may stop the stage: a row then too) and before Lightning writes,
+        its own test says exactly whether this step's row is written."""
+        connector = getattr(self.trainer, "_logger_connector", None)
+        if not getattr(connector, "should_update_logs", True):
+            return
+        metrics = self._step_metrics
+        # the same on every rank; every key in every row, since a key a step does not log keeps its last value
+        # in Lightning's rows: nan for a kind without targets, a cell the loggers leave empty (callbacks.present)
         for key, value in zip(KIND_LOSSES, kind_losses(self._kinds)):
             self.log(key, math.nan if value is None else value)
         self.log("train/lr", metrics.lr)
         self.log("train/grad_norm", metrics.grad_norm)
         if self.optim.max_nonfinite_steps:
             self.log("train/nonfinite_steps", float(self.nonfinite_steps))
-        return metrics.loss
 
     def _guard(self, loss: torch.Tensor, norm: torch.Tensor, kinds: torch.Tensor) -> bool:
         """train_step's guard: whether the step's update is made. One all-reduce over the ranks
