@@ -55,6 +55,7 @@ def test_lightning_and_the_planner_run_one_step_function(monkeypatch):
     trainer = L.Trainer(
         accelerator="cpu",
         max_steps=2,
+        log_every_n_steps=1,  # the metrics beside the loss are logged at the steps Lightning writes rows
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,

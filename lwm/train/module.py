@@ -163,7 +163,8 @@ class LWMModule(L.LightningModule):
         """The step's other metrics, logged only where Lightning writes a row: each self.log costs about a
         millisecond (a debug step on CPU took a quarter longer with them every step). Here, after every
         callback's on_train_batch_end (one may stop the stage: a row then too) and before Lightning writes,
-        its own test says exactly whether this step's row is written."""
+        its own test says exactly whether this step's row is written. trainer.callback_metrics hold them as
+        of the last such step."""
         connector = getattr(self.trainer, "_logger_connector", None)
         if not getattr(connector, "should_update_logs", True):
             return
