@@ -30,7 +30,7 @@ def test_a_dead_rank_is_named_after_the_grace_then_all_are_ended(capfd):
         assert main.poll() is None, "rank 0 was ended inside its grace"
         watch.join(timeout=10)
         assert not watch.is_alive()
-        assert 1.0 <= time.monotonic() - start < 5
+        assert 1.0 <= time.monotonic() - start < 9  # the grace, then the kill (slack for a loaded machine)
         assert main.wait(timeout=5) == -signal.SIGKILL and alive.wait(timeout=5) == -signal.SIGKILL
     finally:
         for p in (main, alive):
