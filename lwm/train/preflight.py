@@ -35,7 +35,7 @@ from lwm.model import ModelConfig
 from lwm.parallel.launch import single_process_env
 from lwm.train.config import OptimConfig, ParallelConfig, RunConfig, StageConfig
 
-GIB = 2**30
+GIB = 2**30  # the planner's too (lwm.plan.devices)
 
 
 @dataclass
