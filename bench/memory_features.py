@@ -2,7 +2,7 @@
 head-grouped attention, sequence-tiled norms and the blockwise MLP, each a real CPU step of the tiny
 model beside lwm-plan's plan of it.
 
-Each configuration runs one real training step (lwm.train.step.train_step in a gloo world of one
+Each configuration runs one real training step (lwm.core.step.train_step in a gloo world of one
 process: FSDP2 and the parallel path, fp32, the CPU kernel) under the planner's own tracker
 (lwm.plan.memory.tracked_step), and is planned under fake tensors with the same settings
 (plan_step). Ratios are against activation checkpointing alone, measured in the same run.
@@ -27,12 +27,12 @@ import torch
 import torch.distributed as dist
 
 from bench.report import command_line, host_line, publish
+from lwm.core.config import OptimConfig, ParallelConfig, StageConfig
+from lwm.core.step import activation_offload
 from lwm.model import ModelConfig
 from lwm.parallel import build_parallel_model, compute_settings
 from lwm.plan.fake import make_batch, place
 from lwm.plan.memory import Mesh, StepMemory, plan_step, tracked_step
-from lwm.train.config import OptimConfig, ParallelConfig, StageConfig
-from lwm.train.step import activation_offload
 
 OPTIM = OptimConfig()
 MIB = 2**20

@@ -33,7 +33,7 @@ from lwm.model.documents import Documents
 from lwm.parallel import simulate_ring
 from lwm.parallel.pieces import step_planner
 from lwm.parallel.ring import new_dq, ring_backward, ring_forward
-from lwm.parallel.steps import ring_steps
+from lwm.parallel.ring_steps import ring_steps
 from lwm.plan.fake import OpCounter
 
 N = 8

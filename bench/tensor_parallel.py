@@ -18,12 +18,12 @@ import time
 import torch
 
 from bench.report import command_line, host_line, publish
+from lwm.core.config import OptimConfig, StageConfig
 from lwm.model import ModelConfig
 from lwm.parallel import ParallelDims, build_meshes, build_parallel_model, compute_settings
 from lwm.parallel.launch import run_distributed
 from lwm.plan.fake import make_batch
 from lwm.plan.memory import tracked_step
-from lwm.train.config import OptimConfig, StageConfig
 
 PARTS = ("parameters", "gradients", "optimizer", "activations", "temporaries")
 

@@ -37,14 +37,14 @@ import torch
 
 from bench.memory_features import FEATURES, Feature
 from bench.report import command_line, host_line, peak_mib, peak_tflops, publish, sync
+from lwm.core.config import OptimConfig, StageConfig
+from lwm.core.step import activation_offload, build_optimizer, train_step
 from lwm.model import ModelConfig, Transformer
 from lwm.parallel import build_parallel_model, compute_settings
 from lwm.plan.devices import DEVICES
 from lwm.plan.fake import make_batch, place
 from lwm.plan.memory import Mesh, plan_step
 from lwm.plan.time import step_time, step_work
-from lwm.train.config import OptimConfig, StageConfig
-from lwm.train.step import activation_offload, build_optimizer, train_step
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -90,7 +90,7 @@ def layer_step(
     preset: str, layers: int, seq_len: int, steps: int, device_type: str, memory: Memory | None = None
 ) -> dict:
     """In a one-rank process group: the training step LWMModule and lwm-plan run
-    (lwm.train.step.train_step: the objective, backward, clipping, AdamW, the schedule) on real
+    (lwm.core.step.train_step: the objective, backward, clipping, AdamW, the schedule) on real
     tensors, under `memory`'s features (None: checkpointing alone); times `steps` steps after one
     warm-up step, the device's peak allocation over them, and offload's host buffers."""
     memory = memory or Memory()

@@ -15,6 +15,12 @@ import torch.distributed as dist
 RANK_VARIABLES = ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID")
 
 
+def say(*args) -> None:
+    """print, on rank 0 only (flushed: ranks' lines interleave in one log)."""
+    if is_rank0():
+        print(*args, flush=True)
+
+
 def is_rank0() -> bool:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank() == 0

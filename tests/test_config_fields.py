@@ -90,13 +90,7 @@ from train_runs import DEBUG, composed  # noqa: E402 (the tests' debug overrides
 
 from lwm.arg_types import from_args
 from lwm.configs import from_dict
-from lwm.data import SkippedTooMany, TooLittleData, Vocab
-from lwm.eval import needle
-from lwm.eval.needle import NeedleConfig, NeedleGrid
-from lwm.infer.runtime import ModelOptions
-from lwm.model import ModelConfig, Transformer, token_coefficients
-from lwm.train import evaluate
-from lwm.train.config import (
+from lwm.core.config import (
     OptimConfig,
     ParallelConfig,
     StageConfig,
@@ -105,11 +99,17 @@ from lwm.train.config import (
     stage_model_config,
     validate,
 )
+from lwm.core.step import clip_grad_norm, lr_lambda, training_objective
+from lwm.data import SkippedTooMany, TooLittleData, Vocab
+from lwm.eval import needle
+from lwm.eval.needle import NeedleConfig, NeedleGrid
+from lwm.infer.runtime import ModelOptions
+from lwm.model import ModelConfig, Transformer, token_coefficients
+from lwm.train import evaluate
 from lwm.train.datamodule import LWMDataModule
 from lwm.train.entry import ensure_sample_data
 from lwm.train.module import LWMModule
 from lwm.train.run import run_schedule
-from lwm.train.step import clip_grad_norm, lr_lambda, training_objective
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
@@ -370,7 +370,7 @@ def test_text_and_vision_weights_reach_the_loss():
 
     def step_loss(tw, vw):
         module = debug_module(optim=OptimConfig(text_weight=tw, vision_weight=vw))
-        with torch.no_grad():  # what the training step (lwm.train.step.train_step) runs backward on
+        with torch.no_grad():  # what the training step (lwm.core.step.train_step) runs backward on
             got, _ = training_objective(module.model, batch, module.optim, None, module.parallel.document_mask)
             expected = module.model(
                 batch["tokens"],

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from train_runs import DEBUG, ROOT, composed, main_in_process
 
 from lwm.configs import ConfigError, from_dict
-from lwm.train.entry import to_run_config
+from lwm.core.config import to_run_config
 
 RANGES = [
     (["schedule.stages.0.lr=inf"], r"schedule.stages\[0\].lr: expected a finite number, got inf"),
@@ -57,7 +57,7 @@ def debug_config():
 
 @pytest.mark.parametrize("overrides,message", RANGES)
 def test_a_number_out_of_range_is_refused_when_the_config_is_built(debug_config, overrides, message):
-    """What train.py's main does first (lwm.train.entry.to_run_config): its ValueError is the exit 2."""
+    """What train.py's main does first (lwm.core.config.to_run_config): its ValueError is the exit 2."""
     cfg = debug_config.copy()
     for override in OverridesParser.create().parse_overrides(overrides):  # Hydra's reading of inf, nan, lists
         OmegaConf.update(cfg, override.key_or_group, override.value(), force_add=True)

@@ -191,7 +191,7 @@ def test_a_sources_columns_and_options_are_checked_before_any_work(tmp_path):
     (a media column, a field of its spec), roles without a conversation or mapping to no role, a direction that
     is not one or is given to a conversation."""
     from lwm.configs import from_dict
-    from lwm.train.config import DataSpec
+    from lwm.core.config import DataSpec
 
     table = tmp_path / "caps.csv"
     table.write_text("clip,caption\na.mp4,a cat\n")

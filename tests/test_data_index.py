@@ -259,14 +259,14 @@ def test_an_epochs_plan_is_kept_and_later_starts_map_it(tmp_path, tok, vocab, co
     import pickle
 
     import lwm.data.stream as dataset
-    from lwm.data.plan import ARRAYS
+    from lwm.data.epoch_plan import ARRAYS
 
     src = write_jsonl(tmp_path / "docs.jsonl", examples(40, 7))
     sources = [Source(str(src), fields="text", overflow="window")]
     first = stream_of(sources, tok, vocab, codes_dir)
     kept = lambda: sorted(f.name.split(".")[-3] for f in tmp_path.glob("docs.jsonl.*.lwm-plan.npy"))  # noqa: E731
     assert kept() == ["e0"]
-    monkeypatch.setattr(dataset, "plan", lambda *a: pytest.fail("planned again"))
+    monkeypatch.setattr(dataset, "plan_epoch", lambda *a: pytest.fail("planned again"))
     second = stream_of(sources, tok, vocab, codes_dir)
     mapped, made = second.plan(0), first.plan(0)
     assert mapped.file is not None and isinstance(mapped.piece_pos, np.memmap) and made.file is None
@@ -297,7 +297,7 @@ def test_an_epochs_plan_is_kept_and_later_starts_map_it(tmp_path, tok, vocab, co
     def read_only(self, *a, **k):
         raise PermissionError("read-only file system")
 
-    monkeypatch.setattr("lwm.data.plan.FileLock.acquire", read_only)
+    monkeypatch.setattr("lwm.data.epoch_plan.FileLock.acquire", read_only)
     alone = stream_of(sources, tok, vocab, codes_dir, seq_len=64)  # a new key, nowhere to keep it
     assert alone.plan(1).file is None and len(list(tmp_path.glob("docs.jsonl.*.lwm-plan.npy"))) == 4
     assert all(same(a, b) for a, b in zip(alone.sequences(1), reference_sequences(alone, 1), strict=True))

@@ -13,6 +13,8 @@ from document_refs import allowed, masked_sdpa, one_by_one_grads, packed_pair, p
 from hydra import compose, initialize_config_dir
 from lightning.fabric.utilities.apply_func import move_data_to_device
 
+from lwm.core.config import OptimConfig, ParallelConfig, StageConfig, to_run_config
+from lwm.core.step import training_objective
 from lwm.data import DataConfig, Sharding, shard_batch
 from lwm.data.batches import WHOLE_IDS, document_positions, with_documents
 from lwm.model import ModelConfig
@@ -20,10 +22,7 @@ from lwm.model.documents import Documents, document_attention
 from lwm.parallel import simulate_ring
 from lwm.parallel.layout import shard
 from lwm.parallel.pieces import StepPlanner, piece_work
-from lwm.train.config import OptimConfig, ParallelConfig, StageConfig
-from lwm.train.entry import to_run_config
 from lwm.train.module import LWMModule
-from lwm.train.step import training_objective
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -192,7 +191,7 @@ def test_bad_segment_ids_are_named():
 
 
 def _step(module, batch):
-    """What the training step (lwm.train.step.train_step) runs backward on, and the parameter
+    """What the training step (lwm.core.step.train_step) runs backward on, and the parameter
     gradients, without its optimizer step."""
     module.model.zero_grad()
     objective, _ = training_objective(module.model, batch, module.optim, None, module.parallel.document_mask)

@@ -10,6 +10,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
+from lwm.core.config import OptimConfig, ParallelConfig, StageConfig
+from lwm.core.step import build_optimizer, train_step
 from lwm.data.vocab import Vocab
 from lwm.model import ModelConfig, Transformer
 from lwm.parallel import apply_context_parallel, compute_settings
@@ -18,9 +20,7 @@ from lwm.plan.fake import make_batch, place, run_prefill, run_step, shard_rows, 
 from lwm.plan.fake_step import FakeStepConfig, run
 from lwm.train import module as module_file
 from lwm.train import run as run_module
-from lwm.train.config import OptimConfig, ParallelConfig, StageConfig
 from lwm.train.module import LWMModule
-from lwm.train.step import build_optimizer, train_step
 
 DEBUG = ModelConfig.from_preset("debug")
 STAGE = StageConfig("a", seq_len=64, rope_theta=1e4, steps=1, lr=1e-3, cp=2)

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-# From the ground up (README, "The layout"); floor 0 is the shared modules lwm/<name>.py.
+# From the ground up (README, "The layout"); floor 0 is the shared modules lwm/<name>.py. Packages
+# in one tuple share a floor: each stands on the floors below and none imports another.
 FLOORS = [
     "model",
     "parallel",
@@ -21,9 +22,8 @@ FLOORS = [
     "infer",
     "synth",
     "eval",
-    "train",
-    "plan",
-    "vqgan_training",
+    "core",
+    ("train", "plan", "vqgan_training"),  # the Lightning run, the planner, the VQGAN's training
 ]
 GROUND = ("disk",)  # packages of floor 0: what lives on disk (lwm/disk/)
 TOP = {"lwm.demo"}  # lwm-demo: a command over the model, above everything in the package
@@ -45,8 +45,9 @@ def floor(module: str, root: Path = ROOT) -> int:
     parts = module.split(".")
     if len(parts) == 1:
         return 0  # lwm itself
-    if parts[1] in FLOORS:
-        return FLOORS.index(parts[1]) + 1
+    for i, packages in enumerate(FLOORS):
+        if parts[1] == packages or parts[1] in packages and isinstance(packages, tuple):
+            return i + 1
     if len(parts) == 2 and (root / "lwm" / f"{parts[1]}.py").exists():
         return 0  # a shared module: lwm/io.py, configs.py, ...
     if parts[1] in GROUND:
@@ -164,7 +165,23 @@ def plant(root: Path, files: dict[str, str]) -> Path:
 
 def test_a_relative_import_up_a_floor_is_caught(tmp_path):
     root = plant(tmp_path, {"lwm/data/chat.py": "from ..train import run\n", "lwm/train/run.py": ""})
-    assert upward(graph(root), root) == ["lwm.data.chat (floor 3) imports lwm.train.run (floor 10)"]
+    assert upward(graph(root), root) == ["lwm.data.chat (floor 3) imports lwm.train.run (floor 11)"]
+
+
+def test_packages_of_one_floor_do_not_import_each_other(tmp_path):
+    root = plant(tmp_path, {"lwm/plan/fake.py": "from lwm.train import module\n", "lwm/train/module.py": ""})
+    assert upward(graph(root), root) == ["lwm.plan.fake (floor 11) imports lwm.train.module (floor 11)"]
+
+
+def test_the_core_runs_without_lightning():
+    """lwm.core is what the Lightning run, the planner and bench/ share: none of its modules imports Lightning."""
+    found = [
+        f"{module_name(p)} imports {line.split()[1]}"
+        for p in sorted((ROOT / "lwm" / "core").rglob("*.py"))
+        for line in p.read_text().splitlines()
+        if line.lstrip().startswith(("import lightning", "from lightning"))
+    ]
+    assert not found, found
 
 
 def test_a_relative_import_cycle_is_caught(tmp_path):
@@ -194,3 +211,4 @@ def test_a_package_without_a_floor_is_refused():
     with pytest.raises(AssertionError, match="lwm.attic has no floor"):
         floor("lwm.attic.old")
     assert floor("lwm.io") == 0 and floor("lwm.data.chat") == FLOORS.index("data") + 1
+    assert floor("lwm.plan.fake") == floor("lwm.train.run") == len(FLOORS)

@@ -97,7 +97,7 @@ def test_one_gpu_training_step_computes_in_bf16_on_fp32_weights(tmp_path, param_
     and the computation is the GPU's."""
     import lightning as L
 
-    from lwm.train.config import OptimConfig, ParallelConfig, StageConfig, TrainerConfig
+    from lwm.core.config import OptimConfig, ParallelConfig, StageConfig, TrainerConfig
     from lwm.train.module import LWMModule
     from lwm.train.trainer import strategy as _strategy
 

@@ -56,7 +56,7 @@ def _no_pyav(folder: Path) -> Path:
 
 def test_dry_run_runs_every_part_and_writes_the_report(tmp_path):
     """Every part, with PyAV absent as on the device: its tests part's collection imported it through the
-    suite's session start (making data/sample), and the train and memory parts through lwm.train.config ->
+    suite's session start (making data/sample), and the train and memory parts through lwm.core.config ->
     lwm.eval.needle -> lwm.synth.make_sample before the haystack was made only where it is read."""
     out = tmp_path / "out"
     env = {**os.environ, "PYTHON": sys.executable}

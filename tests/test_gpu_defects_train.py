@@ -19,9 +19,10 @@ from cuda_standins import installed
 from document_refs import packings
 from torch.utils.weak import WeakIdKeyDictionary
 
+import lwm.parallel.ring_steps as ring_steps_module
 from lwm.model import ModelConfig, Transformer
 from lwm.model.documents import Documents
-from lwm.parallel import apply_context_parallel, simulate_ring, steps, ulysses_attention
+from lwm.parallel import apply_context_parallel, simulate_ring, ulysses_attention
 
 PINNED = WeakIdKeyDictionary()
 
@@ -50,7 +51,7 @@ class Copies(HostTensors):
 def as_on_a_gpu(monkeypatch):
     monkeypatch.setattr(comm_contract, "PROJECT", ["lwm."])
     monkeypatch.setattr(torch.Tensor, "pin_memory", _pin)
-    monkeypatch.setattr(steps, "copies_pinned", lambda device: True, raising=False)
+    monkeypatch.setattr(ring_steps_module, "copies_pinned", lambda device: True, raising=False)
     with installed():
         yield
 

@@ -1,4 +1,4 @@
-"""The guard on every training step (lwm.train.module.LWMModule._guard, lwm.train.step.train_step):
+"""The guard on every training step (lwm.train.module.LWMModule._guard, lwm.core.step.train_step):
 a loss or gradient norm that is not finite stops the run with exit 5 naming the stage, the step and
 the values, before the step's update; the last good checkpoint is kept and non-finite weights are
 never written (a checkpoint, final.safetensors). optim.max_nonfinite_steps skips that many such
@@ -12,11 +12,11 @@ from __future__ import annotations
 import torch
 from train_runs import main_in_process
 
+from lwm.core.config import OptimConfig, StageConfig
+from lwm.core.step import build_optimizer, train_step
 from lwm.disk.checkpoints import load_verified
 from lwm.model import ModelConfig, Transformer
-from lwm.train.config import OptimConfig, StageConfig
 from lwm.train.module import LWMModule
-from lwm.train.step import build_optimizer, train_step
 
 EXIT_NONFINITE = 5
 

@@ -116,7 +116,7 @@ def test_needle_extension_model_learns_two_digit_needles_from_chance(tmp_path):
 def first_stage_probe(cfg, source: str, train: Path, **stage) -> dict:
     """Run only the experiment's first stage (its one source read from `train`, its fields changed by
     `stage`) through run_schedule; the stage's probe.json."""
-    from lwm.train.config import StageConfig
+    from lwm.core.config import StageConfig
 
     spec = cfg.data.sources[source]
     spec.path = str(train)

@@ -1,4 +1,4 @@
-"""The learning-rate factor (lwm/train/lr.py): its values in closed form, and both runs' schedules
+"""The learning-rate factor (lwm/core/lr.py): its values in closed form, and both runs' schedules
 (the LM's lr_lambda, the VQGAN's _lr_factor) giving, step for step, what they gave before they
 shared it."""
 
@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from lwm.train.config import StageConfig
-from lwm.train.lr import lr_factor
-from lwm.train.step import lr_lambda
+from lwm.core.config import StageConfig
+from lwm.core.lr import lr_factor
+from lwm.core.step import lr_lambda
 from lwm.vision import VQGANConfig
 from lwm.vqgan_training.config import VQGANTrainConfig
 from lwm.vqgan_training.lit_vqgan import LitVQGAN

@@ -10,9 +10,9 @@ import pytest
 import torch
 from train_runs import main_in_process
 
+from lwm.core.config import OptimConfig, StageConfig
+from lwm.core.step import build_optimizer, kind_losses, train_step
 from lwm.model import ModelConfig, Transformer
-from lwm.train.config import OptimConfig, StageConfig
-from lwm.train.step import build_optimizer, kind_losses, train_step
 
 
 def test_a_short_stage_logs_its_last_step_and_the_summary_its_losses(tmp_path, monkeypatch, capsys):

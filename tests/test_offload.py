@@ -12,6 +12,8 @@ import torch
 from offload_standins import CopyContractError, StandInCuda
 from train_runs import main_in_process
 
+from lwm.core.config import OptimConfig, ParallelConfig, StageConfig
+from lwm.core.step import build_optimizer, train_step
 from lwm.model import ModelConfig, Transformer
 from lwm.parallel import (
     ActivationOffload,
@@ -28,8 +30,6 @@ from lwm.parallel import offload as offload_file
 from lwm.parallel.launch import run_distributed
 from lwm.plan.fake import GPU_SETTINGS, make_batch
 from lwm.plan.memory import Mesh, plan_step
-from lwm.train.config import OptimConfig, ParallelConfig, StageConfig
-from lwm.train.step import build_optimizer, train_step
 
 CFG = ModelConfig.from_preset("debug").replace(n_layers=3)  # a middle block: fetched ahead, neither end
 TILING = dict(attn_head_groups=2, norm_chunk_size=16, mlp_chunk_size=16)  # 32 tokens a rank: two chunks
@@ -271,9 +271,9 @@ def test_the_planner_puts_the_layer_inputs_in_host_memory():
 
 
 def test_the_config_field_takes_effect_and_needs_checkpointing(monkeypatch):
-    from lwm.train import step as step_file
+    from lwm.core import step as step_file
+    from lwm.core.step import activation_offload
     from lwm.train.module import LWMModule
-    from lwm.train.step import activation_offload
 
     with pytest.raises(
         ValueError, match="parallel.activation_offload=true needs parallel.activation_checkpointing=true"

@@ -9,7 +9,7 @@ from lwm.parallel import block_backward, block_forward, ring_attention, simulate
 from lwm.parallel.merge import Sums, merge_
 from lwm.parallel.pieces import Piece, StepPlanner
 from lwm.parallel.ring import new_dq, ring_backward, ring_forward
-from lwm.parallel.steps import ring_steps
+from lwm.parallel.ring_steps import ring_steps
 
 
 def sdpa_ref(q, k, v, causal):

@@ -12,6 +12,8 @@ import pytest
 import torch
 from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
 
+from lwm.core.config import OptimConfig, ParallelConfig, StageConfig
+from lwm.core.step import build_optimizer, train_step
 from lwm.model import ModelConfig, Transformer
 from lwm.parallel import ParallelDims, build_meshes, build_parallel_model, compute_settings, state_offload
 from lwm.parallel.launch import run_distributed
@@ -19,8 +21,6 @@ from lwm.plan.devices import parse_device
 from lwm.plan.fake import GPU_SETTINGS, make_batch
 from lwm.plan.memory import Mesh, StepMemory, plan_step
 from lwm.plan.time import step_time, step_work
-from lwm.train.config import OptimConfig, ParallelConfig, StageConfig
-from lwm.train.step import build_optimizer, train_step
 
 CFG = ModelConfig.from_preset("debug").replace(n_layers=3)
 SEQ, STEPS = 64, 5
@@ -82,8 +82,8 @@ def test_lightning_leaves_host_parameters_in_host_memory():
 def test_the_config_field_takes_effect(monkeypatch):
     """parallel.param_offload reaches FSDP2 as its CPU offload policy (pinned on a GPU), the
     parameters are allocated in host memory, and the trainer's strategy keeps them there."""
+    from lwm.core.config import TrainerConfig
     from lwm.train import module as module_file
-    from lwm.train.config import TrainerConfig
     from lwm.train.module import LWMModule
     from lwm.train.trainer import strategy
 

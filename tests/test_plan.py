@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
+from lwm.core.config import OptimConfig
 from lwm.model import ModelConfig
 from lwm.parallel import compute_settings
 from lwm.parallel.launch import run_distributed
@@ -29,7 +30,6 @@ from lwm.plan.memory import Mesh, StepMemory, plan_step
 from lwm.plan.search import longest_sequence
 from lwm.plan.time import block_params, step_time, step_work
 from lwm.plan.tracker import PlanTracker
-from lwm.train.config import OptimConfig
 
 SMALL = ["model=debug", "schedule=debug", "parallel=7b"]  # activation checkpointing on, as at 7b
 

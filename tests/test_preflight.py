@@ -1,4 +1,4 @@
-"""Training's preflight (lwm/train/preflight.py): a stage that will not fit the device is
+"""Training's preflight (lwm/core/preflight.py): a stage that will not fit the device is
 refused before anything is allocated, naming the stage, its mesh, the planned peak, the device and
 the smallest cp that fits (or why none does); one that fits passes and returns its plan."""
 
@@ -8,10 +8,10 @@ import dataclasses
 
 import pytest
 
+from lwm.core.preflight import PreflightJob, WillNotFit, check, device_kind, device_memory, preflight, wanted
 from lwm.plan.config import compose_run
 from lwm.plan.devices import GIB
 from lwm.plan.stage_plan import plan_stage
-from lwm.train.preflight import PreflightJob, WillNotFit, check, device_kind, device_memory, preflight, wanted
 
 pytestmark = pytest.mark.integration  # the preflight plans in a child process
 

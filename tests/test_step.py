@@ -1,21 +1,22 @@
-"""One training step (lwm/train/step.py): Lightning's LWMModule.training_step and lwm-plan's tracked
+"""One training step (lwm/core/step.py): Lightning's LWMModule.training_step and lwm-plan's tracked
 step (the preflight's, the fake step command's, bench/'s) run the same function, so what changes the
 step changes what the plan measures."""
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import lightning as L
 import pytest
 import torch
 
+from lwm.core import step as step_file
+from lwm.core.config import OptimConfig, ParallelConfig, StageConfig
 from lwm.data.batches import Sharding, shard_batch
 from lwm.model import ModelConfig, Transformer
 from lwm.parallel import compute_settings
 from lwm.plan.memory import Mesh, plan_step
-from lwm.train import step as step_file
-from lwm.train.config import OptimConfig, ParallelConfig, StageConfig
 from lwm.train.module import LWMModule
 
 DEBUG = ModelConfig.from_preset("debug")
@@ -38,7 +39,7 @@ def _loader(steps: int):
 
 @pytest.mark.integration  # starts loader workers or a process group
 def test_lightning_and_the_planner_run_one_step_function(monkeypatch):
-    """The objective is computed inside lwm.train.step.train_step, called from both: a step
+    """The objective is computed inside lwm.core.step.train_step, called from both: a step
     re-assembled anywhere else (a copy in module.py, in the planner) calls it from another function
     and fails here. Lightning drives it by manual optimization: it counts the optimizer's steps and
     the step function steps the schedule."""
@@ -121,3 +122,16 @@ def test_a_checkpoint_from_automatic_optimization_resumes_at_its_step():
     fit["epoch_loop.manual_optimization.optim_step_progress"] = progress(7)  # a new checkpoint: left as it is
     steps_from_automatic_optimization(checkpoint)
     assert fit["epoch_loop.manual_optimization.optim_step_progress"] == progress(7)
+
+
+def test_the_guides_loop_without_lightning_learns(capsys):
+    """docs/training.md's loop over the core's step (lwm.core, which imports no Lightning: test_floors), as
+    written there: the one batch it repeats is learned (its loss at most half the first step's)."""
+    guide = (Path(__file__).resolve().parent.parent / "docs" / "training.md").read_text()
+    section = guide.split("## The training step without Lightning", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    names: dict = {}
+    exec(compile(code, "docs/training.md", "exec"), names)
+    losses = names["losses"]
+    assert len(losses) == names["stage"].steps and losses[-1] < 0.5 * losses[0], losses
+    assert f"loss {losses[0]:.2f} -> {losses[-1]:.2f}" in capsys.readouterr().out

@@ -15,12 +15,12 @@ import torch
 from hf_models import family_config, family_model
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+from lwm.core.config import OptimConfig
+from lwm.core.step import batch_loss, clip_grad_norm, train_step
 from lwm.data.batches import Sharding, shard_batch, with_documents
 from lwm.model import ModelConfig, Transformer
 from lwm.parallel import ParallelDims, build_meshes, build_parallel_model, compute_settings
 from lwm.parallel.launch import run_distributed
-from lwm.train.config import OptimConfig
-from lwm.train.step import batch_loss, clip_grad_norm, train_step
 
 CFG = ModelConfig.from_preset("debug")
 SEQ, STEPS, DOCS = 64, 5, 4

@@ -156,7 +156,7 @@ def test_encoder_pickles_and_its_signature_follows_the_folders_config(made, tmp_
 
 def test_data_tokenizer_may_be_a_folder_or_its_tokenizer_json(made):
     """Refused before: data.tokenizer=DIR "does not exist"; DIR/tokenizer.json "is not a sentencepiece model"."""
-    from lwm.train.config import DataSpec, check_data_files
+    from lwm.core.config import DataSpec, check_data_files
 
     for given in (made["llama3"], made["llama3"] / "tokenizer.json"):
         spec = DataSpec(tokenizer=str(given))

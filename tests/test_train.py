@@ -21,9 +21,8 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file
 from train_runs import DEBUG, ROOT, STOPPED, forked_train, losses, main_in_process, train
 
+from lwm.core.config import to_run_config, validate
 from lwm.disk.checkpoints import load_verified
-from lwm.train.config import validate
-from lwm.train.entry import to_run_config
 
 CONF = ROOT / "conf"
 
@@ -323,8 +322,8 @@ def test_one_gpu_trains_through_fsdp2_and_one_cpu_process_plainly():
     single GPU gets the strategy too; tests/test_gpu.py checks the dtypes on a device."""
     from lightning.pytorch.strategies import ModelParallelStrategy
 
+    from lwm.core.config import TrainerConfig
     from lwm.parallel import ParallelDims
-    from lwm.train.config import TrainerConfig
     from lwm.train.trainer import strategy as _strategy
 
     assert _strategy(ParallelDims(), TrainerConfig(accelerator="cpu")) == "auto"

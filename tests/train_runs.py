@@ -28,7 +28,7 @@ def composed(*overrides: str):
     """train.py's typed config (RunConfig), composed from conf/ with these overrides, in this process."""
     from hydra import compose, initialize_config_dir
 
-    from lwm.train.entry import to_run_config
+    from lwm.core.config import to_run_config
 
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         return to_run_config(compose("train", overrides=list(overrides)))

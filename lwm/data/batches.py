@@ -31,7 +31,7 @@ LOSS_ROWS = "loss_rows"  # (n,) the flat positions of the rank's (B, S / cp) sli
 
 @dataclass
 class StreamOptions:
-    """How examples become sequences: what a run's data config (conf/data, lwm.train.config.DataSpec)
+    """How examples become sequences: what a run's data config (conf/data, lwm.core.config.DataSpec)
     and the stream of one stage (DataConfig) have in common."""
 
     tokenizer: str = "data/sample/tokenizer.model"

@@ -2,7 +2,7 @@
 
 Each source is read through its index (lwm.data.index: every example's token count, made once and kept).
 Each epoch orders all examples of all sources with a seed derived from (seed, epoch), and the epoch's
-plan (lwm.data.plan) says from token counts alone which pieces of which examples make each packed
+plan (lwm.data.epoch_plan) says from token counts alone which pieces of which examples make each packed
 sequence; it is made once and kept in a file beside the first source's index (or in `data.index_dir`),
 which every later start, rank and loader worker maps. Global batch g is made of sequences [g*B*D,
 (g+1)*B*D) of that stream (B sequences per data-parallel rank, D ranks); data-parallel rank r takes its
@@ -34,11 +34,11 @@ import numpy as np
 import torch
 
 from lwm.data.code_cache import CodeStore
+from lwm.data.epoch_plan import EpochPlan, EpochPlanFiles, plan_epoch
 from lwm.data.example import Encoded, Encoder, ExampleError, parse_fields
 from lwm.data.form import DIRECTIONS, ROLES, Form, source_form
 from lwm.data.index import SourceIndex, example_key, source_index
 from lwm.data.packing import OVERFLOW, WEIGHTING, Packed, assemble, example_weights
-from lwm.data.plan import Plan, PlanFiles, plan
 from lwm.data.sources import SourceError, check_columns, check_readable, check_record_keys
 from lwm.data.text_tokenizer import TextTokenizer
 from lwm.data.vocab import Vocab
@@ -222,7 +222,7 @@ class PackedStream:
         )
         self._judge()
         self.encoded: Counter = Counter()  # what this process encoded: "examples", "tokens"
-        self._plans: dict[int, Plan] = {}
+        self._plans: dict[int, EpochPlan] = {}
         self._plan_files = self._plans_kept_in(index_dir)
         self._last: tuple | None = None  # ((source, example), Encoded): a windowed example spans sequences
         self._global_batches(self.plan(0))  # too little data is said here, before any batch is made
@@ -276,7 +276,7 @@ class PackedStream:
             "remove those examples, or raise data.max_skipped_fraction (1: never stop)"
         )
 
-    def _global_batches(self, p: Plan) -> int:
+    def _global_batches(self, p: EpochPlan) -> int:
         """The whole global batches of an epoch's plan; none raises TooLittleData naming the sources."""
         per_global = self.batch_size * self.dp_size
         if len(p) < per_global:
@@ -295,8 +295,8 @@ class PackedStream:
         perm = np.random.default_rng([self.seed, epoch]).permutation(len(src))
         return src[perm], idx[perm]
 
-    def plan(self, epoch: int) -> Plan:
-        """The packing plan of an epoch, from its file (PlanFiles), or made and kept there (held for the
+    def plan(self, epoch: int) -> EpochPlan:
+        """The packing plan of an epoch, from its file (EpochPlanFiles), or made and kept there (held for the
         epoch under way and the next)."""
         if epoch not in self._plans:
             self._plans[epoch] = self._plan_files.get(epoch, lambda: self._make_plan(epoch))
@@ -304,11 +304,11 @@ class PackedStream:
                 del self._plans[old]
         return self._plans[epoch]
 
-    def _make_plan(self, epoch: int) -> Plan:
+    def _make_plan(self, epoch: int) -> EpochPlan:
         lengths = [index.lengths for index in self.indexes]
-        return plan(*self._order(epoch), lengths, [s.overflow for s in self.sources], self.seq_len)
+        return plan_epoch(*self._order(epoch), lengths, [s.overflow for s in self.sources], self.seq_len)
 
-    def _plans_kept_in(self, index_dir: str | None) -> PlanFiles:
+    def _plans_kept_in(self, index_dir: str | None) -> EpochPlanFiles:
         """Where the epochs' plans are kept (data.index_dir, else beside the first source's index), keyed
         by what a plan depends on: each index (its file's name holds the encoding's key; its header, the
         source's size and mtime), the examples trained on, repeats, overflow policies, seed and sequence
@@ -322,7 +322,7 @@ class PackedStream:
             "seq_len": self.seq_len,
         }
         folder = Path(index_dir) if index_dir is not None else self.indexes[0].file.parent
-        return PlanFiles(folder, Path(self.sources[0].path).name, identity)
+        return EpochPlanFiles(folder, Path(self.sources[0].path).name, identity)
 
     def __getstate__(self) -> dict:
         """A loader worker maps the kept plans from their files instead of receiving a copy of them."""
@@ -376,7 +376,9 @@ class PackedStream:
             src.append(np.full(len(index) - n, s, np.int64))
             idx.append(np.arange(n, len(index), dtype=np.int64))
         lengths = [index.lengths for index in self.indexes]
-        held = plan(np.concatenate(src), np.concatenate(idx), lengths, [s.overflow for s in self.sources], self.seq_len)
+        held = plan_epoch(
+            np.concatenate(src), np.concatenate(idx), lengths, [s.overflow for s in self.sources], self.seq_len
+        )
         per_global, B = self.batch_size * self.dp_size, self.batch_size
         first = self.dp_rank * B
         return [

@@ -19,7 +19,7 @@ from lwm.parallel.kernels import block_forward
 from lwm.parallel.merge import acc_dtype, merge_, merge_stack
 from lwm.parallel.pieces import StepPlanner
 from lwm.parallel.ring import ring_blocks, ring_forward
-from lwm.parallel.steps import ring_steps
+from lwm.parallel.ring_steps import ring_steps
 
 
 def cached_attention(

@@ -108,7 +108,7 @@ def document_pieces(plan: BlockPart, local_len: int, q_runs: BatchRuns, k_runs: 
 
 class StepPlanner:
     """The pieces every ring step of one rank computes: `planner(step)`. Host arithmetic only; what the
-    step runs (these pieces, or one variable-length call where the kernel has one) is steps.py's."""
+    step runs (these pieces, or one variable-length call where the kernel has one) is ring_steps.py's."""
 
     def __init__(
         self, layout: str, rank: int, world_size: int, local_len: int, causal: bool, documents: Documents | None = None

@@ -2,7 +2,7 @@
 
 Each rank keeps its queries; K/V blocks (Hkv heads, never expanded) travel around the ring, the
 next one in flight while the current one is computed. What each step computes, forward and
-backward, is steps.py's (the layout's block plan, cut to a packed sequence's documents: one
+backward, is ring_steps.py's (the layout's block plan, cut to a packed sequence's documents: one
 variable-length call per step on CUDA flash, elsewhere the documents' rectangles one by one; on
 CPU the flash kernel per piece is the fastest exact path: its varlen kernel does not exist, and a
 masked dense call would compute every entry). Partial results merge in fp32 from (out,
@@ -26,7 +26,7 @@ from lwm.parallel.comm import RingComm, all_gather_stack
 from lwm.parallel.layout import check_divisible, check_layout, shard, unshard
 from lwm.parallel.merge import Sums, acc_dtype
 from lwm.parallel.pieces import step_planner
-from lwm.parallel.steps import Finals, RingSteps, ring_steps
+from lwm.parallel.ring_steps import Finals, RingSteps, ring_steps
 
 
 def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from lwm.core.config import OptimConfig, ParallelConfig, StageConfig, stage_model_config
+from lwm.core.step import build_optimizer, train_step
 from lwm.model import ModelConfig
 from lwm.model.config import PRESETS
 from lwm.parallel import build_parallel_model, compute_settings
@@ -28,8 +30,6 @@ from lwm.plan.devices import cpu_device
 from lwm.plan.fake import make_batch, place
 from lwm.plan.memory import Mesh, plan_step, tracked_step
 from lwm.plan.time import step_time, step_work
-from lwm.train.config import OptimConfig, ParallelConfig, StageConfig, stage_model_config
-from lwm.train.step import build_optimizer, train_step
 
 MALLOC = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
 PARALLEL = ParallelConfig(document_mask=False)  # as planned: document runs are read on the host

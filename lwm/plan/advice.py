@@ -24,10 +24,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
+from lwm.core.config import ParallelConfig
 from lwm.model import ModelConfig
 from lwm.plan.devices import Device
 from lwm.plan.memory import Mesh, StepMemory, mesh_dims
-from lwm.train.config import ParallelConfig
 
 CHUNK = 16384  # tokens per chunk of the tiled norms and MLP: fp32 work of 256 MiB at dim 4096
 

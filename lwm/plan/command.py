@@ -13,6 +13,7 @@ import sys
 from dataclasses import asdict, fields
 from pathlib import Path
 
+from lwm.core.config import ParallelConfig, StageConfig, stage_model_config
 from lwm.plan import bounds, report
 from lwm.plan.advice import cheapest_fit
 from lwm.plan.config import PlanConfig, compose_run
@@ -29,7 +30,6 @@ from lwm.plan.search import (
     stage_meshes,
 )
 from lwm.plan.time import step_time, step_work
-from lwm.train.config import ParallelConfig, StageConfig, stage_model_config
 
 NODE = 8  # GPUs per node when --cp/--dp give the world directly (an HGX node)
 
@@ -90,7 +90,7 @@ def run(config: PlanConfig) -> dict:
     run_cfg = compose_run(config.overrides)
     if config.tp:
         run_cfg.parallel = dataclasses.replace(run_cfg.parallel, tp=config.tp)
-    model = run_cfg.model  # with schedule.init_hf, the folder's (lwm.train.config.start_model)
+    model = run_cfg.model  # with schedule.init_hf, the folder's (lwm.core.config.start_model)
     world, node = planned_world(config, run_cfg)
     given = "--cp x --dp x --tp" if config.dp else "trainer.devices x trainer.num_nodes"
     bounds.check_world(world, f"{given} = {world}")

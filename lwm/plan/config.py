@@ -7,9 +7,8 @@ from dataclasses import dataclass, field
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf, open_dict
 
+from lwm.core.config import RunConfig, to_run_config
 from lwm.paths import REPO
-from lwm.train.config import RunConfig
-from lwm.train.entry import to_run_config
 
 
 @dataclass

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from lwm.train.preflight import GIB  # noqa: F401  (the planner's modules read it here)
+from lwm.core.preflight import GIB  # noqa: F401  (the planner's modules read it here)
 
 
 @dataclass(frozen=True)

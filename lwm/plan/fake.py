@@ -1,7 +1,7 @@
 """The planner's library for running the real training step and inference prefill without their
 memory: a fake process group (collectives that do nothing), rank 0's meshes and batch, a model
 allocated as fake tensors, op and host-sync counting, and checks that every parameter, gradient
-and AdamW moment is rank 0's FSDP2 shard. The step itself is lwm.train.step.train_step, the one
+and AdamW moment is rank 0's FSDP2 shard. The step itself is lwm.core.step.train_step, the one
 LWMModule runs; lwm/plan/memory.py tracks its memory, lwm/plan/fake_step.py is the command
 that reports it at mission scale.
 
@@ -23,6 +23,8 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from lwm.core.config import OptimConfig, ParallelConfig, StageConfig
+from lwm.core.step import build_optimizer, train_step
 from lwm.data.batches import Sharding, shard_batch, with_documents
 from lwm.data.vocab import Vocab
 from lwm.infer.generator import Generator
@@ -38,8 +40,6 @@ from lwm.parallel import (
 )
 from lwm.parallel.layout import ring_parts
 from lwm.parallel.tensor import BLOCK_PLAN
-from lwm.train.config import OptimConfig, ParallelConfig, StageConfig
-from lwm.train.step import build_optimizer, train_step
 
 
 class PlanFakeMode(FakeTensorMode):

@@ -3,7 +3,7 @@ of a (dp, cp) run under FakeTensorMode and a fake process group.
 
     python -m lwm.plan.fake_step --preset 7b --seq-len 1048576 --cp 8 --dp 4
 
-The step is the real one, lwm.train.step.train_step as LWMModule runs it: the model built on the
+The step is the real one, lwm.core.step.train_step as LWMModule runs it: the model built on the
 meta device, context-parallel attention (lwm.parallel.parallelize), FSDP2 with bf16 mixed precision
 (lwm.parallel.build_parallel_model), the loss and backward objective, clipping, AdamW and the
 schedule. This is the command; the fake process group, the fake allocation, the op counting and
@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, fields
 
 import torch.distributed as dist
 
+from lwm.core.config import ParallelConfig, StageConfig, stage_model_config
 from lwm.model import ModelConfig
 from lwm.model.config import PRESETS
 from lwm.parallel import ParallelDims, meta_parallel_model
@@ -43,7 +44,6 @@ from lwm.plan.fake import (
     start_fake_group,
 )
 from lwm.plan.memory import Mesh
-from lwm.train.config import ParallelConfig, StageConfig, stage_model_config
 
 
 @dataclass

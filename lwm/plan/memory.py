@@ -2,7 +2,7 @@
 FSDP2 tracker, a step measured once AdamW's state exists) and the bytes the step moves. Under fake tensors with a fake process
 group this is the plan; with real tensors in a gloo run it is what the plan is checked against.
 
-The step is lwm.train.step.train_step, the one LWMModule runs (the model built on meta, parallelize,
+The step is lwm.core.step.train_step, the one LWMModule runs (the model built on meta, parallelize,
 FSDP2 through meta_parallel_model, then the objective, backward, clipping, AdamW and the schedule);
 only the batch is widened to the stage's sequences per rank.
 """
@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from lwm.core.config import OptimConfig, ParallelConfig, StageConfig
+from lwm.core.step import build_optimizer, train_step
 from lwm.model import ModelConfig
 from lwm.parallel import (
     ActivationOffload,
@@ -29,8 +31,6 @@ from lwm.parallel import (
 )
 from lwm.plan.fake import PlanFakeMode, fake, fake_allocate, make_batch, place, run_prefill, start_fake_group
 from lwm.plan.tracker import PeakTracker, PlanTracker, WorkCounter
-from lwm.train.config import OptimConfig, ParallelConfig, StageConfig
-from lwm.train.step import build_optimizer, train_step
 
 HOST = torch.device("meta")  # the host memory of a planned step: what activation offload copies to
 

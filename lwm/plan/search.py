@@ -6,11 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+from lwm.core.config import ParallelConfig, StageConfig
 from lwm.model import ModelConfig
 from lwm.plan import bounds
 from lwm.plan.devices import GIB, Device
 from lwm.plan.memory import Mesh, mesh_dims
-from lwm.train.config import ParallelConfig, StageConfig
 
 
 def check_mesh(mesh: Mesh, model: ModelConfig, parallel: ParallelConfig, what: str) -> None:

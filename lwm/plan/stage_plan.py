@@ -1,4 +1,4 @@
-"""The preflight's planning (lwm.train.preflight runs `run` in a process of its own through
+"""The preflight's planning (lwm.core.preflight runs `run` in a process of its own through
 lwm.child): one stage of a run on a device of given memory, as lwm-plan plans it; when it does not
 fit, the smallest larger cp of the same world that does, or the cheapest memory feature that does.
 """
@@ -12,14 +12,14 @@ from pathlib import Path
 
 import torch
 
+from lwm.core.config import stage_model_config
+from lwm.core.preflight import PreflightJob, StagePlan, size
 from lwm.parallel import compute_settings
 from lwm.plan.advice import cheapest_fit
 from lwm.plan.devices import GIB, Device
 from lwm.plan.fake import GPU_SETTINGS
 from lwm.plan.memory import Mesh, plan_step
 from lwm.plan.search import check_mesh, no_fit, smallest_fitting_cp, stage_dp, stage_meshes
-from lwm.train.config import stage_model_config
-from lwm.train.preflight import PreflightJob, StagePlan, size
 
 
 def plan_stage(job: PreflightJob) -> StagePlan:

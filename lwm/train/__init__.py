@@ -1,3 +1,3 @@
-"""train.py's training runs (floor 10): the run's configs, the one training step, the LightningModule,
-datamodule, checkpointing, export and the preflight's request. The planner (lwm.plan) and the VQGAN's
-training (lwm.vqgan_training) are packages above it; nothing below imports from here."""
+"""train.py's training runs with Lightning (floor 11): the LightningModule and datamodule over the core's
+step (lwm.core), the trainer and its callbacks, checkpointing and requeue, the stages' loop, evaluation and
+export. Nothing below imports from here; the planner (lwm.plan) does not either."""

@@ -13,6 +13,9 @@ import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from lwm.core.config import check_files, to_run_config, validate
+from lwm.core.preflight import WillNotFit
+from lwm.core.step import NonFiniteStep
 from lwm.data import ExampleError, IndexNotWritable, SkippedTooMany, StaleIndex, TooLittleData
 from lwm.disk.checkpoints import CheckpointError
 from lwm.disk.folder_lock import FolderLocked, output_lock
@@ -25,14 +28,11 @@ from lwm.parallel.launch import end_process_groups
 from lwm.train import requeue
 from lwm.train.callbacks import loss_summary
 from lwm.train.checkpointing import resumes
-from lwm.train.config import check_files, validate
 from lwm.train.console import is_rank0, quiet_lightning, say
-from lwm.train.entry import ensure_sample_data, to_run_config
+from lwm.train.entry import ensure_sample_data
 from lwm.train.evaluate import EVALUATION_FAILED, evaluated
-from lwm.train.preflight import WillNotFit
 from lwm.train.run import run_schedule
 from lwm.train.skipped import summary as skipped_summary
-from lwm.train.step import NonFiniteStep
 
 EXIT_BAD_INPUT, EXIT_NO_SPACE = 2, 3  # as lwm-tokenize: 2 is bad input, 3 a full disk
 EXIT_STOPPED = 4  # a stage stopped before its end (a signal, stop_at_step): the same command continues it

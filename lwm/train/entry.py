@@ -1,61 +1,21 @@
-"""From a composed Hydra config to typed configs, and the sample data on first use (its needle sets by
+"""The sample data on first use (its needle sets by
 lwm/synth/make_retrieval.py's run, its videos' codes by lwm-tokenize's run, each given its config)."""
 
 from __future__ import annotations
 
-import re
-from collections.abc import Sequence
 from pathlib import Path
 
 from filelock import FileLock
-from omegaconf import DictConfig, OmegaConf
 
-from lwm.configs import from_dict
-from lwm.model import ModelConfig
+from lwm.core.config import DataSpec
 from lwm.paths import SAMPLE
 from lwm.synth import make_retrieval
 from lwm.synth.make_sample import ensure_sample
-from lwm.train.config import DataSpec, RunConfig, start_model
-from lwm.train.console import say
-from lwm.train.evaluate import check as check_evaluation
 from lwm.train.run_id import register_resolver
 from lwm.video import tokenize
 from lwm.video.tokenize import TokenizeConfig
 
 register_resolver()  # ${run_id:} in trainer.out_dir: one folder name shared by every rank
-
-EXAMPLES = {"data.tokenizer": "path/to/tokenizer.model", "data.sources": "'{docs: {path: docs.jsonl}}'"}
-
-
-def to_run_config(cfg: DictConfig, overrides: Sequence[str] = ()) -> RunConfig:
-    """Each group becomes its dataclass; unknown keys are errors that name them. With schedule.init_hf
-    the model is the folder's with the run's memory settings (lwm.train.config.start_model), checked
-    against the model fields `overrides` (the command line's) set."""
-    missing = sorted(OmegaConf.missing_keys(cfg))
-    if missing:
-        raise ValueError(
-            f"{', '.join(missing)} must be given (no default), e.g. "
-            + " ".join(f"{k}={EXAMPLES.get(k, '...')}" for k in missing)
-        )
-    c = OmegaConf.to_container(cfg, resolve=True)
-    data = from_dict(DataSpec, c["data"], "data")
-    model = from_dict(ModelConfig, c["model"], "model")
-    init_hf = (c.get("schedule") or {}).get("init_hf")
-    if init_hf is not None:  # its rows are the folder's; validate checks the data's tokenizer makes them
-        model = start_model(model, init_hf, model_fields(overrides))
-    elif (rows := data.vocab_rows()) is not None and rows != model.vocab_size:  # the vocabulary layout's rows
-        say(f"note: model.vocab_size {model.vocab_size} set to {rows} for {data.tokenizer}")
-        model = model.replace(vocab_size=rows)
-    run = {k: v for k, v in c.items() if k not in ("model", "data")}
-    run = from_dict(RunConfig, {**run, "model": model, "data": data})
-    check_evaluation(run.evaluate)
-    return run
-
-
-def model_fields(overrides: Sequence[str]) -> set[str]:
-    """The model fields a command line sets: model.dim=... (+model.x=, ++model.x=), not model=<preset>."""
-    return {m.group(1) for o in overrides if (m := re.match(r"^\+{0,2}model\.(\w+)=", o))}
-
 
 # The sample's needle sets (lwm.synth.make_retrieval): LWM's needle and question in the chat form, 1-digit
 # numbers, the bundled text without its numbers, LWM's instruction left out (what a small model learns

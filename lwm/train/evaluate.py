@@ -14,18 +14,10 @@ from pathlib import Path
 from lwm.arg_types import to_argv
 from lwm.child import run_in_child
 from lwm.eval import needle
-from lwm.eval.needle import NeedleConfig, NeedleGrid, check_options
+from lwm.eval.needle import NeedleConfig, NeedleGrid
 from lwm.infer.runtime import ModelOptions
 from lwm.parallel.launch import single_process_env
 from lwm.train.console import say
-
-
-def check(grid: NeedleGrid) -> None:
-    """The grid's options, when the run's config is built; each message names evaluate.<field>."""
-    try:
-        check_options(grid)
-    except ValueError as e:
-        raise ValueError(f"evaluate.{e}") from None
 
 
 def needle_config(grid: NeedleGrid, model: Path, tokenizer: str, out: Path, device: str | None) -> NeedleConfig:

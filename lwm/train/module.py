@@ -2,7 +2,7 @@
 
 It builds the model (on the meta device when a device mesh exists, then sharded and filled from
 `init_state` or initialized) and AdamW with the stage's learning-rate schedule. Its training step is
-lwm.train.step.train_step, the one the planner runs under fake tensors: Lightning's manual
+lwm.core.step.train_step, the one the planner runs under fake tensors: Lightning's manual
 optimization hands it the optimizer, the schedule and its manual_backward, and logs what it returns
 (train/loss, train/text_loss and train/vision_loss, train/grad_norm before clipping, train/lr).
 Lightning's checkpoints hold the optimizer and the schedule as they would under automatic optimization.
@@ -22,6 +22,16 @@ import lightning as L
 import torch
 import torch.distributed as dist
 
+from lwm.core.config import OptimConfig, ParallelConfig, StageConfig
+from lwm.core.step import (
+    NonFiniteStep,
+    activation_offload,
+    batch_loss,
+    build_optimizer,
+    kind_losses,
+    optimizer_on_host,
+    train_step,
+)
 from lwm.model import ModelConfig, Transformer
 from lwm.parallel import (
     ParallelDims,
@@ -36,17 +46,7 @@ from lwm.parallel import (
 from lwm.ranks import is_rank0
 from lwm.train import rng
 from lwm.train.callbacks import KIND_LOSSES
-from lwm.train.config import OptimConfig, ParallelConfig, StageConfig
 from lwm.train.console import say
-from lwm.train.step import (
-    NonFiniteStep,
-    activation_offload,
-    batch_loss,
-    build_optimizer,
-    kind_losses,
-    optimizer_on_host,
-    train_step,
-)
 
 Weights = dict[str, torch.Tensor]
 
@@ -68,7 +68,7 @@ def steps_from_automatic_optimization(checkpoint: dict) -> None:
 class LWMModule(L.LightningModule):
     """init_state: the starting weights, or a function that reads them (called on global rank 0
     only: the other ranks receive rank 0's by broadcast); None: fresh weights from `seed`. dims: the
-    stage's ParallelDims as the run made them (lwm.train.config.resolve_stage); None: from `parallel` and
+    stage's ParallelDims as the run made them (lwm.core.config.resolve_stage); None: from `parallel` and
     the device mesh's size."""
 
     def __init__(
@@ -82,8 +82,8 @@ class LWMModule(L.LightningModule):
         dims: ParallelDims | None = None,
     ):
         super().__init__()
-        self.automatic_optimization = False  # the step is lwm.train.step.train_step, as the planner runs it
-        self.model_config = model_config  # with the stage's RoPE theta (lwm.train.config.stage_model_config)
+        self.automatic_optimization = False  # the step is lwm.core.step.train_step, as the planner runs it
+        self.model_config = model_config  # with the stage's RoPE theta (lwm.core.config.stage_model_config)
         self.stage, self.optim, self.parallel = stage, optim, parallel
         self.init_state = init_state
         self.seed = seed  # of the initial weights when there is no init_state (trainer.seed)

@@ -18,12 +18,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from lwm.core.config import ProbeConfig
 from lwm.data import Sharding, shard_batch
 from lwm.data.code_cache import CodeStore
 from lwm.data.example import Encoded, ExampleError, encode_example
 from lwm.io import records
 from lwm.ranks import is_rank0
-from lwm.train.config import ProbeConfig
 from lwm.train.console import say
 
 

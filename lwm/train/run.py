@@ -14,19 +14,19 @@ import lightning as L
 import torch
 import torch.distributed as dist
 
+from lwm.core.config import RunConfig, StageConfig, resolve_stage, stage_model_config
+from lwm.core.preflight import device_kind, device_memory, preflight, wanted
 from lwm.disk.stage_folder import KEPT_METRICS, StageFolder
 from lwm.disk.weights import read_weights, save_weights
 from lwm.interop.hf import from_hf, start_config
 from lwm.ranks import is_rank0
 from lwm.train.callbacks import MetricHistory
 from lwm.train.checkpointing import resume_point
-from lwm.train.config import RunConfig, StageConfig, resolve_stage, stage_model_config
 from lwm.train.console import say
 from lwm.train.datamodule import LWMDataModule
 from lwm.train.evaluate import EVALUATION_FAILED, evaluate_needles
 from lwm.train.export import codes_vqgan, export_weights
 from lwm.train.module import LWMModule
-from lwm.train.preflight import device_kind, device_memory, preflight, wanted
 from lwm.train.trainer import build_trainer
 
 
@@ -42,7 +42,7 @@ def full_state(module: LWMModule) -> dict[str, torch.Tensor]:
 def hf_start(folder: str | Path) -> Callable[[], dict]:
     """A Hugging Face folder as a first stage's start: a function that reads its weights, with the
     vocabulary grown for vision unless its rows have it already (LWMModule calls it on global rank 0
-    only). The run's model config is the folder's, resolved with the run's (lwm.train.config.start_model)."""
+    only). The run's model config is the folder's, resolved with the run's (lwm.core.config.start_model)."""
     _, text = start_config(folder)  # its config and weights' shapes, before anything is built
     return lambda: from_hf(folder, extend_vocab=text is not None, text_size=text).state_dict()
 
@@ -91,7 +91,7 @@ def run_stage(cfg: RunConfig, stage: StageConfig, init: Callable | None) -> Path
 
 
 def run_schedule(cfg: RunConfig) -> dict[str, Path]:
-    """Run (or resume) the schedule, checked by its caller (lwm.train.config.validate, once); returns
+    """Run (or resume) the schedule, checked by its caller (lwm.core.config.validate, once); returns
     where things went."""
     out = Path(cfg.trainer.out_dir)
     init: Callable[[], dict] | None = None  # the next stage's starting weights, read on rank 0 only

@@ -8,12 +8,12 @@ from datetime import timedelta
 import lightning as L
 import torch
 
+from lwm.core.config import RunConfig, StageSetup, TrainerConfig
 from lwm.disk.stage_folder import LOGS, TB, StageFolder
 from lwm.parallel.dims import ParallelDims
 from lwm.parallel.mesh import lightning_sizes
 from lwm.train.callbacks import MetricHistory, MetricsCSV, MetricsTensorBoard, PeakMemory, StageProgress, Throughput
 from lwm.train.checkpointing import AtomicCheckpointIO, AtomicModelParallelStrategy, StageCheckpoint
-from lwm.train.config import RunConfig, StageSetup, TrainerConfig
 from lwm.train.module import LWMModule
 from lwm.train.probe import AnswerProbe
 from lwm.train.requeue import StopOnSignal
@@ -36,7 +36,7 @@ def strategy(dims: ParallelDims, trainer_cfg: TrainerConfig, param_offload: bool
 def build_trainer(
     cfg: RunConfig, setup: StageSetup, folder: StageFolder, module: LWMModule, history: MetricHistory
 ) -> L.Trainer:
-    """The Trainer of a stage as run_stage resolved it (lwm.train.config.resolve_stage), writing into its stage
+    """The Trainer of a stage as run_stage resolved it (lwm.core.config.resolve_stage), writing into its stage
     folder."""
     stage, dims = setup.stage, setup.dims
     chosen = strategy(dims, cfg.trainer, cfg.parallel.param_offload)

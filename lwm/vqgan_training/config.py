@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from lwm.configs import from_dict
-from lwm.train.lr import SCHEDULES
+from lwm.core.lr import SCHEDULES
 from lwm.vqgan_training.discriminator import GANConfig
 
 

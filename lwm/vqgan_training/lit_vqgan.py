@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.callbacks import Timer
 
-from lwm.train.lr import lr_factor
+from lwm.core.lr import lr_factor
 from lwm.vision.codebook import CodeUsage, EMACodebook, code_histogram, perplexity, restart_codes, usage_fraction
 from lwm.vision.vqgan import VQGAN
 from lwm.vision.vqgan_config import VQGANConfig

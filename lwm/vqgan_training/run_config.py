@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from lwm.configs import from_dict
-from lwm.train.config import TrainerBase
+from lwm.core.config import TrainerBase
 from lwm.vision.vqgan_config import VQGANConfig
 from lwm.vqgan_training.config import VQGANTrainConfig
 from lwm.vqgan_training.frames import FramesConfig

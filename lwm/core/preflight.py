@@ -31,9 +31,9 @@ from pathlib import Path
 
 from lwm.child import run_in_child
 from lwm.configs import from_dict
+from lwm.core.config import OptimConfig, ParallelConfig, RunConfig, StageConfig
 from lwm.model import ModelConfig
 from lwm.parallel.launch import single_process_env
-from lwm.train.config import OptimConfig, ParallelConfig, RunConfig, StageConfig
 
 GIB = 2**30  # the planner's too (lwm.plan.devices)
 

@@ -25,11 +25,11 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Partial, Replicate
 from torch.distributed.tensor.experimental import implicit_replication
 
+from lwm.core.config import OptimConfig, ParallelConfig, StageConfig
+from lwm.core.lr import lr_factor
 from lwm.data.batches import LOSS_ROWS
 from lwm.model import Transformer, token_coefficients
 from lwm.parallel import ActivationOffload, CudaCopyEngine, SyncCopyEngine, global_group_counts
-from lwm.train.config import OptimConfig, ParallelConfig, StageConfig
-from lwm.train.lr import lr_factor
 
 
 class StepMetrics(NamedTuple):

@@ -9,7 +9,7 @@ sequence, how many examples of the epoch's order were read when it was complete 
 were skipped: the stream state's counts (data/skipped) without reading the examples before it.
 
 Planning is a loop over the epoch's examples (about a microsecond each), so a stream keeps each epoch's
-plan in a file (PlanFiles) that every later start, rank and loader worker maps instead of planning again.
+plan in a file (EpochPlanFiles) that every later start, rank and loader worker maps instead of planning again.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ EPOCHS_KEPT = 2  # plan files kept per stream: the epoch under way and the next
 
 
 @dataclass
-class Plan:
+class EpochPlan:
     src: np.ndarray  # (M,) the source of each example of the order
     idx: np.ndarray  # (M,) its number in the source
     piece_pos: np.ndarray  # (P,) int64: the order position each piece comes from
@@ -69,7 +69,9 @@ class Plan:
         )
 
 
-def plan(src: np.ndarray, idx: np.ndarray, lengths: list[np.ndarray], overflow: list[str], seq_len: int) -> Plan:
+def plan_epoch(
+    src: np.ndarray, idx: np.ndarray, lengths: list[np.ndarray], overflow: list[str], seq_len: int
+) -> EpochPlan:
     """Pack the examples (src[k], idx[k]) in order, as packing.Packer does (one packer per overflow policy,
     flushed at the end in the order the policies first appear), from `lengths[source][example]` (negative:
     skipped) into sequences of seq_len + 1 tokens."""
@@ -117,7 +119,7 @@ def plan(src: np.ndarray, idx: np.ndarray, lengths: list[np.ndarray], overflow: 
         if packer[1]:
             emit(packer, len(lens))
     as_np = lambda a: np.frombuffer(a, np.int64).copy() if len(a) else np.zeros(0, np.int64)  # noqa: E731
-    return Plan(
+    return EpochPlan(
         src,
         idx,
         as_np(piece_pos),
@@ -131,7 +133,7 @@ def plan(src: np.ndarray, idx: np.ndarray, lengths: list[np.ndarray], overflow: 
     )
 
 
-def write_plan(p: Plan, path: Path) -> None:
+def write_plan(p: EpochPlan, path: Path) -> None:
     """Keep a plan as one int64 .npy file: its arrays' lengths, its stats and total_skipped, then the arrays."""
     parts = [np.asarray(getattr(p, name), np.int64) for name in ARRAYS]
     head = np.asarray([len(a) for a in parts] + [p.stats[k] for k in STATS] + [p.total_skipped], np.int64)
@@ -139,7 +141,7 @@ def write_plan(p: Plan, path: Path) -> None:
         np.save(f, np.concatenate([head, *parts]))
 
 
-def read_plan(path: Path) -> Plan:
+def read_plan(path: Path) -> EpochPlan:
     """A kept plan, its arrays mapped from the file (read as they are used); ValueError if it is damaged."""
     flat = np.load(path, mmap_mode="r", allow_pickle=False)
     first = len(ARRAYS) + len(STATS) + 1
@@ -152,10 +154,10 @@ def read_plan(path: Path) -> Plan:
     ends = np.cumsum([first, *sizes])
     arrays = [flat[a:b] for a, b in zip(ends[:-1], ends[1:])]
     stats = Counter({k: v for k, v in zip(STATS, head[len(ARRAYS) : -1]) if v})
-    return Plan(*arrays, stats, head[-1], file=Path(path))
+    return EpochPlan(*arrays, stats, head[-1], file=Path(path))
 
 
-class PlanFiles:
+class EpochPlanFiles:
     """Where a stream keeps its epochs' plans: `<folder>/<name>.<key>.e<epoch>.lwm-plan.npy`, the key a hash
     of everything a plan depends on but the epoch (`identity`). A kept plan is read without a lock (it is
     written whole, then renamed); a missing one is made under a lock, so ranks starting together plan once.
@@ -170,7 +172,7 @@ class PlanFiles:
     def path(self, epoch: int) -> Path:
         return self.folder / f"{self.stem}.e{epoch}.lwm-plan.npy"
 
-    def get(self, epoch: int, make: Callable[[], Plan]) -> Plan:
+    def get(self, epoch: int, make: Callable[[], EpochPlan]) -> EpochPlan:
         """Epoch `epoch`'s plan: read from its file, else made by `make` and kept."""
         kept = self._read(epoch)
         if kept is not None:
@@ -196,7 +198,7 @@ class PlanFiles:
         finally:
             lock.release()
 
-    def _read(self, epoch: int) -> Plan | None:
+    def _read(self, epoch: int) -> EpochPlan | None:
         path = self.path(epoch)
         if not path.is_file():
             return None

@@ -1,25 +1,29 @@
-"""Typed configs of a training run. Hydra composes the YAML in conf/; train.py turns each group
-into its dataclass here and hands each component only its own part."""
+"""Typed configs of a training run. Hydra composes the YAML in conf/; to_run_config turns each group
+into its dataclass here, resolve_stage what a stage needs, and each component gets only its own part."""
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Collection
+import re
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from omegaconf import DictConfig, OmegaConf
+
 from lwm.configs import from_dict
+from lwm.core.lr import SCHEDULES
 from lwm.data import DataConfig, Source, TextTokenizer, Vocab
 from lwm.data.batches import StreamOptions
 from lwm.data.sources import FORMATS, source_format
 from lwm.disk.writes import FolderRefused, check_output_folder
-from lwm.eval.needle import NeedleGrid
+from lwm.eval.needle import NeedleGrid, check_options
 from lwm.interop.hf import start_config
 from lwm.model import ModelConfig
 from lwm.parallel.dims import ParallelDims
 from lwm.parallel.layout import LAYOUTS
-from lwm.train.lr import SCHEDULES
+from lwm.ranks import say
 
 FLOAT32_MAX = 3.4028234663852886e38  # the largest float32: AdamW's arithmetic on the parameters
 
@@ -403,3 +407,39 @@ def stage_model_config(model_config: ModelConfig, stage: StageConfig) -> ModelCo
     change), as transformers computes a "llama3" config with that rope_theta, so an export of the
     stage loads with the angles it trained with."""
     return model_config.replace(rope_theta=stage.rope_theta, max_seq_len=max(model_config.max_seq_len, stage.seq_len))
+
+
+EXAMPLES = {"data.tokenizer": "path/to/tokenizer.model", "data.sources": "'{docs: {path: docs.jsonl}}'"}
+
+
+def to_run_config(cfg: DictConfig, overrides: Sequence[str] = ()) -> RunConfig:
+    """Each group becomes its dataclass; unknown keys are errors that name them. With schedule.init_hf
+    the model is the folder's with the run's memory settings (start_model), checked
+    against the model fields `overrides` (the command line's) set."""
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        raise ValueError(
+            f"{', '.join(missing)} must be given (no default), e.g. "
+            + " ".join(f"{k}={EXAMPLES.get(k, '...')}" for k in missing)
+        )
+    c = OmegaConf.to_container(cfg, resolve=True)
+    data = from_dict(DataSpec, c["data"], "data")
+    model = from_dict(ModelConfig, c["model"], "model")
+    init_hf = (c.get("schedule") or {}).get("init_hf")
+    if init_hf is not None:  # its rows are the folder's; validate checks the data's tokenizer makes them
+        model = start_model(model, init_hf, model_fields(overrides))
+    elif (rows := data.vocab_rows()) is not None and rows != model.vocab_size:  # the vocabulary layout's rows
+        say(f"note: model.vocab_size {model.vocab_size} set to {rows} for {data.tokenizer}")
+        model = model.replace(vocab_size=rows)
+    run = {k: v for k, v in c.items() if k not in ("model", "data")}
+    run = from_dict(RunConfig, {**run, "model": model, "data": data})
+    try:
+        check_options(run.evaluate)
+    except ValueError as err:
+        raise ValueError(f"evaluate.{err}") from None
+    return run
+
+
+def model_fields(overrides: Sequence[str]) -> set[str]:
+    """The model fields a command line sets: model.dim=... (+model.x=, ++model.x=), not model=<preset>."""
+    return {m.group(1) for o in overrides if (m := re.match(r"^\+{0,2}model\.(\w+)=", o))}
