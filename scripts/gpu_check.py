@@ -83,8 +83,8 @@ TESTS = [
     "-q",
     "-p",
     "no:cacheprovider",
-    "tests/test_gpu.py",
-    "tests/test_parallel_gpu.py",
+    "tests/integration/test_gpu.py",
+    "tests/unit/parallel/test_parallel_gpu.py",
     "--junitxml",
     "{tmp}/tests.xml",  # read for the counts; not one of the files brought back
 ]

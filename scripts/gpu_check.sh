@@ -8,7 +8,7 @@
 #     bash scripts/gpu_check.sh
 # Afterwards, here: copy the numbers into docs/benchmarks.md
 #     python scripts/gpu_check.py --record <files_at>/benchmarks.md
-# The plumbing on CPU in seconds (tests/test_gpu_check.py runs this in CI):
+# The plumbing on CPU in seconds (tests/integration/test_gpu_check.py runs this in CI):
 #     bash scripts/gpu_check.sh --dry-run --out /tmp/gpu_check
 #
 # Carried wheels never shadow the device's own packages: a wheel of a distribution the device

@@ -3,7 +3,6 @@ import functools
 import io
 import multiprocessing.process
 import os
-import re
 import subprocess
 from pathlib import Path
 
@@ -55,34 +54,30 @@ LONGEST = (
 )
 
 
-# Tests by what they cost, a marker each (python -m pytest -q -n 3 -m unit: a developer's loop of about a minute):
-#   repo         checks of the repository: docs and their commands, floors, style, dependencies
-#   integration  a file that starts processes or process groups, or trains through train.py's path, or a
-#                test using a fixture that does
-#   unit         the rest: in this process, no process started (refused while the test runs: see below)
-REPO_CHECKS = {"test_docs.py", "test_doc_commands.py", "test_style.py", "test_floors.py", "test_dependencies.py"}
-STARTS = re.compile(
-    r"subprocess|Popen|run_distributed|forked_train|run_schedule|torchrun|multiprocessing|sbatch|spawn|"
-    r"init_process_group|main_in_process|train_runs import[^\n]*\btrain\b"
-)
-PROCESS_FIXTURES = {"reference"}  # conftest's fixtures that start processes
+# Tests by what they cost, a folder and a marker each (python -m pytest -q -n 3 tests/unit, or -m unit: a
+# developer's loop of about a minute):
+#   unit/<package>/  mirrors lwm/ (unit/ itself: floor 0's shared modules); in this process, no process or
+#                    process group started (refused while the test runs: see below)
+#   integration/     starts processes or process groups (train.py's runs, gloo groups, SLURM, torchrun, loader
+#                    workers, a child's plan), or learns through train.py's path
+#   repo/            checks of the repository: docs and their commands, floors, style, dependencies
+TESTS = Path(__file__).resolve().parent
+KINDS = ("unit", "integration", "repo")
 
 
 @functools.cache
 def cost(path: Path) -> str:
-    if path.name in REPO_CHECKS:
-        return "repo"
-    return "integration" if STARTS.search(path.read_text()) else "unit"
+    kind = path.resolve().relative_to(TESTS).parts[0]
+    if kind not in KINDS:
+        raise pytest.UsageError(f"{path}: a test file belongs in tests/unit/<package>, tests/integration or tests/repo")
+    return kind
 
 
 def pytest_collection_modifyitems(items):
-    """Each test marked by its file's cost; the files of LAUNCHES first, in that order (the longest first), then
+    """Each test marked by its folder; the files of LAUNCHES first, in that order (the longest first), then
     those of LONGEST, the rest as collected."""
     for item in items:
-        if any(item.get_closest_marker(k) for k in ("unit", "integration", "repo")):
-            continue  # marked in its file: a test that starts processes where its file's other tests do not
-        kind = cost(item.path)
-        item.add_marker("integration" if kind == "unit" and PROCESS_FIXTURES & set(item.fixturenames) else kind)
+        item.add_marker(cost(item.path))
     rank = {name: i for i, name in enumerate(LAUNCHES + LONGEST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable
 
@@ -97,7 +92,7 @@ def starts_nothing(item):
 
     def refuse(*args, **kwargs):
         raise AssertionError(f"{item.nodeid} is a unit test but starts a process or a process group; "
-                             "mark it @pytest.mark.integration (tests/conftest.py, STARTS)")  # fmt: skip
+                             "its place is tests/integration")  # fmt: skip
 
     def init_process_group(backend=None, *args, **kwargs):
         # FakeTensorMode's process group ("fake", or per device: "cpu:fake,meta:fake"): in this process, no peers

@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lwm.configs import from_dict
 from lwm.core.lr import SCHEDULES
+from lwm.core.run_id import register_resolver
 from lwm.data import DataConfig, Source, TextTokenizer, Vocab
 from lwm.data.batches import StreamOptions
 from lwm.data.sources import FORMATS, source_format
@@ -26,6 +27,9 @@ from lwm.parallel.layout import LAYOUTS
 from lwm.ranks import say
 
 FLOAT32_MAX = 3.4028234663852886e38  # the largest float32: AdamW's arithmetic on the parameters
+
+
+register_resolver()  # ${run_id:} in trainer.out_dir: one folder name shared by every rank
 
 
 @dataclass

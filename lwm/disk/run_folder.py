@@ -34,7 +34,7 @@ LOCK = "train"  # the run's output lock (lwm.disk.folder_lock): <out_dir>/train.
 # The keys that do not change what a run trains: where it runs and on how many processes, how often it
 # logs and saves, how it splits the work (exact on any layout), where it keeps activations (checkpointing
 # and offload are exact), how it tiles the model's work (the memory features the preflight suggests: the
-# same loss and gradients as the untiled model, tests/test_families.py, tests/test_model.py), how it reads
+# same loss and gradients as the untiled model, tests/unit/interop/test_families.py, tests/unit/model/test_model.py), how it reads
 # its data (loader workers keep the stream's order, the index is the same wherever it is kept), and what
 # it does around the stages.
 RUN_ONLY = (

@@ -11,11 +11,8 @@ from lwm.core.config import DataSpec
 from lwm.paths import SAMPLE
 from lwm.synth import make_retrieval
 from lwm.synth.make_sample import ensure_sample
-from lwm.train.run_id import register_resolver
 from lwm.video import tokenize
 from lwm.video.tokenize import TokenizeConfig
-
-register_resolver()  # ${run_id:} in trainer.out_dir: one folder name shared by every rank
 
 # The sample's needle sets (lwm.synth.make_retrieval): LWM's needle and question in the chat form, 1-digit
 # numbers, the bundled text without its numbers, LWM's instruction left out (what a small model learns
