@@ -26,9 +26,9 @@ from omegaconf import DictConfig
 from lwm.doc_sections import host_line, write_section
 from lwm.vision.checkpoint import save_vqgan
 from lwm.vision.vqgan import VQGAN
+from lwm.vqgan_training.config import VQGANRunConfig, from_hydra
 from lwm.vqgan_training.frames import FrameData
 from lwm.vqgan_training.lit_vqgan import LitVQGAN
-from lwm.vqgan_training.run_config import VQGANRunConfig, from_hydra
 
 
 def make_trainer(run: VQGANRunConfig, out: Path):

@@ -175,7 +175,7 @@ PRECISIONS = ("32-true", "bf16-mixed", "bf16-true", "16-mixed", "16-true", "64-t
 @dataclass
 class TrainerBase:
     """The Lightning Trainer settings every training run has: train.py's stages (TrainerConfig) and
-    train_vqgan.py's VQGAN (lwm.vqgan_training.run_config.VQGANTrainerConfig)."""
+    train_vqgan.py's VQGAN (lwm.vqgan_training.config.VQGANTrainerConfig)."""
 
     accelerator: str = "cpu"  # Lightning's: cpu | gpu | auto (gpu when there is one)
     precision: str = "32-true"

@@ -18,12 +18,11 @@ from PIL import Image
 from lwm.paths import REPO
 from lwm.vision import VQGANConfig
 from lwm.vision.codebook import CodeUsage, EMACodebook, code_histogram, perplexity, restart_codes, usage_fraction
-from lwm.vqgan_training.config import VQGANTrainConfig
+from lwm.vqgan_training.config import VQGANTrainConfig, VQGANTrainerConfig, from_hydra
 from lwm.vqgan_training.discriminator import GANConfig, PatchDiscriminator, adaptive_weight, hinge_d_loss
 from lwm.vqgan_training.frames import FrameDataset, FramesConfig, read_index, split_videos
 from lwm.vqgan_training.grid import recon_grid, save_grid
 from lwm.vqgan_training.lit_vqgan import LitVQGAN, frame_psnr
-from lwm.vqgan_training.run_config import VQGANTrainerConfig, from_hydra
 
 ROOT = REPO
 CONF = ROOT / "conf"
