@@ -1,5 +1,5 @@
 """Am I rank 0? The one answer every process asks for before it prints or writes what all ranks share
-(a training run's lines and files, an evaluation's results).
+(a training run's lines and files, an evaluation's results); say() prints on rank 0 only.
 
 Inside a process group it is the group's global rank. Before one exists (or in a process that never
 starts one) it is read from what the launchers set: torchrun (RANK, LOCAL_RANK), Lightning's re-launch

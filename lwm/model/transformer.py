@@ -1,4 +1,5 @@
-"""The LLaMA-architecture transformer. One process; it never knows about context parallelism."""
+"""The LLaMA-architecture transformer: its feed-forward, its block and the model. One process; it never knows
+about context parallelism."""
 
 from __future__ import annotations
 
@@ -8,14 +9,68 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
-from lwm.model.attention import AttentionFn
-from lwm.model.block import Block
+from lwm.model.attention import Attention, AttentionFn
 from lwm.model.config import ModelConfig
 from lwm.model.documents import check_segment_ids
 from lwm.model.loss import LossOutput, chunked_cross_entropy
 from lwm.model.norm import NORM_KERNELS, RMSNorm
 from lwm.model.rope import rope_angles
+
+
+class FeedForward(nn.Module):
+    """SwiGLU feed-forward, optionally blockwise over the sequence (BPT-style)."""
+
+    def __init__(self, dim: int, ffn_dim: int, chunk_size: int = 0):
+        super().__init__()
+        self.w1 = nn.Linear(dim, ffn_dim, bias=False)  # gate
+        self.w3 = nn.Linear(dim, ffn_dim, bias=False)  # up
+        self.w2 = nn.Linear(ffn_dim, dim, bias=False)  # down
+        self.chunk_size = chunk_size
+
+    def _ffn(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.chunk_size or x.shape[1] <= self.chunk_size:
+            return self._ffn(x)
+        # Blockwise: only one chunk's (B, chunk, ffn_dim) intermediates live at a time; in training
+        # each chunk is recomputed in backward, so they are not kept for the whole sequence either.
+        chunks = x.split(self.chunk_size, dim=1)
+        if torch.is_grad_enabled():
+            outs = [checkpoint(self._ffn, c, use_reentrant=False) for c in chunks]
+        else:
+            outs = [self._ffn(c) for c in chunks]
+        return torch.cat(outs, dim=1)
+
+    def init_weights(self, std: float, out_std: float) -> None:
+        nn.init.normal_(self.w1.weight, std=std)
+        nn.init.normal_(self.w3.weight, std=std)
+        nn.init.normal_(self.w2.weight, std=out_std)
+
+
+class Block(nn.Module):
+    """One pre-norm transformer block: x + attn(norm(x)), then + mlp(norm(.))."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.attn_norm = RMSNorm(config.dim, config.norm_eps, config.norm_chunk_size)
+        self.attn = Attention(config)
+        self.mlp_norm = RMSNorm(config.dim, config.norm_eps, config.norm_chunk_size)
+        self.mlp = FeedForward(config.dim, config.ffn_dim, config.mlp_chunk_size)
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, segment_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        h = x + self.attn(self.attn_norm(x), cos, sin, segment_ids)
+        return h + self.mlp(self.mlp_norm(h))
+
+    def init_weights(self, std: float, out_std: float) -> None:
+        self.attn_norm.reset_parameters()
+        self.mlp_norm.reset_parameters()
+        self.attn.init_weights(std, out_std)
+        self.mlp.init_weights(std, out_std)
 
 
 class Transformer(nn.Module):

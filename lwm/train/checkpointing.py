@@ -36,7 +36,7 @@ from lwm.disk.checkpoints import (
 )
 from lwm.disk.stage_folder import StageFolder
 from lwm.disk.writes import NoSpaceLeft
-from lwm.train.console import say
+from lwm.ranks import say
 from lwm.train.launcher import NamingLauncher
 from lwm.train.requeue import slurm_job
 

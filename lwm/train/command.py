@@ -25,14 +25,15 @@ from lwm.disk.weights import WeightsError
 from lwm.disk.writes import NoSpaceLeft, complete, write_atomic
 from lwm.parallel import peers
 from lwm.parallel.launch import end_process_groups
+from lwm.ranks import is_rank0, say
 from lwm.train import requeue
 from lwm.train.callbacks import loss_summary
 from lwm.train.checkpointing import resumes
-from lwm.train.console import is_rank0, quiet_lightning, say
 from lwm.train.entry import ensure_sample_data
 from lwm.train.evaluate import EVALUATION_FAILED, evaluated
 from lwm.train.run import run_schedule
 from lwm.train.skipped import summary as skipped_summary
+from lwm.train.trainer import quiet_lightning
 
 EXIT_BAD_INPUT, EXIT_NO_SPACE = 2, 3  # as lwm-tokenize: 2 is bad input, 3 a full disk
 EXIT_STOPPED = 4  # a stage stopped before its end (a signal, stop_at_step): the same command continues it

@@ -19,7 +19,7 @@ from lwm.data import CodeStore, PackedStream, SourceChanged, StreamState, TextTo
 from lwm.data.batches import DataConfig, ShardedBatches, Sharding, shard_batch, with_documents
 from lwm.parallel.dims import ParallelDims
 from lwm.parallel.layout import check_divisible
-from lwm.train.console import say
+from lwm.ranks import say
 
 
 def worker_context():

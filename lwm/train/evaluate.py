@@ -17,7 +17,7 @@ from lwm.eval import needle
 from lwm.eval.needle import NeedleConfig, NeedleGrid
 from lwm.infer.runtime import ModelOptions
 from lwm.parallel.launch import single_process_env
-from lwm.train.console import say
+from lwm.ranks import say
 
 
 def needle_config(grid: NeedleGrid, model: Path, tokenizer: str, out: Path, device: str | None) -> NeedleConfig:

@@ -43,10 +43,9 @@ from lwm.parallel import (
     peers,
     state_offload,
 )
-from lwm.ranks import is_rank0
+from lwm.ranks import is_rank0, say
 from lwm.train import rng
 from lwm.train.callbacks import KIND_LOSSES
-from lwm.train.console import say
 
 Weights = dict[str, torch.Tensor]
 

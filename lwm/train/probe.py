@@ -23,8 +23,7 @@ from lwm.data import Sharding, shard_batch
 from lwm.data.code_cache import CodeStore
 from lwm.data.example import Encoded, ExampleError, encode_example
 from lwm.io import records
-from lwm.ranks import is_rank0
-from lwm.train.console import say
+from lwm.ranks import is_rank0, say
 
 
 def answer_ids(enc: Encoded) -> np.ndarray:

@@ -32,7 +32,7 @@ from typing import Iterator
 
 import lightning as L
 
-from lwm.train.console import is_rank0, say
+from lwm.ranks import is_rank0, say
 
 SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
 _received: list[int] = []  # set by the handler: a handler may only note, the step decides

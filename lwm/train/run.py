@@ -19,10 +19,9 @@ from lwm.core.preflight import device_kind, device_memory, preflight, wanted
 from lwm.disk.stage_folder import KEPT_METRICS, StageFolder
 from lwm.disk.weights import read_weights, save_weights
 from lwm.interop.hf import from_hf, start_config
-from lwm.ranks import is_rank0
+from lwm.ranks import is_rank0, say
 from lwm.train.callbacks import MetricHistory
 from lwm.train.checkpointing import resume_point
-from lwm.train.console import say
 from lwm.train.datamodule import LWMDataModule
 from lwm.train.evaluate import EVALUATION_FAILED, evaluate_needles
 from lwm.train.export import codes_vqgan, export_weights

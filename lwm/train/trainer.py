@@ -1,8 +1,11 @@
 """The Lightning Trainer of one stage: its strategy (one CPU process plainly, else FSDP2 x context
-parallelism through our ModelParallelStrategy), checkpoint IO, loggers and callbacks."""
+parallelism through our ModelParallelStrategy), checkpoint IO, loggers and callbacks; and Lightning's
+start-up chatter (accelerator lines, tips, deprecation notes from its internals) turned down to warnings."""
 
 from __future__ import annotations
 
+import logging
+import warnings
 from datetime import timedelta
 
 import lightning as L
@@ -74,3 +77,16 @@ def build_trainer(
         check_val_every_n_epoch=None,
         val_check_interval=cfg.trainer.val_every or stage.steps,
     )
+
+
+def quiet_lightning() -> None:
+    for name in ("lightning.pytorch", "lightning.fabric"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
+    # on a machine with SLURM installed, every run not started by srun (torchrun, a local run) is told to use it
+    warnings.filterwarnings("ignore", message=r".*The `srun` command is available on your system but is not used.*")
+    # the step is one function under manual optimization (lwm.core.step): a checkpoint at a step's end holds
+    # the state after that step's optimizer step, as resuming wants
+    warnings.filterwarnings("ignore", message=r".*ModelCheckpoint with manual optimization and every_n_train_steps.*")
+    # a resumed stage writes into its own folders on purpose
+    warnings.filterwarnings("ignore", message=r".*(Checkpoint|Experiment logs) directory .* exists and is not empty.*")
