@@ -23,6 +23,7 @@ from lwm.eval.needle import NeedleGrid, check_options
 from lwm.interop.hf import start_config
 from lwm.model import ModelConfig
 from lwm.parallel.dims import ParallelDims
+from lwm.parallel.flash_impl import KERNELS
 from lwm.parallel.layout import LAYOUTS
 from lwm.ranks import say
 
@@ -115,10 +116,14 @@ class ParallelConfig:
     # steps on the CPU; one CPU process holds the plain model in host memory already
     param_offload: bool = False
     document_mask: bool = True  # packed examples attend only within themselves (segment ids)
+    # which FlashAttention serves the flash kernels on a GPU: auto | fa2 | fa3 | fa4 (lwm.parallel.flash_impl)
+    attention_kernel: str = "auto"
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
             raise ValueError(f"parallel.layout must be one of {LAYOUTS}, got {self.layout!r}")
+        if self.attention_kernel not in KERNELS:
+            raise ValueError(f"parallel.attention_kernel must be one of {list(KERNELS)}, got {self.attention_kernel!r}")
         if self.activation_offload and not self.activation_checkpointing:
             raise ValueError(
                 "parallel.activation_offload=true needs parallel.activation_checkpointing=true: offload moves "

@@ -33,6 +33,7 @@ from lwm.child import run_in_child
 from lwm.configs import from_dict
 from lwm.core.config import OptimConfig, ParallelConfig, RunConfig, StageConfig
 from lwm.model import ModelConfig
+from lwm.parallel.flash_impl import activate, choose_kernel, installed_kernels
 from lwm.parallel.launch import single_process_env
 
 GIB = 2**30  # the planner's too (lwm.plan.devices)
@@ -126,6 +127,25 @@ def device_kind(accelerator: str) -> str:
 
         return "cuda" if torch.cuda.is_available() else "cpu"
     return "cuda" if accelerator in ("gpu", "cuda") else "cpu"
+
+
+def device_capability(kind: str) -> tuple[int, int] | None:
+    """This rank's GPU's compute capability (LOCAL_RANK's under torchrun), None for a CPU run."""
+    if kind != "cuda":
+        return None
+    import torch
+
+    return torch.cuda.get_device_capability(int(os.environ.get("LOCAL_RANK", torch.cuda.current_device())))
+
+
+def attention_kernel(kernel: str, accelerator: str) -> str:
+    """parallel.attention_kernel on this rank's device, chosen and activated (lwm.parallel.flash_impl): fa2, fa3
+    or fa4; ValueError naming the setting where it cannot run here. Every rank runs it for itself, before any
+    model is built: torch's registry holds the choice per process."""
+    kind = device_kind(accelerator)
+    chosen = choose_kernel(kernel, kind, device_capability(kind), installed_kernels())
+    activate(chosen)
+    return chosen
 
 
 def wanted(setting: bool | None, accelerator: str) -> bool:

@@ -14,7 +14,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lwm.core.config import check_files, to_run_config, validate
-from lwm.core.preflight import WillNotFit
+from lwm.core.preflight import WillNotFit, attention_kernel, device_kind
 from lwm.core.step import NonFiniteStep
 from lwm.data import ExampleError, IndexNotWritable, SkippedTooMany, StaleIndex, TooLittleData
 from lwm.disk.checkpoints import CheckpointError
@@ -24,6 +24,7 @@ from lwm.disk.stage_folder import StageFolder
 from lwm.disk.weights import WeightsError
 from lwm.disk.writes import NoSpaceLeft, complete, write_atomic
 from lwm.parallel import peers
+from lwm.parallel.flash_impl import NAME
 from lwm.parallel.launch import end_process_groups
 from lwm.ranks import is_rank0, say
 from lwm.train import requeue
@@ -59,6 +60,9 @@ def run_command(cfg: DictConfig) -> None:
                 cfg.model = OmegaConf.structured(run.model)
         config = OmegaConf.to_container(cfg, resolve=True)
         validate(run)
+        kernel = attention_kernel(run.parallel.attention_kernel, run.trainer.accelerator)
+        if device_kind(run.trainer.accelerator) == "cuda":
+            say(f"attention: {NAME[kernel]} (parallel.attention_kernel={run.parallel.attention_kernel})")
         # the folder's own run goes on where it is; another run there is refused (OtherRun)
         same = check(Path(run.trainer.out_dir), config, run.trainer.overwrite)
         run.resume = resumes(run.resume, run.trainer.out_dir) or same  # a requeued SLURM job goes on too

@@ -60,6 +60,10 @@ Shown elsewhere (tests/integration/test_train.py and tests/integration/test_trai
                          with weights and AdamW's state unchanged, the third stops the stage)
   data.on_changed_source tests/unit/data/test_data_changed.py (refuse: a changed source refused on resume naming it;
                          restart_epoch: the epoch's plan from its first batch), tests/integration/test_run_identity.py
+  parallel.attention_kernel
+                         tests/unit/parallel/test_flash_impl.py (the kernel each device gets, the refusals, activation
+                         through torch's registry), tests/unit/core/test_step.py (a run's setting reaches the registry),
+                         test_bad_input_is_refused_before_the_run (FlashAttention-4 on a CPU run)
   parallel.document_mask, data.positions
                          tests/unit/core/test_documents.py (the packed batch equals its examples one by one;
                          off, it does not; positions restart per example; their default follows the mask)

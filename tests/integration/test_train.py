@@ -112,6 +112,11 @@ def test_default_run_config_is_valid():
             ["parallel.activation_offload=true"],
             r"parallel.activation_offload=true needs parallel.activation_checkpointing=true",
         ),
+        (
+            ["parallel.attention_kernel=fa9"],
+            r"parallel.attention_kernel must be one of \['auto', 'fa2', 'fa3', 'fa4'\]",
+        ),
+        (["parallel.attention_kernel=fa4"], r"parallel.attention_kernel=fa4: FlashAttention-4 runs on CUDA GPUs .*cpu"),
         (["stop_at_step=-1"], r"stop_at_step must be >= 1 \(null: run each stage to its end\), got -1"),
         (["stop_at_step=0"], r"stop_at_step must be >= 1 .*, got 0"),
         (["trainer.out_dir=README.md"], r"trainer.out_dir README.md is a file; name a folder"),

@@ -77,3 +77,19 @@ def test_the_guides_loop_without_lightning_learns(capsys):
     losses = names["losses"]
     assert len(losses) == names["stage"].steps and losses[-1] < 0.5 * losses[0], losses
     assert f"loss {losses[0]:.2f} -> {losses[-1]:.2f}" in capsys.readouterr().out
+
+
+def test_a_runs_attention_kernel_is_activated_on_its_device(monkeypatch):
+    """parallel.attention_kernel reaches torch's registry: auto on an H100 with FlashAttention-3 installed
+    activates FA3 in this process; on a CPU run nothing is activated (the device stood in)."""
+    import torch.nn.attention._registry as registry
+
+    from lwm.core import preflight
+
+    active = []
+    monkeypatch.setattr(registry, "_FLASH_ATTENTION_IMPLS", {"FA3": lambda: active.append("FA3")})
+    monkeypatch.setattr(registry, "_FLASH_ATTENTION_ACTIVE", None)
+    monkeypatch.setattr(preflight, "installed_kernels", lambda: frozenset({"fa2", "fa3"}))
+    assert preflight.attention_kernel("auto", "cpu") == "fa2" and active == []
+    monkeypatch.setattr(preflight, "device_capability", lambda kind: (9, 0))
+    assert preflight.attention_kernel("auto", "gpu") == "fa3" and active == ["FA3"]
