@@ -14,6 +14,7 @@ from dataclasses import asdict, fields
 from pathlib import Path
 
 from lwm.core.config import ParallelConfig, StageConfig, stage_model_config
+from lwm.parallel.flash_impl import NAME
 from lwm.plan import bounds, report
 from lwm.plan.advice import cheapest_fit
 from lwm.plan.config import PlanConfig, compose_run
@@ -86,8 +87,8 @@ def planned_stages(config: PlanConfig, run, world: int) -> list[tuple[StageConfi
 
 
 def run(config: PlanConfig) -> dict:
-    device = parse_device(config.gpu)
     run_cfg = compose_run(config.overrides)
+    device = parse_device(config.gpu).with_kernel(run_cfg.parallel.attention_kernel)
     if config.tp:
         run_cfg.parallel = dataclasses.replace(run_cfg.parallel, tp=config.tp)
     model = run_cfg.model  # with schedule.init_hf, the folder's (lwm.core.config.start_model)
@@ -208,6 +209,10 @@ def run(config: PlanConfig) -> dict:
 
 
 def _write(plan: dict, curves: dict, device, out: Path) -> None:
+    print(
+        f"{device.name}: attention by {NAME[device.kernel]} at {device.attention_efficiency:.0%} of the peak "
+        f"(parallel.attention_kernel), matmuls at {device.matmul_efficiency:.0%}"
+    )
     print(report.stage_table(plan["stages"]))
     for line in report.parts_lines(plan["stages"]):
         print(line)

@@ -11,9 +11,10 @@ PCIe Gen5 x16, 25 on Gen4), an assumption until scripts/gpu_check.sh measures it
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from lwm.core.preflight import GIB  # noqa: F401  (the planner's modules read it here)
+from lwm.parallel.flash_impl import KERNELS, NAME, choose_kernel
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,11 @@ class Device:
     # FlashAttention's papers measured it; 1.0 where the peak itself is measured (cpu_device).
     matmul_efficiency: float = 0.803  # H100 SXM: 794.5 of 989 TFLOP/s
     attention_efficiency: float = 0.33  # H100 SXM: FlashAttention-2 at 335 forward, 322 backward (326 as weighted here)
+    # The kernel behind aten's flash ops (parallel.attention_kernel) and each kernel's rate on this device, as
+    # attention_efficiency; with_kernel plans one. `major`: the compute capability (None: a custom device).
+    kernel: str = "fa2"
+    major: int | None = 9
+    kernel_rates: dict[str, float] = field(default_factory=lambda: dict(HOPPER_RATES))
     host_gib: float = 2048.0  # host memory of one node (shared by its GPUs)
     pcie_gbps: float = 50.0  # GB/s per GPU, one direction, device <-> pinned host memory
     # GB/s of host memory a node's CPU optimizer steps reach together (parameter offload): half the
@@ -43,6 +49,23 @@ class Device:
     # What a rank's process holds in host memory beside the offloaded tensors (Python, torch, CUDA's
     # host side, the data loader): an assumption, not measured.
     host_reserved_gib: float = 16.0
+
+    def with_kernel(self, setting: str) -> Device:
+        """This device running parallel.attention_kernel `setting`: auto and fa2 plan FlashAttention-2 (the
+        kernel every install has; a run's auto may find a faster one installed), fa3 and fa4 their own rates;
+        ValueError where the GPU cannot run it or no rate is published for it here."""
+        if setting not in KERNELS:
+            raise ValueError(f"parallel.attention_kernel must be one of {list(KERNELS)}, got {setting!r}")
+        kernel = "fa2" if setting == "auto" else setting
+        if kernel != "fa2":
+            if self.major is None:
+                raise ValueError(
+                    f"parallel.attention_kernel={kernel}: a custom device has no compute capability; plan fa2"
+                )
+            choose_kernel(kernel, "cuda", (self.major, 0), frozenset(KERNELS))  # raises where the GPU cannot run it
+        if kernel not in self.kernel_rates:
+            raise ValueError(f"parallel.attention_kernel={kernel}: no published {NAME[kernel]} rate on {self.name}")
+        return replace(self, kernel=kernel, attention_efficiency=self.kernel_rates[kernel])
 
     def host_needs(self, host_peak_bytes: int, ranks_per_node: int) -> float:
         """Bytes a node's host holds when each of its ranks offloads host_peak_bytes, margins included."""
@@ -62,6 +85,11 @@ class Device:
         return (self.memory_gib * GIB - self.needs(peak_bytes)) / GIB
 
 
+# Each kernel's flash forward + backward on Hopper, weighted as counted here (2 products forward, 5 backward;
+# sources in docs/planning.md): FlashAttention-2 (335, 322) at 326 of 989 TFLOP/s, FlashAttention-3 (616,
+# 561) at 577; FlashAttention-4 on Hopper has no published figure: FlashAttention-3's.
+HOPPER_RATES = {"fa2": 0.33, "fa3": 0.583, "fa4": 0.583}
+
 DEVICES = {
     "h100-80g": Device("h100-80g", 79.1, 989.0, 3.35, 450.0, 50.0),
     # the table's H100 SXM row holds for the H200 ("H200 is the same"); no separate flash figure
@@ -78,9 +106,22 @@ DEVICES = {
         attention_efficiency=0.5,
         pcie_gbps=25.0,
         host_mem_gbps=200.0,
+        major=8,
+        kernel_rates={"fa2": 0.5},
     ),
     # B200's measured matmul rate (1745 of 2250); no published FlashAttention-2 figure: the H100's
-    "b200-192g": Device("b200-192g", 178.4, 2250.0, 8.0, 900.0, 50.0, matmul_efficiency=0.776),
+    # FlashAttention-4's forward at 1613 of 2250 (71%), its backward unpublished: FlashAttention-2's rate here
+    "b200-192g": Device(
+        "b200-192g",
+        178.4,
+        2250.0,
+        8.0,
+        900.0,
+        50.0,
+        matmul_efficiency=0.776,
+        major=10,
+        kernel_rates={"fa2": 0.33, "fa4": 0.44},
+    ),  # fmt: skip
 }
 
 
@@ -107,13 +148,13 @@ def parse_device(text: str) -> Device:
     mem, tflops, nvlink, ib = values[:4]
     hbm = values[4] if len(values) == 5 else 3.35
     # MEM is what the tensors may use: nothing reserved for a context; the allocator's margin stays.
-    return Device(text, mem, tflops, hbm, nvlink, ib, reserved_gib=0.0)
+    return Device(text, mem, tflops, hbm, nvlink, ib, reserved_gib=0.0, major=None, kernel_rates={"fa2": 0.33})
 
 
 def cpu_device(tflops: float, mem_gbps: float, memory_gib: float, workspace_mib: float) -> Device:
     """This machine's CPU as a device, from measured rates: nothing reserved but the workspaces
     (oneDNN's, the allocator's) the tracker does not see; kernels at the measured rate."""
-    base = Device("cpu", memory_gib, tflops, mem_gbps / 1000, 1e9, 1e9)
+    base = Device("cpu", memory_gib, tflops, mem_gbps / 1000, 1e9, 1e9, major=None, kernel_rates={"fa2": 1.0})
     return replace(
         base, reserved_gib=workspace_mib / 1024, fragmentation=0.0, matmul_efficiency=1.0, attention_efficiency=1.0
     )
