@@ -41,6 +41,7 @@ from lwm.core.config import OptimConfig, StageConfig
 from lwm.core.step import activation_offload, build_optimizer, train_step
 from lwm.model import ModelConfig, Transformer
 from lwm.parallel import build_parallel_model, compute_settings
+from lwm.parallel.flash_impl import KERNELS, NAME, activate, choose_kernel, installed_kernels
 from lwm.plan.devices import DEVICES
 from lwm.plan.fake import make_batch, place
 from lwm.plan.memory import Mesh, plan_step
@@ -188,52 +189,70 @@ def ratio(measured: float, planned: float | None) -> str:
 
 
 def layers_part(args) -> str:
+    """The step at each length, under each of --kernels (parallel.attention_kernel values; the first measured
+    is the baseline of the ratio column): a kernel this device cannot run, or whose module is not installed,
+    is named with the reason and skipped."""
     import torch.distributed as dist
 
     peak = peak_tflops(args.device)
     device = torch.device(args.device)
     plans = {n: planned_step(args.preset, args.layers, n, device) for n in args.lengths}  # before the real group
-    rows = []
+    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    kernels, skipped = [], []
+    for setting in args.kernels:
+        try:
+            kernels.append((setting, choose_kernel(setting, device.type, capability, installed_kernels())))
+        except ValueError as e:
+            skipped.append(str(e))
+    label = NAME if device.type == "cuda" else {"fa2": "torch's CPU kernel"}
+    rows, base = [], {}
     # FSDP2 needs a process group: one rank, NCCL on a GPU and gloo on CPU
     dist.init_process_group("nccl" if args.device == "cuda" else "gloo", rank=0, world_size=1, store=dist.HashStore())
-    for seq_len in args.lengths:
-        r = layer_step(args.preset, args.layers, seq_len, args.steps, args.device)
-        if args.device == "cuda":
-            torch.cuda.empty_cache()
-        plan = plans[seq_len]
-        tps = seq_len / r["step_s"]
-        tflops = tps * r["flops_per_token"] / 1e12
-        mfu = f"{100 * tflops / peak:.1f}%" if peak else "n/a"
-        planned_s = f"{plan['step_s']:.3f}" if plan["step_s"] else "n/a"
-        rows.append(
-            f"| {seq_len} | {r['step_s']:.3f} | {tps:.0f} | {tflops:.1f} | {mfu} | {r['peak_mib'] / 1024:.2f} | "
-            f"{plan['peak_mib'] / 1024:.2f} | {ratio(r['peak_mib'], plan['peak_mib'])} | {planned_s} | "
-            f"{ratio(r['step_s'], plan['step_s'])} |"
-        )
-        print(
-            f"layers {args.preset} x{args.layers} S={seq_len}: {r['step_s']:.3f} s/step, {tps:.0f} tokens/s, "
-            f"{tflops:.1f} TFLOP/s, MFU {mfu}, peak {r['peak_mib'] / 1024:.2f} GiB (planned "
-            f"{plan['peak_mib'] / 1024:.2f} GiB, {planned_s} s)",
-            flush=True,
-        )
+    for setting, kernel in kernels:
+        activate(kernel)
+        for seq_len in args.lengths:
+            r = layer_step(args.preset, args.layers, seq_len, args.steps, args.device)
+            if args.device == "cuda":
+                torch.cuda.empty_cache()
+            plan, first = plans[seq_len], base.setdefault(seq_len, r)
+            tps = seq_len / r["step_s"]
+            tflops = tps * r["flops_per_token"] / 1e12
+            mfu = f"{100 * tflops / peak:.1f}%" if peak else "n/a"
+            planned_s = f"{plan['step_s']:.3f}" if plan["step_s"] else "n/a"
+            rows.append(
+                f"| {seq_len} | {label[kernel]} | {r['step_s']:.3f} | {first['step_s'] / r['step_s']:.2f}x | {tps:.0f} | "
+                f"{tflops:.1f} | {mfu} | {r['peak_mib'] / 1024:.2f} | {plan['peak_mib'] / 1024:.2f} | "
+                f"{ratio(r['peak_mib'], plan['peak_mib'])} | {planned_s} | {ratio(r['step_s'], plan['step_s'])} |"
+            )
+            print(
+                f"layers {args.preset} x{args.layers} S={seq_len} {label[kernel]}: {r['step_s']:.3f} s/step, {tps:.0f} "
+                f"tokens/s, {tflops:.1f} TFLOP/s, MFU {mfu}, peak {r['peak_mib'] / 1024:.2f} GiB (planned "
+                f"{plan['peak_mib'] / 1024:.2f} GiB, {planned_s} s)",
+                flush=True,
+            )
+    activate("fa2")
     where = f"{args.device}" + (f", peak {peak} TFLOP/s dense bf16" if peak else "")
     dist.destroy_process_group()
+    params = f"{r['params'] / 1e6:,.0f}M parameters with the embedding and output" if kernels else "none measured"
     return "\n".join(
         [
             f"Command: `{command_line()}`  ",
             f"Host: {host_line()}  ",
-            f"`{args.preset}` shapes with {args.layers} layers ({r['params'] / 1e6:,.0f}M parameters with the embedding and "
-            f"output), batch 1, {where}; FSDP2 over one rank (fp32 master weights, bf16 compute on a GPU), activation "
-            f"checkpointing, chunked loss, clipping, AdamW (lwm-plan's step); mean of {args.steps} steps after a "
-            "warm-up. Model FLOPs per token = 6 x matmul parameters + causal attention (each score once); peak memory "
+            f"`{args.preset}` shapes with {args.layers} layers ({params}), batch 1, {where}; FSDP2 over one rank "
+            "(fp32 master weights, bf16 compute on a GPU), activation checkpointing, chunked loss, clipping, AdamW "
+            f"(lwm-plan's step); mean of {args.steps} steps after a warm-up, under each attention kernel "
+            "(parallel.attention_kernel; the speed-up column is against the first kernel's step at the same length). "
+            "Model FLOPs per token = 6 x matmul parameters + causal attention (each score once); peak memory "
             "= the device's peak allocation (CPU: the process's peak RSS, interpreter and libraries included, so the "
             "ratio to the plan means something on a GPU only). Planned: lwm-plan's tracked peak of the same step "
-            "(no margins) and its roofline time for this GPU (docs/planning.md; n/a for a device it does not list).",
+            "(no margins) and its roofline time for this GPU with FlashAttention-2 (docs/planning.md; n/a for a "
+            "device it does not list).",
             "",
-            "| tokens per sequence | s/step | tokens/s | TFLOP/s | MFU | peak memory (GiB) | planned peak (GiB) "
-            "| measured / planned | planned s/step | measured / planned |",
-            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+            "| tokens per sequence | attention | s/step | speed-up | tokens/s | TFLOP/s | MFU | peak memory (GiB) "
+            "| planned peak (GiB) | measured / planned | planned s/step | measured / planned |",
+            "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
             *rows,
+            *(["", "Not measured: " + "; ".join(skipped) + "."] if skipped else []),
         ]
     )
 
@@ -311,6 +330,13 @@ def main():
         nargs="+",
         choices=list(FEATURES),
         help="layers: memory configurations to compare (bench/memory_features.py), the first the baseline",
+    )
+    parser.add_argument(
+        "--kernels",
+        nargs="+",
+        choices=list(KERNELS),
+        default=["auto"],
+        help="layers: the attention kernels to time the step with (parallel.attention_kernel), the first the baseline",
     )
     parser.add_argument("--head-groups", type=int, default=4, help="layers --features: attn_head_groups where on")
     parser.add_argument("--chunk", type=int, default=16384, help="layers --features: norm and MLP chunk where on")

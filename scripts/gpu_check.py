@@ -136,7 +136,8 @@ PARTS = [
             "1",
         ],
     ),
-    # a few layers of the 7b preset: FSDP2 bf16, activation checkpointing, 8K and 32K tokens, beside lwm-plan's plan
+    # a few layers of the 7b preset: FSDP2 bf16, activation checkpointing, 8K and 32K tokens, beside lwm-plan's plan,
+    # under each attention kernel installed (FlashAttention-2 first: the others as speed-ups over it)
     Part(
         "train",
         70,
@@ -156,6 +157,10 @@ PARTS = [
             "32768",
             "--steps",
             "3",
+            "--kernels",
+            "fa2",
+            "fa3",
+            "fa4",
         ],
         [
             "-m",
@@ -172,6 +177,10 @@ PARTS = [
             "128",
             "--steps",
             "1",
+            "--kernels",
+            "fa2",
+            "fa3",
+            "fa4",
         ],
     ),
     # the same 4 layers at 32K and 128K: checkpointing alone, + offload, + tiling (head groups, norm and MLP

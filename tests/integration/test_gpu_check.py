@@ -90,7 +90,10 @@ def test_dry_run_runs_every_part_and_writes_the_report(tmp_path):
     bench = (out / "benchmarks.md").read_text()
     for section in ("train-layers-cpu", "train-features-cpu", "infer-longest-cpu"):  # written into the run's copy
         assert f"<!-- bench:{section} -->" in bench
-    assert "| 128 |" in bench.split("<!-- bench:train-layers-cpu -->")[1]
+    layers = bench.split("<!-- bench:train-layers-cpu -->")[1].split("<!-- /bench:train-layers-cpu -->")[0]
+    # under each attention kernel: torch's own on a CPU, FlashAttention-3 and -4 named as not run here
+    assert "| 128 | torch's CPU kernel |" in layers and "| 1.00x |" in layers
+    assert "Not measured: parallel.attention_kernel=fa3: FlashAttention-3 runs on CUDA GPUs" in layers
     features = bench.split("<!-- bench:train-features-cpu -->")[1].split("<!-- /bench:train-features-cpu -->")[0]
     assert features.count("| 128 | checkpointing") == 3 and "Not measured" not in features
     md = (out / "report.md").read_text()
