@@ -118,6 +118,8 @@ class ParallelConfig:
     document_mask: bool = True  # packed examples attend only within themselves (segment ids)
     # which FlashAttention serves the flash kernels on a GPU: auto | fa2 | fa3 | fa4 (lwm.parallel.flash_impl)
     attention_kernel: str = "auto"
+    # torch.compile each block's norms, SwiGLU and RoPE; the attention stays eager (lwm.parallel.apply_compile)
+    compile_blocks: bool = False
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:

@@ -51,6 +51,7 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(config.head_dim, config.norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(config.head_dim, config.norm_eps) if config.qk_norm else None
         self.attn_fn: AttentionFn = sdpa_attention
+        self.rope = apply_rope  # (x, cos, sin) -> x rotated; a compiled one where blocks are compiled
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, segment_ids: torch.Tensor | None = None
@@ -91,7 +92,7 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, S, H, D) -> (B, H, S, D)
         v = v.view(B, S, -1, self.head_dim).transpose(1, 2)  # (B, Hkv, S, D)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = self.rope(q, cos, sin), self.rope(k, cos, sin)
         # Without segment ids the call is the plain one, so attention functions that know no
         # documents (the KV-cache paths of generation) keep working.
         out = (

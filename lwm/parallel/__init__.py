@@ -28,6 +28,7 @@ _HOMES = {
     "ComputeSettings": "parallelize",
     "allocate": "parallelize",
     "apply_activation_checkpointing": "parallelize",
+    "apply_compile": "parallelize",
     "apply_context_parallel": "parallelize",
     "build_parallel_model": "parallelize",
     "compute_settings": "parallelize",

@@ -29,6 +29,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, Offlo
 
 from lwm.model import ModelConfig, Transformer
 from lwm.model.loss import GroupCounts, group_counts
+from lwm.model.rope import apply_rope
 from lwm.parallel.dims import MODES
 from lwm.parallel.hybrid import hybrid_attention
 from lwm.parallel.kernels import auto_backend
@@ -110,6 +111,20 @@ def apply_activation_checkpointing(model: Transformer) -> Transformer:
     return model
 
 
+def apply_compile(model: Transformer) -> Transformer:
+    """torch.compile each block's work around the attention: its two norms, its SwiGLU and RoPE (one compiled
+    function for every block). The attention itself stays eager, outside every compiled graph: the ring's and
+    Ulysses' communication and the documents' host tables are untouched, and a packed batch's documents
+    never reach a graph's guards (no recompile per batch). Checkpointed blocks recompute the compiled code."""
+    rope = torch.compile(apply_rope)
+    for layer in model.layers:
+        block = getattr(layer, "_checkpoint_wrapped_module", layer)
+        for module in (block.attn_norm, block.mlp_norm, block.mlp):
+            module.compile()
+        block.attn.rope = rope
+    return model
+
+
 def reshards_after_forward(block: int, blocks: int) -> bool:
     """Whether FSDP2 frees a block's gathered parameters after its forward, to gather them again for its
     backward: every block but the last, whose backward comes right after its forward (gathered again at once,
@@ -125,10 +140,12 @@ def parallelize(
     activation_checkpointing: bool = False,
     offload: ActivationOffload | None = None,
     states: OffloadPolicy = OffloadPolicy(),  # FSDP2's default: on the device
+    compile_blocks: bool = False,
 ) -> Transformer:
     """Apply meshes.dims to `model` (best built on the meta device): tp, cp attention, the norm kernel, activation
-    checkpointing, activation offload (`offload`, None: off; needs checkpointing), FSDP2 over
-    dp x cp with settings' mixed precision and `states` as its offload policy (state_offload)."""
+    checkpointing, activation offload (`offload`, None: off; needs checkpointing), compiled blocks
+    (apply_compile), FSDP2 over dp x cp with settings' mixed precision and `states` as its offload policy
+    (state_offload)."""
     dims = meshes.dims
     dims.check_model(model.config.n_heads, model.config.n_kv_heads, model.config.attn_head_groups)
     apply_tensor_parallel(model, meshes.tp)
@@ -138,6 +155,8 @@ def parallelize(
         apply_activation_checkpointing(model)
     if offload is not None:
         apply_activation_offload(model, offload)
+    if compile_blocks:
+        apply_compile(model)
     policy = settings.mp_policy()
     for i, layer in enumerate(model.layers):
         reshard = reshards_after_forward(i, len(model.layers))
@@ -154,12 +173,13 @@ def meta_parallel_model(
     activation_checkpointing: bool = False,
     offload: ActivationOffload | None = None,
     states: OffloadPolicy = OffloadPolicy(),  # FSDP2's default: on the device
+    compile_blocks: bool = False,
 ) -> Transformer:
     """The model built on the meta device and parallelized, not yet allocated. Under fake tensors,
     call it outside FakeTensorMode: FSDP2 over a tp mesh makes DeviceMeshes from real rank tensors."""
     with torch.device("meta"):
         model = Transformer(config)
-    return parallelize(model, meshes, settings, layout, activation_checkpointing, offload, states)
+    return parallelize(model, meshes, settings, layout, activation_checkpointing, offload, states, compile_blocks)
 
 
 def allocate(model: Transformer, device: torch.device | str, init_state: dict | None) -> Transformer:
@@ -183,10 +203,13 @@ def build_parallel_model(
     activation_checkpointing: bool = False,
     offload: ActivationOffload | None = None,
     states: OffloadPolicy = OffloadPolicy(),  # FSDP2's default: on the device
+    compile_blocks: bool = False,
 ) -> Transformer:
     """meta_parallel_model, then allocate: the parallelized model on `device` (its parameter shards
     in host memory under `states`' CPU offload) with init_state's weights."""
-    model = meta_parallel_model(config, meshes, settings, layout, activation_checkpointing, offload, states)
+    model = meta_parallel_model(
+        config, meshes, settings, layout, activation_checkpointing, offload, states, compile_blocks
+    )
     return allocate(model, parameter_device(device, states), init_state)
 
 

@@ -37,6 +37,7 @@ from lwm.parallel import (
     ParallelDims,
     apply_activation_checkpointing,
     apply_activation_offload,
+    apply_compile,
     build_meshes,
     build_parallel_model,
     compute_settings,
@@ -107,6 +108,8 @@ class LWMModule(L.LightningModule):
                 apply_activation_checkpointing(self.model)
             if offload is not None:
                 apply_activation_offload(self.model, offload)
+            if self.parallel.compile_blocks:
+                apply_compile(self.model)
             return
 
         # Lightning's mesh only says how many ranks there are; lwm.parallel builds the run's own.
@@ -131,6 +134,7 @@ class LWMModule(L.LightningModule):
             self.parallel.activation_checkpointing,
             offload,
             state_offload(self.parallel.param_offload, self.device),
+            self.parallel.compile_blocks,
         )
 
     def _read_init_state(self) -> Weights | None:

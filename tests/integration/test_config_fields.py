@@ -64,6 +64,9 @@ Shown elsewhere (tests/integration/test_train.py and tests/integration/test_trai
                          tests/unit/parallel/test_flash_impl.py (the kernel each device gets, the refusals, activation
                          through torch's registry), tests/unit/core/test_step.py (a run's setting reaches the registry),
                          test_bad_input_is_refused_before_the_run (FlashAttention-4 on a CPU run)
+  parallel.compile_blocks tests/integration/test_compile_blocks.py (compiled equals eager, fp32 rtol 1e-5, with
+                         documents and checkpointing; no recompile for a new batch's documents; the run's module
+                         compiles its blocks)
   parallel.document_mask, data.positions
                          tests/unit/core/test_documents.py (the packed batch equals its examples one by one;
                          off, it does not; positions restart per example; their default follows the mask)
