@@ -110,6 +110,8 @@ class ParallelConfig:
     ulysses: int = 1  # hybrid's all-to-all size (divides each stage's cp)
     tp: int = 1  # tensor-parallel degree (divides the q and kv heads)
     activation_checkpointing: bool = False  # recompute each block in backward
+    # ... but not its attention: each block keeps its attention output and logsumexp (lwm.parallel.kept)
+    keep_attention: bool = False
     # move each checkpointed block's input to host memory between forward and backward
     activation_offload: bool = False
     # parameter shards, gradients and AdamW state in host memory (FSDP2's CPUOffloadPolicy): AdamW
@@ -126,6 +128,11 @@ class ParallelConfig:
             raise ValueError(f"parallel.layout must be one of {LAYOUTS}, got {self.layout!r}")
         if self.attention_kernel not in KERNELS:
             raise ValueError(f"parallel.attention_kernel must be one of {list(KERNELS)}, got {self.attention_kernel!r}")
+        if self.keep_attention and not self.activation_checkpointing:
+            raise ValueError(
+                "parallel.keep_attention=true needs parallel.activation_checkpointing=true: it keeps the attention "
+                "of checkpointed blocks (got activation_checkpointing=false)"
+            )
         if self.activation_offload and not self.activation_checkpointing:
             raise ValueError(
                 "parallel.activation_offload=true needs parallel.activation_checkpointing=true: offload moves "

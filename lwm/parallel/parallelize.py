@@ -30,6 +30,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, Offlo
 from lwm.model import ModelConfig, Transformer
 from lwm.model.loss import GroupCounts, group_counts
 from lwm.model.rope import apply_rope
+from lwm.parallel import kept
 from lwm.parallel.dims import MODES
 from lwm.parallel.hybrid import hybrid_attention
 from lwm.parallel.kernels import auto_backend
@@ -103,11 +104,14 @@ def apply_context_parallel(
     return model
 
 
-def apply_activation_checkpointing(model: Transformer) -> Transformer:
+def apply_activation_checkpointing(model: Transformer, keep_attention: bool = False) -> Transformer:
     """Recompute each block in backward (each block wrapped; state-dict keys and parameter names
-    unchanged, attributes reach the block through the wrapper)."""
+    unchanged, attributes reach the block through the wrapper). keep_attention: each block keeps its
+    attention's output and logsumexp for its backward, whose recompute then runs no attention forward
+    (lwm.parallel.kept)."""
+    options = {"context_fn": kept.contexts} if keep_attention else {}
     for i, layer in enumerate(model.layers):
-        model.layers[i] = checkpoint_wrapper(layer)
+        model.layers[i] = checkpoint_wrapper(layer, **options)
     return model
 
 
@@ -141,6 +145,7 @@ def parallelize(
     offload: ActivationOffload | None = None,
     states: OffloadPolicy = OffloadPolicy(),  # FSDP2's default: on the device
     compile_blocks: bool = False,
+    keep_attention: bool = False,
 ) -> Transformer:
     """Apply meshes.dims to `model` (best built on the meta device): tp, cp attention, the norm kernel, activation
     checkpointing, activation offload (`offload`, None: off; needs checkpointing), compiled blocks
@@ -152,7 +157,7 @@ def parallelize(
     apply_context_parallel(model, meshes.attention_group, layout, dims.mode, meshes.ulysses_group, settings.backend)
     model.set_norm_kernel(settings.norm)
     if activation_checkpointing:
-        apply_activation_checkpointing(model)
+        apply_activation_checkpointing(model, keep_attention)
     if offload is not None:
         apply_activation_offload(model, offload)
     if compile_blocks:
@@ -174,12 +179,15 @@ def meta_parallel_model(
     offload: ActivationOffload | None = None,
     states: OffloadPolicy = OffloadPolicy(),  # FSDP2's default: on the device
     compile_blocks: bool = False,
+    keep_attention: bool = False,
 ) -> Transformer:
     """The model built on the meta device and parallelized, not yet allocated. Under fake tensors,
     call it outside FakeTensorMode: FSDP2 over a tp mesh makes DeviceMeshes from real rank tensors."""
     with torch.device("meta"):
         model = Transformer(config)
-    return parallelize(model, meshes, settings, layout, activation_checkpointing, offload, states, compile_blocks)
+    return parallelize(
+        model, meshes, settings, layout, activation_checkpointing, offload, states, compile_blocks, keep_attention
+    )
 
 
 def allocate(model: Transformer, device: torch.device | str, init_state: dict | None) -> Transformer:
@@ -204,11 +212,12 @@ def build_parallel_model(
     offload: ActivationOffload | None = None,
     states: OffloadPolicy = OffloadPolicy(),  # FSDP2's default: on the device
     compile_blocks: bool = False,
+    keep_attention: bool = False,
 ) -> Transformer:
     """meta_parallel_model, then allocate: the parallelized model on `device` (its parameter shards
     in host memory under `states`' CPU offload) with init_state's weights."""
     model = meta_parallel_model(
-        config, meshes, settings, layout, activation_checkpointing, offload, states, compile_blocks
+        config, meshes, settings, layout, activation_checkpointing, offload, states, compile_blocks, keep_attention
     )
     return allocate(model, parameter_device(device, states), init_state)
 

@@ -23,6 +23,7 @@ import torch
 
 from lwm.model.documents import Documents, check_segment_ids
 from lwm.parallel.comm import RingComm, all_gather_stack
+from lwm.parallel.kept import recording, replaying
 from lwm.parallel.layout import check_divisible, check_layout, shard, unshard
 from lwm.parallel.merge import Sums, acc_dtype
 from lwm.parallel.pieces import step_planner
@@ -115,10 +116,16 @@ def as_documents(segment_ids, q: torch.Tensor, gather=None) -> Documents | None:
 class _RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, group, causal, layout, scale, backend, documents):
+        if (kept := replaying()) is not None:  # a checkpointed block's recompute: what its forward computed
+            out, lse = kept.take()
+            ctx.save_for_backward(q, k, v, out, lse)  # as the forward saved them: backward reads these
+            return out.clone()
         comm = RingComm(group)
         planner = step_planner(layout, comm.rank, comm.world_size, q.shape[2], causal, documents)
         steps = ring_steps(planner, q, backend)
         out, lse = ring_forward(q, ring_blocks(comm, k, v), steps, scale)
+        if (kept := recording()) is not None:
+            kept.put((out.detach(), lse))
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.args = (group, steps, scale)
         return out
@@ -190,6 +197,10 @@ class _SimulatedRing(torch.autograd.Function):
     def forward(ctx, q, k, v, world_size, causal, layout, scale, backend, documents):
         n = world_size
         qs, ks, vs = ([shard(t, 2, r, n, layout) for r in range(n)] for t in (q, k, v))
+        if (kept := replaying()) is not None:  # a checkpointed block's recompute: what its forward computed
+            outs, lses = kept.take()
+            ctx.save_for_backward(*qs, *ks, *vs, *outs, *lses)  # as the forward saved them
+            return unshard(outs, 2, layout)
         steps = [
             ring_steps(step_planner(layout, r, n, qs[r].shape[2], causal, documents), qs[r], backend) for r in range(n)
         ]
@@ -198,6 +209,8 @@ class _SimulatedRing(torch.autograd.Function):
             blocks = ((ks[(r - s) % n], vs[(r - s) % n]) for s in range(n))
             results.append(ring_forward(qs[r], blocks, steps[r], scale))
         outs, lses = [o for o, _ in results], [l for _, l in results]
+        if (kept := recording()) is not None:
+            kept.put(([o.detach() for o in outs], lses))
         ctx.save_for_backward(*qs, *ks, *vs, *outs, *lses)
         ctx.args = (n, steps, layout, scale)
         return unshard(outs, 2, layout)

@@ -125,6 +125,7 @@ def run(config: PlanConfig) -> dict:
             parallel.activation_checkpointing,
             a2a,
             parallel.param_offload,
+            parallel.keep_attention,
         )
         return {"time": asdict(step_time(work, mesh, device, node)), "work": asdict(work)}
 

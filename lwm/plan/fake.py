@@ -229,7 +229,15 @@ def run_step(
     optim = optim or OptimConfig()
     if model is None:
         model = build_parallel_model(
-            model_config, where, settings, device, None, parallel.layout, parallel.activation_checkpointing, offload
+            model_config,
+            where,
+            settings,
+            device,
+            None,
+            parallel.layout,
+            parallel.activation_checkpointing,
+            offload,
+            keep_attention=parallel.keep_attention,
         )
     optimizer, scheduler = build_optimizer(model, stage, optim)
     seen: dict = {}

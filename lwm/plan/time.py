@@ -8,7 +8,8 @@ Work, per rank and step (rank 0; with striped or zigzag every rank does the same
               under head groups (model.attn_head_groups), the MLP's under model.mlp_chunk_size.
   attention   the score entries the ring schedule computes (lwm.parallel.blocks.block_work over
               every ring step) x heads x head_dim x 2 flops, for 2 products in forward, 5 in
-              backward (FlashAttention's recomputed scores, dV, dP, dQ, dK), 2 more with recompute,
+              backward (FlashAttention's recomputed scores, dV, dP, dQ, dK), 2 more with recompute (none where
+              checkpointed blocks keep their attention: parallel.keep_attention),
               2 more again under head groups (each group's forward is recomputed in its backward).
   memory      twice the bytes the step's other ops write (each written once, read once): norms,
               RoPE, activations' casts, the loss's softmax, AdamW (counted on the fake step).
@@ -108,9 +109,11 @@ def step_work(
     checkpointing: bool,
     all_to_all: int = 0,
     states_on_host: bool = False,
+    keep_attention: bool = False,
 ) -> Work:
     """all_to_all: the size of Ulysses' groups (hybrid's ulysses; 0: the whole cp group);
-    states_on_host: parameter offload (the optimizer's writes are the CPU's, not HBM's)."""
+    states_on_host: parameter offload (the optimizer's writes are the CPU's, not HBM's); keep_attention:
+    checkpointed blocks keep their attention's output, so their recompute runs no attention forward."""
     tokens = mesh.batch * mesh.seq_len // mesh.cp
     executed = 6 * matmul_params(config, mesh.tp) * tokens
     useful = 6 * (block_params(config) + config.vocab_size * config.dim) / mesh.tp * tokens  # the head once
@@ -126,7 +129,7 @@ def step_work(
     on_host = memory.optimizer_written if states_on_host else 0
     return Work(
         matmul_flops=executed + (recompute[0] if checkpointing else 0) + tiled[0],
-        attention_flops=attn_model + (recompute[1] if checkpointing else 0) + tiled[1],
+        attention_flops=attn_model + (recompute[1] if checkpointing and not keep_attention else 0) + tiled[1],
         model_flops=useful + attn_model,
         hbm_bytes=2 * (memory.written - on_host),
         ring_bytes=sent.get("p2p", 0),

@@ -67,6 +67,9 @@ Shown elsewhere (tests/integration/test_train.py and tests/integration/test_trai
   parallel.compile_blocks tests/integration/test_compile_blocks.py (compiled equals eager, fp32 rtol 1e-5, with
                          documents and checkpointing; no recompile for a new batch's documents; the run's module
                          compiles its blocks)
+  parallel.keep_attention tests/unit/parallel/test_keep_attention.py (bitwise equal to recompute, half the ring
+                         forwards; refused without checkpointing), tests/integration/test_keep_attention_ranks.py
+                         (cp 2 over gloo), tests/unit/plan/test_keep_attention_plan.py (planned time and memory)
   parallel.document_mask, data.positions
                          tests/unit/core/test_documents.py (the packed batch equals its examples one by one;
                          off, it does not; positions restart per example; their default follows the mask)

@@ -1,0 +1,49 @@
+"""parallel.keep_attention (lwm/parallel/kept.py): a checkpointed block keeps its attention's output and
+logsumexp, and its recompute runs no attention forward. The reference is the same step with full
+recompute: loss and every gradient bitwise equal (the same kernels on the same tensors), packed documents
+on, one process (the ring at one rank and Ulysses at one rank; tests/integration/test_keep_attention_ranks.py
+runs cp 2 over gloo)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from keep_runs import keep_step
+
+
+def assert_same_step(full, kept):
+    assert torch.equal(full[0], kept[0])
+    assert all(torch.equal(full[1][name], grad) for name, grad in kept[1].items())
+
+
+@pytest.mark.parametrize("mode", ["ring", "ulysses"])
+@pytest.mark.parametrize("options", [{}, {"offload": True}, {"nograd_first": True}], ids=["plain", "offload", "eval"])
+def test_kept_attention_equals_recompute_bitwise_and_runs_half_the_forwards(mode, options):
+    full, kept = keep_step(False, mode, **options), keep_step(True, mode, **options)
+    assert_same_step(full, kept)
+    assert (full[2], kept[2]) == (4, 2)  # 2 layers: forward and recompute, against forward alone
+
+
+def test_head_groups_recompute_their_own_attention_and_stay_exact():
+    """Under model.attn_head_groups each group's forward is recomputed by the group's own checkpoint, which
+    keep_attention leaves as it is: the block's recompute alone is spared (2 layers x 2 groups)."""
+    full, kept = keep_step(False, groups=2), keep_step(True, groups=2)
+    assert_same_step(full, kept)
+    assert (full[2], kept[2]) == (12, 8)
+
+
+def test_keep_attention_needs_checkpointing():
+    from lwm.core.config import ParallelConfig
+
+    with pytest.raises(ValueError, match="parallel.keep_attention=true needs parallel.activation_checkpointing=true"):
+        ParallelConfig(keep_attention=True)
+
+
+def test_a_recompute_that_calls_its_attention_more_often_is_refused():
+    from lwm.parallel.kept import Kept
+
+    kept = Kept()
+    kept.put("first")
+    assert kept.take() == "first"
+    with pytest.raises(RuntimeError, match="recompute called its attention 2 times, its forward 1"):
+        kept.take()
