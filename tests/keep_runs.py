@@ -16,14 +16,15 @@ from lwm.parallel.offload import ActivationOffload, SyncCopyEngine
 
 
 def keep_step(keep: bool, mode="ring", group=None, layout="striped", groups=1, offload=False, nograd_first=False):
-    """(loss, {name: grad}, ring forwards run) of one step; under a process group, this rank's slice of the
+    """(loss, {name: grad}, ring forwards run, the offload's host bytes) of one step; under a process group, this rank's slice of the
     packed batch (its documents as the datamodule hands them) and the gradients of its parameters."""
     torch.manual_seed(0)
     config = ModelConfig.from_preset("debug").replace(attn_head_groups=groups)
     model = apply_context_parallel(Transformer(config), group=group, layout=layout, mode=mode)
     apply_activation_checkpointing(model, keep)
-    if offload:
-        apply_activation_offload(model, ActivationOffload(SyncCopyEngine("cpu")))
+    offloaded = ActivationOffload(SyncCopyEngine("cpu")) if offload else None
+    if offloaded is not None:
+        apply_activation_offload(model, offloaded)
     torch.manual_seed(1)
     tokens = torch.randint(0, config.vocab_size, (2, 65))
     seg = packings(2, 64, seed=1)  # (B, S) document ids
@@ -56,4 +57,5 @@ def keep_step(keep: bool, mode="ring", group=None, layout="striped", groups=1, o
         out.loss.backward()
     finally:
         ring.ring_forward = run
-    return out.loss.detach(), {n: p.grad for n, p in model.named_parameters()}, forwards[0]
+    host = offloaded.host_bytes if offloaded is not None else 0
+    return out.loss.detach(), {n: p.grad for n, p in model.named_parameters()}, forwards[0], host

@@ -12,17 +12,35 @@ With keep_attention the block keeps them instead: its checkpoint gets a pair of 
 
 so backward reads the same tensors, bitwise, and the recompute runs the norms, projections, RoPE and MLP
 but no attention forward. A Kept lives as long as its forward's recompute context, so the graph holds it
-and drops it with the graph. Memory: each block's attention output (and logsumexp) until its backward.
+and drops it with the graph. Memory: each block's attention output (and logsumexp) until its backward,
+on the device, or, under activation offload, in host memory with the block's input: the offload is the
+store (`storing`) while the block's forward runs, and the kept tensors go through its copy engine.
 The attention functions (lwm.parallel.ring's autograd functions) ask `recording()` and `replaying()`.
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from contextvars import ContextVar
+from typing import Any, Protocol
 
 import torch
 
 _MODE: ContextVar[tuple[str, Kept] | None] = ContextVar("lwm_kept_attention", default=None)
+_STORE: ContextVar = ContextVar("lwm_kept_store", default=None)  # where kept tensors wait (None: on the device)
+
+
+class Store(Protocol):
+    """Holds a kept tensor until its recompute: keep(t) returns a handle whose back() gives it again."""
+
+    def keep(self, t: torch.Tensor) -> Any: ...
+
+
+def _each(fn, result):
+    """fn over the tensors (or handles) of a kept result: a tuple or list of them, or of lists of them."""
+    if isinstance(result, (tuple, list)):
+        return type(result)(_each(fn, r) for r in result)
+    return fn(result)
 
 
 class Kept:
@@ -33,7 +51,8 @@ class Kept:
         self.read = 0
 
     def put(self, result) -> None:
-        self.results.append(result)
+        store = _STORE.get()
+        self.results.append(result if store is None else _each(store.keep, result))
 
     def take(self):
         if self.read >= len(self.results):
@@ -44,7 +63,7 @@ class Kept:
         result = self.results[self.read]
         self.results[self.read] = None  # backward holds what it needs from here on
         self.read += 1
-        return result
+        return _each(lambda t: t if isinstance(t, torch.Tensor) else t.back(), result)
 
 
 class _Mode:
@@ -65,6 +84,16 @@ def contexts() -> tuple[_Mode, _Mode]:
     """torch.utils.checkpoint's context_fn: (around the forward, around its recompute), sharing one Kept."""
     kept = Kept()
     return _Mode("record", kept), _Mode("replay", kept)
+
+
+@contextmanager
+def storing(store: Store):
+    """Kept tensors of the attention calls inside go to `store` (activation offload's, around a block)."""
+    token = _STORE.set(store)
+    try:
+        yield
+    finally:
+        _STORE.reset(token)
 
 
 def recording() -> Kept | None:

@@ -44,6 +44,7 @@ from torch.autograd.graph import saved_tensors_hooks
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
 from lwm.model import Transformer
+from lwm.parallel import kept
 
 
 class CopyEngine(Protocol):
@@ -204,13 +205,41 @@ class ActivationOffload:
         self._pool.setdefault((saved.shape, saved.dtype), []).append(saved.host)
         saved.host = None
 
+    def keep(self, t: torch.Tensor) -> _KeptOnHost:
+        """A block's kept attention tensor (lwm.parallel.kept) to a host buffer; the compute stream waits
+        for the copy at once, so the device tensor may go (one attention output a layer: the copy is
+        small beside the attention that made it)."""
+        host, src = self._take(t.shape, t.dtype), t.detach()  # src held until the wait: the copy reads it
+        self.engine.wait(self.engine.copy(host, src))
+        return _KeptOnHost(self, host, t.device)
+
     def _enter(self, module, args) -> None:
-        hooks = self.saving()
+        hooks, store = self.saving(), kept.storing(self)
         hooks.__enter__()
-        self._hooks.append(hooks)
+        store.__enter__()
+        self._hooks.append((hooks, store))
 
     def _exit(self, module, args, output) -> None:
-        self._hooks.pop().__exit__(None, None, None)
+        hooks, store = self._hooks.pop()
+        store.__exit__(None, None, None)
+        hooks.__exit__(None, None, None)
+
+
+@dataclass(eq=False)
+class _KeptOnHost:
+    """A kept tensor in one of the offload's host buffers; back() fetches it, waited on, and returns the buffer."""
+
+    offload: ActivationOffload
+    host: torch.Tensor | None
+    device: torch.device
+
+    def back(self) -> torch.Tensor:
+        engine, host = self.offload.engine, self.host
+        dst = torch.empty(host.shape, dtype=host.dtype, device=self.device)
+        engine.wait(engine.copy(dst, host))
+        self.offload._pool.setdefault((host.shape, host.dtype), []).append(host)  # its copy has been waited on
+        self.host = None
+        return dst
 
 
 def apply_activation_offload(model: Transformer, offload: ActivationOffload) -> Transformer:

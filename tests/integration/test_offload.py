@@ -22,6 +22,7 @@ from lwm.parallel import (
     SyncCopyEngine,
     apply_activation_checkpointing,
     apply_activation_offload,
+    apply_context_parallel,
     build_meshes,
     build_parallel_model,
     compute_settings,
@@ -306,3 +307,36 @@ def test_offload_with_each_familys_options_equals_checkpointing_bitwise(family):
         one_process(ActivationOffload(SyncCopyEngine("cpu")), steps=2, config=config),
         one_process(None, steps=2, config=config),
     )
+
+
+def _kept(offload: ActivationOffload | None, steps: int = 2):
+    """`steps` training steps through the ring at one rank, checkpointed blocks keeping their attention."""
+    torch.manual_seed(0)
+    model = apply_activation_checkpointing(apply_context_parallel(Transformer(CFG)), keep_attention=True)
+    if offload is not None:
+        apply_activation_offload(model, offload)
+    optimizer, scheduler = build_optimizer(model, STAGE, OPTIM)
+    losses = [train_step(model, _batch(), optimizer, OPTIM, None, False, scheduler).loss for _ in range(steps)]
+    return losses, [p.detach().clone() for p in model.parameters()]
+
+
+def test_kept_attention_waits_in_host_memory_through_the_cuda_engine():
+    """parallel.keep_attention with offload: each block's kept output and logsumexp go to pinned buffers
+    through the CUDA engine's path (copies that end only when waited on) and come back for its recompute:
+    bit-exact with them kept on the device, nothing in flight after the steps."""
+    cuda = StandInCuda()
+    assert_bitwise(_kept(ActivationOffload(standin_engine(cuda))), _kept(None))
+    assert cuda.in_flight() == [] and len(cuda.pinned) == CFG.n_layers * 3  # per block: input, output, lse
+
+
+def test_a_kept_output_read_before_its_copy_in_ended_breaks_the_step(monkeypatch):
+    """Without the wait in back(), the recompute reads the stand-in's NaN: the gradients show it."""
+
+    def back_without_waiting(self):
+        dst = torch.empty(self.host.shape, dtype=self.host.dtype, device=self.device)
+        self.offload.engine.copy(dst, self.host)
+        return dst
+
+    monkeypatch.setattr(offload_file._KeptOnHost, "back", back_without_waiting)
+    losses, params = _kept(ActivationOffload(standin_engine(StandInCuda())), steps=1)
+    assert any(p.isnan().any() for p in params)

@@ -24,6 +24,13 @@ def test_kept_attention_equals_recompute_bitwise_and_runs_half_the_forwards(mode
     assert (full[2], kept[2]) == (4, 2)  # 2 layers: forward and recompute, against forward alone
 
 
+def test_under_offload_the_kept_outputs_wait_in_host_memory():
+    """With activation offload the kept output and logsumexp of each block go to host buffers with its
+    input: (B, S, dim) fp32 and (B, heads, S) fp32 more for each of the 2 blocks, in the offload's pool."""
+    full, kept = keep_step(False, offload=True), keep_step(True, offload=True)
+    assert kept[3] - full[3] == 2 * (2 * 64 * 64 * 4 + 2 * 4 * 64 * 4), (full[3], kept[3])
+
+
 def test_head_groups_recompute_their_own_attention_and_stay_exact():
     """Under model.attn_head_groups each group's forward is recomputed by the group's own checkpoint, which
     keep_attention leaves as it is: the block's recompute alone is spared (2 layers x 2 groups)."""
@@ -42,8 +49,8 @@ def test_keep_attention_needs_checkpointing():
 def test_a_recompute_that_calls_its_attention_more_often_is_refused():
     from lwm.parallel.kept import Kept
 
-    kept = Kept()
-    kept.put("first")
-    assert kept.take() == "first"
+    kept, first = Kept(), torch.ones(2)
+    kept.put((first,))
+    assert kept.take()[0] is first
     with pytest.raises(RuntimeError, match="recompute called its attention 2 times, its forward 1"):
         kept.take()
