@@ -48,11 +48,15 @@ class Feature:
     head_groups: bool = False
     norm_chunks: bool = False
     mlp_chunks: bool = False
+    keep_attention: bool = False
 
     def parallel(self) -> ParallelConfig:
         return ParallelConfig(
-            activation_checkpointing=self.checkpointing, activation_offload=self.offload, document_mask=False
-        )  # one document: the plan reads document runs on the host
+            activation_checkpointing=self.checkpointing,
+            activation_offload=self.offload,
+            keep_attention=self.keep_attention,
+            document_mask=False,  # one document: the plan reads document runs on the host
+        )
 
     def model(self, config: ModelConfig, head_groups: int, chunk: int) -> ModelConfig:
         return config.replace(
@@ -65,6 +69,7 @@ class Feature:
         on = [
             "checkpointing" if self.checkpointing else "no checkpointing",
             "offload" if self.offload else "",
+            "kept attention" if self.keep_attention else "",
             f"attn_head_groups={head_groups}" if self.head_groups else "",
             f"norm_chunk_size={chunk}" if self.norm_chunks else "",
             f"mlp_chunk_size={chunk}" if self.mlp_chunks else "",
@@ -84,6 +89,8 @@ FEATURES = {
         Feature("mlp_chunks", mlp_chunks=True),
         Feature("tiled", **TILED),
         Feature("all", offload=True, **TILED),
+        Feature("kept", keep_attention=True),  # no attention forward in the recompute
+        Feature("kept_offload", offload=True, keep_attention=True),
     )
 }
 CPU_FEATURES = ["checkpointing", "none", "offload", "head_groups", "norm_chunks", "mlp_chunks", "all"]

@@ -108,7 +108,15 @@ def layer_step(
     settings = compute_settings(device, config.head_dim)
     offload = activation_offload(parallel, device)
     model = build_parallel_model(
-        config, where, settings, device, init_state, parallel.layout, parallel.activation_checkpointing, offload
+        config,
+        where,
+        settings,
+        device,
+        init_state,
+        parallel.layout,
+        parallel.activation_checkpointing,
+        offload,
+        keep_attention=parallel.keep_attention,
     )
     del init_state
     optimizer, scheduler = build_optimizer(model, stage, OPTIM)

@@ -184,7 +184,8 @@ PARTS = [
         ],
     ),
     # the same 4 layers at 32K and 128K: checkpointing alone, + offload, + tiling (head groups, norm and MLP
-    # chunks); peak, host bytes and step time as ratios, beside the plan (each row published as it ends)
+    # chunks), kept attention with offload (no attention forward in the recompute); peak, host bytes and step
+    # time as ratios, beside the plan (each row published as it ends)
     Part(
         "memory",
         100,
@@ -208,6 +209,7 @@ PARTS = [
             "checkpointing",
             "offload",
             "tiled",
+            "kept_offload",
             "--head-groups",
             "4",
             "--chunk",
@@ -232,6 +234,7 @@ PARTS = [
             "checkpointing",
             "offload",
             "tiled",
+            "kept_offload",
             "--head-groups",
             "2",
             "--chunk",

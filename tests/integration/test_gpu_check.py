@@ -95,7 +95,8 @@ def test_dry_run_runs_every_part_and_writes_the_report(tmp_path):
     assert "| 128 | torch's CPU kernel |" in layers and "| 1.00x |" in layers
     assert "Not measured: parallel.attention_kernel=fa3: FlashAttention-3 runs on CUDA GPUs" in layers
     features = bench.split("<!-- bench:train-features-cpu -->")[1].split("<!-- /bench:train-features-cpu -->")[0]
-    assert features.count("| 128 | checkpointing") == 3 and "Not measured" not in features
+    assert features.count("| 128 | checkpointing") == 4 and "Not measured" not in features
+    assert "| 128 | checkpointing + offload + kept attention |" in features
     md = (out / "report.md").read_text()
     assert "# GPU check (dry run on CPU)" in md and "| vqgan | ok |" in md
     log = (out / "parts.log").read_text()  # every part's whole output, in one file
