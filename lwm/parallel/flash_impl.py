@@ -1,9 +1,10 @@
 """Which FlashAttention serves aten's flash kernels on a GPU (parallel.attention_kernel).
 
-The ring, varlen and dense paths call aten's flash ops (lwm.parallel.kernels: _scaled_dot_product_flash_
-attention[_backward]; lwm.parallel.varlen: _flash_attention_forward / _backward). Torch ships
-FlashAttention-2 behind them; its registry (torch.nn.attention.activate_flash_attention_impl) puts
-FlashAttention-3 or -4 behind the very same ops in this process, so choosing one changes no call:
+The ring, varlen and dense paths call aten's flash ops (lwm.parallel.kernels:
+_scaled_dot_product_flash_attention and its backward; lwm.parallel.varlen: _flash_attention_forward and
+_flash_attention_backward). Torch ships FlashAttention-2 behind them; its registry
+(torch.nn.attention.activate_flash_attention_impl) puts FlashAttention-3 or -4 behind the very same ops in
+this process, so choosing one changes no call:
 
     fa2   torch's own (on a CPU run, its CPU kernels: nothing is activated)
     fa3   FlashAttention-3, compute capability 9.0 (H100, H200), module flash_attn_interface
