@@ -134,8 +134,8 @@ class LWMModule(L.LightningModule):
             self.parallel.activation_checkpointing,
             offload,
             state_offload(self.parallel.param_offload, self.device),
-            self.parallel.compile_blocks,
-            self.parallel.keep_attention,
+            compile_blocks=self.parallel.compile_blocks,
+            keep_attention=self.parallel.keep_attention,
         )
 
     def _read_init_state(self) -> Weights | None:

@@ -166,7 +166,7 @@ def test_only_global_rank_0_reads_the_starting_weights(rank, monkeypatch):
         reads.append(rank)
         return {"embed.weight": torch.zeros(1)}
 
-    def build_parallel_model(config, meshes, settings, device, init_state, *args):
+    def build_parallel_model(config, meshes, settings, device, init_state, *args, **kwargs):
         loaded["init"] = init_state  # what build_parallel_model broadcasts from rank 0
 
     monkeypatch.setattr(module_file, "build_parallel_model", build_parallel_model)

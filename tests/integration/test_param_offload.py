@@ -97,7 +97,7 @@ def test_the_config_field_takes_effect(monkeypatch):
     assert not strategy(ParallelDims(1, 1, 1), gpu, False).params_on_host
     # LWMModule on a mesh hands the policy and the host device to the model's build
     calls = {}
-    monkeypatch.setattr(module_file, "build_parallel_model", lambda *a: calls.setdefault("args", a))
+    monkeypatch.setattr(module_file, "build_parallel_model", lambda *a, **k: calls.setdefault("args", a))
     monkeypatch.setattr(module_file, "build_meshes", lambda *a: type("M", (), {"cp_group": None})())
     monkeypatch.setattr(module_file.peers, "register", lambda: None)
     monkeypatch.setattr(module_file.dist, "get_rank", lambda: 0)
