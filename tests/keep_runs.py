@@ -15,12 +15,17 @@ from lwm.parallel import apply_activation_checkpointing, apply_activation_offloa
 from lwm.parallel.offload import ActivationOffload, SyncCopyEngine
 
 
-def keep_step(keep: bool, mode="ring", group=None, layout="striped", groups=1, offload=False, nograd_first=False):
+def keep_step(
+    keep: bool, mode="ring", group=None, layout="striped", groups=1, offload=False, nograd_first=False, flash=False
+):
     """(loss, {name: grad}, ring forwards run, the offload's host bytes) of one step; under a process group, this rank's slice of the
-    packed batch (its documents as the datamodule hands them) and the gradients of its parameters."""
+    packed batch (its documents as the datamodule hands them) and the gradients of its parameters. flash: a
+    bf16 model on the CUDA flash kernels' path (their CPU stand-ins installed by the caller)."""
     torch.manual_seed(0)
     config = ModelConfig.from_preset("debug").replace(attn_head_groups=groups)
-    model = apply_context_parallel(Transformer(config), group=group, layout=layout, mode=mode)
+    model = Transformer(config).to(torch.bfloat16) if flash else Transformer(config)
+    backend = "cuda_flash" if flash else "auto"
+    model = apply_context_parallel(model, group=group, layout=layout, mode=mode, backend=backend)
     apply_activation_checkpointing(model, keep)
     offloaded = ActivationOffload(SyncCopyEngine("cpu")) if offload else None
     if offloaded is not None:

@@ -135,7 +135,7 @@ def device_capability(kind: str) -> tuple[int, int] | None:
         return None
     import torch
 
-    return torch.cuda.get_device_capability(int(os.environ.get("LOCAL_RANK", torch.cuda.current_device())))
+    return torch.cuda.get_device_capability(local_gpu())
 
 
 def attention_kernel(kernel: str, accelerator: str) -> str:
@@ -160,8 +160,14 @@ def device_memory(kind: str = "cuda", ranks_per_node: int = 1) -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // ranks_per_node
     import torch
 
-    index = int(os.environ.get("LOCAL_RANK", torch.cuda.current_device()))
-    return torch.cuda.get_device_properties(index).total_memory
+    return torch.cuda.get_device_properties(local_gpu()).total_memory
+
+
+def local_gpu() -> int:
+    """This rank's GPU: LOCAL_RANK's under torchrun and Lightning's launch, else the current one."""
+    import torch
+
+    return int(os.environ.get("LOCAL_RANK", torch.cuda.current_device()))
 
 
 def preflight(

@@ -182,7 +182,8 @@ def run(config: PlanConfig) -> dict:
                 row["advice"] = advise(stage, mesh)
         rows.append(row)
         curves.setdefault(report.mesh_label(mesh.cp, mesh.dp, mesh.tp), {})[mesh.seq_len] = mem.peak
-    plan = {"device": asdict(device), "model": asdict(model), "parallel": asdict(parallel), "stages": rows}
+    device_row = {**asdict(device), "attention_efficiency": device.attention_efficiency}  # the planned kernel's
+    plan = {"device": device_row, "model": asdict(model), "parallel": asdict(parallel), "stages": rows}
     if config.longest:
         first = planned[0][0]
         tp = planned[0][1].tp

@@ -31,12 +31,11 @@ class Device:
     fragmentation: float = 0.05
     # What the kernels this code calls reach of the peak, published (sources in docs/planning.md,
     # "What the kernels reach"): bf16 matmuls at the best shape's rate measured by mamf-finder
-    # (ml-engineering's table), the flash kernel (FlashAttention-2) forward + backward as
-    # FlashAttention's papers measured it; 1.0 where the peak itself is measured (cpu_device).
+    # (ml-engineering's table), each flash kernel's forward + backward as its paper measured it (HOPPER_RATES);
+    # 1.0 where the peak itself is measured (cpu_device).
     matmul_efficiency: float = 0.803  # H100 SXM: 794.5 of 989 TFLOP/s
-    attention_efficiency: float = 0.33  # H100 SXM: FlashAttention-2 at 335 forward, 322 backward (326 as weighted here)
-    # The kernel behind aten's flash ops (parallel.attention_kernel) and each kernel's rate on this device, as
-    # attention_efficiency; with_kernel plans one. `major`: the compute capability (None: a custom device).
+    # The kernel behind aten's flash ops (parallel.attention_kernel; with_kernel plans one) and each kernel's
+    # share of the peak on this device. `major`: the compute capability (None: a custom device).
     kernel: str = "fa2"
     major: int | None = 9
     kernel_rates: dict[str, float] = field(default_factory=lambda: dict(HOPPER_RATES))
@@ -49,6 +48,11 @@ class Device:
     # What a rank's process holds in host memory beside the offloaded tensors (Python, torch, CUDA's
     # host side, the data loader): an assumption, not measured.
     host_reserved_gib: float = 16.0
+
+    @property
+    def attention_efficiency(self) -> float:
+        """The planned kernel's share of the peak."""
+        return self.kernel_rates[self.kernel]
 
     def with_kernel(self, setting: str) -> Device:
         """This device running parallel.attention_kernel `setting`: auto and fa2 plan FlashAttention-2 (the
@@ -65,7 +69,7 @@ class Device:
             choose_kernel(kernel, "cuda", (self.major, 0), frozenset(KERNELS))  # raises where the GPU cannot run it
         if kernel not in self.kernel_rates:
             raise ValueError(f"parallel.attention_kernel={kernel}: no published {NAME[kernel]} rate on {self.name}")
-        return replace(self, kernel=kernel, attention_efficiency=self.kernel_rates[kernel])
+        return replace(self, kernel=kernel)
 
     def host_needs(self, host_peak_bytes: int, ranks_per_node: int) -> float:
         """Bytes a node's host holds when each of its ranks offloads host_peak_bytes, margins included."""
@@ -103,7 +107,6 @@ DEVICES = {
         300.0,
         25.0,
         matmul_efficiency=0.869,
-        attention_efficiency=0.5,
         pcie_gbps=25.0,
         host_mem_gbps=200.0,
         major=8,
@@ -148,13 +151,13 @@ def parse_device(text: str) -> Device:
     mem, tflops, nvlink, ib = values[:4]
     hbm = values[4] if len(values) == 5 else 3.35
     # MEM is what the tensors may use: nothing reserved for a context; the allocator's margin stays.
-    return Device(text, mem, tflops, hbm, nvlink, ib, reserved_gib=0.0, major=None, kernel_rates={"fa2": 0.33})
+    return Device(
+        text, mem, tflops, hbm, nvlink, ib, reserved_gib=0.0, major=None, kernel_rates={"fa2": HOPPER_RATES["fa2"]}
+    )
 
 
 def cpu_device(tflops: float, mem_gbps: float, memory_gib: float, workspace_mib: float) -> Device:
     """This machine's CPU as a device, from measured rates: nothing reserved but the workspaces
     (oneDNN's, the allocator's) the tracker does not see; kernels at the measured rate."""
     base = Device("cpu", memory_gib, tflops, mem_gbps / 1000, 1e9, 1e9, major=None, kernel_rates={"fa2": 1.0})
-    return replace(
-        base, reserved_gib=workspace_mib / 1024, fragmentation=0.0, matmul_efficiency=1.0, attention_efficiency=1.0
-    )
+    return replace(base, reserved_gib=workspace_mib / 1024, fragmentation=0.0, matmul_efficiency=1.0)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from cuda_standins import installed
 from keep_runs import keep_step
 
 
@@ -29,6 +30,16 @@ def test_under_offload_the_kept_outputs_wait_in_host_memory():
     input: (B, S, dim) fp32 and (B, heads, S) fp32 more for each of the 2 blocks, in the offload's pool."""
     full, kept = keep_step(False, offload=True), keep_step(True, offload=True)
     assert kept[3] - full[3] == 2 * (2 * 64 * 64 * 4 + 2 * 4 * 64 * 4), (full[3], kept[3])
+
+
+@pytest.mark.parametrize("mode", ["ring", "ulysses"])
+def test_on_the_cuda_flash_path_kept_attention_is_exact_too(mode):
+    """bf16 through the flash kernels' CPU stand-ins (varlen with the packed documents): the kept output and
+    logsumexp are the kernels' own, and the gradients equal full recompute's bitwise."""
+    with installed():
+        full, kept = keep_step(False, mode, flash=True), keep_step(True, mode, flash=True)
+    assert_same_step(full, kept)
+    assert (full[2], kept[2]) == (4, 2)
 
 
 def test_head_groups_recompute_their_own_attention_and_stay_exact():
