@@ -1,13 +1,16 @@
 """Make the text-to-video demo's data: short clips of one shape of one color moving one way, each with its
 prompt ("a red circle moving left"), and prompts held out as unseen combinations of the three.
 
-    python -m lwm.synth.make_t2v --out data/t2v [--seed 0] [--per-prompt 8] [--held-out 16]
+    python -m lwm.synth.make_t2v --out data/t2v [--seed 0] [--per-prompt 16] [--held-out 16] [--vqgan PATH]
 
 8 colors x 3 shapes x 4 directions = 96 prompts; --held-out of them (a seeded draw that leaves every color,
 shape and direction among the trained ones) have no clips, only their line in heldout.jsonl. Layout:
 
-    videos/t2v_0000.mp4 ...  64x64, 4 fps, 1 s (4 frames): the shape on a dark background, moving in a straight
-                             line without reaching an edge (lwm.synth.scene renders it)
+    videos/t2v_0000.mp4 ...  64x64, 4 fps, 1 s (4 frames): the shape on a dark background, moving one code cell
+                             (4 pixels) a frame from a start on the cells' grid, never reaching an edge
+                             (lwm.synth.scene renders it)
+    codes/                   each clip's rendered frames encoded by the VQGAN (the bundled tiny one unless
+                             --vqgan), as lwm-tokenize writes them: the training data, free of the MP4's losses
     train.jsonl              {"vision": "t2v_0000", "caption": "a red circle moving left", "color": "red",
                               "shape": "circle", "motion": "left", "fields": "[caption],vision"}
     heldout.jsonl            {"caption": ..., "color": ..., "shape": ..., "motion": ...}, one line per held-out prompt
@@ -23,11 +26,15 @@ from pathlib import Path
 import numpy as np
 
 from lwm.arg_types import positive_int, seed_value
+from lwm.interop.vqgan_sources import load_vqgan
+from lwm.paths import TINY_VQGAN
+from lwm.synth.make_vniah import encode, save_video, write_manifest
 from lwm.synth.scene import COLORS, DIRECTIONS, SHAPES, SIZE, Obj, Scene, render
 from lwm.video.writer import write_mp4
 
 FPS, SECONDS = 4, 1
-OBJECT_SIZE, SPEED = 9, 12  # half-width and pixels a second: 9 pixels of motion over the clip's 4 frames
+CELL = 4  # pixels a VQGAN code covers (64x64 frames, 16x16 codes)
+OBJECT_SIZE, SPEED = 9, CELL * FPS  # half-width; one cell a frame: a frame is the last moved by whole codes
 BACKGROUND = (16, 16, 24)
 
 
@@ -57,29 +64,34 @@ def held_out(n: int, rng: np.random.Generator) -> list[tuple[str, str, str]]:
 def scene(video_id: str, color: str, shape: str, motion: str, rng: np.random.Generator) -> Scene:
     """The shape starting where its motion over the clip keeps it inside the frame."""
     dx, dy = DIRECTIONS[motion]
-    travel = SPEED * SECONDS
-    lo, hi = OBJECT_SIZE, SIZE - 1 - OBJECT_SIZE
-    x_range = (lo + travel * (dx < 0), hi - travel * (dx > 0))
-    y_range = (lo + travel * (dy < 0), hi - travel * (dy > 0))
-    start = (int(rng.integers(x_range[0], x_range[1] + 1)), int(rng.integers(y_range[0], y_range[1] + 1)))
+    lo, hi = -(-OBJECT_SIZE // CELL), (SIZE - 1 - OBJECT_SIZE) // CELL  # in cells
+    steps = FPS * SECONDS - 1  # cells moved between the first frame and the last
+    x_cells = (lo + steps * (dx < 0), hi - steps * (dx > 0))
+    y_cells = (lo + steps * (dy < 0), hi - steps * (dy > 0))
+    start = (CELL * int(rng.integers(x_cells[0], x_cells[1] + 1)), CELL * int(rng.integers(y_cells[0], y_cells[1] + 1)))
     obj = Obj(shape, color, OBJECT_SIZE, start, motion, SPEED)
     return Scene(video_id, SECONDS, BACKGROUND, [obj], None, [], FPS)
 
 
-def run(out: Path, seed: int = 0, per_prompt: int = 8, n_held_out: int = 16) -> Path:
+def run(out: Path, seed: int = 0, per_prompt: int = 16, n_held_out: int = 16, vqgan: str | Path = TINY_VQGAN) -> Path:
     rng = np.random.default_rng(seed)
     unseen = held_out(n_held_out, rng)
-    (out / "videos").mkdir(parents=True, exist_ok=True)
-    rows, n = [], 0
+    model = load_vqgan(vqgan).eval()
+    for d in ("videos", "codes/tokens"):
+        (out / d).mkdir(parents=True, exist_ok=True)
+    rows, manifest, n = [], [], 0
     for color, shape, motion in prompts():
         if (color, shape, motion) in unseen:
             continue
         for _ in range(per_prompt):
             video_id = f"t2v_{n:04d}"
-            write_mp4(out / "videos" / f"{video_id}.mp4", render(scene(video_id, color, shape, motion, rng)), FPS)
+            frames = render(scene(video_id, color, shape, motion, rng))  # (4, 64, 64, 3)
+            write_mp4(out / "videos" / f"{video_id}.mp4", frames, FPS)
+            manifest.append(save_video(out / "codes", video_id, encode(model, frames)))  # (4, 256)
             truth = {"color": color, "shape": shape, "motion": motion}
             rows.append({"vision": video_id, "caption": caption(color, shape, motion), **truth})
             n += 1
+    write_manifest(out / "codes", "t2v", manifest)
     order = rng.permutation(len(rows))
     lines = [json.dumps({**rows[i], "fields": "[caption],vision"}) for i in order]
     (out / "train.jsonl").write_text("\n".join(lines) + "\n")
@@ -92,14 +104,17 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m lwm.synth.make_t2v", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path("data/t2v"))
     p.add_argument("--seed", type=seed_value, default=0)
-    p.add_argument("--per-prompt", type=positive_int, default=8, help="clips of each trained prompt")
+    p.add_argument("--per-prompt", type=positive_int, default=16, help="clips of each trained prompt")
     p.add_argument("--held-out", type=positive_int, default=16, help="prompts kept out of training")
+    p.add_argument(
+        "--vqgan", default=str(TINY_VQGAN), help="the VQGAN that encodes the clips (default: the bundled tiny one)"
+    )
     args = p.parse_args(argv)
     try:
         held_out(args.held_out, np.random.default_rng(args.seed))
     except ValueError as e:
         p.error(f"--held-out {args.held_out}: {e}")
-    out = run(args.out, args.seed, args.per_prompt, args.held_out)
+    out = run(args.out, args.seed, args.per_prompt, args.held_out, args.vqgan)
     print(f"wrote {out}: {len(prompts()) - args.held_out} prompts x {args.per_prompt} clips, {args.held_out} held out")
     return 0
 

@@ -56,6 +56,20 @@ def test_through_the_tiny_vqgan_clips_still_read_right_and_random_codes_do_not()
     assert lucky <= 2, lucky
 
 
+def test_each_frame_is_the_last_moved_by_one_code_cell():
+    """Starts on the 4-pixel grid of the VQGAN's codes and one cell a frame: every frame equals the one before
+    it shifted by exactly 4 pixels the prompt's way, so the codes can follow the shape cell by cell."""
+    rng = np.random.default_rng(1)
+    for color, shape, motion in make_t2v.prompts()[::5]:
+        obj = make_t2v.scene("x", color, shape, motion, rng).objects[0]
+        assert obj.start[0] % make_t2v.CELL == obj.start[1] % make_t2v.CELL == 0
+        frames = render(make_t2v.scene("x", color, shape, motion, rng))
+        dx, dy = make_t2v.DIRECTIONS[motion]
+        for before, after in zip(frames, frames[1:]):
+            moved = np.roll(before, (dy * make_t2v.CELL, dx * make_t2v.CELL), axis=(0, 1))
+            assert np.array_equal(moved, after), (color, shape, motion)
+
+
 def test_the_demo_data_holds_prompts_out_and_trains_every_attribute(tmp_path):
     out = make_t2v.run(tmp_path / "t2v", per_prompt=1, n_held_out=16)
     train = [json.loads(line) for line in (out / "train.jsonl").read_text().splitlines()]
@@ -69,5 +83,18 @@ def test_the_demo_data_holds_prompts_out_and_trains_every_attribute(tmp_path):
     row = train[0]
     assert row["caption"] == make_t2v.caption(row["color"], row["shape"], row["motion"])
     assert row["fields"] == "[caption],vision" and (out / "videos" / f"{row['vision']}.mp4").is_file()
+    # the codes trained on are the rendered frames' (not the MP4's): decoded, each clip reads as its caption
+    from lwm.data.code_cache import CodeStore
+    from lwm.interop.vqgan_sources import load_vqgan
+    from lwm.paths import TINY_VQGAN
+    from lwm.vision.vqgan import to_uint8
+
+    vqgan, store = load_vqgan(TINY_VQGAN).eval(), CodeStore(out / "codes")
+    for row in train[::10]:
+        codes = store.load(row["vision"])  # (4, 256)
+        assert codes.shape == (4, 256)
+        with torch.no_grad():
+            reading = read_video(to_uint8(vqgan.decode(torch.as_tensor(codes, dtype=torch.long))).numpy())
+        assert reading is not None and all(reading.matches(row["color"], row["shape"], row["motion"]).values())
     with pytest.raises(ValueError, match="cannot hold out"):
         make_t2v.held_out(90, np.random.default_rng(0))
