@@ -54,8 +54,8 @@ class T2VConfig:
     frames: int = option("frames a video", 4)
     samples: int = option("videos a prompt (seeds --seed, --seed + 1, ...)", 1)
     cfg_scale: float = option("classifier-free guidance; 1: the caption's logits alone", 1.0)
-    temperature: float = option("0: greedy", 0.0)
-    top_k: int | None = option("draw among the k likeliest codes (default: all)", None, type=int)
+    temperature: float = option("0: greedy (which draws background only: no cell is ever the shape's likeliest)", 1.0)
+    top_k: int | None = option("draw among the k likeliest codes (8192: all of the tiny VQGAN's)", 10, type=int)
     seed: int = option("seeds the first video of each prompt and the references", 0)
     out: str = option("results folder", "results/t2v")
 
