@@ -43,6 +43,7 @@ LAUNCHES = ("test_train_parallel.py", "test_slurm.py", "test_multinode.py")
 # begun last would end the suite alone.
 LONGEST = (
     "test_learning.py",
+    "test_t2v_learning.py",
     "test_lmms.py",
     "test_train.py",
     "test_interop_walk.py",
