@@ -28,9 +28,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lwm.arg_types import add_options, from_args, option
+from lwm.arg_types import add_options, option
 from lwm.eval.scene_check import Reading, read_video
-from lwm.eval.trials import Autosave, check_out_dir, finish, run_trials
+from lwm.eval.trials import Autosave, check_out_dir, checked_main, finish, run_trials
 from lwm.infer.runtime import ModelOptions, load_generator, start
 from lwm.infer.vision import VisionConfig, generate_vision, save_vision, vision_prompts
 from lwm.interop.vqgan_sources import load_vqgan
@@ -257,13 +257,7 @@ def run(config: T2VConfig) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    config = from_args(T2VConfig, parser.parse_args(argv))
-    try:  # bad input exits 2 with the usage, before anything loads
-        check(config)
-    except (FileNotFoundError, ValueError) as e:
-        parser.error(str(e))
-    return run(config)
+    return checked_main(argv, build_parser(), T2VConfig, check, run)
 
 
 if __name__ == "__main__":

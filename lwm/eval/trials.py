@@ -14,7 +14,19 @@ from typing import Callable, Sequence
 import numpy as np
 from tqdm import tqdm
 
+from lwm.arg_types import from_args
 from lwm.ranks import is_rank0
+
+
+def checked_main(argv: list[str] | None, parser, config_type, check: Callable, run: Callable) -> int:
+    """A grid command's main: its config from argv, check(config) (bad input exits 2 with the usage, before
+    anything loads), then run(config) -> exit status."""
+    config = from_args(config_type, parser.parse_args(argv))
+    try:
+        check(config)
+    except (FileNotFoundError, ValueError) as e:
+        parser.error(str(e))
+    return run(config)
 
 
 def check_out_dir(out: Path) -> None:

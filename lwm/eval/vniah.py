@@ -33,9 +33,9 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from lwm.arg_types import add_options, from_args, option
+from lwm.arg_types import add_options, option
 from lwm.eval.plots import grid_table
-from lwm.eval.trials import Autosave, announce, check_out_dir, finish
+from lwm.eval.trials import Autosave, announce, check_out_dir, checked_main, finish
 from lwm.eval.vniah_grid import ANSWERS, METHODS, accuracy_grid, check_grid, grid_labels, run_vniah, write_results
 from lwm.infer.runtime import ModelOptions, load_generator, start
 from lwm.interop.vqgan_sources import load_vqgan
@@ -156,13 +156,7 @@ def run(config: VniahConfig) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    config = from_args(VniahConfig, parser.parse_args(argv))
-    try:  # bad input exits 2 with the usage, before anything loads
-        check(config)
-    except (FileNotFoundError, ValueError) as e:
-        parser.error(str(e))
-    return run(config)
+    return checked_main(argv, build_parser(), VniahConfig, check, run)
 
 
 if __name__ == "__main__":

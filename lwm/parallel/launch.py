@@ -46,11 +46,32 @@ def end_process_groups(wait: bool = True) -> None:
 _collect_at_exit: list = []
 
 
-def _worker(rank, world_size, port, out_dir, fn, args, threads, environ):
+def _rendezvous(rank: int, world_size: int, out_dir: str, timeout: float = 60.0) -> dist.TCPStore:
+    """The group's store: rank 0 binds it to a port the system picks and writes the port to out_dir, where the
+    other ranks read it. A port found free beforehand (free_port) can be taken by another process (a gloo
+    connection's ephemeral port) before rank 0 binds it: EADDRINUSE, seen under -n 3."""
+    port_file = Path(out_dir) / "port"
+    if rank == 0:
+        store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False)
+        written = port_file.with_suffix(".tmp")
+        written.write_text(str(store.port))
+        written.rename(port_file)  # whole, never half-written
+        return store
+    deadline = time.monotonic() + timeout
+    while not port_file.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rank {rank}: rank 0 named no store port in {timeout}s")
+        time.sleep(0.01)
+    return dist.TCPStore("127.0.0.1", int(port_file.read_text()), world_size, is_master=False)
+
+
+def _worker(rank, world_size, out_dir, fn, args, threads, environ):
     os.environ.clear()  # the caller's environment now, not the fork server's from its start
-    os.environ.update(environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(environ)
     torch.set_num_threads(threads)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    store = _rendezvous(rank, world_size, out_dir)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port))  # for code that reads them
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
     try:
         result = {"ok": fn(rank, world_size, *args)}
     except Exception:  # reported to the parent, which raises it
@@ -82,7 +103,7 @@ def run_distributed(fn, world_size: int, *args, timeout: float = 300.0, threads:
     with tempfile.TemporaryDirectory() as out_dir:
         ctx = mp.start_processes(
             _worker,
-            args=(world_size, free_port(), out_dir, fn, args, threads, dict(os.environ)),
+            args=(world_size, out_dir, fn, args, threads, dict(os.environ)),
             nprocs=world_size,
             join=False,
             start_method=_start_method(fresh),

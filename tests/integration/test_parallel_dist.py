@@ -244,3 +244,26 @@ def test_workers_see_the_callers_environment_forked_or_fresh(monkeypatch):
     monkeypatch.setenv("LWM_LAUNCH_MARK", "now")
     assert run_distributed(_environment_worker, 2) == ["now", "now"]
     assert run_distributed(_environment_worker, 1, fresh=True) == ["now"]
+
+
+def _rank_and_port(rank, world):
+    import torch.distributed as dist
+
+    return dist.get_rank(), int(os.environ["MASTER_PORT"])
+
+
+def test_a_port_taken_after_it_was_found_free_does_not_stop_a_group(monkeypatch):
+    """A port found free and then taken by another process (a gloo connection's ephemeral port, under -n 3) made
+    rank 0's store fail to bind (EADDRINUSE); the store now binds a port the system picks as it binds, and the
+    ranks share it through the call's folder. Here the port a check would find is held, listening."""
+    import socket
+
+    from lwm.parallel import launch
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        monkeypatch.setattr(launch, "free_port", lambda: taken)
+        ranks = run_distributed(_rank_and_port, 2)
+    assert [r for r, _ in ranks] == [0, 1] and ranks[0][1] == ranks[1][1] != taken

@@ -22,15 +22,15 @@ from lwm.synth import make_t2v
 from lwm.train.run import run_schedule
 from lwm.vision.vqgan import to_uint8
 
-STEPS, FRAMES = 400, 1
+STEPS, FRAMES = 300, 1
 
 
 def test_debug_model_learns_to_draw_the_captions_color(tmp_path):
-    """80 captions, one clip each cut to its first frame (an image of the shape), 400 steps; then a picture for
+    """80 captions, one clip each cut to its first frame (an image of the shape), 300 steps; then a picture for
     every 5th caption (16), sampled at temperature 1 among the 10 likeliest codes (greedy draws only
-    background: no single cell is ever the likeliest place of the shape): the color read right on at least 6
-    of 16. Measured: 9 of 16 (300 steps: 7 of 16 for trainer.seed 0 and 1); with lr 0, 1 of 16; random codes
-    1 of 16 (chance 1 in 8). About 60 s on 2 cores."""
+    background: no single cell is ever the likeliest place of the shape): the color read right on at least 5
+    of 16. Measured: 7 of 16 for trainer.seed 0 and 1 (400 steps: 9); with lr 0, 1 of 16; random codes
+    1 of 16 (chance 1 in 8). About 50 s on 2 cores."""
     data = make_t2v.run(tmp_path / "t2v", per_prompt=1, n_held_out=16)
     cfg = composed(
         "+experiment=t2v_demo",
@@ -62,7 +62,7 @@ def test_debug_model_learns_to_draw_the_captions_color(tmp_path):
     trials = results["trials"]
     assert len(trials) == 16 and results["trials_failed"] == 0
     right = sum(r["right"]["color"] for r in trials)
-    assert right >= 6, [(r["caption"], r["reading"]) for r in trials]
+    assert right >= 5, [(r["caption"], r["reading"]) for r in trials]
     assert results["rates"]["real clips (VQGAN)"]["color"] == 1.0
     # what was written: the GIF has the frames asked for, and the codes saved beside it read as recorded
     vqgan = load_vqgan(TINY_VQGAN).eval()

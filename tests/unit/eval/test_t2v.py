@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from lwm.arg_types import from_args
 from lwm.eval import t2v
 from lwm.eval.scene_check import Reading
 
@@ -49,7 +50,7 @@ def test_bad_input_exits_2_naming_it(tmp_path, prompts, capsys, extra, line, mes
         prompts.write_text(line + "\n")
     argv = ["--model", str(tmp_path), "--prompts", str(prompts), "--out", str(tmp_path / "out"), *extra]
     if message is None:  # the good arguments pass the checks, and the empty model folder is what fails
-        assert t2v.check(t2v.from_args(t2v.T2VConfig, t2v.build_parser().parse_args(argv))) == [PROMPT]
+        assert t2v.check(from_args(t2v.T2VConfig, t2v.build_parser().parse_args(argv))) == [PROMPT]
         return
     assert message in refused(capsys, argv)
     assert not (tmp_path / "out").exists()
