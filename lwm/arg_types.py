@@ -40,6 +40,10 @@ def non_negative_float(text: str) -> float:
     return _finite(text, lambda v: v >= 0, "a finite number >= 0")
 
 
+def fraction(text: str) -> float:
+    return _finite(text, lambda v: 0 <= v <= 1, "a number from 0 to 1")
+
+
 SEED_RANGE = (-(1 << 63), 1 << 64)  # what torch.Generator.manual_seed takes
 
 

@@ -7,7 +7,8 @@ Each prompt is [BOS] caption <vision>, as a "[caption],vision" example trains; i
 lwm.infer.vision (--frames of 256 codes, --cfg-scale, --temperature, --top-k; --samples videos a prompt, seeds
 --seed on). Two references are read the same way for the same prompts: the prompt's real clip (rendered by
 lwm.synth.make_t2v, encoded and decoded by the VQGAN: what a perfect model would draw) and random codes
-(decoded: what a model that learned nothing draws).
+(decoded: what a model that learned nothing draws). With the real clips' codes it measures how far the VQGAN's
+codes move with the shape (the share of a frame's codes equal to the frame before's moved one cell).
 
 Writes OUT/t2v.json (config; one record per video: caption, truth, reading, right per attribute; the
 references' records; the rates), OUT/videos/<n>.gif with its codes beside it (<n>.codes.npy), and
@@ -32,13 +33,12 @@ from lwm.arg_types import add_options, option
 from lwm.eval.scene_check import Reading, read_video
 from lwm.eval.trials import Autosave, check_out_dir, checked_main, finish, run_trials
 from lwm.infer.runtime import ModelOptions, load_generator, start
-from lwm.infer.vision import VisionConfig, generate_vision, save_vision, vision_prompts
+from lwm.infer.vision import VisionConfig, decode_frames, generate_vision, vision_prompts, write_vision
 from lwm.interop.vqgan_sources import load_vqgan
 from lwm.paths import TINY_VQGAN
 from lwm.ranks import is_rank0
 from lwm.synth import make_t2v
-from lwm.synth.scene import render
-from lwm.vision.vqgan import to_uint8
+from lwm.synth.scene import DIRECTIONS, render
 
 ATTRIBUTES = ("color", "shape", "motion")
 FIELDS = ("caption", *ATTRIBUTES)
@@ -54,8 +54,8 @@ class T2VConfig:
     frames: int = option("frames a video", 4)
     samples: int = option("videos a prompt (seeds --seed, --seed + 1, ...)", 1)
     cfg_scale: float = option("classifier-free guidance; 1: the caption's logits alone", 1.0)
-    temperature: float = option("0: greedy (which draws background only: no cell is ever the shape's likeliest)", 1.0)
-    top_k: int | None = option("draw among the k likeliest codes (8192: all of the tiny VQGAN's)", 10, type=int)
+    temperature: float = option("0: greedy (the start of the shape is a draw: greedy may draw background only)", 1.0)
+    top_k: int | None = option("draw among the k likeliest codes (8192: all of a VQGAN's)", 10, type=int)
     seed: int = option("seeds the first video of each prompt and the references", 0)
     out: str = option("results folder", "results/t2v")
 
@@ -119,13 +119,6 @@ def scored(reading: Reading | None, prompt: dict) -> dict:
     return {"reading": seen, "right": right, "all": all(right.values())}
 
 
-def decoded(vqgan, codes: torch.Tensor) -> np.ndarray:
-    """codes (T, 256) -> frames (T, H, W, 3) uint8."""
-    with torch.no_grad():
-        ref = next(vqgan.parameters())
-        return to_uint8(vqgan.decode(torch.as_tensor(codes).to(ref.device))).cpu().numpy()
-
-
 def references(prompts: list[dict], vqgan, frames: int, seed: int) -> tuple[list[dict], list[np.ndarray]]:
     """The real clips (rendered, through the VQGAN) and random codes, read for each prompt -> (records, the
     real clips' decoded frames)."""
@@ -134,13 +127,32 @@ def references(prompts: list[dict], vqgan, frames: int, seed: int) -> tuple[list
     for p in prompts:
         clip = render(make_t2v.scene("real", *(p[a] for a in ATTRIBUTES), rng))[:frames]  # (T, 64, 64, 3)
         with torch.no_grad():
-            real = decoded(vqgan, vqgan.encode(torch.from_numpy(clip)))
-        noise = decoded(vqgan, torch.randint(0, vqgan.config.n_codes, (frames, 256), generator=g))
+            codes = vqgan.encode(torch.from_numpy(clip))  # (T, 64, 64, 3) -> (T, 256)
+        real = decode_frames(vqgan, codes)
+        noise = decode_frames(vqgan, torch.randint(0, vqgan.config.n_codes, (frames, 256), generator=g))
         real_frames.append(real)
+        kept = shift_kept(codes.cpu().numpy(), p["motion"])
         records.append(
-            {"caption": p["caption"], "real": scored(read_video(real), p), "random": scored(read_video(noise), p)}
+            {
+                "caption": p["caption"],
+                "real": {**scored(read_video(real), p), "codes_kept_by_the_move": kept},
+                "random": scored(read_video(noise), p),
+            }
         )
     return records, real_frames
+
+
+def shift_kept(codes: np.ndarray, motion: str) -> float | None:
+    """codes (T, 256) of a clip whose shape moves one code cell a frame -> the fraction of the later frames'
+    codes equal to the frame before's moved one cell that way: 1 when codes say what a patch shows wherever it
+    is, so that a model can carry a frame's codes along; None for one frame."""
+    if len(codes) < 2:
+        return None
+    side = round(len(codes[0]) ** 0.5)
+    grid = np.asarray(codes).reshape(len(codes), side, side)  # (T, 256) -> (T, 16, 16)
+    dx, dy = DIRECTIONS[motion]
+    moved = np.roll(grid[:-1], (dy, dx), axis=(1, 2))  # the background that wraps in is the background's code
+    return float((moved == grid[1:]).mean())
 
 
 def rates(records: list[dict]) -> dict:
@@ -150,6 +162,11 @@ def rates(records: list[dict]) -> dict:
         return {k: None for k in (*ATTRIBUTES, "all")}
     out = {a: float(np.mean([r["right"][a] for r in done])) for a in ATTRIBUTES}
     return {**out, "all": float(np.mean([r["all"] for r in done]))}
+
+
+def _mean(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return float(np.mean(values)) if values else None
 
 
 def frames_sheet(rows: list[tuple[str, np.ndarray, np.ndarray]], path: Path) -> Path:
@@ -188,6 +205,9 @@ def _report(results: dict, out: Path, sheet_rows: list) -> list[str]:
     for name, r in results["rates"].items():
         cells = ["n/a" if r[k] is None else f"{100 * r[k]:.0f}%" for k in (*ATTRIBUTES, "all")]
         lines.append(f"| {name} | {' | '.join(cells)} |")
+    kept = results["real_codes_kept_by_the_move"]
+    if kept is not None:
+        lines.append(f"the real clips' codes kept by the shape's move of one code cell: {100 * kept:.1f}%")
     n = len(results["trials"])
     lines.append(f"{n} videos ({results['trials_failed']} failed); wrote {', '.join(str(p) for p in written)}")
     return lines
@@ -223,8 +243,8 @@ def run(config: T2VConfig) -> int:
             cond, uncond = vision_prompts(loaded.tokenizer, loaded.vocab, p["caption"], video=True, raw=True)
             codes = generate_vision(gen, cond, vision_config(config, sample), None if config.cfg_scale == 1 else uncond)
             if is_rank0():
-                video, _ = save_vision(codes, vqgan, out / "videos" / f"{i:03d}_{sample}.gif", fps=make_t2v.FPS)
-                frames = decoded(vqgan, codes)  # (T, H, W, 3)
+                frames = decode_frames(vqgan, codes)  # (T, 256) -> (T, H, W, 3)
+                video, _ = write_vision(codes, frames, out / "videos" / f"{i:03d}_{sample}.gif", fps=make_t2v.FPS)
                 generated.setdefault(i, frames)
                 record.update(scored(read_video(frames), p), video=str(video.relative_to(out)))
         except (RuntimeError, ValueError) as e:  # out of memory, say: recorded, the run goes on
@@ -251,6 +271,7 @@ def run(config: T2VConfig) -> int:
             "real clips (VQGAN)": rates([r["real"] for r in refs]),
             "random codes": rates([r["random"] for r in refs]),
         },
+        "real_codes_kept_by_the_move": _mean(r["real"]["codes_kept_by_the_move"] for r in refs),
     }
     sheet = [(prompts[i]["caption"], generated[i], real[i]) for i in sorted(generated)]
     return finish(runtime, results, lambda: _report(results, out, sheet), _trial_name)

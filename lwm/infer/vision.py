@@ -145,9 +145,20 @@ def save_vision(codes: torch.Tensor, vqgan, path: str | Path, fps: int = 4) -> t
     """codes (T, 256) decoded by the VQGAN into path (.png for one frame, .gif or .mp4: lwm.video.writer) and
     saved beside it as <name>.codes.npy (int32) -> (the picture or video, the codes)."""
     path = frames_path(path)  # checked before decoding
+    return write_vision(codes, decode_frames(vqgan, codes), path, fps)
+
+
+@torch.no_grad()
+def decode_frames(vqgan, codes: torch.Tensor) -> np.ndarray:
+    """codes (T, 256) -> frames (T, H, W, 3) uint8 on the host, by the VQGAN on its own device."""
     ref = next(vqgan.parameters())
-    frames = to_uint8(vqgan.decode(torch.as_tensor(codes).to(ref.device)))  # (T, 256) -> (T, H, W, 3)
-    write_frames(path, frames.numpy(), fps)
+    return to_uint8(vqgan.decode(torch.as_tensor(codes).to(ref.device))).numpy()
+
+
+def write_vision(codes: torch.Tensor, frames: np.ndarray, path: str | Path, fps: int = 4) -> tuple[Path, Path]:
+    """frames (T, H, W, 3) uint8, the decoding of codes (T, 256), into path, the codes beside it (save_vision)."""
+    path = frames_path(path)
+    write_frames(path, frames, fps)
     codes_path = path.with_suffix(".codes.npy")
     np.save(codes_path, np.asarray(codes, dtype=np.int32))
     return path, codes_path

@@ -1,7 +1,8 @@
 """Make the text-to-video demo's data: short clips of one shape of one color moving one way, each with its
 prompt ("a red circle moving left"), and prompts held out as unseen combinations of the three.
 
-    python -m lwm.synth.make_t2v --out data/t2v [--seed 0] [--per-prompt 16] [--held-out 16] [--vqgan PATH]
+    python -m lwm.synth.make_t2v --out data/t2v [--seed 0] [--per-prompt 16] [--held-out 16] [--uncond 0.1]
+                                 [--vqgan PATH]
 
 8 colors x 3 shapes x 4 directions = 96 prompts; --held-out of them (a seeded draw that leaves every color,
 shape and direction among the trained ones) have no clips, only their line in heldout.jsonl. Layout:
@@ -9,10 +10,14 @@ shape and direction among the trained ones) have no clips, only their line in he
     videos/t2v_0000.mp4 ...  64x64, 4 fps, 1 s (4 frames): the shape on a dark background, moving one code cell
                              (4 pixels) a frame from a start on the cells' grid, never reaching an edge
                              (lwm.synth.scene renders it)
+    videos.jsonl             {"path": "videos/t2v_0000.mp4"}: the clips as train_vqgan.py's data.index reads them
     codes/                   each clip's rendered frames encoded by the VQGAN (the bundled tiny one unless
-                             --vqgan), as lwm-tokenize writes them: the training data, free of the MP4's losses
+                             --vqgan), as lwm-tokenize writes them: the training data, free of the MP4's losses;
+                             the manifest names the VQGAN, so that the run's export bundles it
     train.jsonl              {"vision": "t2v_0000", "caption": "a red circle moving left", "color": "red",
-                              "shape": "circle", "motion": "left", "fields": "[caption],vision"}
+                              "shape": "circle", "motion": "left", "fields": "[caption],vision"}; and for a
+                             seeded --uncond fraction of the clips a second line with "fields": "vision" (no
+                             caption), so that the model also learns the unconditional draw guidance subtracts
     heldout.jsonl            {"caption": ..., "color": ..., "shape": ..., "motion": ...}, one line per held-out prompt
 """
 
@@ -25,8 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-from lwm.arg_types import positive_int, seed_value
-from lwm.interop.vqgan_sources import load_vqgan
+from lwm.arg_types import fraction, positive_int, seed_value
+from lwm.interop.vqgan_sources import open_vqgan
 from lwm.paths import TINY_VQGAN
 from lwm.synth.make_vniah import encode, save_video, write_manifest
 from lwm.synth.scene import COLORS, DIRECTIONS, SHAPES, SIZE, Obj, Scene, render
@@ -36,6 +41,7 @@ FPS, SECONDS = 4, 1
 CELL = 4  # pixels a VQGAN code covers (64x64 frames, 16x16 codes)
 OBJECT_SIZE, SPEED = 9, CELL * FPS  # half-width; one cell a frame: a frame is the last moved by whole codes
 BACKGROUND = (16, 16, 24)
+UNCOND = 0.1  # of the clips, trained a second time without their caption: the draw guidance subtracts
 
 
 def caption(color: str, shape: str, motion: str) -> str:
@@ -73,10 +79,17 @@ def scene(video_id: str, color: str, shape: str, motion: str, rng: np.random.Gen
     return Scene(video_id, SECONDS, BACKGROUND, [obj], None, [], FPS)
 
 
-def run(out: Path, seed: int = 0, per_prompt: int = 16, n_held_out: int = 16, vqgan: str | Path = TINY_VQGAN) -> Path:
+def run(
+    out: Path,
+    seed: int = 0,
+    per_prompt: int = 16,
+    n_held_out: int = 16,
+    vqgan: str | Path = TINY_VQGAN,
+    uncond: float = UNCOND,
+) -> Path:
     rng = np.random.default_rng(seed)
     unseen = held_out(n_held_out, rng)
-    model = load_vqgan(vqgan).eval()
+    model, identity = open_vqgan(vqgan)  # identity: recorded as lwm-tokenize does, so the export bundles it
     for d in ("videos", "codes/tokens"):
         (out / d).mkdir(parents=True, exist_ok=True)
     rows, manifest, n = [], [], 0
@@ -87,14 +100,17 @@ def run(out: Path, seed: int = 0, per_prompt: int = 16, n_held_out: int = 16, vq
             video_id = f"t2v_{n:04d}"
             frames = render(scene(video_id, color, shape, motion, rng))  # (4, 64, 64, 3)
             write_mp4(out / "videos" / f"{video_id}.mp4", frames, FPS)
-            manifest.append(save_video(out / "codes", video_id, encode(model, frames)))  # (4, 256)
+            manifest.append({**save_video(out / "codes", video_id, encode(model, frames)), "tokenizer": identity})
             truth = {"color": color, "shape": shape, "motion": motion}
             rows.append({"vision": video_id, "caption": caption(color, shape, motion), **truth})
             n += 1
     write_manifest(out / "codes", "t2v", manifest)
-    order = rng.permutation(len(rows))
-    lines = [json.dumps({**rows[i], "fields": "[caption],vision"}) for i in order]
-    (out / "train.jsonl").write_text("\n".join(lines) + "\n")
+    index = "".join(json.dumps({"path": f"videos/{row['vision']}.mp4"}) + "\n" for row in rows)
+    (out / "videos.jsonl").write_text(index)
+    lines = [{**row, "fields": "[caption],vision"} for row in rows]
+    lines += [{**row, "fields": "vision"} for row, u in zip(rows, rng.random(len(rows))) if u < uncond]
+    order = rng.permutation(len(lines))
+    (out / "train.jsonl").write_text("".join(json.dumps(lines[i]) + "\n" for i in order))
     held = [{"caption": caption(*p), "color": p[0], "shape": p[1], "motion": p[2]} for p in unseen]
     (out / "heldout.jsonl").write_text("".join(json.dumps(h) + "\n" for h in held))
     return out
@@ -107,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--per-prompt", type=positive_int, default=16, help="clips of each trained prompt")
     p.add_argument("--held-out", type=positive_int, default=16, help="prompts kept out of training")
     p.add_argument(
+        "--uncond", type=fraction, default=UNCOND, help="fraction of the clips also trained without their caption"
+    )
+    p.add_argument(
         "--vqgan", default=str(TINY_VQGAN), help="the VQGAN that encodes the clips (default: the bundled tiny one)"
     )
     args = p.parse_args(argv)
@@ -114,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         held_out(args.held_out, np.random.default_rng(args.seed))
     except ValueError as e:
         p.error(f"--held-out {args.held_out}: {e}")
-    out = run(args.out, args.seed, args.per_prompt, args.held_out, args.vqgan)
+    out = run(args.out, args.seed, args.per_prompt, args.held_out, args.vqgan, args.uncond)
     print(f"wrote {out}: {len(prompts()) - args.held_out} prompts x {args.per_prompt} clips, {args.held_out} held out")
     return 0
 

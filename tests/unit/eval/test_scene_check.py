@@ -71,10 +71,19 @@ def test_each_frame_is_the_last_moved_by_one_code_cell():
 
 
 def test_the_demo_data_holds_prompts_out_and_trains_every_attribute(tmp_path):
-    out = make_t2v.run(tmp_path / "t2v", per_prompt=1, n_held_out=16)
-    train = [json.loads(line) for line in (out / "train.jsonl").read_text().splitlines()]
+    out = make_t2v.run(tmp_path / "t2v", per_prompt=2, n_held_out=16, uncond=0.25)
+    lines = [json.loads(line) for line in (out / "train.jsonl").read_text().splitlines()]
     held = [json.loads(line) for line in (out / "heldout.jsonl").read_text().splitlines()]
-    assert len(train) == 96 - 16 and len(held) == 16
+    train = [r for r in lines if r["fields"] == "[caption],vision"]
+    assert len(train) == 2 * (96 - 16) and len(held) == 16
+    # a seeded share of the clips again without their caption (guidance's unconditional draw)
+    uncond = [r for r in lines if r["fields"] == "vision"]
+    assert len(uncond) + len(train) == len(lines) and 20 <= len(uncond) <= 60  # 40 expected of 160
+    assert {r["vision"] for r in uncond} < {r["vision"] for r in train}
+    # the clips as train_vqgan.py reads them: one index line per clip, each naming its MP4
+    index = [json.loads(line)["path"] for line in (out / "videos.jsonl").read_text().splitlines()]
+    assert sorted(index) == sorted(f"videos/{r['vision']}.mp4" for r in train)
+    assert all((out / path).is_file() for path in index)
     seen = {(r["color"], r["shape"], r["motion"]) for r in train}
     unseen = {(r["color"], r["shape"], r["motion"]) for r in held}
     assert not seen & unseen and len(seen | unseen) == 96
@@ -87,9 +96,11 @@ def test_the_demo_data_holds_prompts_out_and_trains_every_attribute(tmp_path):
     from lwm.data.code_cache import CodeStore
     from lwm.interop.vqgan_sources import load_vqgan
     from lwm.paths import TINY_VQGAN
+    from lwm.train.export import codes_vqgan
     from lwm.vision.vqgan import to_uint8
 
     vqgan, store = load_vqgan(TINY_VQGAN).eval(), CodeStore(out / "codes")
+    assert codes_vqgan(out / "codes") == TINY_VQGAN  # named in the manifest: the run's export bundles it
     for row in train[::10]:
         codes = store.load(row["vision"])  # (4, 256)
         assert codes.shape == (4, 256)
@@ -98,3 +109,14 @@ def test_the_demo_data_holds_prompts_out_and_trains_every_attribute(tmp_path):
         assert reading is not None and all(reading.matches(row["color"], row["shape"], row["motion"]).values())
     with pytest.raises(ValueError, match="cannot hold out"):
         make_t2v.held_out(90, np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("value", ["1.5", "-0.1", "nan"])
+def test_make_t2v_refuses_an_uncond_share_outside_0_to_1(value, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        make_t2v.main(["--out", str(tmp_path / "t2v"), "--uncond", value])
+    assert (
+        e.value.code == 2
+        and f"argument --uncond: expected a number from 0 to 1, got '{value}'" in capsys.readouterr().err
+    )
+    assert not (tmp_path / "t2v").exists()

@@ -13,6 +13,7 @@ from PIL import Image
 from lwm.arg_types import from_args
 from lwm.eval import t2v
 from lwm.eval.scene_check import Reading
+from lwm.synth.scene import DIRECTIONS
 
 PROMPT = {"caption": "a red circle moving left", "color": "red", "shape": "circle", "motion": "left"}
 
@@ -90,3 +91,17 @@ def test_the_sheet_holds_each_prompt_generated_then_real(tmp_path):
     assert sheet.shape == (2 * (64 + 14), 8 * 64 + 12, 3)
     assert (sheet[14:78, :256] == 200).all() and (sheet[14:78, 256 + 12 :] == 0).all()
     assert (sheet[14:78, 256 : 256 + 12] == 255).all()  # the gap between generated and real
+
+
+def test_codes_kept_by_the_move():
+    rng = np.random.default_rng(0)
+    first = rng.integers(0, 8192, (16, 16))
+    for motion, (dx, dy) in DIRECTIONS.items():
+        clip = np.stack([np.roll(first, (t * dy, t * dx), axis=(0, 1)) for t in range(4)]).reshape(4, 256)
+        assert t2v.shift_kept(clip, motion) == 1.0  # codes that move with the shape
+        other = "right" if motion == "left" else "left"
+        assert t2v.shift_kept(clip, other) < 0.01  # moved the other way, random codes rarely agree
+    moved = np.stack([first, np.roll(first, -1, axis=1)]).reshape(2, 256)
+    moved[1, :64] = (moved[1, :64] + 1) % 8192  # a quarter of the second frame's codes changed
+    assert t2v.shift_kept(moved, "left") == 0.75
+    assert t2v.shift_kept(first.reshape(1, 256), "left") is None  # one frame: nothing moved
