@@ -1,7 +1,7 @@
 """Make the text-to-video demo's data: short clips of one shape of one color moving one way, each with its
 prompt ("a red circle moving left"), and prompts held out as unseen combinations of the three.
 
-    python -m lwm.synth.make_t2v --out data/t2v [--seed 0] [--per-prompt 16] [--held-out 16] [--uncond 0.1]
+    python -m lwm.synth.make_t2v --out data/t2v [--seed 0] [--per-prompt 16] [--held-out 16] [--uncond 0]
                                  [--vqgan PATH]
 
 8 colors x 3 shapes x 4 directions = 96 prompts; --held-out of them (a seeded draw that leaves every color,
@@ -41,7 +41,7 @@ FPS, SECONDS = 4, 1
 CELL = 4  # pixels a VQGAN code covers (64x64 frames, 16x16 codes)
 OBJECT_SIZE, SPEED = 9, CELL * FPS  # half-width; one cell a frame: a frame is the last moved by whole codes
 BACKGROUND = (16, 16, 24)
-UNCOND = 0.1  # of the clips, trained a second time without their caption: the draw guidance subtracts
+UNCOND = 0.0  # of the clips, trained a second time without their caption: the draw guidance subtracts
 
 
 def caption(color: str, shape: str, motion: str) -> str:
