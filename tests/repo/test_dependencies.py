@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import ast
 import importlib.metadata as md
+import os
 import re
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import tomllib
 
 from lwm.paths import REPO
@@ -143,3 +147,35 @@ def test_ci_runs_the_readmes_commands():
     ]
     ci = (ROOT / ".ci" / "run").read_text()
     assert got[1] in ci.splitlines() and "-m venv" in ci and "system-site-packages" not in ci
+
+
+@pytest.mark.parametrize("tests_pass", [True, False])
+def test_ci_removes_the_venv_it_made_and_stops_the_cluster_it_started(tmp_path, tests_pass):
+    """.ci/run with python3, pip, python and the SLURM script replaced by stubs that log their calls: the venv
+    made under TMPDIR and the cluster it started are gone at the end, whether the tests pass or not (left, each
+    run's 7 GB venv stayed in /tmp until the disk was full)."""
+    repo, bin_dir, tmp, log = tmp_path / "repo", tmp_path / "bin", tmp_path / "tmp", tmp_path / "calls.log"
+    for d in (repo / ".ci", repo / "scripts" / "slurm", bin_dir, tmp):
+        d.mkdir(parents=True)
+    shutil.copy(ROOT / ".ci" / "run", repo / ".ci" / "run")
+    (repo / "scripts" / "slurm" / "local-cluster.sh").write_text(
+        f'echo "cluster $1" >> {log}\n[ "$1" != status ]\n'  # not running; start and stop succeed
+    )
+    code = 0 if tests_pass else 1
+    stubs = {  # python3 -m venv --clear DIR makes DIR/bin/activate, which puts these stubs first
+        "python3": f'echo "python3 $*" >> {log}; mkdir -p "$4/bin"; echo "PATH={bin_dir}:$PATH" > "$4/bin/activate"',
+        "pip": f'echo "pip $*" >> {log}',
+        "python": f'echo "python $*" >> {log}; exit {code}',
+    }
+    for name, body in stubs.items():
+        (bin_dir / name).write_text(f"#!/usr/bin/env bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "TMPDIR": str(tmp)}
+    env.pop("LWM_CI_VENV", None)
+    done = subprocess.run(["bash", str(repo / ".ci" / "run")], env=env, capture_output=True, text=True)
+    calls = log.read_text().splitlines()
+    assert done.returncode == code, done.stderr
+    assert calls[0] == "cluster status" and calls[1] == "cluster start" and calls[-1] == "cluster stop", calls
+    venv = next(c for c in calls if c.startswith("python3 -m venv")).split()[-1]
+    assert venv.startswith(str(tmp)) and "python -m pytest -q -n 3" in calls
+    assert not any(tmp.iterdir()), list(tmp.iterdir())  # the venv's folder is gone
