@@ -37,7 +37,7 @@ import numpy as np
 
 from lwm.data.chat import CHAT_SPEC, chat_fields
 from lwm.data.choices import LETTERS, letter_question, lettered
-from lwm.interop.vqgan_sources import load_vqgan
+from lwm.interop.vqgan_sources import open_vqgan
 from lwm.synth.language import OPTIONS
 from lwm.synth.make_vniah import (
     DEFAULT_CHECKPOINT,
@@ -68,9 +68,9 @@ def questions(cards: list[str], rng: np.random.Generator) -> list[tuple[str, lis
     return out
 
 
-def videos(codes, labels, n: int, frames: tuple[int, int], seed: int, prefix: str, out: Path):
+def videos(codes, labels, n: int, frames: tuple[int, int], seed: int, prefix: str, out: Path, made_by: dict | None):
     """n videos of the pool's frames; yields (video id, card colors in order, card frame indices),
-    each video's codes written to out/tokens/<id>.npy."""
+    each video's codes written to out/tokens/<id>.npy. made_by: the VQGAN's identity (write_manifest)."""
     rng = np.random.default_rng(seed)
     hay = np.flatnonzero(labels == len(NEEDLE_COLORS))
     manifest = []
@@ -85,7 +85,7 @@ def videos(codes, labels, n: int, frames: tuple[int, int], seed: int, prefix: st
         vid = f"{prefix}_{i:06d}"
         manifest.append(save_video(out, vid, codes[order]))
         yield vid, [NEEDLE_COLORS[c] for c in colors], [int(t) for t in at], count, rng
-    write_manifest(out, prefix, manifest)
+    write_manifest(out, prefix, manifest, made_by)
 
 
 def write(
@@ -97,15 +97,19 @@ def write(
     seed: int = 0,
     pool: int = 60,
     codes_dir: Path | None = None,
+    made_by: dict | None = None,
 ) -> None:
-    """codes_dir: where the videos' codes go (default out/codes; several sets may share one)."""
+    """codes_dir: where the videos' codes go (default out/codes; several sets may share one); made_by:
+    vqgan's identity, recorded in the codes' manifests (write_manifest)."""
 
     codes_dir = codes_dir or out / "codes"
     (codes_dir / "tokens").mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     codes, labels = code_pool(vqgan, pool, seed)
     with open(out / "train.jsonl", "w") as f:
-        for vid, cards, _, _, rng in videos(codes, labels, n, frames, seed, f"cardqa_{out.name}_train", codes_dir):
+        for vid, cards, _, _, rng in videos(
+            codes, labels, n, frames, seed, f"cardqa_{out.name}_train", codes_dir, made_by
+        ):
             for task, options, letter in questions(cards, rng):
                 answer = options[LETTERS.index(letter)]
                 for question, reply in (
@@ -127,7 +131,7 @@ def write(
     codes, labels = code_pool(vqgan, max(1, pool // 3), HELDOUT_SEED + seed)
     with open(out / "qa.jsonl", "w") as f:
         for vid, cards, at, count, rng in videos(
-            codes, labels, heldout, frames, HELDOUT_SEED + seed, f"cardqa_{out.name}_heldout", codes_dir
+            codes, labels, heldout, frames, HELDOUT_SEED + seed, f"cardqa_{out.name}_heldout", codes_dir, made_by
         ):
             for task, options, letter in questions(cards, rng):
                 f.write(
@@ -171,15 +175,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     check_set_args(p, args)
 
-    write(
-        load_vqgan(args.checkpoint).eval(),
-        args.out,
-        args.n,
-        args.heldout,
-        tuple(args.frames),
-        args.seed,
-        codes_dir=args.codes,
-    )
+    vqgan, made_by = open_vqgan(args.checkpoint)
+    write(vqgan, args.out, args.n, args.heldout, tuple(args.frames), args.seed, codes_dir=args.codes, made_by=made_by)
     return 0
 
 

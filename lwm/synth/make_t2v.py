@@ -100,11 +100,11 @@ def run(
             video_id = f"t2v_{n:04d}"
             frames = render(scene(video_id, color, shape, motion, rng))  # (4, 64, 64, 3)
             write_mp4(out / "videos" / f"{video_id}.mp4", frames, FPS)
-            manifest.append({**save_video(out / "codes", video_id, encode(model, frames)), "tokenizer": identity})
+            manifest.append(save_video(out / "codes", video_id, encode(model, frames)))
             truth = {"color": color, "shape": shape, "motion": motion}
             rows.append({"vision": video_id, "caption": caption(color, shape, motion), **truth})
             n += 1
-    write_manifest(out / "codes", "t2v", manifest)
+    write_manifest(out / "codes", "t2v", manifest, identity)
     index = "".join(json.dumps({"path": f"videos/{row['vision']}.mp4"}) + "\n" for row in rows)
     (out / "videos.jsonl").write_text(index)
     lines = [{**row, "fields": "[caption],vision"} for row in rows]

@@ -38,7 +38,7 @@ import torch
 
 from lwm.data.chat import CHAT_SPEC, chat_fields
 from lwm.data.code_cache import save_codes
-from lwm.interop.vqgan_sources import load_vqgan
+from lwm.interop.vqgan_sources import open_vqgan
 from lwm.paths import TINY_VQGAN
 from lwm.synth.scene import PALETTE, SIZE, _shape_mask, random_scene, render
 
@@ -134,9 +134,11 @@ def code_pool(vqgan, per_class: int, seed: int) -> tuple[np.ndarray, np.ndarray]
     return encode(vqgan, frames).astype(np.uint16), labels
 
 
-def examples(codes, labels, n: int, frames: tuple[int, int], seed: int, prefix: str, out: Path) -> list[dict]:
+def examples(
+    codes, labels, n: int, frames: tuple[int, int], seed: int, prefix: str, out: Path, made_by: dict | None = None
+) -> list[dict]:
     """n examples: each video frames[0] to frames[1] frames of the pool, one of them a needle, its
-    codes written to out/tokens/<id>.npy; returns the JSON lines."""
+    codes written to out/tokens/<id>.npy; returns the JSON lines. made_by: the VQGAN's identity (write_manifest)."""
 
     rng = np.random.default_rng(seed)
     hay = np.flatnonzero(labels == len(NEEDLE_COLORS))
@@ -161,7 +163,7 @@ def examples(codes, labels, n: int, frames: tuple[int, int], seed: int, prefix: 
                 "fields": CHAT_SPEC,
             }
         )
-    write_manifest(out, prefix, manifest)
+    write_manifest(out, prefix, manifest, made_by)
     return rows
 
 
@@ -173,9 +175,11 @@ def save_video(out: Path, vid: str, codes: np.ndarray) -> dict:
     return {"id": vid, "frames": len(codes), "timestamps": [float(t) for t in range(len(codes))], "sha256": sha256}
 
 
-def write_manifest(out: Path, prefix: str, manifest: list[dict]) -> None:
+def write_manifest(out: Path, prefix: str, manifest: list[dict], made_by: dict | None) -> None:
+    """made_by: the identity of the VQGAN that made the codes (open_vqgan's), recorded on every line as
+    lwm-tokenize does, so that a run's export bundles that VQGAN; None: not known."""
     with open(out / f"manifest.{prefix}.jsonl", "w") as f:
-        f.writelines(json.dumps(m) + "\n" for m in manifest)
+        f.writelines(json.dumps(m if made_by is None else {**m, "tokenizer": made_by}) + "\n" for m in manifest)
 
 
 def write_examples(
@@ -187,16 +191,17 @@ def write_examples(
     seed: int,
     pool: int = 60,
     codes_dir: Path | None = None,
+    made_by: dict | None = None,
 ) -> None:
     """Training and held-out examples; `pool` frames per class for training, a third as many held out.
     codes_dir: where the videos' codes go (default out/codes; several sets may share one); the
-    video ids start with out's name, so they do not collide there."""
+    video ids start with out's name, so they do not collide there. made_by: vqgan's identity (write_manifest)."""
     codes_dir = codes_dir or out / "codes"
     (codes_dir / "tokens").mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     for name, count, pool_seed in (("train", n, seed), ("heldout", heldout, seed + 10**6)):
         codes, labels = code_pool(vqgan, pool if name == "train" else max(1, pool // 3), pool_seed)
-        rows = examples(codes, labels, count, frames, pool_seed, f"vniah_{out.name}_{name}", codes_dir)
+        rows = examples(codes, labels, count, frames, pool_seed, f"vniah_{out.name}_{name}", codes_dir, made_by)
         with open(out / f"{name}.jsonl", "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)
     print(f"wrote {n} training and {heldout} held-out examples ({frames[0]}-{frames[1]} frames) to {out}")
@@ -238,11 +243,13 @@ def main(argv=None) -> int:
     if args.train_per_class < 1 or args.test_per_class < 1:
         p.error("--train-per-class and --test-per-class must be positive")
 
-    vqgan = load_vqgan(args.checkpoint).eval()
+    vqgan, made_by = open_vqgan(args.checkpoint)
     if args.probe:
         print(json.dumps(probe(vqgan, args.train_per_class, args.test_per_class, args.seed), indent=2))
     if args.out is not None:
-        write_examples(vqgan, args.out, args.n, args.heldout, tuple(args.frames), args.seed, codes_dir=args.codes)
+        write_examples(
+            vqgan, args.out, args.n, args.heldout, tuple(args.frames), args.seed, codes_dir=args.codes, made_by=made_by
+        )
     return 0
 
 

@@ -61,3 +61,18 @@ def test_examples_hold_one_needle_whose_color_is_the_answer(tmp_path, vqgan):
             pred = [names[c] for c in make_vniah.nearest_centroid(hists, train_y, hist)]
             at = round(r["depth"] / 100 * (r["frames"] - 1))
             assert pred[at] == r["answer"].removesuffix(".").lower(), (pred, r)
+
+
+@pytest.mark.parametrize("maker", ["make_vniah", "make_card_qa"])
+def test_the_codes_manifest_names_the_vqgan_so_the_export_bundles_it(tmp_path, monkeypatch, maker):
+    import importlib
+
+    from lwm.train.export import codes_vqgan
+
+    module = importlib.import_module(f"lwm.synth.{maker}")
+    pool = module.code_pool
+    monkeypatch.setattr(module, "code_pool", lambda vqgan, per_class, seed: pool(vqgan, 2, seed))  # time: 2 a class
+    args = ["--out", str(tmp_path / "set"), "--codes", str(tmp_path / "codes"), "--n", "2", "--heldout", "1"]
+    assert module.main([*args, "--frames", "3", "3"]) == 0
+    assert len(list((tmp_path / "codes").glob("manifest.*.jsonl"))) == 2  # training and held-out
+    assert codes_vqgan(tmp_path / "codes") == make_vniah.DEFAULT_CHECKPOINT
