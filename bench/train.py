@@ -11,12 +11,16 @@ of a large preset on one GPU (tokens/s, TFLOP/s, MFU, peak memory).
    the recomputation of checkpointing is not counted), MFU against the device's dense bf16 peak.
    With --features: the same step under each memory configuration of bench/memory_features.py
    (offload, head groups, tiled norms, blockwise MLP), peak and time as ratios to checkpointing alone.
+3. plans: lwm-plan's plans of the steps `layers` runs with the same arguments, made beforehand on a
+   machine without a GPU (the settings of --device, fake tensors) into --plans; `layers --plans FILE`
+   reads them from there, so that a GPU's time goes to measuring.
 
     python -m bench.train            # writes docs/benchmarks.md
     python -m bench.train --steps 4 --no-write
     python -m bench.train --part layers --device cuda --preset 7b --layers 4 --lengths 8192 32768
     python -m bench.train --part layers --device cuda --preset 7b --layers 4 --lengths 32768 131072 \
         --steps 1 --features checkpointing offload tiled --head-groups 4 --chunk 16384
+    python -m bench.train --part plans --device cuda --preset 7b --layers 4 --lengths 8192 --plans plans.json
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from __future__ import annotations
 import argparse
 import csv
 import gc
+import json
 import os
 import statistics
 import subprocess
@@ -167,21 +172,71 @@ def layer_setup(
     return config, StageConfig("layers", seq_len, rope_theta=config.rope_theta, steps=steps + 1, lr=1e-5)
 
 
-def planned_step(preset: str, layers: int, seq_len: int, device: torch.device, memory: Memory | None = None) -> dict:
-    """lwm-plan's plan of the same step (fake tensors, the device's settings): the tracked peak and
-    host peak, and the step time on the device's roofline where lwm.plan.devices knows the GPU."""
+def plan_key(preset: str, layers: int, seq_len: int, device_type: str, memory: Memory) -> str:
+    """What a plan depends on, as the plans file (--plans) names it."""
+    return f"{preset} x{layers} S={seq_len} on {device_type}: {memory.label()}"
+
+
+def plan_of(preset: str, layers: int, seq_len: int, device_type: str, memory: Memory | None = None) -> dict:
+    """lwm-plan's plan of the step (fake tensors, the settings of device_type; needs no GPU): the tracked peak,
+    the host peak, and the roofline step time on each GPU lwm.plan.devices lists."""
     memory = memory or Memory()
     config, stage = layer_setup(preset, layers, seq_len, 1, memory)
     parallel = memory.feature.parallel()
-    settings = compute_settings(device, config.head_dim)
+    settings = compute_settings(torch.device(device_type), config.head_dim)
     mesh = Mesh(seq_len, 1, 1)
     mem = plan_step(config, stage, mesh, parallel, OPTIM, settings)
-    gpu = known_gpu(device)
-    plan = {"peak_mib": mem.peak / 2**20, "host_mib": mem.host_peak / 2**20, "step_s": None}
-    if gpu is None:
-        return plan
     work = step_work(config, mesh, mem, parallel.layout, parallel.mode, parallel.activation_checkpointing)
-    return {**plan, "step_s": step_time(work, mesh, DEVICES[gpu], 8).seconds}
+    times = {name: step_time(work, mesh, gpu, 8).seconds for name, gpu in DEVICES.items()}
+    return {"peak_mib": mem.peak / 2**20, "host_mib": mem.host_peak / 2**20, "step_s": times}
+
+
+def planned_step(
+    preset: str,
+    layers: int,
+    seq_len: int,
+    device: torch.device,
+    memory: Memory | None = None,
+    ahead: dict | None = None,
+) -> dict:
+    """The plan of the step on `device`: from `ahead` (a plans file's, made beforehand on any machine) when it
+    holds it, else planned here; the step time where lwm.plan.devices knows the GPU, else None."""
+    memory = memory or Memory()
+    key = plan_key(preset, layers, seq_len, device.type, memory)
+    plan = (ahead or {}).get(key)
+    print(f"plan of {key}: {'from the plans file' if plan else 'planned here'}", flush=True)
+    plan = plan or plan_of(preset, layers, seq_len, device.type, memory)
+    gpu = known_gpu(device)
+    return {**plan, "step_s": plan["step_s"].get(gpu) if gpu else None}
+
+
+def plans_part(args) -> None:
+    """Plan beforehand, on any machine, every step --part layers would run with the same arguments, into --plans
+    (added to what it holds), so that a GPU run spends its time measuring."""
+    path = args.plans
+    plans = json.loads(path.read_text()) if path.exists() else {}
+    for memory in memories(args):
+        for seq_len in args.lengths:
+            key = plan_key(args.preset, args.layers, seq_len, args.device, memory)
+            if key in plans:  # another part's (gpu_check's parts share the baseline)
+                continue
+            start = time.perf_counter()
+            plans[key] = plan_of(args.preset, args.layers, seq_len, args.device, memory)
+            print(f"planned {key} in {time.perf_counter() - start:.1f} s", flush=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(plans, indent=1, sort_keys=True) + "\n")
+    print(f"{len(plans)} plans in {path}")
+
+
+def memories(args) -> list[Memory]:
+    """The memory configurations --part layers runs: each of --features, or checkpointing alone."""
+    if not args.features:
+        return [Memory()]
+    return [Memory(FEATURES[name], args.head_groups, args.chunk) for name in args.features]
+
+
+def read_plans(path: Path | None) -> dict:
+    return json.loads(path.read_text()) if path is not None else {}
 
 
 def known_gpu(device: torch.device) -> str | None:
@@ -204,7 +259,10 @@ def layers_part(args) -> str:
 
     peak = peak_tflops(args.device)
     device = torch.device(args.device)
-    plans = {n: planned_step(args.preset, args.layers, n, device) for n in args.lengths}  # before the real group
+    ahead = read_plans(args.plans)
+    plans = {
+        n: planned_step(args.preset, args.layers, n, device, ahead=ahead) for n in args.lengths
+    }  # before the group
     capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
     kernels, skipped = [], []
     for setting in args.kernels:
@@ -272,11 +330,11 @@ def features_part(args) -> None:
     import torch.distributed as dist
 
     device = torch.device(args.device)
-    memories = [Memory(FEATURES[name], args.head_groups, args.chunk) for name in args.features]
-    todo = [(n, m) for n in args.lengths for m in memories]
+    ahead = read_plans(args.plans)
+    todo = [(n, m) for n in args.lengths for m in memories(args)]
     rows, base = [], {}
     for i, (seq_len, memory) in enumerate(todo):
-        plan = planned_step(args.preset, args.layers, seq_len, device, memory)  # outside the real group
+        plan = planned_step(args.preset, args.layers, seq_len, device, memory, ahead)  # outside the real group
         dist.init_process_group(
             "nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1, store=dist.HashStore()
         )
@@ -327,7 +385,7 @@ def features_section(args, rows: list[str], left: list[str]) -> str:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=["run", "layers"], default="run")
+    parser.add_argument("--part", choices=["run", "layers", "plans"], default="run")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--device", default="cpu", help="layers: cpu or cuda")
     parser.add_argument("--preset", default="7b", help="layers: the model preset whose shapes are used")
@@ -348,8 +406,18 @@ def main():
     )
     parser.add_argument("--head-groups", type=int, default=4, help="layers --features: attn_head_groups where on")
     parser.add_argument("--chunk", type=int, default=16384, help="layers --features: norm and MLP chunk where on")
+    parser.add_argument(
+        "--plans",
+        type=Path,
+        help="layers: read the plans from this file where it has them (made by --part plans); plans: write them here",
+    )
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
+    if args.part == "plans":
+        if args.plans is None:
+            parser.error("--part plans: name the file to write with --plans")
+        plans_part(args)
+        return
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device here")
     if args.part == "layers" and args.features:

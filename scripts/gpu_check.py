@@ -16,6 +16,7 @@ call) cut off by a time limit keeps what it measured. The benchmarks write their
 into benchmarks.md when they finish. The tests' junit XML stays in a temporary folder; its counts
 and failures go into the reports.
 
+    python scripts/gpu_check.py --plan-ahead   # here, before: the plans the parts compare against
     scripts/gpu_check.sh                       # on a machine with a GPU (see that file's header)
     scripts/gpu_check.sh --dry-run --out DIR   # the same plumbing on CPU, tiny shapes, seconds
     python scripts/gpu_check.py --record DIR/benchmarks.md   # copy a run's GPU sections into docs/
@@ -47,6 +48,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "benchmarks.md"
+PLANS = ROOT / ".gpu_check" / "plans.json"  # made here by --plan-ahead; the device run is carried it
 PY = sys.executable
 # What the check imports, by import name; a missing one is reported before anything runs.
 MODULES = ("torch", "lightning", "hydra", "omegaconf", "transformers", "sentencepiece", "safetensors", "pytest")
@@ -72,9 +74,20 @@ class Part:
     dry: list[str]  # the same entry point on CPU with tiny shapes
     env: dict[str, str] = field(default_factory=dict)  # set for this part alone
 
-    def command(self, dry: bool, tmp: Path) -> list[str]:
+    def command(self, dry: bool, tmp: Path, plans: Path | None = None) -> list[str]:
+        """plans: a plans file made beforehand (--plan-ahead), read by the parts that compare against lwm-plan."""
         args = self.dry if dry else self.gpu
-        return [PY, *(a.replace("{tmp}", str(tmp)) for a in args)]
+        extra = ["--plans", str(plans)] if plans is not None and self.plans_ahead(dry) else []
+        return [PY, *(a.replace("{tmp}", str(tmp)) for a in args), *extra]
+
+    def plans_ahead(self, dry: bool) -> list[str] | None:
+        """The command that makes this part's plans beforehand, without a GPU (bench.train --part plans with
+        the part's own arguments), or None for a part that plans nothing."""
+        args = self.dry if dry else self.gpu
+        if args[:2] != ["-m", "bench.train"]:
+            return None
+        i = args.index("--part") + 1
+        return [PY, *args[:i], "plans", *args[i + 1 :]]
 
 
 TESTS = [
@@ -384,11 +397,13 @@ class Capture:
             self.file.close()
 
 
-def run_part(part: Part, dry: bool, out: Path, env: dict, tmp: Path | None = None, progress=None) -> dict:
+def run_part(
+    part: Part, dry: bool, out: Path, env: dict, tmp: Path | None = None, progress=None, plans: Path | None = None
+) -> dict:
     """Run one part under its cap, its output into out/parts.log; `progress(result)` is called
-    every PUBLISH_EVERY_S while it runs, with the result so far."""
+    every PUBLISH_EVERY_S while it runs, with the result so far; plans: the file of plans made ahead."""
     tmp = tmp or out
-    cmd = part.command(dry, tmp)
+    cmd = part.command(dry, tmp, plans)
     shown = " ".join("python" if c == PY else c for c in cmd)
     capture = Capture(out / LOG, part.name, shown)
     start = time.monotonic()
@@ -517,8 +532,16 @@ def check(args) -> int:
         f"missing modules: {', '.join(pre['missing']) or 'none'}",
         flush=True,
     )
+    plans = args.plans if args.plans.is_file() else None
+    pre["plans"] = str(plans) if plans else None
+    print(
+        f"gpu_check: plans made ahead in {plans}"
+        if plans
+        else f"gpu_check: no {args.plans}: each part plans on the device",
+        flush=True,
+    )
     start = time.monotonic()
-    parts = [p for p in PARTS if not args.only or p.name in args.only]
+    parts = selected(args)
     report = {"dry_run": args.dry_run, "done": False, "preflight": pre, "seconds": 0.0, "parts": [], "pending": parts}
 
     def publish(running: dict | None = None) -> None:
@@ -531,7 +554,7 @@ def check(args) -> int:
             report["pending"] = parts[i:]
             publish()  # this part shows as not started until it has run PUBLISH_EVERY_S
             report["pending"] = parts[i + 1 :]
-            r = run_part(part, args.dry_run, out, env, Path(tmp), progress=publish)
+            r = run_part(part, args.dry_run, out, env, Path(tmp), progress=publish, plans=plans)
             report["parts"].append(r)
             publish()
             t = r.get("tests")
@@ -558,6 +581,25 @@ def check(args) -> int:
     if problems:
         return 3
     return 0 if all(r["status"] == "ok" for r in report["parts"]) else 1
+
+
+def selected(args) -> list[Part]:
+    return [p for p in PARTS if not args.only or p.name in args.only]
+
+
+def plan_ahead(args) -> int:
+    """Make, here and without a GPU, the plans the parts compare their measurements against (--plans)."""
+    args.plans.unlink(missing_ok=True)  # made whole for this check: none left from another
+    for part in selected(args):
+        cmd = part.plans_ahead(args.dry_run)
+        if cmd is None:
+            continue
+        print(f"gpu_check: {part.name}: {' '.join(cmd[1:])} --plans {args.plans}", flush=True)
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONWARNINGS": "ignore"}
+        if subprocess.run([*cmd, "--plans", str(args.plans)], cwd=ROOT, env=env).returncode != 0:
+            print(f"gpu_check: planning {part.name} ahead failed; it will plan on the device", file=sys.stderr)
+            return 1
+    return 0
 
 
 GPU_SECTION = re.compile(r"<!-- bench:([\w-]*cuda) -->\n(.*?)\n<!-- /bench:\1 -->", re.S)
@@ -590,6 +632,17 @@ def main() -> int:
     parser.add_argument("--into", type=Path, default=DOC, help=argparse.SUPPRESS)  # --record's destination (tests)
     parser.add_argument("--only", nargs="+", choices=[p.name for p in PARTS], help="run only these parts")
     parser.add_argument(
+        "--plans",
+        type=Path,
+        default=PLANS,
+        help=f"the plans made ahead: --plan-ahead writes them, the check reads them (default {PLANS.relative_to(ROOT)})",
+    )
+    parser.add_argument(
+        "--plan-ahead",
+        action="store_true",
+        help="make the plans the parts compare against here, without a GPU (with --dry-run: the dry run's), and stop",
+    )
+    parser.add_argument(
         "--record",
         type=Path,
         metavar="BENCHMARKS_MD",
@@ -598,6 +651,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.record:
         return record(args.record, args.into)
+    if args.plan_ahead:
+        return plan_ahead(args)
     return check(args)
 
 

@@ -2,9 +2,12 @@
 # The GPU check in one call (scripts/gpu_check.py says what runs and what it writes: four files,
 # within what the device tool brings back from $OUT).
 #
-# Here, before a device run: collect the wheels the device lacks into .whl/
+# Here, before a device run: collect the wheels the device lacks into .whl/, and make the plans the
+# train and memory parts compare against (lwm-plan needs no GPU; 30-60 s here) into .gpu_check/
 #     ../shared/scripts/gpu-wheels.sh            # hydra-core, omegaconf, antlr4, decord
-# On the device (the device tool, carry [".whl"], timeout_s 600; the parts end within 8 minutes):
+#     python scripts/gpu_check.py --plan-ahead
+# On the device (the device tool, carry [".whl", ".gpu_check"], timeout_s 600; the parts end within
+# 8 minutes; without .gpu_check/ each part plans on the device first):
 #     bash scripts/gpu_check.sh
 # Afterwards, here: copy the numbers into docs/benchmarks.md
 #     python scripts/gpu_check.py --record <files_at>/benchmarks.md

@@ -65,8 +65,23 @@ def test_dry_run_runs_every_part_and_writes_the_report(tmp_path):
     env["PYTHONPATH"] = os.pathsep.join(
         [str(_broken_plugin(tmp_path)), str(_no_pyav(tmp_path)), env.get("PYTHONPATH", "")]
     )
+    plans = tmp_path / "plans" / "plans.json"
+    ahead = subprocess.run(  # as before a device run: the plans made here, without a GPU
+        ["bash", "scripts/gpu_check.sh", "--dry-run", "--plan-ahead", "--plans", str(plans)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert ahead.returncode == 0, ahead.stdout + ahead.stderr
+    made = json.loads(plans.read_text())
+    assert len(made) == 4, list(made)  # memory: 4 configurations at 1 length; train: the first of them
+    key = "debug x2 S=128 on cpu: checkpointing + offload + kept attention"
+    made[key]["peak_mib"] = 4321 * 1024  # a mark: the parts show the file's plan, not one of their own
+    plans.write_text(json.dumps(made))
     proc = subprocess.run(
-        ["bash", "scripts/gpu_check.sh", "--dry-run", "--out", str(out)],
+        ["bash", "scripts/gpu_check.sh", "--dry-run", "--out", str(out), "--plans", str(plans)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -101,6 +116,11 @@ def test_dry_run_runs_every_part_and_writes_the_report(tmp_path):
     assert "# GPU check (dry run on CPU)" in md and "| vqgan | ok |" in md
     log = (out / "parts.log").read_text()  # every part's whole output, in one file
     assert all(f"===== {p['name']}: " in log for p in report["parts"])
+    # the parts read every plan from the file made ahead, and planned none on the device
+    assert log.count(": from the plans file") == 1 + 4 and "planned here" not in log
+    assert report["preflight"]["plans"] == str(plans)
+    row = next(line for line in features.splitlines() if line.startswith("| 128 | checkpointing + offload + kept"))
+    assert "| 4321.00 |" in row, row  # the planned peak shown is the file's
 
 
 def test_without_a_gpu_the_real_run_refuses_to_start(tmp_path):
