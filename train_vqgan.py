@@ -23,6 +23,7 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
+from lwm.core.numerics import flush_denormals
 from lwm.doc_sections import host_line, write_section
 from lwm.vision.checkpoint import save_vqgan
 from lwm.vision.vqgan import VQGAN
@@ -60,6 +61,7 @@ def train(run: VQGANRunConfig) -> dict:
     import lightning as L
 
     torch.set_num_threads(run.trainer.threads)
+    flushed = flush_denormals(run.trainer.flush_denormal)
     L.seed_everything(run.trainer.seed, verbose=False)
     out = Path(run.out_dir)
     start = time.time()
@@ -84,7 +86,7 @@ def train(run: VQGANRunConfig) -> dict:
         "frames_load_seconds": round(load_s, 1),
     }
     val = lit.evaluate(data.val, trainer.global_step)  # the final weights on the held-out frames, in fp32
-    summary = summarize(run, lit, data, trainer.global_step, val, timing)
+    summary = {**summarize(run, lit, data, trainer.global_step, val, timing), "flush_denormal": flushed}
     extra = {
         "result": {
             k: summary[k] for k in ("steps", "fit_minutes", "fit_cpu_minutes", "held_out", "train_window", "command")

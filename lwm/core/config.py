@@ -196,6 +196,9 @@ class TrainerBase:
     log_every: int = 5  # steps between logger writes
     val_every: int = 0  # steps between validations
     seed: int = 0
+    # floats too small to be normal computed as zero on the CPU (lwm.core.numerics): late in training they
+    # otherwise make a CPU step up to twice as slow; false keeps IEEE's gradual underflow
+    flush_denormal: bool = True
 
     def __post_init__(self) -> None:
         if self.log_every < 1 or self.val_every < 0:

@@ -39,6 +39,8 @@ def test_only_what_changes_the_weights_differs():
     # what a rerun does about a changed source or a non-finite step: policies its refusals name
     policies = {"data": {**old["data"], "on_changed_source": "restart_epoch"}, "optim": {"max_nonfinite_steps": 3}}
     assert differences({**old, "optim": {"max_nonfinite_steps": 0}}, {**old, **policies}) == []
+    # how the CPU computes below fp32's normal range: a run recorded before the field existed resumes with it on
+    assert differences({**old, "trainer": {"seed": 0}}, {**old, "trainer": {"seed": 0, "flush_denormal": True}}) == []
     assert differences(old, {**new, "model": {**new["model"], "dim": 128}}) == ["model.dim: 64 -> 128"]
     assert differences(old, {**new, "data": {**new["data"], "seed": 1}}) == ["data.seed: 0 -> 1"]
 

@@ -152,6 +152,7 @@ def test_train_entry_point_writes_weights_grids_logs_and_summary(tmp_path, capsy
                 "trainer.val_every=2",
                 "trainer.log_every=1",
                 "trainer.threads=1",  # the test process's own (torch's threads are the process's)
+                "trainer.flush_denormal=false",  # not the default: the field reaches the process
                 "vision.train.batch_size=2",
                 "vision.train.grid_frames=3",
                 f"out_dir={out}",
@@ -160,6 +161,7 @@ def test_train_entry_point_writes_weights_grids_logs_and_summary(tmp_path, capsy
         )
     summary = train_vqgan.train(from_hydra(cfg))
     assert summary["threads"] == 1 and torch.get_num_threads() == 1
+    assert summary["flush_denormal"] is False and (torch.tensor([1e-40]) * 1.0).item() != 0.0
     assert summary["steps"] == 3 and summary["frames"] == {"train": 12, "val": 6, "train_videos": 2, "val_videos": 1}
     assert 0 < summary["held_out"]["psnr"] < 100 and summary["held_out"]["codes_used"] >= 1
     for name in (
