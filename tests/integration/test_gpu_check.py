@@ -66,29 +66,25 @@ def test_dry_run_runs_every_part_and_writes_the_report(tmp_path):
         [str(_broken_plugin(tmp_path)), str(_no_pyav(tmp_path)), env.get("PYTHONPATH", "")]
     )
     plans = tmp_path / "plans" / "plans.json"
-    ahead = subprocess.run(  # as before a device run: the plans made here, without a GPU
-        ["bash", "scripts/gpu_check.sh", "--dry-run", "--plan-ahead", "--plans", str(plans)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
-    assert ahead.returncode == 0, ahead.stdout + ahead.stderr
+
+    def gpu_check(*args: str) -> None:
+        proc = subprocess.run(
+            ["bash", "scripts/gpu_check.sh", "--dry-run", "--plans", str(plans), *args],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+
+    gpu_check("--plan-ahead")  # as before a device run: the plans made here, without a GPU
     made = json.loads(plans.read_text())
     assert len(made) == 4, list(made)  # memory: 4 configurations at 1 length; train: the first of them
     key = "debug x2 S=128 on cpu: checkpointing + offload + kept attention"
     made[key]["peak_mib"] = 4321 * 1024  # a mark: the parts show the file's plan, not one of their own
     plans.write_text(json.dumps(made))
-    proc = subprocess.run(
-        ["bash", "scripts/gpu_check.sh", "--dry-run", "--out", str(out), "--plans", str(plans)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    gpu_check("--out", str(out))
     files = {f.name: f.stat().st_size for f in out.rglob("*") if f.is_file()}
     assert len(files) <= DEVICE_MAX_FILES - 2, files  # with room to spare
     assert {"report.json", "report.md", "benchmarks.md"} <= set(files), files
