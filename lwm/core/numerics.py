@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 
 from lwm.ranks import say
@@ -18,3 +21,19 @@ def flush_denormals(on: bool) -> bool:
     if on and not flushed:
         say("trainer.flush_denormal: this CPU cannot flush denormal floats; they are computed as they are")
     return flushed
+
+
+def denormals_flushed_now() -> bool:
+    """Whether this thread computes denormal floats as zero."""
+    return (torch.tensor([1e-40]) * 1.0).item() == 0.0
+
+
+@contextmanager
+def denormals(on: bool) -> Iterator[bool]:
+    """flush_denormals(on) inside, this thread's mode as it was after: a caller that trains in its own process
+    (a notebook, a test) computes as before once training returns."""
+    before = denormals_flushed_now()
+    try:
+        yield flush_denormals(on)
+    finally:
+        torch.set_flush_denormal(before)

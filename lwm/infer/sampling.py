@@ -72,8 +72,9 @@ def next_token(
     if config.temperature == 0:
         return logits.argmax(-1, keepdim=True)
     # shifted so the largest is 0 before dividing: a tiny temperature gives -inf (probability 0), never
-    # inf - inf = nan, and tends to greedy
-    logits = (logits - logits.max()) / config.temperature
+    # inf - inf = nan, and tends to greedy; one below float32's normal range divides as the smallest normal,
+    # the same limit: where the CPU flushes denormals (trainer.flush_denormal) it would read as 0, and 0 / 0 = nan
+    logits = (logits - logits.max()) / max(config.temperature, torch.finfo(torch.float32).tiny)
     if config.top_k is not None and config.top_k < logits.numel():
         kth = torch.topk(logits, config.top_k).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))

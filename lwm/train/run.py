@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from lwm.core.config import RunConfig, StageConfig, resolve_stage, stage_model_config
-from lwm.core.numerics import flush_denormals
+from lwm.core.numerics import denormals
 from lwm.core.preflight import device_kind, device_memory, preflight, wanted
 from lwm.disk.stage_folder import KEPT_METRICS, StageFolder
 from lwm.disk.weights import read_weights, save_weights
@@ -93,7 +93,11 @@ def run_stage(cfg: RunConfig, stage: StageConfig, init: Callable | None) -> Path
 def run_schedule(cfg: RunConfig) -> dict[str, Path]:
     """Run (or resume) the schedule, checked by its caller (lwm.core.config.validate, once); returns
     where things went."""
-    flush_denormals(cfg.trainer.flush_denormal)  # before the process's first parallel op (lwm.core.numerics)
+    with denormals(cfg.trainer.flush_denormal):  # before the process's first parallel op (lwm.core.numerics)
+        return _schedule(cfg)
+
+
+def _schedule(cfg: RunConfig) -> dict[str, Path]:
     out = Path(cfg.trainer.out_dir)
     init: Callable[[], dict] | None = None  # the next stage's starting weights, read on rank 0 only
     if cfg.schedule.init_hf is not None:

@@ -510,6 +510,7 @@ def test_flush_denormal_is_in_force_when_training_starts(sample, tmp_path, monke
     finally:
         torch.set_flush_denormal(False)
     assert _FakeTrainer.seen["flushed"] is on
+    assert (torch.tensor([1e-40]) * 1.0).item() != 0.0  # and as it was once training returns
 
 
 def test_world_size_counts_nodes_and_global_batch_is_split():

@@ -201,7 +201,7 @@ def test_run_schedule_hands_on_weights_unread(tmp_path, monkeypatch):
         resume=False,
         export=False,
         evaluate=SimpleNamespace(lengths=None),
-        trainer=SimpleNamespace(out_dir=str(tmp_path)),
+        trainer=SimpleNamespace(out_dir=str(tmp_path), flush_denormal=True),
     )
     run_module.run_schedule(cfg)
     assert reads == [] and starts["a"] is None
