@@ -214,7 +214,7 @@ def plans_part(args) -> None:
     """Plan beforehand, on any machine, every step --part layers would run with the same arguments, into --plans
     (added to what it holds), so that a GPU run spends its time measuring."""
     path = args.plans
-    plans = json.loads(path.read_text()) if path.exists() else {}
+    plans = read_plans(path)
     for memory in memories(args):
         for seq_len in args.lengths:
             key = plan_key(args.preset, args.layers, seq_len, args.device, memory)
@@ -236,7 +236,7 @@ def memories(args) -> list[Memory]:
 
 
 def read_plans(path: Path | None) -> dict:
-    return json.loads(path.read_text()) if path is not None else {}
+    return json.loads(path.read_text()) if path is not None and path.exists() else {}
 
 
 def known_gpu(device: torch.device) -> str | None:
