@@ -121,7 +121,7 @@ def layer_step(
         parallel.layout,
         parallel.activation_checkpointing,
         offload,
-        keep_attention=parallel.keep_attention,
+        keep_attention=parallel.kept_blocks(config.n_layers),
     )
     del init_state
     optimizer, scheduler = build_optimizer(model, stage, OPTIM)

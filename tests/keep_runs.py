@@ -16,9 +16,10 @@ from lwm.parallel.offload import ActivationOffload, SyncCopyEngine
 
 
 def keep_step(
-    keep: bool, mode="ring", group=None, layout="striped", groups=1, offload=False, nograd_first=False, flash=False
+    keep: bool | int, mode="ring", group=None, layout="striped", groups=1, offload=False, nograd_first=False, flash=False
 ):
-    """(loss, {name: grad}, ring forwards run, the offload's host bytes) of one step; under a process group, this rank's slice of the
+    """(loss, {name: grad}, ring forwards run, the offload's host bytes) of one step (keep: every block keeps
+    its attention, none, or the first that many); under a process group, this rank's slice of the
     packed batch (its documents as the datamodule hands them) and the gradients of its parameters. flash: a
     bf16 model on the CUDA flash kernels' path (their CPU stand-ins installed by the caller)."""
     torch.manual_seed(0)

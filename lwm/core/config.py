@@ -112,6 +112,8 @@ class ParallelConfig:
     activation_checkpointing: bool = False  # recompute each block in backward
     # ... but not its attention: each block keeps its attention output and logsumexp (lwm.parallel.kept)
     keep_attention: bool = False
+    # ... in the first this many blocks only (null: every block): the kept outputs' memory for the time saved
+    keep_attention_blocks: int | None = None
     # move each checkpointed block's input to host memory between forward and backward
     activation_offload: bool = False
     # parameter shards, gradients and AdamW state in host memory (FSDP2's CPUOffloadPolicy): AdamW
@@ -123,6 +125,18 @@ class ParallelConfig:
     # torch.compile each block's norms, SwiGLU and RoPE; the attention stays eager (lwm.parallel.apply_compile)
     compile_blocks: bool = False
 
+    def kept_blocks(self, n_layers: int) -> int:
+        """How many of the model's n_layers blocks keep their attention (the first ones)."""
+        if not self.keep_attention:
+            return 0
+        if self.keep_attention_blocks is None:
+            return n_layers
+        if self.keep_attention_blocks > n_layers:
+            raise ValueError(
+                f"parallel.keep_attention_blocks={self.keep_attention_blocks}: the model has {n_layers} blocks"
+            )
+        return self.keep_attention_blocks
+
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
             raise ValueError(f"parallel.layout must be one of {LAYOUTS}, got {self.layout!r}")
@@ -132,6 +146,11 @@ class ParallelConfig:
             raise ValueError(
                 "parallel.keep_attention=true needs parallel.activation_checkpointing=true: it keeps the attention "
                 "of checkpointed blocks (got activation_checkpointing=false)"
+            )
+        if self.keep_attention_blocks is not None and (not self.keep_attention or self.keep_attention_blocks < 1):
+            raise ValueError(
+                f"parallel.keep_attention_blocks={self.keep_attention_blocks} needs parallel.keep_attention=true and "
+                "a number of blocks of at least 1 (null: every block)"
             )
         if self.activation_offload and not self.activation_checkpointing:
             raise ValueError(
@@ -306,6 +325,7 @@ def validate(cfg: RunConfig) -> None:
     if cfg.stage_only is not None and cfg.stage_only not in names:
         raise ValueError(f"stage_only {cfg.stage_only!r} is not a stage of schedule {cfg.schedule.name!r}: {names}")
 
+    cfg.parallel.kept_blocks(cfg.model.n_layers)
     for stage in cfg.schedule.stages:
         resolve_stage(cfg, stage)
     if cfg.schedule.init_hf is not None:  # cfg.model is the folder's (start_model)

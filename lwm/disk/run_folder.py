@@ -62,6 +62,8 @@ RUN_ONLY = (
     "parallel.ulysses",
     "parallel.tp",
     "parallel.activation_checkpointing",
+    "parallel.keep_attention",  # the same gradients bitwise as recomputing it
+    "parallel.keep_attention_blocks",  # the same; a run recorded before the field resumes
     "parallel.activation_offload",
     "parallel.param_offload",
     "model.mlp_chunk_size",

@@ -52,6 +52,8 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(config.head_dim, config.norm_eps) if config.qk_norm else None
         self.attn_fn: AttentionFn = sdpa_attention
         self.rope = apply_rope  # (x, cos, sin) -> x rotated; a compiled one where blocks are compiled
+        # the head groups' checkpoints' context_fn (torch.utils.checkpoint), set by whoever wraps the block
+        self.group_context_fn = None
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, segment_ids: torch.Tensor | None = None
@@ -64,7 +66,8 @@ class Attention(nn.Module):
         out = None
         for g in range(self.head_groups):
             if torch.is_grad_enabled():
-                part = checkpoint(self._group, x, cos, sin, segment_ids, g, use_reentrant=False)
+                options = {} if self.group_context_fn is None else {"context_fn": self.group_context_fn}
+                part = checkpoint(self._group, x, cos, sin, segment_ids, g, use_reentrant=False, **options)
             else:
                 part = self._group(x, cos, sin, segment_ids, g)
             out = part if out is None else out + part

@@ -21,6 +21,7 @@ _HOMES = {
     "unshard": "layout",
     "Meshes": "mesh",
     "build_meshes": "mesh",
+    "kept_count": "kept",
     "ActivationOffload": "offload",
     "CudaCopyEngine": "offload",
     "SyncCopyEngine": "offload",

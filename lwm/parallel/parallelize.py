@@ -104,14 +104,17 @@ def apply_context_parallel(
     return model
 
 
-def apply_activation_checkpointing(model: Transformer, keep_attention: bool = False) -> Transformer:
+def apply_activation_checkpointing(model: Transformer, keep_attention: bool | int = False) -> Transformer:
     """Recompute each block in backward (each block wrapped; state-dict keys and parameter names
-    unchanged, attributes reach the block through the wrapper). keep_attention: each block keeps its
-    attention's output and logsumexp for its backward, whose recompute then runs no attention forward
-    (lwm.parallel.kept)."""
-    options = {"context_fn": kept.contexts} if keep_attention else {}
+    unchanged, attributes reach the block through the wrapper). keep_attention: the blocks that keep their
+    attention's output and logsumexp for their backward, whose recompute then runs no attention forward
+    (lwm.parallel.kept), their head groups' recompute included: True every block, False none, a number the
+    first that many (ParallelConfig.kept_blocks)."""
+    kept_blocks = kept.kept_count(keep_attention, len(model.layers))
     for i, layer in enumerate(model.layers):
-        model.layers[i] = checkpoint_wrapper(layer, **options)
+        if i < kept_blocks:
+            layer.attn.group_context_fn = kept.group_contexts
+        model.layers[i] = checkpoint_wrapper(layer, **({"context_fn": kept.contexts} if i < kept_blocks else {}))
     return model
 
 
@@ -145,7 +148,7 @@ def parallelize(
     offload: ActivationOffload | None = None,
     states: OffloadPolicy = OffloadPolicy(),  # FSDP2's default: on the device
     compile_blocks: bool = False,
-    keep_attention: bool = False,
+    keep_attention: bool | int = False,
 ) -> Transformer:
     """Apply meshes.dims to `model` (best built on the meta device): tp, cp attention, the norm kernel, activation
     checkpointing, activation offload (`offload`, None: off; needs checkpointing), compiled blocks
@@ -179,7 +182,7 @@ def meta_parallel_model(
     offload: ActivationOffload | None = None,
     states: OffloadPolicy = OffloadPolicy(),  # FSDP2's default: on the device
     compile_blocks: bool = False,
-    keep_attention: bool = False,
+    keep_attention: bool | int = False,
 ) -> Transformer:
     """The model built on the meta device and parallelized, not yet allocated. Under fake tensors,
     call it outside FakeTensorMode: FSDP2 over a tp mesh makes DeviceMeshes from real rank tensors."""
@@ -212,7 +215,7 @@ def build_parallel_model(
     offload: ActivationOffload | None = None,
     states: OffloadPolicy = OffloadPolicy(),  # FSDP2's default: on the device
     compile_blocks: bool = False,
-    keep_attention: bool = False,
+    keep_attention: bool | int = False,
 ) -> Transformer:
     """meta_parallel_model, then allocate: the parallelized model on `device` (its parameter shards
     in host memory under `states`' CPU offload) with init_state's weights."""

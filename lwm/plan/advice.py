@@ -133,3 +133,38 @@ def cheapest_fit(
             chosen, memory = fewer, smaller
     advice.change, advice.memory = with_steps(model, parallel, chosen), memory
     return advice
+
+
+def fewer_kept_blocks(
+    model: ModelConfig,
+    parallel: ParallelConfig,
+    mesh: Mesh,
+    plan: Callable[[ModelConfig, ParallelConfig], StepMemory],
+    device: Device,
+    ranks_per_node: int,
+    memory: StepMemory,
+    attempts: int = 3,
+) -> Advice:
+    """Where the blocks' kept attention outputs overfill the node's host memory (`memory`, the step planned
+    with them): the most blocks that keep theirs and fit (parallel.keep_attention_blocks), each count
+    guessed from one block's output (a rank's tokens x heads x head_dim in bf16, its fp32 logsumexp) and
+    planned, at most `attempts` of them."""
+    advice = Advice(None, None, {})
+    kept = parallel.kept_blocks(model.n_layers)
+    block = mesh.batch * mesh.seq_len // mesh.cp * model.n_heads // mesh.tp * (model.head_dim * 2 + 4)
+    for blocks in range(kept - 1, 0, -1):
+        if len(advice.tried) == attempts:
+            break
+        if not device.host_fits(memory.host_peak - (kept - blocks) * block, ranks_per_node):
+            continue
+        change = Change(
+            (f"parallel.keep_attention_blocks={blocks}",),
+            model,
+            dataclasses.replace(parallel, keep_attention_blocks=blocks),
+        )
+        planned = plan(change.model, change.parallel)
+        advice.tried[change.overrides[0]] = planned.peak
+        if device.fits(planned.peak) and device.host_fits(planned.host_peak, ranks_per_node):
+            advice.change, advice.memory = change, planned
+            break
+    return advice

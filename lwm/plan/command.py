@@ -16,7 +16,7 @@ from pathlib import Path
 from lwm.core.config import ParallelConfig, StageConfig, stage_model_config
 from lwm.parallel.flash_impl import NAME
 from lwm.plan import bounds, report
-from lwm.plan.advice import cheapest_fit
+from lwm.plan.advice import cheapest_fit, fewer_kept_blocks
 from lwm.plan.config import PlanConfig, compose_run
 from lwm.plan.devices import GIB, parse_device
 from lwm.plan.fake import GPU_SETTINGS
@@ -125,7 +125,7 @@ def run(config: PlanConfig) -> dict:
             parallel.activation_checkpointing,
             a2a,
             parallel.param_offload,
-            parallel.keep_attention,
+            parallel.kept_blocks(mc.n_layers),
         )
         return {"time": asdict(step_time(work, mesh, device, node)), "work": asdict(work)}
 
@@ -138,14 +138,19 @@ def run(config: PlanConfig) -> dict:
             "host_needs_per_node": device.host_needs(mem.host_peak, ranks),
         }
 
-    def advise(stage: StageConfig, mesh: Mesh) -> dict:
-        """The cheapest memory feature (or set of them) that makes the mesh fit, planned and timed."""
+    def advise(stage: StageConfig, mesh: Mesh, mem=None) -> dict:
+        """The cheapest memory feature (or set of them) that makes the mesh fit, planned and timed; with
+        `mem` (a step that fits the device, not the host, with kept attention), the most blocks that keep it."""
 
         def plan(m, p):
             return plan_step(stage_model_config(m, stage), stage, mesh, p, run_cfg.optim, GPU_SETTINGS)
 
-        found = cheapest_fit(model, parallel, mesh, plan, device, min(mesh.world, node))
-        result = {"tried": found.tried, "overrides": None}
+        ranks = min(mesh.world, node)
+        if mem is None:
+            found = cheapest_fit(model, parallel, mesh, plan, device, ranks)
+        else:
+            found = fewer_kept_blocks(model, parallel, mesh, plan, device, ranks, mem)
+        result = {"tried": found.tried, "overrides": None, "kind": "ladder" if mem is None else "kept"}
         if found.change is not None:
             result.update(overrides=list(found.change.overrides), **memory(mesh, found.memory))
             result.update(timed(stage, mesh, found.memory, found.change.model, found.change.parallel))
@@ -167,6 +172,8 @@ def run(config: PlanConfig) -> dict:
                 f"the node's host holds {row['host_needs_per_node'] / GIB:.0f} GiB with margins "
                 f"({min(mesh.world, node)} ranks offloading {mem.host_peak / GIB:.1f} GiB each) of {device.host_gib:.0f}"
             )
+            if parallel.kept_blocks(model.n_layers) > 1:
+                row["advice"] = advise(stage, mesh, mem)
         else:
             mesh_for = stage_meshes(stage, mesh.world, model, parallel)
             probes: dict = {}

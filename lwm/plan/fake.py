@@ -237,7 +237,7 @@ def run_step(
             parallel.layout,
             parallel.activation_checkpointing,
             offload,
-            keep_attention=parallel.keep_attention,
+            keep_attention=parallel.kept_blocks(model_config.n_layers),
         )
     optimizer, scheduler = build_optimizer(model, stage, optim)
     seen: dict = {}

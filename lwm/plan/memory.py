@@ -153,7 +153,7 @@ def plan_step(
             parallel.activation_checkpointing,
             planned_offload(parallel),
             state_offload(parallel.param_offload, torch.device("cpu")),  # unpinned: the fake tensors' device
-            keep_attention=parallel.keep_attention,
+            keep_attention=parallel.kept_blocks(model_config.n_layers),
         )
         with PlanFakeMode() as mode:
             batch = widen(fake(host, mode), mesh.batch)

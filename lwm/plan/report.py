@@ -77,13 +77,16 @@ def advice_line(advice: dict) -> str:
     """The cheapest memory feature that makes a stage fit, in words, or what was tried."""
     if advice["overrides"] is None:
         tried = "; ".join(f"{o}: {gib(peak)}" for o, peak in advice["tried"].items())
+        if advice.get("kind") == "kept":
+            planned = f" (planned peaks: {tried} GiB)" if tried else ""
+            return f"no fewer blocks keeping their attention (parallel.keep_attention_blocks) fit the host{planned}"
         return f"no memory feature makes it fit (planned peaks, each with those before it: {tried} GiB)"
     t = advice["time"]
     host = f", host {gib(advice['host_peak_bytes'])} GiB a rank" if advice["host_peak_bytes"] else ""
     return (
         f"fits with {' '.join(advice['overrides'])}: peak {gib(advice['peak_bytes'])} GiB "
         f"({gib(advice['needs_bytes'])} with margins){host}, step {t['seconds']:.3g} s, "
-        f"{t['tokens_per_s_per_gpu']:.4g} tok/s/GPU"
+        f"{t['tokens_per_s_per_gpu']:.4g} tok/s/GPU, MFU {t['mfu']:.0%}"
     )
 
 

@@ -10,7 +10,9 @@ Work, per rank and step (rank 0; with striped or zigzag every rank does the same
               every ring step) x heads x head_dim x 2 flops, for 2 products in forward, 5 in
               backward (FlashAttention's recomputed scores, dV, dP, dQ, dK), 2 more with recompute (none where
               checkpointed blocks keep their attention: parallel.keep_attention),
-              2 more again under head groups (each group's forward is recomputed in its backward).
+              2 more again under head groups (each group's forward is recomputed in its backward; none
+              either where the block keeps its attention); with parallel.keep_attention_blocks only those
+              blocks are spared.
   memory      twice the bytes the step's other ops write (each written once, read once): norms,
               RoPE, activations' casts, the loss's softmax, AdamW (counted on the fake step).
   links       what the step sent: the ring's key/value blocks and dK/dV, Ulysses' all-to-alls,
@@ -43,6 +45,7 @@ from dataclasses import dataclass
 
 from lwm.model import ModelConfig
 from lwm.parallel.blocks import block_part, block_work
+from lwm.parallel.kept import kept_count
 from lwm.plan.devices import Device
 from lwm.plan.memory import Mesh, StepMemory
 
@@ -109,11 +112,12 @@ def step_work(
     checkpointing: bool,
     all_to_all: int = 0,
     states_on_host: bool = False,
-    keep_attention: bool = False,
+    keep_attention: bool | int = False,
 ) -> Work:
     """all_to_all: the size of Ulysses' groups (hybrid's ulysses; 0: the whole cp group);
     states_on_host: parameter offload (the optimizer's writes are the CPU's, not HBM's); keep_attention:
-    checkpointed blocks keep their attention's output, so their recompute runs no attention forward."""
+    checkpointed blocks keep their attention's output, so their recompute (and their head groups') runs no
+    attention forward: True every block, a number the first that many (lwm.parallel.kept_count)."""
     tokens = mesh.batch * mesh.seq_len // mesh.cp
     executed = 6 * matmul_params(config, mesh.tp) * tokens
     useful = 6 * (block_params(config) + config.vocab_size * config.dim) / mesh.tp * tokens  # the head once
@@ -123,13 +127,14 @@ def step_work(
     attn_model = 7 * per_product * entries
     recompute = 2 * matmul_params(config, mesh.tp) * tokens, 2 * per_product * entries
     tiled_params, tiled_forwards = tiling_recompute(config, mesh.seq_len // mesh.cp, mesh.tp)
-    tiled = 2 * tiled_params * tokens, tiled_forwards * 2 * per_product * entries
+    recomputing = 1 - kept_count(keep_attention, config.n_layers) / config.n_layers if checkpointing else 1
+    tiled = 2 * tiled_params * tokens, recomputing * tiled_forwards * 2 * per_product * entries
     fsdp = mesh.world // mesh.tp  # FSDP2 shards over dp x cp; a collective's own shard does not travel
     sent = memory.sent
     on_host = memory.optimizer_written if states_on_host else 0
     return Work(
         matmul_flops=executed + (recompute[0] if checkpointing else 0) + tiled[0],
-        attention_flops=attn_model + (recompute[1] if checkpointing and not keep_attention else 0) + tiled[1],
+        attention_flops=attn_model + (recomputing * recompute[1] if checkpointing else 0) + tiled[1],
         model_flops=useful + attn_model,
         hbm_bytes=2 * (memory.written - on_host),
         ring_bytes=sent.get("p2p", 0),

@@ -105,7 +105,7 @@ class LWMModule(L.LightningModule):
             if state is not None:
                 self.model.load_state_dict(state)
             if self.parallel.activation_checkpointing:
-                apply_activation_checkpointing(self.model, self.parallel.keep_attention)
+                apply_activation_checkpointing(self.model, self.parallel.kept_blocks(self.model_config.n_layers))
             if offload is not None:
                 apply_activation_offload(self.model, offload)
             if self.parallel.compile_blocks:
@@ -135,7 +135,7 @@ class LWMModule(L.LightningModule):
             offload,
             state_offload(self.parallel.param_offload, self.device),
             compile_blocks=self.parallel.compile_blocks,
-            keep_attention=self.parallel.keep_attention,
+            keep_attention=self.parallel.kept_blocks(self.model_config.n_layers),
         )
 
     def _read_init_state(self) -> Weights | None:

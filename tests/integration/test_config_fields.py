@@ -73,6 +73,11 @@ Shown elsewhere (tests/integration/test_train.py and tests/integration/test_trai
   parallel.keep_attention tests/unit/parallel/test_keep_attention.py (bitwise equal to recompute, half the ring
                          forwards; refused without checkpointing), tests/integration/test_keep_attention_ranks.py
                          (cp 2 over gloo), tests/unit/plan/test_keep_attention_plan.py (planned time and memory)
+  parallel.keep_attention_blocks
+                         tests/unit/parallel/test_keep_attention.py (the first block alone keeps: its forwards spared
+                         and its output offloaded, exact), tests/unit/plan/test_keep_attention_plan.py (charged per
+                         block), test_keep_attention_blocks_reach_the_model, tests/integration/test_train.py
+                         (more blocks than the model's refused before the run)
   parallel.document_mask, data.positions
                          tests/unit/core/test_documents.py (the packed batch equals its examples one by one;
                          off, it does not; positions restart per example; their default follows the mask)
@@ -409,6 +414,18 @@ def test_activation_checkpointing_recomputes_blocks_in_one_process():
         module.model(tokens[:, :-1], targets=tokens[:, 1:]).loss.backward()
         calls.append(len(n))
     assert calls == [1, 2]  # once in forward; again in backward when checkpointed
+
+
+def test_keep_attention_blocks_reach_the_model():
+    """The run's module hands parallel.keep_attention_blocks to the checkpointing: only the first block (of the
+    debug model's 2) keeps its attention, its head groups' recompute included."""
+    from lwm.parallel import kept
+
+    for blocks, expected in ((None, [True, True]), (1, [True, False])):
+        parallel = ParallelConfig(activation_checkpointing=True, keep_attention=True, keep_attention_blocks=blocks)
+        module = debug_module(parallel=parallel)
+        groups = [layer.attn.group_context_fn is kept.group_contexts for layer in module.model.layers]
+        assert groups == expected, (blocks, groups)
 
 
 def test_seed_sets_the_initial_weights():

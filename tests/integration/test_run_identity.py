@@ -41,6 +41,9 @@ def test_only_what_changes_the_weights_differs():
     assert differences({**old, "optim": {"max_nonfinite_steps": 0}}, {**old, **policies}) == []
     # how the CPU computes below fp32's normal range: a run recorded before the field existed resumes with it on
     assert differences({**old, "trainer": {"seed": 0}}, {**old, "trainer": {"seed": 0, "flush_denormal": True}}) == []
+    # kept attention trains bitwise as recompute does: a run recorded before keep_attention_blocks resumes with it
+    kept = {"keep_attention": True, "keep_attention_blocks": 24}
+    assert differences({**old, "parallel": {"tp": 1}}, {**old, "parallel": {"tp": 1, **kept}}) == []
     assert differences(old, {**new, "model": {**new["model"], "dim": 128}}) == ["model.dim: 64 -> 128"]
     assert differences(old, {**new, "data": {**new["data"], "seed": 1}}) == ["data.seed: 0 -> 1"]
 

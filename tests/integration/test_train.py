@@ -113,6 +113,10 @@ def test_default_run_config_is_valid():
             r"parallel.activation_offload=true needs parallel.activation_checkpointing=true",
         ),
         (
+            ["parallel.activation_checkpointing=true", "parallel.keep_attention=true", "parallel.keep_attention_blocks=3"],
+            r"parallel.keep_attention_blocks=3: the model has 2 blocks",
+        ),
+        (
             ["parallel.attention_kernel=fa9"],
             r"parallel.attention_kernel must be one of \['auto', 'fa2', 'fa3', 'fa4'\]",
         ),

@@ -42,14 +42,17 @@ def test_a_matmul_on_denormals_is_faster_flushed(restore):
     if not flush_denormals(True):
         pytest.skip("this CPU cannot flush denormal floats")
 
-    def best(on: bool) -> float:
+    def best(on: bool, x: torch.Tensor) -> float:
         flush_denormals(on)
         times = []
         for _ in range(5):
             start = time.perf_counter()
-            a @ b
+            x @ b
             times.append(time.perf_counter() - start)
         return min(times)
 
-    kept, flushed = best(False), best(True)
-    assert flushed < kept / 2, (kept, flushed)  # 44 ms and 0.35 ms on this project's 2-core x86 machine
+    normal = best(False, torch.ones(256, 256))
+    kept, flushed = best(False, a), best(True, a)
+    if kept < 4 * normal:  # AMD's Zen cores: 0.4 ms either way
+        pytest.skip(f"this CPU computes on denormals at full speed ({kept * 1e3:.2f} ms, normal {normal * 1e3:.2f} ms)")
+    assert flushed < kept / 2, (kept, flushed)  # 44 ms and 0.35 ms: docs/benchmarks.md's machine

@@ -42,12 +42,37 @@ def test_on_the_cuda_flash_path_kept_attention_is_exact_too(mode):
     assert (full[2], kept[2]) == (4, 2)
 
 
-def test_head_groups_recompute_their_own_attention_and_stay_exact():
-    """Under model.attn_head_groups each group's forward is recomputed by the group's own checkpoint, which
-    keep_attention leaves as it is: the block's recompute alone is spared (2 layers x 2 groups)."""
-    full, kept = keep_step(False, groups=2), keep_step(True, groups=2)
+@pytest.mark.parametrize("mode", ["ring", "ulysses"])
+@pytest.mark.parametrize("offload", [False, True], ids=["device", "offload"])
+def test_head_groups_replay_their_attention_too_and_stay_exact(mode, offload):
+    """Under model.attn_head_groups each group is a checkpoint inside the block's: without keeping, its
+    attention runs in the block's forward, the block's recompute and the group's own recompute (2 layers x 2
+    groups x 3); kept, in the forward alone, and the step is bitwise the same."""
+    full, kept = keep_step(False, mode, groups=2, offload=offload), keep_step(True, mode, groups=2, offload=offload)
     assert_same_step(full, kept)
-    assert (full[2], kept[2]) == (12, 8)
+    assert (full[2], kept[2]) == (12, 4)
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_keeping_the_first_blocks_only_spares_their_recompute_alone(groups):
+    """parallel.keep_attention_blocks: 1 of the 2 blocks keeps (its forwards as above), the other recomputes;
+    under offload only the first block's output and logsumexp go to host memory."""
+    full, one = keep_step(False, groups=groups, offload=True), keep_step(1, groups=groups, offload=True)
+    assert_same_step(full, one)
+    assert (full[2], one[2]) == ((4, 3) if groups == 1 else (12, 8))
+    assert one[3] - full[3] == 2 * 64 * 64 * 4 + 2 * 4 * 64 * 4
+
+
+def test_keep_attention_blocks_is_checked_against_the_model():
+    from lwm.core.config import ParallelConfig
+
+    parallel = ParallelConfig(activation_checkpointing=True, keep_attention=True, keep_attention_blocks=3)
+    assert parallel.kept_blocks(4) == 3 and ParallelConfig(activation_checkpointing=True).kept_blocks(4) == 0
+    with pytest.raises(ValueError, match="parallel.keep_attention_blocks=3: the model has 2 blocks"):
+        parallel.kept_blocks(2)
+    for bad in ({"keep_attention_blocks": 2}, {"keep_attention": True, "keep_attention_blocks": 0}):
+        with pytest.raises(ValueError, match="needs parallel.keep_attention=true and a number of blocks of at least 1"):
+            ParallelConfig(activation_checkpointing=True, **bad)
 
 
 def test_keep_attention_needs_checkpointing():
