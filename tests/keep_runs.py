@@ -16,7 +16,14 @@ from lwm.parallel.offload import ActivationOffload, SyncCopyEngine
 
 
 def keep_step(
-    keep: bool | int, mode="ring", group=None, layout="striped", groups=1, offload=False, nograd_first=False, flash=False
+    keep: bool | int,
+    mode="ring",
+    group=None,
+    layout="striped",
+    groups=1,
+    offload=False,
+    nograd_first=False,
+    flash=False,
 ):
     """(loss, {name: grad}, ring forwards run, the offload's host bytes) of one step (keep: every block keeps
     its attention, none, or the first that many); under a process group, this rank's slice of the

@@ -81,7 +81,10 @@ def read_prompts(path: Path) -> list[dict]:
         missing = [f for f in FIELDS if not isinstance(row, dict) or not isinstance(row.get(f), str)]
         if missing:
             raise ValueError(f"--prompts {path} line {i} lacks {', '.join(missing)} (text), as make_t2v writes")
-        rows.append({f: row[f] for f in FIELDS})
+        cells = row.get("cells", make_t2v.CELLS)
+        if not isinstance(cells, int) or isinstance(cells, bool) or cells < 1:
+            raise ValueError(f"--prompts {path} line {i}: cells must be a whole number >= 1, got {cells!r}")
+        rows.append({**{f: row[f] for f in FIELDS}, "cells": cells})
     if not rows:
         raise ValueError(f"--prompts {path} holds no prompts")
     return rows
@@ -125,13 +128,13 @@ def references(prompts: list[dict], vqgan, frames: int, seed: int) -> tuple[list
     rng, g = np.random.default_rng(seed), torch.Generator().manual_seed(seed)
     records, real_frames = [], []
     for p in prompts:
-        clip = render(make_t2v.scene("real", *(p[a] for a in ATTRIBUTES), rng))[:frames]  # (T, 64, 64, 3)
+        clip = render(make_t2v.scene("real", *(p[a] for a in ATTRIBUTES), rng, p["cells"]))[:frames]  # (T, 64, 64, 3)
         with torch.no_grad():
             codes = vqgan.encode(torch.from_numpy(clip))  # (T, 64, 64, 3) -> (T, 256)
         real = decode_frames(vqgan, codes)
         noise = decode_frames(vqgan, torch.randint(0, vqgan.config.n_codes, (frames, 256), generator=g))
         real_frames.append(real)
-        kept = shift_kept(codes.cpu().numpy(), p["motion"])
+        kept = shift_kept(codes.cpu().numpy(), p["motion"], p["cells"])
         records.append(
             {
                 "caption": p["caption"],
@@ -142,16 +145,18 @@ def references(prompts: list[dict], vqgan, frames: int, seed: int) -> tuple[list
     return records, real_frames
 
 
-def shift_kept(codes: np.ndarray, motion: str) -> float | None:
-    """codes (T, 256) of a clip whose shape moves one code cell a frame -> the fraction of the later frames'
-    codes equal to the frame before's moved one cell that way: 1 when codes say what a patch shows wherever it
+def shift_kept(codes: np.ndarray, motion: str, cells: int = 1) -> float | None:
+    """codes (T, 256) of a clip whose shape moves `cells` code cells a frame -> the fraction of the later
+    frames' codes equal to the frame before's moved that way: 1 when codes say what a patch shows wherever it
     is, so that a model can carry a frame's codes along; None for one frame."""
     if len(codes) < 2:
         return None
     side = round(len(codes[0]) ** 0.5)
     grid = np.asarray(codes).reshape(len(codes), side, side)  # (T, 256) -> (T, 16, 16)
     dx, dy = DIRECTIONS[motion]
-    moved = np.roll(grid[:-1], (dy, dx), axis=(1, 2))  # the background that wraps in is the background's code
+    moved = np.roll(
+        grid[:-1], (dy * cells, dx * cells), axis=(1, 2)
+    )  # the background that wraps in is the background's code
     return float((moved == grid[1:]).mean())
 
 

@@ -2,14 +2,14 @@
 prompt ("a red circle moving left"), and prompts held out as unseen combinations of the three.
 
     python -m lwm.synth.make_t2v --out data/t2v [--seed 0] [--per-prompt 16] [--held-out 16] [--uncond 0]
-                                 [--vqgan PATH]
+                                 [--vqgan PATH] [--cells 1]
 
 8 colors x 3 shapes x 4 directions = 96 prompts; --held-out of them (a seeded draw that leaves every color,
 shape and direction among the trained ones) have no clips, only their line in heldout.jsonl. Layout:
 
-    videos/t2v_0000.mp4 ...  64x64, 4 fps, 1 s (4 frames): the shape on a dark background, moving one code cell
-                             (4 pixels) a frame from a start on the cells' grid, never reaching an edge
-                             (lwm.synth.scene renders it)
+    videos/t2v_0000.mp4 ...  64x64, 4 fps, 1 s (4 frames): the shape on a dark background, moving --cells code
+                             cells (4 pixels each) a frame from a start on the cells' grid, never reaching an
+                             edge (lwm.synth.scene renders it)
     videos.jsonl             {"path": "videos/t2v_0000.mp4"}: the clips as train_vqgan.py's data.index reads them
     codes/                   each clip's rendered frames encoded by the VQGAN (the bundled tiny one unless
                              --vqgan), as lwm-tokenize writes them: the training data, free of the MP4's losses;
@@ -18,7 +18,8 @@ shape and direction among the trained ones) have no clips, only their line in he
                               "shape": "circle", "motion": "left", "fields": "[caption],vision"}; and for a
                              seeded --uncond fraction of the clips a second line with "fields": "vision" (no
                              caption), so that the model also learns the unconditional draw guidance subtracts
-    heldout.jsonl            {"caption": ..., "color": ..., "shape": ..., "motion": ...}, one line per held-out prompt
+    heldout.jsonl            {"caption": ..., "color": ..., "shape": ..., "motion": ..., "cells": 1}, one line per
+                             held-out prompt (cells: the clips' cells a frame, so that its real clips are drawn alike)
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ from lwm.video.writer import write_mp4
 
 FPS, SECONDS = 4, 1
 CELL = 4  # pixels a VQGAN code covers (64x64 frames, 16x16 codes)
-OBJECT_SIZE, SPEED = 9, CELL * FPS  # half-width; one cell a frame: a frame is the last moved by whole codes
+OBJECT_SIZE = 9  # half-width
+CELLS = 1  # code cells the shape moves a frame: a frame is the last moved by whole codes
 BACKGROUND = (16, 16, 24)
 UNCOND = 0.0  # of the clips, trained a second time without their caption: the draw guidance subtracts
 
@@ -67,15 +69,17 @@ def held_out(n: int, rng: np.random.Generator) -> list[tuple[str, str, str]]:
     return out
 
 
-def scene(video_id: str, color: str, shape: str, motion: str, rng: np.random.Generator) -> Scene:
-    """The shape starting where its motion over the clip keeps it inside the frame."""
+def scene(video_id: str, color: str, shape: str, motion: str, rng: np.random.Generator, cells: int = CELLS) -> Scene:
+    """The shape moving `cells` code cells a frame, starting where its motion over the clip keeps it inside."""
     dx, dy = DIRECTIONS[motion]
     lo, hi = -(-OBJECT_SIZE // CELL), (SIZE - 1 - OBJECT_SIZE) // CELL  # in cells
-    steps = FPS * SECONDS - 1  # cells moved between the first frame and the last
+    steps = (FPS * SECONDS - 1) * cells  # cells moved between the first frame and the last
+    if hi - steps < lo:
+        raise ValueError(f"a shape moving {steps} cells over {FPS * SECONDS} frames leaves the {SIZE}-pixel frame")
     x_cells = (lo + steps * (dx < 0), hi - steps * (dx > 0))
     y_cells = (lo + steps * (dy < 0), hi - steps * (dy > 0))
     start = (CELL * int(rng.integers(x_cells[0], x_cells[1] + 1)), CELL * int(rng.integers(y_cells[0], y_cells[1] + 1)))
-    obj = Obj(shape, color, OBJECT_SIZE, start, motion, SPEED)
+    obj = Obj(shape, color, OBJECT_SIZE, start, motion, CELL * cells * FPS)  # pixels a second
     return Scene(video_id, SECONDS, BACKGROUND, [obj], None, [], FPS)
 
 
@@ -86,6 +90,7 @@ def run(
     n_held_out: int = 16,
     vqgan: str | Path = TINY_VQGAN,
     uncond: float = UNCOND,
+    cells: int = CELLS,
 ) -> Path:
     rng = np.random.default_rng(seed)
     unseen = held_out(n_held_out, rng)
@@ -98,7 +103,7 @@ def run(
             continue
         for _ in range(per_prompt):
             video_id = f"t2v_{n:04d}"
-            frames = render(scene(video_id, color, shape, motion, rng))  # (4, 64, 64, 3)
+            frames = render(scene(video_id, color, shape, motion, rng, cells))  # (4, 64, 64, 3)
             write_mp4(out / "videos" / f"{video_id}.mp4", frames, FPS)
             manifest.append(save_video(out / "codes", video_id, encode(model, frames)))
             truth = {"color": color, "shape": shape, "motion": motion}
@@ -111,7 +116,7 @@ def run(
     lines += [{**row, "fields": "vision"} for row, u in zip(rows, rng.random(len(rows))) if u < uncond]
     order = rng.permutation(len(lines))
     (out / "train.jsonl").write_text("".join(json.dumps(lines[i]) + "\n" for i in order))
-    held = [{"caption": caption(*p), "color": p[0], "shape": p[1], "motion": p[2]} for p in unseen]
+    held = [{"caption": caption(*p), "color": p[0], "shape": p[1], "motion": p[2], "cells": cells} for p in unseen]
     (out / "heldout.jsonl").write_text("".join(json.dumps(h) + "\n" for h in held))
     return out
 
@@ -128,12 +133,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--vqgan", default=str(TINY_VQGAN), help="the VQGAN that encodes the clips (default: the bundled tiny one)"
     )
+    p.add_argument("--cells", type=positive_int, default=CELLS, help="code cells the shape moves a frame (1 to 3)")
     args = p.parse_args(argv)
+    try:
+        scene("check", "red", "square", "left", np.random.default_rng(0), args.cells)
+    except ValueError as e:
+        p.error(f"--cells {args.cells}: {e}")
     try:
         held_out(args.held_out, np.random.default_rng(args.seed))
     except ValueError as e:
         p.error(f"--held-out {args.held_out}: {e}")
-    out = run(args.out, args.seed, args.per_prompt, args.held_out, args.vqgan, args.uncond)
+    out = run(args.out, args.seed, args.per_prompt, args.held_out, args.vqgan, args.uncond, args.cells)
     print(f"wrote {out}: {len(prompts()) - args.held_out} prompts x {args.per_prompt} clips, {args.held_out} held out")
     return 0
 

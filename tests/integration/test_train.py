@@ -113,7 +113,11 @@ def test_default_run_config_is_valid():
             r"parallel.activation_offload=true needs parallel.activation_checkpointing=true",
         ),
         (
-            ["parallel.activation_checkpointing=true", "parallel.keep_attention=true", "parallel.keep_attention_blocks=3"],
+            [
+                "parallel.activation_checkpointing=true",
+                "parallel.keep_attention=true",
+                "parallel.keep_attention_blocks=3",
+            ],
             r"parallel.keep_attention_blocks=3: the model has 2 blocks",
         ),
         (

@@ -56,18 +56,21 @@ def test_through_the_tiny_vqgan_clips_still_read_right_and_random_codes_do_not()
     assert lucky <= 2, lucky
 
 
-def test_each_frame_is_the_last_moved_by_one_code_cell():
-    """Starts on the 4-pixel grid of the VQGAN's codes and one cell a frame: every frame equals the one before
-    it shifted by exactly 4 pixels the prompt's way, so the codes can follow the shape cell by cell."""
+@pytest.mark.parametrize("cells", [1, 2])
+def test_each_frame_is_the_last_moved_by_whole_code_cells(cells):
+    """Starts on the 4-pixel grid of the VQGAN's codes and `cells` cells a frame (--cells): every frame equals
+    the one before it shifted by exactly 4 x cells pixels the prompt's way, so the codes can follow the shape
+    cell by cell; every prompt reads right."""
     rng = np.random.default_rng(1)
-    for color, shape, motion in make_t2v.prompts()[::5]:
-        obj = make_t2v.scene("x", color, shape, motion, rng).objects[0]
+    for color, shape, motion in make_t2v.prompts()[:: 5 // cells]:
+        obj = make_t2v.scene("x", color, shape, motion, rng, cells).objects[0]
         assert obj.start[0] % make_t2v.CELL == obj.start[1] % make_t2v.CELL == 0
-        frames = render(make_t2v.scene("x", color, shape, motion, rng))
+        frames = render(make_t2v.scene("x", color, shape, motion, rng, cells))
         dx, dy = make_t2v.DIRECTIONS[motion]
         for before, after in zip(frames, frames[1:]):
-            moved = np.roll(before, (dy * make_t2v.CELL, dx * make_t2v.CELL), axis=(0, 1))
+            moved = np.roll(before, (dy * make_t2v.CELL * cells, dx * make_t2v.CELL * cells), axis=(0, 1))
             assert np.array_equal(moved, after), (color, shape, motion)
+        assert all(read_video(frames).matches(color, shape, motion).values())
 
 
 def test_the_demo_data_holds_prompts_out_and_trains_every_attribute(tmp_path):
@@ -119,4 +122,12 @@ def test_make_t2v_refuses_an_uncond_share_outside_0_to_1(value, tmp_path, capsys
         e.value.code == 2
         and f"argument --uncond: expected a number from 0 to 1, got '{value}'" in capsys.readouterr().err
     )
+    assert not (tmp_path / "t2v").exists()
+
+
+def test_make_t2v_refuses_a_move_that_leaves_the_frame(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        make_t2v.main(["--out", str(tmp_path / "t2v"), "--cells", "4"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--cells 4: a shape moving 12 cells over 4 frames leaves the 64-pixel frame" in err
     assert not (tmp_path / "t2v").exists()

@@ -42,6 +42,7 @@ def refused(capsys, argv: list[str]) -> str:
         (["--temperature", "-1"], None, "temperature must be >= 0"),
         ([], '{"caption": "a red circle", "color": "red", "shape": "circle"}', "line 1 lacks motion"),
         ([], "not json", "line 1 is not JSON"),
+        ([], json.dumps({**PROMPT, "cells": 0}), "line 1: cells must be a whole number >= 1, got 0"),
         ([], "", "holds no prompts"),
     ],
 )
@@ -51,7 +52,7 @@ def test_bad_input_exits_2_naming_it(tmp_path, prompts, capsys, extra, line, mes
         prompts.write_text(line + "\n")
     argv = ["--model", str(tmp_path), "--prompts", str(prompts), "--out", str(tmp_path / "out"), *extra]
     if message is None:  # the good arguments pass the checks, and the empty model folder is what fails
-        assert t2v.check(from_args(t2v.T2VConfig, t2v.build_parser().parse_args(argv))) == [PROMPT]
+        assert t2v.check(from_args(t2v.T2VConfig, t2v.build_parser().parse_args(argv))) == [{**PROMPT, "cells": 1}]
         return
     assert message in refused(capsys, argv)
     assert not (tmp_path / "out").exists()
@@ -105,3 +106,5 @@ def test_codes_kept_by_the_move():
     moved[1, :64] = (moved[1, :64] + 1) % 8192  # a quarter of the second frame's codes changed
     assert t2v.shift_kept(moved, "left") == 0.75
     assert t2v.shift_kept(first.reshape(1, 256), "left") is None  # one frame: nothing moved
+    two = np.stack([np.roll(first, 2 * t, axis=1) for t in range(4)]).reshape(4, 256)  # two cells a frame, right
+    assert t2v.shift_kept(two, "right", cells=2) == 1.0 and t2v.shift_kept(two, "right") < 0.01

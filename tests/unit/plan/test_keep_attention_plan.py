@@ -53,7 +53,10 @@ def test_where_kept_outputs_overfill_the_host_the_plan_names_the_blocks_that_fit
     """A node whose host memory holds one block's kept output and not two: the plan says the host does not
     fit and names parallel.keep_attention_blocks=1, planned (the host peak of that plan itself)."""
     offload = ["parallel.activation_offload=true", "parallel.keep_attention=true"]
-    both, one = _plan(tmp_path / "both", *offload), _plan(tmp_path / "one", *offload, "parallel.keep_attention_blocks=1")
+    both, one = (
+        _plan(tmp_path / "both", *offload),
+        _plan(tmp_path / "one", *offload, "parallel.keep_attention_blocks=1"),
+    )
     assert both["host_peak_bytes"] > one["host_peak_bytes"]
     between = (both["host_peak_bytes"] + one["host_peak_bytes"]) / 2
     real = command.parse_device
