@@ -93,12 +93,20 @@ def model_flops_per_token(config, seq_len: int) -> float:
 
 
 def layer_step(
-    preset: str, layers: int, seq_len: int, steps: int, device_type: str, memory: Memory | None = None
+    preset: str,
+    layers: int,
+    seq_len: int,
+    steps: int,
+    device_type: str,
+    memory: Memory | None = None,
+    kernel: str = "auto",
 ) -> dict:
     """In a one-rank process group: the training step LWMModule and lwm-plan run
     (lwm.core.step.train_step: the objective, backward, clipping, AdamW, the schedule) on real
     tensors, under `memory`'s features (None: checkpointing alone); times `steps` steps after one
-    warm-up step, the device's peak allocation over them, and offload's host buffers."""
+    warm-up step, the device's peak allocation over them, and offload's host buffers. kernel: the
+    parallel.attention_kernel chosen (cudnn: the blocks call cuDNN's attention; the others act through
+    torch's registry, activated by the caller)."""
     memory = memory or Memory()
     device = torch.device(device_type, 0) if device_type == "cuda" else torch.device("cpu")
     if device.type == "cuda":
@@ -110,7 +118,7 @@ def layer_step(
     with device:
         init_state = Transformer(config).state_dict()
     where = place(1, 1, device.type)
-    settings = compute_settings(device, config.head_dim)
+    settings = compute_settings(device, config.head_dim, kernel)
     offload = activation_offload(parallel, device)
     model = build_parallel_model(
         config,
@@ -277,7 +285,7 @@ def layers_part(args) -> str:
     for setting, kernel in kernels:
         activate(kernel)
         for seq_len in args.lengths:
-            r = layer_step(args.preset, args.layers, seq_len, args.steps, args.device)
+            r = layer_step(args.preset, args.layers, seq_len, args.steps, args.device, kernel=kernel)
             if args.device == "cuda":
                 torch.cuda.empty_cache()
             plan, first = plans[seq_len], base.setdefault(seq_len, r)

@@ -174,6 +174,7 @@ PARTS = [
             "fa2",
             "fa3",
             "fa4",
+            "cudnn",
         ],
         [
             "-m",
@@ -194,6 +195,7 @@ PARTS = [
             "fa2",
             "fa3",
             "fa4",
+            "cudnn",
         ],
     ),
     # the same 4 layers at 32K and 128K: checkpointing alone, + offload, + tiling (head groups, norm and MLP

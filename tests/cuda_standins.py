@@ -25,6 +25,11 @@ memory-efficient (aten._scaled_dot_product_efficient_attention[_backward])
     causal aligned top-left; the forward's logsumexp is padded to a multiple of 32 rows (the
     padding is NaN here, so reading it shows); the backward needs that padded length, reads rows
     with unit stride and batch/head with the tensor's strides.
+cuDNN (aten._scaled_dot_product_cudnn_attention[_backward]; torch's sdp_utils.cpp rules)
+    fp16/bf16, equal q and k/v heads, head dim <= 128 and a multiple of 8, more than one key, batch
+    and heads at most 65535; q, k, v (and the backward's out and grad_out) in the (B, S, H, D) memory
+    order with exact strides (check_cudnn_layout); the forward asked for its logsumexp, which comes
+    back (B, H, Lq, 1) fp32, and the backward reads it so (contiguous); no bias, dropout or varlen.
 Outputs and gradients come back as the kernels give them: (B, S, H, D) memory seen as (B, H, S, D).
 fused RMSNorm backward (aten._fused_rms_norm_backward; its forward has a CPU composite)
     grad_out like the input; rstd fp32 (fp64 for fp64 input), the input's shape with 1 in the
@@ -268,6 +273,60 @@ def efficient_backward(
     return dq, dk, dv, torch.empty(0, dtype=query.dtype)
 
 
+# ----------------------------------------------------------------------------------------- cuDNN
+
+
+def _check_cudnn(kernel, q, k, v):
+    _check_qkv(kernel, q, k, v, FLASH_DTYPES, grouped=False)
+    d = q.shape[-1]
+    _require(d <= 128 and d % 8 == 0, kernel, f"head dim {d}: at most 128, a multiple of 8")
+    _require(k.shape[2] > 1, kernel, "key/value sequence length 1 is not supported")
+    _require(q.shape[0] <= 65535 and q.shape[1] <= 65535, kernel, f"batch or heads above 65535: {tuple(q.shape)}")
+    for name, t in (("query", q), ("key", k), ("value", v)):
+        B, H, S, D = t.shape
+        _require(
+            t.stride() == (S * H * D, D, H * D, 1),
+            kernel,
+            f"{name} strides {t.stride()} are not the (B, S, H, D) layout's {(S * H * D, D, H * D, 1)}",
+        )
+
+
+def cudnn_forward(
+    query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False, return_debug_mask=False, *,
+    scale=None,
+):  # fmt: skip
+    kernel = "cudnn forward"
+    calls[kernel] = calls.get(kernel, 0) + 1
+    _check_cudnn(kernel, query, key, value)
+    _require(attn_bias is None and dropout_p == 0.0 and not return_debug_mask, kernel, "only the plain call")
+    _require(compute_log_sumexp, kernel, "the ring reads the logsumexp: compute_log_sumexp must be true")
+    out, lse = _forward(query, key, value, is_causal, scale, bottom_right=False)
+    seed, offset = torch.zeros((), dtype=torch.long), torch.zeros((), dtype=torch.long)
+    return out, lse.unsqueeze(-1).contiguous(), None, None, query.shape[2], key.shape[2], seed, offset, None
+
+
+def cudnn_backward(
+    grad_out, query, key, value, out, logsumexp, philox_seed, philox_offset, attn_bias, cum_seq_q, cum_seq_k,
+    max_q, max_k, dropout_p, is_causal, *, scale=None,
+):  # fmt: skip
+    kernel = "cudnn backward"
+    calls[kernel] = calls.get(kernel, 0) + 1
+    _check_cudnn(kernel, query, key, value)
+    for name, t in (("grad_out", grad_out), ("out", out)):
+        _require(t.shape == query.shape and t.dtype == query.dtype, kernel, f"{name} must be like query")
+    _require(grad_out.stride() == out.stride() == query.stride(), kernel, "grad_out and out must share q's layout")
+    _require(attn_bias is None and cum_seq_q is None and cum_seq_k is None, kernel, "no bias, no varlen")
+    _require(dropout_p == 0.0 and (max_q, max_k) == (query.shape[2], key.shape[2]), kernel, "the dense call")
+    B, H, Lq, _ = query.shape
+    _require(
+        logsumexp.dtype == torch.float32 and tuple(logsumexp.shape) == (B, H, Lq, 1) and logsumexp.is_contiguous(),
+        kernel,
+        f"logsumexp must be its forward's contiguous (B, H, Lq, 1) fp32, got {tuple(logsumexp.shape)} "
+        f"{logsumexp.dtype} strides {logsumexp.stride()}",
+    )
+    return _backward(grad_out, query, key, value, out, logsumexp[..., 0], is_causal, scale, bottom_right=False)
+
+
 def rms_norm_backward(grad_out, input, normalized_shape, rstd, weight, output_mask):
     kernel = "fused rms_norm backward"
     calls[kernel] = calls.get(kernel, 0) + 1
@@ -312,6 +371,8 @@ STANDINS = {
     "_flash_attention_backward": varlen_backward,
     "_scaled_dot_product_efficient_attention": efficient_forward,
     "_scaled_dot_product_efficient_attention_backward": efficient_backward,
+    "_scaled_dot_product_cudnn_attention": cudnn_forward,
+    "_scaled_dot_product_cudnn_attention_backward": cudnn_backward,
 }
 
 

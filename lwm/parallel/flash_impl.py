@@ -9,7 +9,11 @@ this process, so choosing one changes no call:
     fa2   torch's own (on a CPU run, its CPU kernels: nothing is activated)
     fa3   FlashAttention-3, compute capability 9.0 (H100, H200), module flash_attn_interface
     fa4   FlashAttention-4, compute capability 9.0 or 10.0 (B200), module flash_attn.cute.interface
-    auto  the fastest installed one this GPU supports: fa4 on 10.0, fa3 (else fa4) on 9.0, else fa2
+    cudnn cuDNN's attention (aten._scaled_dot_product_cudnn_attention, in torch's CUDA builds), compute
+          capability 8.0 and later: the ring's blocks call it directly (lwm.parallel.kernels' cuda_cudnn),
+          torch's own FlashAttention-2 serving the blocks outside its rules and packed documents' steps
+    auto  the fastest installed FlashAttention this GPU supports: fa4 on 10.0, fa3 (else fa4) on 9.0, else fa2
+          (never cudnn: name it)
 
 The capability rules are torch's (torch/nn/attention/_fa3.py, _fa4.py: their support checks refuse any
 other), and so are the rules on each call's arguments, which tests/unit/parallel/test_flash_impl.py runs
@@ -21,11 +25,12 @@ from __future__ import annotations
 
 import importlib.util
 
-KERNELS = ("auto", "fa2", "fa3", "fa4")
+KERNELS = ("auto", "fa2", "fa3", "fa4", "cudnn")
 IMPL = {"fa3": "FA3", "fa4": "FA4"}  # torch's registry names
 MODULE = {"fa3": "flash_attn_interface", "fa4": "flash_attn.cute.interface"}  # what torch's registration imports
 MAJORS = {"fa3": (9,), "fa4": (9, 10)}  # the compute capabilities torch's support checks accept
-NAME = {"fa2": "FlashAttention-2", "fa3": "FlashAttention-3", "fa4": "FlashAttention-4"}
+NAME = {"fa2": "FlashAttention-2", "fa3": "FlashAttention-3", "fa4": "FlashAttention-4", "cudnn": "cuDNN attention"}
+CUDNN_MAJOR = 8  # torch's cuDNN attention needs compute capability 8.0 or later (sdp_utils.cpp)
 INSTALL = {
     "fa3": "build it from flash-attention's hopper/ folder (docs/gpu.md)",
     "fa4": "pip install flash-attn-4 (docs/gpu.md)",
@@ -51,6 +56,11 @@ def choose_kernel(kernel: str, device_type: str, capability: tuple[int, int] | N
     if kernel not in KERNELS:
         raise ValueError(f"parallel.attention_kernel must be one of {list(KERNELS)}, got {kernel!r}")
     if device_type != "cuda" or capability is None:
+        if kernel == "cudnn":
+            raise ValueError(
+                f"parallel.attention_kernel=cudnn: cuDNN attention runs on CUDA GPUs of compute capability "
+                f"{CUDNN_MAJOR}.0 or later; this run computes on {device_type} (use auto or fa2)"
+            )
         if kernel in IMPL:
             raise ValueError(
                 f"parallel.attention_kernel={kernel}: {NAME[kernel]} runs on CUDA GPUs of compute capability "
@@ -62,6 +72,11 @@ def choose_kernel(kernel: str, device_type: str, capability: tuple[int, int] | N
     if kernel == "auto":
         order = ("fa4", "fa3") if major == 10 else ("fa3", "fa4")
         return next((k for k in order if k in installed and major in MAJORS[k]), "fa2")
+    if kernel == "cudnn" and major < CUDNN_MAJOR:
+        raise ValueError(
+            f"parallel.attention_kernel=cudnn: cuDNN attention needs compute capability {CUDNN_MAJOR}.0 or later; "
+            f"this GPU's is {major}.{minor} (use auto or fa2)"
+        )
     if kernel in IMPL:
         if major not in MAJORS[kernel]:
             raise ValueError(
@@ -77,7 +92,8 @@ def choose_kernel(kernel: str, device_type: str, capability: tuple[int, int] | N
 
 
 def activate(kernel: str) -> None:
-    """Put `kernel` behind aten's flash ops in this process (fa2: torch's own again)."""
+    """Put `kernel` behind aten's flash ops in this process (fa2, and cudnn, whose fallback it is: torch's own
+    again)."""
     from torch.nn.attention import (
         activate_flash_attention_impl,
         current_flash_attention_impl,
@@ -85,7 +101,7 @@ def activate(kernel: str) -> None:
     )
 
     current = current_flash_attention_impl()
-    if kernel == "fa2":
+    if kernel in ("fa2", "cudnn"):
         if current is not None:
             restore_flash_attention_impl()
     elif current != IMPL[kernel]:

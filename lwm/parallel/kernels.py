@@ -14,6 +14,13 @@ Backends (the CUDA kernels' contracts are checked on CPU by tests/cuda_standins.
                     copied first. Packed documents use its varlen form (varlen.py)
     cuda_efficient  aten's memory-efficient kernel for CUDA (fp32 too; the logsumexp it returns
                     and reads back is padded to a multiple of 32 rows; no GQA, k/v are expanded)
+    cuda_cudnn      aten's cuDNN attention for CUDA (parallel.attention_kernel=cudnn): fp16/bf16,
+                    head dim <= 128 and a multiple of 8, more than one key, q/k/v (and the output
+                    and its gradient) in the (B, S, H, D) memory order with exact strides (each
+                    block is copied into it), no GQA (k/v are expanded), its logsumexp (B, H, Lq, 1);
+                    a block outside those rules (one key: a document's first token) runs on
+                    cuda_flash, which reads the same logsumexp (the rules are torch's:
+                    sdp_utils.cpp's check_cudnn_tensor_shapes and check_cudnn_layout)
     math            plain PyTorch, any device and dtype: materializes the (Lq, Lk) scores, so it
                     serves fp64 references and what no kernel takes, never long CUDA blocks
 """
@@ -25,7 +32,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-BACKENDS = ("auto", "cpu_flash", "cuda_flash", "cuda_efficient", "math")
+BACKENDS = ("auto", "cpu_flash", "cuda_flash", "cuda_efficient", "cuda_cudnn", "math")
+CUDNN_DTYPES = (torch.float16, torch.bfloat16)
+CUDNN_HEAD_DIM = 128  # torch's limit for cuDNN attention (256 only on compute capability 9.0 with cuDNN 9.10)
 LSE_ROWS = 32  # the memory-efficient kernel's logsumexp has its rows padded to a multiple of this
 
 
@@ -72,6 +81,42 @@ def _reduce_kv(grad: torch.Tensor, n_kv: int) -> torch.Tensor:
     return grad if H == n_kv else grad.view(B, n_kv, H // n_kv, L, D).sum(2)  # (B, Hq, L, D) -> (B, Hkv, L, D)
 
 
+# ----------------------------------------------------------------------------------------- cuDNN
+
+
+def cudnn_takes(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether cuDNN attention serves this block (torch's shape rules for it); else cuda_flash does."""
+    d = q.shape[-1]
+    return q.dtype in CUDNN_DTYPES and d <= CUDNN_HEAD_DIM and d % 8 == 0 and k.shape[2] > 1
+
+
+def _bshd(x: torch.Tensor) -> torch.Tensor:
+    """(B, H, S, D) values laid out as cuDNN reads them: (B, S, H, D) memory with exact strides."""
+    B, H, S, D = x.shape
+    if x.stride() == (S * H * D, D, H * D, 1):
+        return x
+    return x.transpose(1, 2).contiguous().transpose(1, 2)
+
+
+def _cudnn_forward(q, k, v, causal, scale):
+    kx, vx = (_bshd(_expand_kv(t, q.shape[1])) for t in (k, v))
+    out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(
+        _bshd(q), kx, vx, None, True, 0.0, causal, False, scale=scale
+    )[:2]
+    return out, lse.squeeze(-1)  # (B, H, Lq, 1) -> (B, H, Lq)
+
+
+def _cudnn_backward(dout, q, k, v, out, lse, causal, scale):
+    kx, vx = (_bshd(_expand_kv(t, q.shape[1])) for t in (k, v))
+    stats = lse.float().unsqueeze(-1).contiguous()  # (B, H, Lq) -> (B, H, Lq, 1), as its forward returned it
+    unused = torch.empty(0, device=q.device)  # no dropout: the RNG state is never read
+    dq, dk, dv = torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
+        _bshd(dout), _bshd(q), kx, vx, _bshd(out), stats, unused, unused, None, None, None,
+        q.shape[2], k.shape[2], 0.0, causal, scale=scale,
+    )  # fmt: skip
+    return dq, _reduce_kv(dk, k.shape[1]), _reduce_kv(dv, k.shape[1])
+
+
 # ----------------------------------------------------------------------------------------- math
 
 
@@ -109,7 +154,11 @@ def block_forward(q, k, v, causal: bool, scale: float | None = None, backend: st
     """-> out (B, Hq, Lq, D) in q's dtype, lse (B, Hq, Lq) in fp32 (fp64 for fp64 inputs)."""
     backend, scale = select_backend(q, backend), softmax_scale(q, scale)
     _check_causal(q, k, causal)
-    if backend == "cpu_flash":
+    if backend == "cuda_cudnn":
+        backend = "cuda_cudnn" if cudnn_takes(q, k) else "cuda_flash"
+    if backend == "cuda_cudnn":
+        out, lse = _cudnn_forward(q, k, v, causal, scale)
+    elif backend == "cpu_flash":
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, 0.0, causal, attn_mask=None, scale=scale
         )
@@ -130,6 +179,10 @@ def block_backward(dout, q, k, v, out, lse, causal: bool, scale: float | None = 
     """-> dq (like q), dk, dv (like k, v): gradients of this block's share of the attention."""
     backend, scale = select_backend(q, backend), softmax_scale(q, scale)
     _check_causal(q, k, causal)
+    if backend == "cuda_cudnn":
+        if cudnn_takes(q, k):
+            return _cudnn_backward(dout, q, k, v, out, lse, causal, scale)
+        backend = "cuda_flash"
     if backend == "cpu_flash":
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
             dout,

@@ -57,13 +57,17 @@ class ComputeSettings:
         return MixedPrecisionPolicy(param_dtype=self.param_dtype, reduce_dtype=reduce, cast_forward_inputs=False)
 
 
-def compute_settings(device: torch.device, head_dim: int) -> ComputeSettings:
+def compute_settings(device: torch.device, head_dim: int, kernel: str = "auto") -> ComputeSettings:
     """A GPU computes in bf16 on fp32 master weights, a CPU in fp32; the attention kernel is the one
-    lwm.parallel.kernels picks for queries of that device, dtype and head dim; the norm's is the
-    fused one a CUDA tensor gets from torch, named so that the planner runs the same."""
+    lwm.parallel.kernels picks for queries of that device, dtype and head dim, or cuDNN's on a GPU where
+    `kernel` (parallel.attention_kernel) is cudnn; the norm's is the fused one a CUDA tensor gets from
+    torch, named so that the planner runs the same."""
     dtype = torch.bfloat16 if device.type == "cuda" else None
     norm = "fused" if device.type == "cuda" else "auto"
-    return ComputeSettings(dtype, auto_backend(device.type, dtype or torch.float32, head_dim), norm)
+    backend = auto_backend(device.type, dtype or torch.float32, head_dim)
+    if kernel == "cudnn" and device.type == "cuda":
+        backend = "cuda_cudnn"
+    return ComputeSettings(dtype, backend, norm)
 
 
 def state_offload(on: bool, device: torch.device) -> OffloadPolicy:

@@ -19,7 +19,7 @@ from lwm.plan import bounds, report
 from lwm.plan.advice import cheapest_fit, fewer_kept_blocks
 from lwm.plan.config import PlanConfig, compose_run
 from lwm.plan.devices import GIB, parse_device
-from lwm.plan.fake import GPU_SETTINGS
+from lwm.plan.fake import gpu_settings
 from lwm.plan.infer import plan_inference
 from lwm.plan.memory import Mesh, plan_step
 from lwm.plan.search import (
@@ -89,6 +89,7 @@ def planned_stages(config: PlanConfig, run, world: int) -> list[tuple[StageConfi
 def run(config: PlanConfig) -> dict:
     run_cfg = compose_run(config.overrides)
     device = parse_device(config.gpu).with_kernel(run_cfg.parallel.attention_kernel)
+    settings = gpu_settings(run_cfg.parallel.attention_kernel)  # what the step computes with on the GPU
     if config.tp:
         run_cfg.parallel = dataclasses.replace(run_cfg.parallel, tp=config.tp)
     model = run_cfg.model  # with schedule.init_hf, the folder's (lwm.core.config.start_model)
@@ -106,7 +107,7 @@ def run(config: PlanConfig) -> dict:
     def peak_of(stage: StageConfig, keep: dict | None = None):
         def peak(mesh: Mesh) -> int:
             s = dataclasses.replace(stage, seq_len=mesh.seq_len, cp=mesh.cp)
-            mem = plan_step(stage_model_config(model, s), s, mesh, parallel, run_cfg.optim, GPU_SETTINGS)
+            mem = plan_step(stage_model_config(model, s), s, mesh, parallel, run_cfg.optim, settings)
             if keep is not None:
                 keep[mesh] = mem
             return mem.peak
@@ -143,7 +144,7 @@ def run(config: PlanConfig) -> dict:
         `mem` (a step that fits the device, not the host, with kept attention), the most blocks that keep it."""
 
         def plan(m, p):
-            return plan_step(stage_model_config(m, stage), stage, mesh, p, run_cfg.optim, GPU_SETTINGS)
+            return plan_step(stage_model_config(m, stage), stage, mesh, p, run_cfg.optim, settings)
 
         ranks = min(mesh.world, node)
         if mem is None:
@@ -158,7 +159,7 @@ def run(config: PlanConfig) -> dict:
 
     rows, curves = [], {}
     for stage, mesh in planned:
-        mem = plan_step(stage_model_config(model, stage), stage, mesh, parallel, run_cfg.optim, GPU_SETTINGS)
+        mem = plan_step(stage_model_config(model, stage), stage, mesh, parallel, run_cfg.optim, settings)
         row = {"stage": stage.name, **asdict(mesh), **memory(mesh, mem)}
         row.update(
             parts=mem.parts, breakdown=mem.breakdown, sent=mem.sent, written=mem.written, **timed(stage, mesh, mem)

@@ -91,8 +91,9 @@ class Device:
 
 # Each kernel's flash forward + backward on Hopper, weighted as counted here (2 products forward, 5 backward;
 # sources in docs/planning.md): FlashAttention-2 (335, 322) at 326 of 989 TFLOP/s, FlashAttention-3 (616,
-# 561) at 577; FlashAttention-4 on Hopper has no published figure: FlashAttention-3's.
-HOPPER_RATES = {"fa2": 0.33, "fa3": 0.583, "fa4": 0.583}
+# 561) at 577, cuDNN (539, 516, the same figures' bars) at 523; FlashAttention-4 on Hopper has no published
+# figure: FlashAttention-3's.
+HOPPER_RATES = {"fa2": 0.33, "fa3": 0.583, "fa4": 0.583, "cudnn": 0.528}
 
 DEVICES = {
     "h100-80g": Device("h100-80g", 79.1, 989.0, 3.35, 450.0, 50.0),

@@ -58,6 +58,13 @@ class PlanFakeMode(FakeTensorMode):
 
 GPU_SETTINGS = ComputeSettings(torch.bfloat16, "cuda_flash", "fused")  # what compute_settings gives a GPU
 
+
+def gpu_settings(kernel: str = "auto") -> ComputeSettings:
+    """What compute_settings gives a GPU running parallel.attention_kernel `kernel`: cuDNN's blocks for cudnn
+    (their copies into its layout counted), the flash kernels' otherwise."""
+    return ComputeSettings(torch.bfloat16, "cuda_cudnn", "fused") if kernel == "cudnn" else GPU_SETTINGS
+
+
 # Ops after which a GPU's host waits for the device: a value read to the host, or an output whose
 # size depends on values. OpCounter adds tolist and device-to-host copies (none when all is on CPU).
 SYNC_OPS = (

@@ -17,18 +17,18 @@ from lwm.core.preflight import PreflightJob, StagePlan, size
 from lwm.parallel import compute_settings
 from lwm.plan.advice import cheapest_fit
 from lwm.plan.devices import GIB, Device
-from lwm.plan.fake import GPU_SETTINGS
+from lwm.plan.fake import gpu_settings
 from lwm.plan.memory import Mesh, plan_step
 from lwm.plan.search import check_mesh, no_fit, smallest_fitting_cp, stage_dp, stage_meshes
 
 
 def plan_stage(job: PreflightJob) -> StagePlan:
     """Rank 0's step of the job's stage under fake tensors with the job's device's settings (cuda:
-    bf16 compute on fp32 shards, the CUDA flash kernel; cpu: fp32, the CPU kernel), document masks
+    bf16 compute on fp32 shards, the run's CUDA attention kernel; cpu: fp32, the CPU kernel), document masks
     off as in lwm-plan; ValueError for a mesh the stage cannot run on (the values named)."""
     stage = job.stage
     if job.device == "cuda":
-        settings = GPU_SETTINGS
+        settings = gpu_settings(job.parallel.attention_kernel)
     else:
         settings = compute_settings(torch.device("cpu"), job.model.head_dim)
     dp = stage_dp(stage, job.world, job.parallel)

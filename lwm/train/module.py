@@ -118,7 +118,8 @@ class LWMModule(L.LightningModule):
             raise ValueError(f"the stage's {dims.describe()} is for {dims.world} ranks, and the run has {mesh.size()}")
         peers.register()  # who the other ranks are, for the error of a rank that loses one
         meshes = build_meshes(dims, self.device.type, dist.get_rank())
-        settings = compute_settings(self.device, self.model_config.head_dim)  # from the accelerator, once
+        # from the accelerator, once; cuDNN's attention where the run names it
+        settings = compute_settings(self.device, self.model_config.head_dim, self.parallel.attention_kernel)
         init = {}  # the other ranks receive rank 0's weights
         if is_rank0():  # the given weights, or those one process would start from
             init = self._read_init_state()

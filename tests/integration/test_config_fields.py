@@ -65,8 +65,10 @@ Shown elsewhere (tests/integration/test_train.py and tests/integration/test_trai
                          restart_epoch: the epoch's plan from its first batch), tests/integration/test_run_identity.py
   parallel.attention_kernel
                          tests/unit/parallel/test_flash_impl.py (the kernel each device gets, the refusals, activation
-                         through torch's registry), tests/unit/core/test_step.py (a run's setting reaches the registry),
-                         test_bad_input_is_refused_before_the_run (FlashAttention-4 on a CPU run)
+                         through torch's registry; cudnn: the blocks' backend, handed over by the run's module),
+                         tests/unit/core/test_step.py (a run's setting reaches the registry),
+                         test_bad_input_is_refused_before_the_run (FlashAttention-4 and cuDNN on a CPU run),
+                         tests/integration/test_cuda_paths.py (cuDNN's blocks through its stand-in)
   parallel.compile_blocks tests/integration/test_compile_blocks.py (compiled equals eager, fp32 rtol 1e-5, with
                          documents and checkpointing; no recompile for a new batch's documents; the run's module
                          compiles its blocks)

@@ -34,7 +34,7 @@ from lwm.parallel import (
 from lwm.parallel.launch import run_distributed
 
 LAYOUTS = ("contiguous", "striped", "zigzag")
-CUDA_BACKENDS = {"cuda_flash": torch.bfloat16, "cuda_efficient": torch.float32}
+CUDA_BACKENDS = {"cuda_flash": torch.bfloat16, "cuda_efficient": torch.float32, "cuda_cudnn": torch.bfloat16}
 
 
 @pytest.fixture(autouse=True)
@@ -161,6 +161,77 @@ def test_standins_refuse_what_the_kernels_refuse(call, message):
         call(q, k, v)
 
 
+def _cudnn(q, k, v):
+    return torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True)
+
+
+def _bshd(t):
+    return t.transpose(1, 2).contiguous().transpose(1, 2)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            lambda q, k, v: [t.repeat_interleave(4 // t.shape[1], 1).bfloat16().contiguous() for t in (q, k, v)],
+            "strides .* are not the \\(B, S, H, D\\)",
+        ),
+        (lambda q, k, v: (_bshd(q.bfloat16()), _bshd(k.bfloat16()), _bshd(v.bfloat16())), "no grouped heads"),
+        (lambda q, k, v: [_bshd(t.repeat_interleave(4 // t.shape[1], 1).bfloat16()) for t in (q, k, v)], None),
+        (lambda q, k, v: [_bshd(t.repeat_interleave(4 // t.shape[1], 1).float()) for t in (q, k, v)], "float32"),
+        (
+            lambda q, k, v: [_bshd(t.repeat_interleave(4 // t.shape[1], 1)[..., :1, :].bfloat16()) for t in (q, k, v)],
+            "sequence length 1",
+        ),
+        (
+            lambda q, k, v: [
+                _bshd(t.repeat_interleave(4 // t.shape[1], 1).repeat(1, 1, 1, 5).bfloat16()) for t in (q, k, v)
+            ],
+            "at most 128",
+        ),
+    ],
+    ids=["bhsd-memory", "grouped", "fine", "fp32", "one-key", "head-dim-160"],
+)
+def test_cudnn_standin_holds_to_torchs_rules(args, message):
+    """torch's rules for cuDNN attention (sdp_utils.cpp: check_cudnn_tensor_shapes, check_cudnn_layout)."""
+    q, k, v, _ = _inputs(S=16, D=32)
+    if message is None:
+        out, lse = _cudnn(*args(q, k, v))[:2]
+        assert lse.shape == (2, 4, 16, 1) and lse.dtype == torch.float32 and out.stride() == _bshd(out).stride()
+        return
+    with pytest.raises(KernelContractError, match=message):
+        _cudnn(*args(q, k, v))
+
+
+def test_cudnn_blocks_outside_its_rules_run_on_flash(standins):
+    """A block with one key (a document's first token under a ring step) goes to the flash kernel; the rest to
+    cuDNN, with grouped heads expanded, every tensor copied into its layout, and the same results as flash's."""
+    q, k, v, dout = (t.bfloat16() for t in _inputs(S=16, D=32))
+    one = [block_forward(q[:, :, :3], t[:, :, :1], u[:, :, :1], False, backend="cuda_cudnn") for t, u in [(k, v)]][0]
+    assert standins.get("cudnn forward", 0) == 0 and standins["flash forward"] == 1
+    ref = block_forward(q[:, :, :3], k[:, :, :1], v[:, :, :1], False, backend="cuda_flash")
+    assert torch.equal(one[0], ref[0]) and torch.equal(one[1], ref[1])
+    for causal in (True, False):
+        out, lse = block_forward(q, k, v, causal, backend="cuda_cudnn")
+        want_out, want_lse = block_forward(q, k, v, causal, backend="cuda_flash")
+        torch.testing.assert_close(out.float(), want_out.float(), atol=1e-2, rtol=1e-2)
+        torch.testing.assert_close(lse, want_lse, atol=1e-3, rtol=1e-3)
+        got = block_backward(dout, q, k, v, out, lse, causal, backend="cuda_cudnn")
+        want = block_backward(dout, q, k, v, want_out, want_lse, causal, backend="cuda_flash")
+        assert [g.shape for g in got] == [q.shape, k.shape, v.shape]
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a.float(), b.float(), atol=3e-2, rtol=3e-2)
+    assert standins["cudnn forward"] == 2 and standins["cudnn backward"] == 2
+    # Ulysses at one rank, packed documents: the same blocks, cuDNN's where they fit
+    seg = Documents(packings(2, 16, seed=5), 16)
+    outs = [
+        ulysses_attention(q, k, v, None, True, "striped", segment_ids=seg, backend=b)
+        for b in ("cuda_flash", "cuda_cudnn")
+    ]
+    torch.testing.assert_close(outs[1].float(), outs[0].float(), atol=1e-2, rtol=1e-2)
+    assert standins["cudnn forward"] > 2
+
+
 # ----------------------------------------------------------------------------------------- kernels and rings
 
 
@@ -171,7 +242,7 @@ def test_backends_are_chosen_for_cuda_dtypes():
     assert kernels.auto_backend("cpu", torch.float32, 128) == "cpu_flash"
 
 
-@pytest.mark.parametrize("backend", ["cpu_flash", "cuda_flash", "cuda_efficient", "math"])
+@pytest.mark.parametrize("backend", ["cpu_flash", "cuda_flash", "cuda_efficient", "cuda_cudnn", "math"])
 def test_causal_blocks_must_be_square(backend):
     q, k, v, _ = _inputs(S=16, D=32)
     with pytest.raises(ValueError, match="Lq 8, Lk 16"):
@@ -196,11 +267,12 @@ def test_simulated_ring_on_cuda_kernels(standins, backend, layout, documents):
     assert standins[kernel + " backward"] > 0  # packed documents on flash: one varlen call per step
 
 
-def test_ring_on_the_meta_device_with_cuda_kernels():
+@pytest.mark.parametrize("backend", ["cuda_flash", "cuda_cudnn"])
+def test_ring_on_the_meta_device_with_cuda_kernels(backend):
     """Meta tensors, with the CUDA kernels forced: a tensor made without the inputs' device fails."""
     q, k, v = (torch.empty(1, h, 64, 128, dtype=torch.bfloat16, device="meta", requires_grad=True) for h in (8, 2, 2))
     for layout in LAYOUTS:
-        out = simulate_ring(q, k, v, 4, True, layout, backend="cuda_flash")
+        out = simulate_ring(q, k, v, 4, True, layout, backend=backend)
         grads = torch.autograd.grad(out, (q, k, v), torch.empty_like(out))
         assert [g.device.type for g in grads] == ["meta"] * 3 and [g.shape for g in grads] == [
             q.shape,
@@ -209,8 +281,9 @@ def test_ring_on_the_meta_device_with_cuda_kernels():
         ]
 
 
+@pytest.mark.parametrize("backend", ["cuda_flash", "cuda_cudnn"])
 @pytest.mark.parametrize("tiling", [{}, {"attn_head_groups": 2, "norm_chunk_size": 16}], ids=["plain", "tiled"])
-def test_training_step_on_cuda_flash_matches_cpu_flash(tiling):
+def test_training_step_on_cuda_flash_matches_cpu_flash(tiling, backend):
     """A bf16 model's loss and gradients through the ring at cp 1 with packed documents (what every
     GPU training run computes): the CUDA flash path against the CPU flash kernel; tiled too (each head
     group's q/k/v, sliced from the projections, reach the kernel with their head dim contiguous)."""
@@ -218,9 +291,9 @@ def test_training_step_on_cuda_flash_matches_cpu_flash(tiling):
     tokens = torch.randint(0, cfg.vocab_size, (2, 65))
     seg = packings(2, 64, seed=2)
     results = []
-    for backend in ("cpu_flash", "cuda_flash"):
+    for kernel in ("cpu_flash", backend):
         torch.manual_seed(0)
-        model = apply_context_parallel(Transformer(cfg).to(torch.bfloat16), backend=backend)
+        model = apply_context_parallel(Transformer(cfg).to(torch.bfloat16), backend=kernel)
         out = model(tokens[:, :-1], targets=tokens[:, 1:], loss_coeff=torch.full((2, 64), 1 / 128), segment_ids=seg)
         out.loss.backward()
         results.append((out.loss.float(), [p.grad.float() for p in model.parameters()]))
@@ -252,6 +325,11 @@ def _dist_worker(rank, world):
         "ring": ("zigzag", _on_flash(ring_attention, "zigzag"), DOCS),
         "ring striped": ("striped", _on_flash(ring_attention, "striped"), DENSE),
         "ulysses": ("striped", _on_flash(ulysses_attention, "striped"), DOCS),
+        "ring cudnn": (
+            "zigzag",
+            partial(ring_attention, causal=True, layout="zigzag", backend="cuda_cudnn"),
+            DOCS + DENSE,
+        ),
     }
     if world == 4:
         hybrid = _on_flash(hybrid_attention, "striped", ring_group=ring_g, ulysses_group=uly_g)

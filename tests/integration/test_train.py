@@ -122,9 +122,13 @@ def test_default_run_config_is_valid():
         ),
         (
             ["parallel.attention_kernel=fa9"],
-            r"parallel.attention_kernel must be one of \['auto', 'fa2', 'fa3', 'fa4'\]",
+            r"parallel.attention_kernel must be one of \['auto', 'fa2', 'fa3', 'fa4', 'cudnn'\]",
         ),
         (["parallel.attention_kernel=fa4"], r"parallel.attention_kernel=fa4: FlashAttention-4 runs on CUDA GPUs .*cpu"),
+        (
+            ["parallel.attention_kernel=cudnn"],
+            r"parallel.attention_kernel=cudnn: cuDNN attention runs on CUDA GPUs .*cpu",
+        ),
         (["stop_at_step=-1"], r"stop_at_step must be >= 1 \(null: run each stage to its end\), got -1"),
         (["stop_at_step=0"], r"stop_at_step must be >= 1 .*, got 0"),
         (["trainer.out_dir=README.md"], r"trainer.out_dir README.md is a file; name a folder"),

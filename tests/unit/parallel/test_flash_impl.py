@@ -41,6 +41,9 @@ H100, B200, A100 = (9, 0), (10, 0), (8, 0)
         ("fa4", H100, ALL, "fa4"),
         ("fa4", B200, ALL, "fa4"),
         ("fa2", B200, ALL, "fa2"),
+        ("cudnn", A100, ALL, "cudnn"),  # in torch's CUDA builds: nothing to install
+        ("cudnn", H100, frozenset({"fa2"}), "cudnn"),
+        ("auto", H100, frozenset({"fa2"}), "fa2"),  # auto never picks cudnn: a run names it
     ],
 )
 def test_the_kernel_each_device_gets(kernel, capability, installed, chosen):
@@ -66,7 +69,14 @@ def test_the_kernel_each_device_gets(kernel, capability, installed, chosen):
             frozenset({"fa2"}),
             r"module flash_attn.cute.interface is not installed; pip install flash-attn-4",
         ),
-        ("fa5", H100, ALL, r"parallel.attention_kernel must be one of \['auto', 'fa2', 'fa3', 'fa4'\], got 'fa5'"),
+        (
+            "fa5",
+            H100,
+            ALL,
+            r"parallel.attention_kernel must be one of \['auto', 'fa2', 'fa3', 'fa4', 'cudnn'\], got 'fa5'",
+        ),
+        ("cudnn", None, ALL, r"cuDNN attention runs on CUDA GPUs of compute capability 8.0 or later; this run .* cpu"),
+        ("cudnn", (7, 5), ALL, r"cuDNN attention needs compute capability 8.0 or later; this GPU's is 7.5"),
     ],
 )
 def test_a_kernel_that_cannot_run_is_refused_naming_the_setting(kernel, capability, installed, message):
@@ -116,6 +126,9 @@ def test_activation_goes_through_torchs_registry(monkeypatch):
     activate("fa3")  # already active: registered once
     activate("fa2")
     assert registry.current_flash_attention_impl() is None and log == ["FA3", "removed"]
+    activate("fa3")
+    activate("cudnn")  # cuDNN's own op, with torch's FlashAttention-2 for what it does not take
+    assert registry.current_flash_attention_impl() is None and log == ["FA3", "removed", "FA3", "removed"]
 
 
 # ------------------------------------------------------------------ the paths' calls under torch's support rules
@@ -235,3 +248,35 @@ def test_a_call_the_kernel_refuses_would_be_caught(monkeypatch):
         "(torch.float8_e4m3fn, torch.float16, torch.bfloat16)",
         "_flash_attention_backward: logsumexp dtype must be float32",
     ]
+
+
+def test_cudnn_is_the_blocks_backend_on_a_gpu_and_the_run_hands_it_over(monkeypatch):
+    """parallel.attention_kernel=cudnn: a GPU's blocks call cuDNN's attention (lwm.parallel.kernels' cuda_cudnn),
+    the planner's fake step too; the other settings act through the flash ops; LWMModule on a mesh hands the
+    run's setting to compute_settings."""
+    import dataclasses
+
+    import lwm.train.module as module_file
+    from lwm.core.config import OptimConfig, ParallelConfig, StageConfig
+    from lwm.parallel import ParallelDims
+    from lwm.parallel.parallelize import compute_settings
+    from lwm.plan.fake import gpu_settings
+
+    gpu, cpu = torch.device("cuda"), torch.device("cpu")
+    assert compute_settings(gpu, 128, "cudnn").backend == "cuda_cudnn"
+    assert [compute_settings(gpu, 128, k).backend for k in ("auto", "fa2", "fa3", "fa4")] == ["cuda_flash"] * 4
+    assert compute_settings(cpu, 128, "cudnn").backend == "cpu_flash"  # refused before a CPU run starts anyway
+    assert gpu_settings("cudnn") == compute_settings(gpu, 128, "cudnn") and gpu_settings("fa3").backend == "cuda_flash"
+    seen = []
+    monkeypatch.setattr(module_file, "compute_settings", lambda *a: seen.append(a) or compute_settings(*a))
+    monkeypatch.setattr(module_file, "build_parallel_model", lambda *a, **k: None)
+    monkeypatch.setattr(module_file, "build_meshes", lambda *a: type("M", (), {"cp_group": None})())
+    monkeypatch.setattr(module_file.peers, "register", lambda: None)
+    monkeypatch.setattr(module_file.dist, "get_rank", lambda: 0)
+    stage = dataclasses.replace(StageConfig("a", seq_len=32, rope_theta=1e4, steps=1, lr=1e-3), cp=1)
+    config = ModelConfig.from_preset("debug")
+    parallel = ParallelConfig(attention_kernel="cudnn")
+    module = module_file.LWMModule(config, stage, OptimConfig(), parallel, dims=ParallelDims(1, 1, 1))
+    module._device_mesh = type("Mesh", (), {"size": lambda self: 1})()
+    module.configure_model()
+    assert seen[0][2] == "cudnn"

@@ -25,6 +25,8 @@ def test_the_rates_are_the_published_figures_weighted():
     # FlashAttention-3's paper, H100 SXM5, causal, head dim 128, 16K tokens: FA2 335 / 322, FA3 616 / 561
     assert H100.kernel_rates["fa2"] == pytest.approx(weighted(335, 322, 989), abs=0.005)
     assert H100.kernel_rates["fa3"] == pytest.approx(weighted(616, 561, 989), abs=0.005)
+    # the same figures' cuDNN bars: 539 / 516
+    assert H100.kernel_rates["cudnn"] == pytest.approx(weighted(539, 516, 989), abs=0.005)
     # FlashAttention-4's paper, B200: 1613 forward; its backward unpublished, charged at FA2's rate there
     assert B200.kernel_rates["fa4"] == pytest.approx(weighted(1613, 0.33 * 2250, 2250), abs=0.005)
 
@@ -38,6 +40,7 @@ def test_the_rates_are_the_published_figures_weighted():
         (DEVICES["h200-141g"], "fa3", "fa3", 0.583),
         (A100, "fa2", "fa2", 0.5),
         (B200, "fa4", "fa4", 0.44),
+        (H100, "cudnn", "cudnn", 0.528),
     ],
 )
 def test_each_kernel_is_planned_at_its_rate(device, setting, kernel, rate):
@@ -53,6 +56,7 @@ def test_each_kernel_is_planned_at_its_rate(device, setting, kernel, rate):
         (B200, "fa3", r"FlashAttention-3 needs compute capability 9.0; this GPU's is 10.0"),
         (parse_device("custom:80,989,450,50"), "fa3", r"a custom device has no compute capability; plan fa2"),
         (H100, "fa5", r"parallel.attention_kernel must be one of"),
+        (A100, "cudnn", r"no published cuDNN attention rate on a100-80g"),  # it runs there; no figure to plan
     ],
 )
 def test_a_kernel_the_gpu_cannot_run_is_refused(device, setting, message):
