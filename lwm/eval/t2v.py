@@ -212,7 +212,7 @@ def _report(results: dict, out: Path, sheet_rows: list) -> list[str]:
         lines.append(f"| {name} | {' | '.join(cells)} |")
     kept = results["real_codes_kept_by_the_move"]
     if kept is not None:
-        lines.append(f"the real clips' codes kept by the shape's move of one code cell: {100 * kept:.1f}%")
+        lines.append(f"the real clips' codes kept by the shape's move: {100 * kept:.1f}%")
     n = len(results["trials"])
     lines.append(f"{n} videos ({results['trials_failed']} failed); wrote {', '.join(str(p) for p in written)}")
     return lines
