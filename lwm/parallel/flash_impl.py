@@ -11,7 +11,8 @@ this process, so choosing one changes no call:
     fa4   FlashAttention-4, compute capability 9.0 or 10.0 (B200), module flash_attn.cute.interface
     cudnn cuDNN's attention (aten._scaled_dot_product_cudnn_attention, in torch's CUDA builds), compute
           capability 8.0 and later: the ring's blocks call it directly (lwm.parallel.kernels' cuda_cudnn),
-          torch's own FlashAttention-2 serving the blocks outside its rules and packed documents' steps
+          torch's own FlashAttention-2 serving the blocks outside its rules (packed documents run as their
+          pieces, one call each)
     auto  the fastest installed FlashAttention this GPU supports: fa4 on 10.0, fa3 (else fa4) on 9.0, else fa2
           (never cudnn: name it)
 
