@@ -69,7 +69,7 @@ def chunk_softmax_(logits: torch.Tensor, targets: torch.Tensor, coeff: torch.Ten
     """One chunk's cross entropy from its logits (r, V) fp32, targets (r,) (IGNORE_INDEX: none) and coefficients
     (r,) fp32 -> the per-token loss (r,) fp32 (0 where ignored); with `grad` the logits are overwritten by the
     gradient of sum(coeff * loss) with respect to them, coeff * (softmax - onehot). In place, so that one
-    buffer serves every chunk (compiled by torch.compile it ran 3.4 times slower on a CPU: docs/benchmarks.md)."""
+    buffer serves every chunk (compiled by torch.compile it ran slower on a CPU: docs/benchmarks.md)."""
     valid = targets != IGNORE_INDEX
     t = targets.clamp_min(0).unsqueeze(1)
     logits.sub_(logits.amax(dim=1, keepdim=True))  # stable softmax, in place
