@@ -24,6 +24,7 @@ from lwm.interop.hf import start_config
 from lwm.model import ModelConfig
 from lwm.parallel.dims import ParallelDims
 from lwm.parallel.flash_impl import KERNELS
+from lwm.parallel.kept import kept_count
 from lwm.parallel.layout import LAYOUTS
 from lwm.ranks import say
 
@@ -127,15 +128,13 @@ class ParallelConfig:
 
     def kept_blocks(self, n_layers: int) -> int:
         """How many of the model's n_layers blocks keep their attention (the first ones)."""
-        if not self.keep_attention:
-            return 0
-        if self.keep_attention_blocks is None:
-            return n_layers
-        if self.keep_attention_blocks > n_layers:
+        blocks = self.keep_attention if self.keep_attention_blocks is None else self.keep_attention_blocks
+        try:
+            return kept_count(blocks, n_layers)
+        except ValueError:
             raise ValueError(
                 f"parallel.keep_attention_blocks={self.keep_attention_blocks}: the model has {n_layers} blocks"
-            )
-        return self.keep_attention_blocks
+            ) from None
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:

@@ -154,9 +154,8 @@ def shift_kept(codes: np.ndarray, motion: str, cells: int = 1) -> float | None:
     side = round(len(codes[0]) ** 0.5)
     grid = np.asarray(codes).reshape(len(codes), side, side)  # (T, 256) -> (T, 16, 16)
     dx, dy = DIRECTIONS[motion]
-    moved = np.roll(
-        grid[:-1], (dy * cells, dx * cells), axis=(1, 2)
-    )  # the background that wraps in is the background's code
+    # the background that wraps in is the background's code
+    moved = np.roll(grid[:-1], (dy * cells, dx * cells), axis=(1, 2))
     return float((moved == grid[1:]).mean())
 
 

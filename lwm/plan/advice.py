@@ -94,6 +94,11 @@ class Advice:
     tried: dict[str, int]  # the overrides of each step planned -> its planned peak
 
 
+def fits_node(device: Device, memory: StepMemory, ranks_per_node: int) -> bool:
+    """The planned step fits the device, and its node's host with `ranks_per_node` ranks offloading as it does."""
+    return device.fits(memory.peak) and device.host_fits(memory.host_peak, ranks_per_node)
+
+
 def cheapest_fit(
     model: ModelConfig,
     parallel: ParallelConfig,
@@ -112,8 +117,7 @@ def cheapest_fit(
         change = with_steps(model, parallel, chosen)
         memory = plan(change.model, change.parallel)
         advice.tried[" ".join(change.overrides)] = memory.peak
-        ok = device.fits(memory.peak) and device.host_fits(memory.host_peak, ranks_per_node)
-        return memory if ok else None
+        return memory if fits_node(device, memory, ranks_per_node) else None
 
     found = steps(model, parallel, mesh)
     for n in range(1, len(found) + 1):  # one more step at a time, until a set fits
@@ -164,7 +168,7 @@ def fewer_kept_blocks(
         )
         planned = plan(change.model, change.parallel)
         advice.tried[change.overrides[0]] = planned.peak
-        if device.fits(planned.peak) and device.host_fits(planned.host_peak, ranks_per_node):
+        if fits_node(device, planned, ranks_per_node):
             advice.change, advice.memory = change, planned
             break
     return advice
