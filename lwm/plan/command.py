@@ -17,6 +17,7 @@ from lwm.core.config import ParallelConfig, StageConfig, stage_model_config
 from lwm.parallel.flash_impl import NAME
 from lwm.plan import bounds, report
 from lwm.plan.advice import cheapest_fit, fewer_kept_blocks
+from lwm.plan.compiled import compiled_saving
 from lwm.plan.config import PlanConfig, compose_run
 from lwm.plan.devices import GIB, parse_device
 from lwm.plan.fake import gpu_settings
@@ -127,6 +128,7 @@ def run(config: PlanConfig) -> dict:
             a2a,
             parallel.param_offload,
             parallel.kept_blocks(mc.n_layers),
+            compiled_saving(mc, mesh.tp) if parallel.compile_blocks else None,
         )
         return {"time": asdict(step_time(work, mesh, device, node)), "work": asdict(work)}
 

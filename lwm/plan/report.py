@@ -58,6 +58,12 @@ def parts_lines(rows: list[dict]) -> list[str]:
                 f"    host: {gib(r['host_peak_bytes'])} GiB a rank, {gib(r['host_needs_per_node'])} GiB a node with margins"
                 + (f"; copies {r['time']['host_hidden']:.0%} hidden by compute" if "time" in r else "")
             )
+        if r.get("work", {}).get("compiled_saved_bytes"):
+            w, t = r["work"], r["time"]
+            lines.append(
+                f"    compiled blocks: {w['compiled_saved_bytes'] / 1e9:.4g} GB less HBM traffic a step "
+                f"(inductor's fused norms, SwiGLU and RoPE: lwm.plan.compiled), HBM {t['parts']['hbm']:.3g} s"
+            )
         if "why" in r:
             searched = ", ".join(f"cp {cp}: {gib(peak)}" for cp, peak in r.get("searched", {}).items())
             lines.append(f"    {r['why']}" + (f" (planned peaks {searched} GiB)" if searched else ""))

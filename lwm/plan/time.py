@@ -14,7 +14,10 @@ Work, per rank and step (rank 0; with striped or zigzag every rank does the same
               either where the block keeps its attention); with parallel.keep_attention_blocks only those
               blocks are spared.
   memory      twice the bytes the step's other ops write (each written once, read once): norms,
-              RoPE, activations' casts, the loss's softmax, AdamW (counted on the fake step).
+              RoPE, activations' casts, the loss's softmax, AdamW (counted on the fake step, which
+              runs eager); with compiled blocks (parallel.compile_blocks) less what inductor's
+              fused kernels save in each block's norms, SwiGLU and RoPE (lwm.plan.compiled, per
+              token and block, times each region's forward passes and its backward).
   links       what the step sent: the ring's key/value blocks and dK/dV, Ulysses' all-to-alls,
               tensor parallelism's all-reduces, FSDP's all-gathers and reduce-scatters (counted on
               the fake step).
@@ -46,6 +49,7 @@ from dataclasses import dataclass
 from lwm.model import ModelConfig
 from lwm.parallel.blocks import block_part, block_work
 from lwm.parallel.kept import kept_count
+from lwm.plan.compiled import CompiledSaving
 from lwm.plan.devices import Device
 from lwm.plan.memory import Mesh, StepMemory
 
@@ -81,6 +85,18 @@ def tiling_recompute(config: ModelConfig, local_len: int, tp: int = 1) -> tuple[
     return (attn if grouped else 0) + (mlp if chunked else 0), int(grouped)
 
 
+def region_passes(config: ModelConfig, local_len: int, checkpointing: bool) -> dict[str, int]:
+    """Forward passes a step runs of each compiled region of a block: once, again in the checkpointed
+    block's recompute, and once more where a tiling recomputes it in backward (head groups rerun their
+    projections and RoPE, the blockwise MLP its chunks, the tiled norm its chunks)."""
+    again = int(checkpointing)
+    return {
+        "norms": 1 + again + int(0 < config.norm_chunk_size < local_len),
+        "mlp": 1 + again + int(0 < config.mlp_chunk_size < local_len),
+        "rope": 1 + again + int(config.attn_head_groups > 1),
+    }
+
+
 def attention_entries(seq_len: int, cp: int, layout: str, mode: str, rank: int = 0) -> int:
     """Causal score entries one rank computes per sequence, head and layer."""
     if mode == "ulysses" or cp == 1:  # the whole sequence per head; heads are split (ulysses)
@@ -101,6 +117,7 @@ class Work:
     a2a_bytes: float = 0.0  # Ulysses' all-to-alls, sent per rank
     host_bytes: float = 0.0  # offload: copied to the host and back, per rank
     host_optimizer_bytes: float = 0.0  # parameter offload: AdamW's memory traffic on the CPU, per rank
+    compiled_saved_bytes: float = 0.0  # compiled blocks: HBM traffic their fused kernels take off hbm_bytes
 
 
 def step_work(
@@ -113,11 +130,13 @@ def step_work(
     all_to_all: int = 0,
     states_on_host: bool = False,
     keep_attention: bool | int = False,
+    compiled: CompiledSaving | None = None,
 ) -> Work:
     """all_to_all: the size of Ulysses' groups (hybrid's ulysses; 0: the whole cp group);
     states_on_host: parameter offload (the optimizer's writes are the CPU's, not HBM's); keep_attention:
     checkpointed blocks keep their attention's output, so their recompute (and their head groups') runs no
-    attention forward: True every block, a number the first that many (lwm.parallel.kept_count)."""
+    attention forward: True every block, a number the first that many (lwm.parallel.kept_count);
+    compiled: what compiled blocks save (lwm.plan.compiled_saving of this config and tp; None: eager)."""
     tokens = mesh.batch * mesh.seq_len // mesh.cp
     executed = 6 * matmul_params(config, mesh.tp) * tokens
     useful = 6 * (block_params(config) + config.vocab_size * config.dim) / mesh.tp * tokens  # the head once
@@ -132,17 +151,20 @@ def step_work(
     fsdp = mesh.world // mesh.tp  # FSDP2 shards over dp x cp; a collective's own shard does not travel
     sent = memory.sent
     on_host = memory.optimizer_written if states_on_host else 0
+    passes = region_passes(config, mesh.seq_len // mesh.cp, checkpointing)
+    fused = compiled.per_token(passes) * tokens * config.n_layers if compiled else 0
     return Work(
         matmul_flops=executed + (recompute[0] if checkpointing else 0) + tiled[0],
         attention_flops=attn_model + (recomputing * recompute[1] if checkpointing else 0) + tiled[1],
         model_flops=useful + attn_model,
-        hbm_bytes=2 * (memory.written - on_host),
+        hbm_bytes=2 * (memory.written - on_host) - fused,
         ring_bytes=sent.get("p2p", 0),
         fsdp_bytes=(fsdp - 1) / fsdp * (sent.get("all_gather", 0) + sent.get("reduce_scatter", 0)),
         tp_bytes=2 * (mesh.tp - 1) / mesh.tp * sent.get("all_reduce", 0),
         a2a_bytes=(1 - 1 / (all_to_all or mesh.cp)) * sent.get("all_to_all", 0),
         host_bytes=sent.get("host", 0),
         host_optimizer_bytes=2 * on_host,
+        compiled_saved_bytes=fused,
     )
 
 

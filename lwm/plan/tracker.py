@@ -346,7 +346,7 @@ class WorkCounter(TorchDispatchMode):
         elif kind == "copy" and args[0].device != args[1].device:  # offload: to the host and back
             self.sent["host"] += args[0].nbytes
         elif kind != "compute":
-            nbytes = sum(_written(t) for i, t in enumerate(_tensors(out)) if i >= len(views) or not views[i])
+            nbytes = sum(_written(t) for t, view in _returned(out, views) if not view)
             self.written += nbytes
             self.optimizer_written += nbytes if self.in_optimizer else 0
 
@@ -383,6 +383,15 @@ def _tensors(out) -> list:
     if not isinstance(out, (tuple, list)):
         return []
     return [t for o in out for t in ([o] if isinstance(o, torch.Tensor) else _tensors(o))]
+
+
+def _returned(out, views: tuple[bool, ...]):
+    """(tensor, whether it is a view) for each tensor an op returned; a list return's flag covers all its
+    tensors (split, chunk and unbind return one list of views)."""
+    outs = out if isinstance(out, (tuple, list)) and len(views) > 1 else (out,)
+    for o, view in itertools.zip_longest(outs, views, fillvalue=False):
+        for t in _tensors(o):
+            yield t, view
 
 
 # What WorkCounter does with each op, worked out on its first call (a plan dispatches ~10^6 ops).
