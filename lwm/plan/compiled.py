@@ -61,34 +61,35 @@ def compiled_saving(config: ModelConfig, tp: int = 1) -> CompiledSaving:
 
 @functools.lru_cache(maxsize=8)
 def _measure(dim: int, ffn: int, heads: int, kv_heads: int, head_dim: int) -> CompiledSaving:
-    torch.manual_seed(0)
-    mlp = FeedForward(dim, ffn).to(DTYPE)
-    weight = torch.ones(dim, dtype=DTYPE, requires_grad=True)
-    cos, sin = rope_angles(torch.arange(TOKENS), head_dim, 10000.0)  # (S, D/2) fp32, made once a step
+    with torch.random.fork_rng(devices=[]):  # the weights' and inputs' draws leave the caller's generator as it was
+        torch.manual_seed(0)
+        mlp = FeedForward(dim, ffn).to(DTYPE)
+        weight = torch.ones(dim, dtype=DTYPE, requires_grad=True)
+        cos, sin = rope_angles(torch.arange(TOKENS), head_dim, 10000.0)  # (S, D/2) fp32, made once a step
 
-    def norm(y: torch.Tensor) -> torch.Tensor:  # what dynamo keeps of RMSNorm with the fused kernel
-        return weight * y
+        def hidden() -> tuple[torch.Tensor]:
+            return (torch.randn(1, TOKENS, dim, dtype=DTYPE, requires_grad=True),)  # (B, S, dim)
 
-    def rope(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin)  # called on q and k, as Attention does
+        def heads_of(h: int):  # (B, S, H, D) -> (B, H, S, D), as Attention's projection views it
+            return lambda: (torch.randn(1, TOKENS, h, head_dim, dtype=DTYPE).transpose(1, 2).requires_grad_(),)
 
-    def hidden() -> torch.Tensor:
-        return torch.randn(1, TOKENS, dim, dtype=DTYPE, requires_grad=True)  # (B, S, dim)
+        def norm(y: torch.Tensor) -> tuple[torch.Tensor]:  # what dynamo keeps of RMSNorm with the fused kernel
+            return (weight * y,)
 
-    def heads_of(h: int) -> torch.Tensor:  # (B, S, H, D) -> (B, H, S, D), as Attention's projection views it
-        return torch.randn(1, TOKENS, h, head_dim, dtype=DTYPE).transpose(1, 2).requires_grad_()
+        def rope(x: torch.Tensor) -> tuple[torch.Tensor]:  # one compiled call for q, one for k, as Attention's
+            return (apply_rope(x, cos, sin),)
 
-    regions = {
-        "norms": (lambda y: (norm(y),), lambda: (hidden(),), 2),  # two a block
-        "mlp": (lambda x: (mlp(x),), lambda: (hidden(),), 1),
-        "rope": (rope, lambda: (heads_of(heads), heads_of(kv_heads)), 1),
-    }
-    saving = {}
-    for name, (fn, make_inputs, count) in regions.items():
-        eager = eager_bytes(fn, make_inputs)
-        compiled = compiled_bytes(fn, make_inputs)
-        saving[name] = tuple(count * (e - c) / TOKENS for e, c in zip(eager, compiled))
-    return CompiledSaving(saving)
+        norms = _saving(norm, hidden, 2)  # two a block
+        q = _saving(rope, heads_of(heads))
+        k = q if kv_heads == heads else _saving(rope, heads_of(kv_heads))
+        swiglu = _saving(lambda x: (mlp(x),), hidden)
+    return CompiledSaving({"norms": norms, "mlp": swiglu, "rope": (q[0] + k[0], q[1] + k[1])})
+
+
+def _saving(fn, make_inputs, count: int = 1) -> tuple[float, float]:
+    """(forward, backward) bytes a token that compiling fn saves, for `count` calls of it."""
+    eager, compiled = eager_bytes(fn, make_inputs), compiled_bytes(fn, make_inputs)
+    return tuple(count * (e - c) / TOKENS for e, c in zip(eager, compiled))
 
 
 def eager_bytes(fn, make_inputs) -> tuple[float, float]:
