@@ -3,7 +3,7 @@
 lwm.parallel.apply_compile compiles each block's norms, SwiGLU and RoPE. The planner's fake step runs
 them eager, and charges every byte an elementwise op writes twice (written once, read once:
 lwm.plan.time). Here each of those regions runs at the model's widths in bf16 (the GPU's compute
-dtype) for `tokens` tokens, twice: eager, its writes counted as the fake step counts them (fake
+dtype) for TOKENS tokens, twice: eager, its writes counted as the fake step counts them (fake
 tensors, the GPU's fused norm kernel), and compiled by torch.compile, its kernels' reads and writes
 as inductor's scheduler sizes them (torch._inductor.metrics, what `TORCH_LOGS=inductor_metrics`
 prints), matmuls left out as the planner times them by their arithmetic. The difference, per token
@@ -36,7 +36,6 @@ from lwm.plan.tracker import WorkCounter
 
 DTYPE = torch.bfloat16  # what a GPU computes in (lwm.parallel.compute_settings)
 TOKENS = 64  # per measured call: the traffic is per token; fewer tokens compile and run faster
-REGIONS = ("norms", "mlp", "rope")
 # Scheduler nodes that are not inductor's fused elementwise kernels: matmuls (timed by their arithmetic)
 # and nodes that move nothing.
 _NOT_FUSED = ("ExternKernelSchedulerNode", "NopKernelSchedulerNode")

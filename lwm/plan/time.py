@@ -75,26 +75,30 @@ def matmul_params(config: ModelConfig, tp: int = 1) -> int:
     return block_params(config) // tp + config.vocab_size * config.dim
 
 
+def recomputing_tilings(config: ModelConfig, local_len: int) -> dict[str, bool]:
+    """Which of the model's tilings recompute their part once more in backward at a rank's slice of
+    local_len tokens: head groups (their projections, RoPE and attention), the blockwise MLP and the tiled
+    norms (each when the slice is longer than one chunk)."""
+    return {
+        "rope": config.attn_head_groups > 1,
+        "mlp": 0 < config.mlp_chunk_size < local_len,
+        "norms": 0 < config.norm_chunk_size < local_len,
+    }
+
+
 def tiling_recompute(config: ModelConfig, local_len: int, tp: int = 1) -> tuple[int, int]:
     """(matmul parameters recomputed once more per token, extra attention forwards) of the model's
     tilings in training: head groups rerun the attention's projections and forward in backward,
-    the blockwise MLP its projections (when a rank's slice is longer than one chunk)."""
+    the blockwise MLP its projections."""
     attn, mlp = attention_params(config) // tp, mlp_params(config) // tp
-    grouped = config.attn_head_groups > 1
-    chunked = 0 < config.mlp_chunk_size < local_len
-    return (attn if grouped else 0) + (mlp if chunked else 0), int(grouped)
+    tiled = recomputing_tilings(config, local_len)
+    return (attn if tiled["rope"] else 0) + (mlp if tiled["mlp"] else 0), int(tiled["rope"])
 
 
 def region_passes(config: ModelConfig, local_len: int, checkpointing: bool) -> dict[str, int]:
     """Forward passes a step runs of each compiled region of a block: once, again in the checkpointed
-    block's recompute, and once more where a tiling recomputes it in backward (head groups rerun their
-    projections and RoPE, the blockwise MLP its chunks, the tiled norm its chunks)."""
-    again = int(checkpointing)
-    return {
-        "norms": 1 + again + int(0 < config.norm_chunk_size < local_len),
-        "mlp": 1 + again + int(0 < config.mlp_chunk_size < local_len),
-        "rope": 1 + again + int(config.attn_head_groups > 1),
-    }
+    block's recompute, and once more where a tiling recomputes it in backward."""
+    return {name: 1 + int(checkpointing) + int(again) for name, again in recomputing_tilings(config, local_len).items()}
 
 
 def attention_entries(seq_len: int, cp: int, layout: str, mode: str, rank: int = 0) -> int:
